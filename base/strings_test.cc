@@ -1,0 +1,41 @@
+#include "base/strings.h"
+
+#include <csignal>
+
+#include <doctest/doctest.h>
+
+namespace launch {
+namespace {
+
+TEST_CASE("SplitKeepsEmptyFields") {
+  CHECK(Split("a,,b", ',') == std::vector<std::string>{"a", "", "b"});
+  CHECK(Split("", ',') == std::vector<std::string>{""});
+}
+
+TEST_CASE("ClosestMatchSuggestsNearMisses") {
+  std::vector<std::string> keys = {"nproc_per_node", "num_processes", "num_machines", "max_restarts"};
+  CHECK(ClosestMatch("nprocs", keys) == "nproc_per_node");
+  CHECK(ClosestMatch("num_proceses", keys) == "num_processes");
+  CHECK(ClosestMatch("max_restart", keys) == "max_restarts");
+  CHECK(ClosestMatch("zzz", keys).empty());
+}
+
+TEST_CASE("StrictNumberParsing") {
+  long long i = 0;
+  CHECK(ParseInt64(" 42 ", &i));
+  CHECK(i == 42);
+  CHECK_FALSE(ParseInt64("4x", &i));
+  CHECK_FALSE(ParseInt64("", &i));
+  double d = 0;
+  CHECK(ParseDouble("3e-4", &d));
+  CHECK(d == doctest::Approx(3e-4));
+  CHECK_FALSE(ParseDouble("abc", &d));
+}
+
+TEST_CASE("SignalNames") {
+  CHECK(SignalName(SIGSEGV) == "SIGSEGV");
+  CHECK(SignalName(SIGKILL) == "SIGKILL");
+}
+
+}  // namespace
+}  // namespace launch

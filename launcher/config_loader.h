@@ -1,0 +1,51 @@
+#pragma once
+
+// The one place where configuration is parsed and merged.
+//
+//   LaunchConfig cfg;                                  // documented defaults
+//   LoadYamlFile("train.yaml", &cfg);                  // YAML over defaults
+//   ApplyEnvironment(environ_map, &cfg);               // environment over YAML
+//   ApplySetting("num_processes", "4", Origin{kFlag, "--num_processes"}, &cfg);  // flags last
+//   Validate(&cfg);                                    // cross-field checks, derived values
+//
+// Every error names its place: "train.yaml:12: train.parallel.mode: 'dpp' is not one of
+// none, dp, ddp, pipeline (did you mean 'ddp'?)", "--num_processes: expected an integer, got
+// 'two'", "environment LAUNCH_MAX_RESTARTS: ...". All are Status::InvalidConfig.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "launcher/config.h"
+
+namespace launch::config {
+
+// Parses `path` into `cfg` (which holds defaults or earlier layers). Records origins and
+// collects warnings (accelerate keys that have no meaning here). Unknown keys are errors.
+Status LoadYamlFile(const std::string& path, LaunchConfig* cfg);
+// Same for YAML text; `name` is used in messages in place of a file name.
+Status LoadYamlString(const std::string& text, const std::string& name, LaunchConfig* cfg);
+
+// Sets one top-level key (canonical name or synonym, e.g. "nnodes") from its string form.
+// Used for flags and environment variables; `origin` goes into cfg->origins and error messages.
+Status ApplySetting(const std::string& key, const std::string& value, const Origin& origin,
+                    LaunchConfig* cfg);
+
+// Applies LAUNCH_<KEY> (and torchrun's PET_<KEY>) variables, plus LAUNCH_RDZV_TOKEN.
+// `env` maps variable names to values (tests pass their own; main passes ::environ).
+Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchConfig* cfg);
+
+// Cross-field checks after all layers are applied (e.g. machine_rank < nnodes).
+Status Validate(LaunchConfig* cfg);
+
+// Canonical top-level key names (for help text and suggestions).
+std::vector<std::string> TopLevelKeys();
+
+// `launch --print_config`: every key with its effective value and origin.
+std::string FormatConfig(const LaunchConfig& cfg);
+
+// Environment of this process as a map.
+std::map<std::string, std::string> CurrentEnvironment();
+
+}  // namespace launch::config

@@ -1,0 +1,172 @@
+#include "launcher/config_loader.h"
+
+#include <doctest/doctest.h>
+
+namespace launch::config {
+namespace {
+
+Status Load(const std::string& yaml, LaunchConfig* cfg) {
+  return LoadYamlString(yaml, "train.yaml", cfg);
+}
+
+TEST_CASE("AccelerateFileLoadsWithWarningForIgnoredKeys") {
+  LaunchConfig cfg;
+  Status s = Load(
+      "compute_environment: LOCAL_MACHINE\n"
+      "distributed_type: MULTI_CPU\n"
+      "num_processes: 4\n"
+      "num_machines: 2\n"
+      "machine_rank: 1\n"
+      "main_process_ip: 10.1.2.3\n"
+      "main_process_port: 29501\n"
+      "mixed_precision: 'no'\n"
+      "gpu_ids: all\n"
+      "downcast_bf16: 'no'\n"
+      "use_cpu: true\n",
+      &cfg);
+  REQUIRE(s.ok());
+  CHECK(cfg.distributed_type == DistributedType::kMultiCpu);
+  CHECK(cfg.num_processes == 4);
+  CHECK(cfg.min_nodes == 2);
+  CHECK(cfg.machine_rank == 1);
+  CHECK(cfg.main_process_ip == "10.1.2.3");
+  CHECK(cfg.main_process_port == 29501);
+  CHECK(cfg.origins["num_processes"].ToString() == "train.yaml:3");
+  REQUIRE(cfg.warnings.size() == 1);
+  CHECK(cfg.warnings[0].find("compute_environment, downcast_bf16") != std::string::npos);
+  REQUIRE(Validate(&cfg).ok());
+  CHECK(cfg.nproc_per_node == "2");  // 4 total over 2 machines
+}
+
+TEST_CASE("UnknownKeyNamesLineAndSuggests") {
+  LaunchConfig cfg;
+  Status s = Load("max_restarts: 1\nnprocs: 2\n", &cfg);
+  CHECK(s.code() == Status::Code::kInvalidConfig);
+  CHECK(s.message() == "train.yaml:2: unknown key 'nprocs' (did you mean 'nproc_per_node'?)");
+}
+
+TEST_CASE("BadEnumInTrainSectionNamesPathAndSuggests") {
+  LaunchConfig cfg;
+  Status s = Load("train:\n  seed: 1\n  parallel:\n    mode: dpp\n", &cfg);
+  CHECK(s.message() ==
+        "train.yaml:4: train.parallel.mode: 'dpp' is not one of none, dp, ddp, pipeline (did you "
+        "mean 'ddp'?)");
+}
+
+TEST_CASE("WrongTypesAndRangesAreErrors") {
+  LaunchConfig cfg;
+  CHECK(Load("num_processes: two\n", &cfg).message() ==
+        "train.yaml:1: num_processes: expected an integer, got 'two'");
+  CHECK(Load("main_process_port: 70000\n", &cfg).message() ==
+        "train.yaml:1: main_process_port: port 70000 is out of range 0..65535");
+  CHECK(Load("train:\n  batch_size: 0\n", &cfg).message() ==
+        "train.yaml:2: train.batch_size: value 0 is out of range [1, 16777216]");
+  CHECK(Load("train:\n  model: {type: mlp, layers: [4, x]}\n", &cfg).message().find(
+            "train.yaml:2: train.model.layers: expected an integer, got 'x'") == 0);
+  CHECK(Load("train:\n  optimizr: {lr: 1}\n", &cfg).message() ==
+        "train.yaml:2: train.optimizr: unknown key (did you mean 'optimizer'?)");
+  CHECK(Load("num_processes: [1, 2]\n", &cfg).message() ==
+        "train.yaml:1: num_processes: expected a single value");
+}
+
+TEST_CASE("SyntaxErrorNamesLine") {
+  LaunchConfig cfg;
+  Status s = Load("a: 1\nb: [1, 2\n", &cfg);
+  CHECK(s.code() == Status::Code::kInvalidConfig);
+  CHECK(s.message().rfind("train.yaml:", 0) == 0);
+}
+
+TEST_CASE("PrecedenceFlagOverEnvironmentOverYaml") {
+  LaunchConfig cfg;
+  REQUIRE(Load("max_restarts: 1\nrole: trainer\nrun_id: fromyaml\n", &cfg).ok());
+  REQUIRE(ApplyEnvironment({{"LAUNCH_MAX_RESTARTS", "2"}, {"PET_RDZV_ID", "fromenv"}}, &cfg).ok());
+  CHECK(cfg.max_restarts == 2);
+  CHECK(cfg.run_id == "fromenv");
+  CHECK(cfg.origins["max_restarts"].ToString() == "environment LAUNCH_MAX_RESTARTS");
+  REQUIRE(ApplySetting("max_restarts", "3", Origin{Origin::Kind::kFlag, "--max_restarts"}, &cfg)
+              .ok());
+  CHECK(cfg.max_restarts == 3);
+  CHECK(cfg.role == "trainer");
+  std::string printed = FormatConfig(cfg);
+  CHECK(printed.find("max_restarts: 3") != std::string::npos);
+  CHECK(printed.find("# flag --max_restarts") != std::string::npos);
+  CHECK(printed.find("# train.yaml:2") != std::string::npos);
+}
+
+TEST_CASE("FlagErrorsNameTheFlag") {
+  LaunchConfig cfg;
+  Status s = ApplySetting("nnodes", "3:2", Origin{Origin::Kind::kFlag, "--nnodes"}, &cfg);
+  CHECK(s.message() == "--nnodes: expected 1 <= MIN <= MAX, got '3:2'");
+  s = ApplySetting("tee", "7", Origin{Origin::Kind::kFlag, "--tee"}, &cfg);
+  CHECK(s.message().rfind("--tee: expected 0 (none)", 0) == 0);
+}
+
+TEST_CASE("ElasticNodesAndEndpoints") {
+  LaunchConfig cfg;
+  REQUIRE(Load("nnodes: 2:4\nrdzv_endpoint: '[::1]:29400'\n", &cfg).ok());
+  CHECK(cfg.min_nodes == 2);
+  CHECK(cfg.max_nodes == 4);
+  CHECK(cfg.main_process_ip == "::1");
+  CHECK(cfg.main_process_port == 29400);
+}
+
+TEST_CASE("StreamSpecsPerRank") {
+  LaunchConfig cfg;
+  REQUIRE(ApplySetting("redirects", "0:1,1:3", Origin{Origin::Kind::kFlag, "--redirects"}, &cfg)
+              .ok());
+  CHECK(cfg.redirects.For(0) == 1);
+  CHECK(cfg.redirects.For(1) == 3);
+  CHECK(cfg.redirects.For(2) == 0);
+}
+
+TEST_CASE("NumProcessesAndNprocPerNodeFromSameLayerMustAgree") {
+  LaunchConfig cfg;
+  REQUIRE(Load("num_processes: 3\nnproc_per_node: 2\n", &cfg).ok());
+  Status s = Validate(&cfg);
+  CHECK(s.message().find("num_processes 3 disagrees with nproc_per_node 2") != std::string::npos);
+
+  LaunchConfig cfg2;
+  REQUIRE(Load("num_processes: 3\n", &cfg2).ok());
+  REQUIRE(ApplySetting("nproc_per_node", "2", Origin{Origin::Kind::kFlag, "--nproc_per_node"},
+                       &cfg2)
+              .ok());
+  CHECK(Validate(&cfg2).ok());  // the flag wins
+  CHECK(cfg2.nproc_per_node == "2");
+}
+
+TEST_CASE("TrainSectionDefaultsAndValues") {
+  LaunchConfig cfg;
+  REQUIRE(Load("train:\n"
+               "  seed: 7\n"
+               "  model: {type: transformer, vocab: bytes, d_model: 64, layers: 2, heads: 4, "
+               "context: 32}\n"
+               "  data: {type: text, path: /usr/share/common-licenses/GPL-3}\n"
+               "  optimizer: {type: sgd, lr: 0.1, momentum: 0.9}\n"
+               "  parallel: {mode: pipeline, stages: 2, microbatches: 4, schedule: gpipe}\n",
+               &cfg)
+              .ok());
+  CHECK(cfg.train.present);
+  CHECK(cfg.train.seed == 7);
+  CHECK(cfg.train.model.type == ModelType::kTransformer);
+  CHECK(cfg.train.model.transformer_layers == 2);
+  CHECK(cfg.train.optimizer.weight_decay == 0.0);
+  CHECK(cfg.train.parallel.schedule == PipelineSchedule::kGPipe);
+  LaunchConfig bad;
+  CHECK(Load("train:\n  parallel: {mode: pipeline, stages: 4, microbatches: 2}\n", &bad)
+            .message()
+            .find("1F1B needs at least as many micro-batches (2) as stages (4)") !=
+        std::string::npos);
+  LaunchConfig ts;
+  REQUIRE(Load("train:\n  model: {torchscript: m.pt}\n", &ts).ok());
+  CHECK(ts.train.model.type == ModelType::kTorchScript);
+  CHECK(ts.train.model.torchscript_path == "m.pt");
+}
+
+TEST_CASE("MissingDataFileIsAnError") {
+  LaunchConfig cfg;
+  Status s = Load("train:\n  data: {type: csv, path: /nonexistent.csv}\n", &cfg);
+  CHECK(s.message() == "train.yaml:2: train.data.path: cannot read '/nonexistent.csv'");
+}
+
+}  // namespace
+}  // namespace launch::config
