@@ -1,0 +1,71 @@
+"""Shared helpers for the multi-process tests: where the binaries are, running them with a
+hard timeout, and checking the process table for leftovers."""
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+BIN_DIR = os.environ.get("LAUNCH_BIN_DIR", os.path.join(os.path.dirname(__file__), "..", "build", "bin"))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+LAUNCH = os.path.join(BIN_DIR, "launch")
+TRAIN = os.path.join(BIN_DIR, "train")
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def run(args, timeout=120, env=None, cwd=None, input=None):
+    """Runs a command to completion; returns CompletedProcess with text stdout/stderr."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full_env,
+                          cwd=cwd, input=input)
+
+
+def launch(*args, timeout=120, env=None, cwd=None):
+    return run([LAUNCH, *args], timeout=timeout, env=env, cwd=cwd)
+
+
+def pids_with_marker(marker):
+    """PIDs of live (non-zombie) processes whose command line or environment contains `marker`."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            env = b""
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read()
+            except OSError:
+                pass
+            if marker.encode() in cmd or marker.encode() in env:
+                found.append(int(pid))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def wait_until(predicate, timeout, interval=0.02):
+    """Polls `predicate` until it is true or `timeout` seconds pass; returns its last value."""
+    deadline = time.monotonic() + timeout
+    value = predicate()
+    while not value and time.monotonic() < deadline:
+        time.sleep(interval)
+        value = predicate()
+    return value
+
+
+def unique_marker(prefix="launchtest"):
+    return f"{prefix}_{os.getpid()}_{time.monotonic_ns()}"
+
+
+def tmpdir():
+    return tempfile.mkdtemp(prefix="launch-test-")
