@@ -1,0 +1,122 @@
+#include "agent/agent.h"
+
+#include <sys/stat.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <csignal>
+#include <cstdio>
+#include <optional>
+
+#include "agent/failure_report.h"
+#include "base/strings.h"
+
+namespace launch::agent {
+
+namespace asio = boost::asio;
+
+namespace {
+
+Status MakeDirs(const std::string& path) {
+  std::string cur;
+  for (const std::string& part : Split(path, '/')) {
+    cur += part;
+    cur += '/';
+    if (part.empty()) continue;
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+      return Status::FromErrno("cannot create log folder " + cur, errno);
+  }
+  return Status::Ok();
+}
+
+void Say(const std::string& msg) {
+  std::string line = "[launch] " + msg + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int ExitCodeFor(const GroupResult& result) {
+  if (result.failures.empty()) return 1;
+  int code = result.failures.front().status.ShellCode();
+  return code == 0 ? 1 : code;
+}
+
+int RunLocalAgent(const AgentOptions& options) {
+  asio::io_context io;
+  // Installed before any worker exists, so no signal can slip between spawn and handling.
+  asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+  signals.add(SIGUSR1);
+  signals.add(SIGUSR2);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  int interrupt_signal = 0;
+  std::unique_ptr<WorkerGroup> group;
+  std::function<void()> arm_signals = [&] {
+    signals.async_wait([&](boost::system::error_code ec, int signo) {
+      if (ec) return;
+      if (signo == SIGUSR1 || signo == SIGUSR2) {
+        Say("forwarding " + SignalName(signo) + " to the workers");
+        if (group) group->Signal(signo);
+      } else if (interrupt_signal != 0) {
+        Say("second " + SignalName(signo) + ": killing the workers now");
+        if (group) group->Kill();
+      } else {
+        interrupt_signal = signo;
+        Say("received " + SignalName(signo) + ": stopping the workers (SIGKILL in " +
+            std::to_string(options.group.stop_grace.count() / 1000.0).substr(0, 4) + " s)");
+        if (group) group->Stop(signo);
+      }
+      arm_signals();
+    });
+  };
+  arm_signals();
+
+  for (int attempt = 0;; ++attempt) {
+    WorkerGroupSpec spec = options.group;
+    spec.restart_count = attempt;
+    spec.max_restarts = options.max_restarts;
+    if (!options.log_root.empty()) {
+      spec.log_dir = options.log_root + "/attempt_" + std::to_string(attempt);
+      Status s = MakeDirs(spec.log_dir);
+      if (!s.ok()) {
+        Say("error: " + s.message());
+        return 1;
+      }
+    }
+    std::optional<GroupResult> result;
+    group = std::make_unique<WorkerGroup>(io);
+    Status started = group->Start(spec, [&](const GroupResult& r) { result = r; });
+    if (!started.ok()) {
+      Say("error: " + started.message());
+      return 1;
+    }
+    if (interrupt_signal != 0) group->Stop(interrupt_signal);
+    while (!result) {
+      if (io.run_one() == 0) break;  // cannot happen while workers live; guards a stuck loop
+    }
+    group.reset();
+    if (!result) {
+      Say("error: lost track of the workers");
+      return 1;
+    }
+    if (interrupt_signal != 0) {
+      Say("workers stopped after " + SignalName(interrupt_signal));
+      return 128 + interrupt_signal;
+    }
+    if (result->outcome == GroupResult::Outcome::kSucceeded) return 0;
+    bool will_restart = attempt < options.max_restarts;
+    ReportContext ctx;
+    ctx.restarts_used = attempt;
+    ctx.max_restarts = options.max_restarts;
+    ctx.will_restart = will_restart;
+    std::string report = FormatFailureReport(*result, ctx);
+    std::fwrite(report.data(), 1, report.size(), stderr);
+    std::fflush(stderr);
+    if (!will_restart) return ExitCodeFor(*result);
+    Say("restart " + std::to_string(attempt + 1) + " of " + std::to_string(options.max_restarts));
+  }
+}
+
+}  // namespace launch::agent

@@ -1,0 +1,30 @@
+#pragma once
+
+// The single-node agent: runs a WorkerGroup, restarts it as a whole after a failure while
+// restarts remain, forwards signals, and turns the outcome into `launch`'s exit code.
+
+#include <string>
+
+#include "agent/worker_group.h"
+
+namespace launch::agent {
+
+struct AgentOptions {
+  WorkerGroupSpec group;   // the template for every attempt (restart_count is set per attempt)
+  int max_restarts = 0;
+  // Per-attempt log folders <log_root>/attempt_<k>/ are created when non-empty; the group's
+  // log_dir is pointed at them.
+  std::string log_root;
+};
+
+// Runs until the workers succeed (returns 0), fail with no restarts left (returns the root
+// cause's exit code, 128+signal for a signal), or `launch` receives SIGINT/SIGTERM/SIGHUP
+// (forwarded to the workers, then the grace/kill rule; returns 128+signal). SIGUSR1/SIGUSR2 are
+// forwarded and change nothing else (schedulers send them before preemption so the trainer can
+// checkpoint). A second SIGINT/SIGTERM kills the workers at once.
+int RunLocalAgent(const AgentOptions& options);
+
+// The exit code for a failed group: the root cause's (128+signal for a signal).
+int ExitCodeFor(const GroupResult& result);
+
+}  // namespace launch::agent

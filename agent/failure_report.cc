@@ -1,0 +1,54 @@
+#include "agent/failure_report.h"
+
+#include <ctime>
+#include <sstream>
+
+namespace launch::agent {
+
+std::string FormatTime(std::chrono::system_clock::time_point t) {
+  std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() %
+            1000;
+  std::tm tm{};
+  localtime_r(&secs, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  char out[80];
+  std::snprintf(out, sizeof(out), "%s.%03d", buf, static_cast<int>(ms));
+  return out;
+}
+
+std::string FormatFailureReport(const GroupResult& result, const ReportContext& ctx) {
+  std::ostringstream o;
+  std::string host = ctx.host.empty() ? "" : " on " + ctx.host;
+  o << "================ launch: worker failure ================\n";
+  if (result.failures.empty()) {
+    o << "no worker failed\n";
+    return o.str();
+  }
+  const WorkerExit& root = result.failures.front();
+  o << "root cause: rank " << root.rank << " (local_rank " << root.local_rank << ", pid "
+    << root.pid << host << ") " << root.status.ToString() << " at " << FormatTime(root.time)
+    << "\n";
+  if (root.stderr_tail.empty()) {
+    o << "  (no stderr output)\n";
+  } else {
+    o << "  last " << root.stderr_tail.size() << " line(s) of its stderr:\n";
+    for (const auto& line : root.stderr_tail) o << "    " << line << "\n";
+  }
+  if (result.failures.size() > 1) {
+    o << "other failures:\n";
+    for (size_t i = 1; i < result.failures.size(); ++i) {
+      const WorkerExit& f = result.failures[i];
+      o << "  rank " << f.rank << " (local_rank " << f.local_rank << ", pid " << f.pid << ") "
+        << f.status.ToString() << " at " << FormatTime(f.time)
+        << (f.stopped_by_agent ? " (after launch stopped the group)" : "") << "\n";
+    }
+  }
+  o << "restarts used: " << ctx.restarts_used << " of " << ctx.max_restarts
+    << (ctx.will_restart ? " -- restarting the group" : "") << "\n";
+  o << "=========================================================\n";
+  return o.str();
+}
+
+}  // namespace launch::agent

@@ -1,0 +1,58 @@
+#include "agent/line_buffer.h"
+
+namespace launch::agent {
+
+void LineBuffer::Feed(std::string_view data, std::string_view prefix, std::string* out) {
+  while (!data.empty()) {
+    size_t nl = data.find('\n');
+    if (nl == std::string_view::npos) {
+      partial_.append(data);
+      while (partial_.size() >= max_line_) {
+        out->append(prefix);
+        out->append(partial_, 0, max_line_);
+        out->push_back('\n');
+        partial_.erase(0, max_line_);
+      }
+      return;
+    }
+    out->append(prefix);
+    out->append(partial_);
+    out->append(data.substr(0, nl + 1));
+    partial_.clear();
+    data.remove_prefix(nl + 1);
+  }
+}
+
+void LineBuffer::Flush(std::string_view prefix, std::string* out) {
+  if (partial_.empty()) return;
+  out->append(prefix);
+  out->append(partial_);
+  out->push_back('\n');
+  partial_.clear();
+}
+
+void TailLines::Feed(std::string_view data) {
+  while (!data.empty()) {
+    size_t nl = data.find('\n');
+    if (nl == std::string_view::npos) {
+      partial_.append(data.substr(0, 4096 - std::min<size_t>(partial_.size(), 4096)));
+      return;
+    }
+    partial_.append(data.substr(0, std::min<size_t>(nl, 4096)));
+    lines_.push_back(std::move(partial_));
+    partial_.clear();
+    if (lines_.size() > capacity_) lines_.pop_front();
+    data.remove_prefix(nl + 1);
+  }
+}
+
+std::deque<std::string> TailLines::Lines() const {
+  std::deque<std::string> out = lines_;
+  if (!partial_.empty()) {
+    out.push_back(partial_);
+    if (out.size() > capacity_) out.pop_front();
+  }
+  return out;
+}
+
+}  // namespace launch::agent

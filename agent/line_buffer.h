@@ -1,0 +1,43 @@
+#pragma once
+
+// Splits a byte stream into whole lines, so that output of different workers can be merged
+// without tearing: only complete lines ever leave the buffer.
+
+#include <deque>
+#include <string>
+#include <string_view>
+
+namespace launch::agent {
+
+class LineBuffer {
+ public:
+  // A line longer than `max_line` bytes is emitted in pieces of that size (bounded memory for a
+  // worker that writes megabytes without a newline).
+  explicit LineBuffer(size_t max_line = 1 << 20) : max_line_(max_line) {}
+
+  // Appends `data`; appends every completed line, each prefixed by `prefix` and ending in '\n',
+  // to `*out`.
+  void Feed(std::string_view data, std::string_view prefix, std::string* out);
+  // Appends the unterminated rest (if any) as a final line with a '\n' added.
+  void Flush(std::string_view prefix, std::string* out);
+  bool empty() const { return partial_.empty(); }
+
+ private:
+  size_t max_line_;
+  std::string partial_;
+};
+
+// Keeps the last `capacity` lines seen (for the failure report's stderr tail).
+class TailLines {
+ public:
+  explicit TailLines(size_t capacity = 20) : capacity_(capacity) {}
+  void Feed(std::string_view data);
+  std::deque<std::string> Lines() const;  // includes an unterminated last line
+
+ private:
+  size_t capacity_;
+  std::deque<std::string> lines_;
+  std::string partial_;
+};
+
+}  // namespace launch::agent

@@ -1,0 +1,41 @@
+#include "agent/line_buffer.h"
+
+#include <doctest/doctest.h>
+
+namespace launch::agent {
+namespace {
+
+TEST_CASE("OnlyWholeLinesLeaveTheBuffer") {
+  LineBuffer b;
+  std::string out;
+  b.Feed("hel", "[r0]: ", &out);
+  CHECK(out.empty());
+  b.Feed("lo\nwor", "[r0]: ", &out);
+  CHECK(out == "[r0]: hello\n");
+  b.Feed("ld\n\nx", "[r0]: ", &out);
+  CHECK(out == "[r0]: hello\n[r0]: world\n[r0]: \n");
+  b.Flush("[r0]: ", &out);
+  CHECK(out == "[r0]: hello\n[r0]: world\n[r0]: \n[r0]: x\n");
+  CHECK(b.empty());
+}
+
+TEST_CASE("OverlongLinesAreSplitAtTheCap") {
+  LineBuffer b(4);
+  std::string out;
+  b.Feed("abcdefghij", "> ", &out);
+  CHECK(out == "> abcd\n> efgh\n");
+  b.Flush("> ", &out);
+  CHECK(out == "> abcd\n> efgh\n> ij\n");
+}
+
+TEST_CASE("TailKeepsTheLastLines") {
+  TailLines t(2);
+  t.Feed("a\nb\nc\npartial");
+  auto lines = t.Lines();
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0] == "c");
+  CHECK(lines[1] == "partial");
+}
+
+}  // namespace
+}  // namespace launch::agent

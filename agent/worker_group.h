@@ -1,0 +1,116 @@
+#pragma once
+
+// WorkerGroup: the local workers of one attempt, supervised on an asio::io_context.
+//
+// Start() spawns `local_world_size` workers (one process group each) with torchrun's
+// environment contract, multiplexes their stdout/stderr line by line onto the console with a
+// "[rank N]: " prefix (and/or into per-rank files), and watches them through pidfds — no
+// polling interval. When a worker fails (non-zero exit or a signal), it is recorded as the root
+// cause and its siblings get SIGTERM, then SIGKILL after `stop_grace`. Once every worker has been
+// reaped and its pipes drained, `on_done` runs (on the io_context) with the outcome.
+//
+// Thread-safety: none; every call and callback happens on the io_context's thread.
+// Lifecycle: one Start() per WorkerGroup. The destructor SIGKILLs and reaps whatever still runs,
+// so no worker outlives the group on any exit path.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/exit_status.h"
+#include "base/status.h"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace launch::agent {
+
+enum StreamBits { kStdout = 1, kStderr = 2 };
+
+struct WorkerGroupSpec {
+  std::vector<std::string> argv;  // resolved program and its arguments, the same for every rank
+  std::vector<std::string> base_env;             // inherited environment, "KEY=VALUE"
+  std::map<std::string, std::string> extra_env;  // set for every worker (OMP_NUM_THREADS, ...)
+  int local_world_size = 1;
+  int rank_offset = 0;       // global rank of local rank 0
+  int world_size = 1;
+  int group_rank = 0;        // node rank
+  int group_world_size = 1;  // number of nodes
+  std::string role = "default";
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT
+  int max_restarts = 0;
+  std::string run_id = "none";
+  std::string exec_shim;  // path of launch-exec (parent-death guard); empty = none
+  // Per-rank files <log_dir>/rank_<global rank>.{stdout,stderr} for the streams whose bit is set
+  // in file_streams[local_rank]; log_dir must exist. Empty log_dir: no files.
+  std::string log_dir;
+  std::vector<int> file_streams;     // per local rank; missing entries mean 0
+  std::vector<int> console_streams;  // per local rank; missing entries mean kStdout | kStderr
+  std::chrono::milliseconds stop_grace{30000};
+  int console_stdout_fd = 1;
+  int console_stderr_fd = 2;
+  size_t stderr_tail_lines = 20;
+};
+
+struct WorkerExit {
+  int local_rank = 0;
+  int rank = 0;
+  pid_t pid = -1;
+  ExitStatus status;
+  std::chrono::system_clock::time_point time;
+  bool stopped_by_agent = false;  // it ended after the agent had signalled it
+  std::vector<std::string> stderr_tail;
+};
+
+struct GroupResult {
+  enum class Outcome {
+    kSucceeded,  // every worker exited 0
+    kFailed,     // a worker failed on its own; failures[0] is the root cause
+    kStopped,    // Stop() was called before anything failed
+  };
+  Outcome outcome = Outcome::kSucceeded;
+  std::vector<WorkerExit> failures;  // non-zero exits in the order they were reaped, root cause first
+  std::vector<WorkerExit> exits;     // every worker, in the order they were reaped
+};
+
+class WorkerGroup {
+ public:
+  explicit WorkerGroup(boost::asio::io_context& io);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Spawns every worker. On error, workers already started are killed and reaped before it
+  // returns, and `on_done` is never called.
+  Status Start(const WorkerGroupSpec& spec, std::function<void(const GroupResult&)> on_done);
+
+  // Forwards `signo` to every live worker's process group (e.g. SIGUSR1 before preemption).
+  void Signal(int signo);
+
+  // Sends `signo` to every live worker, then SIGKILL after stop_grace. The outcome is kStopped
+  // unless a worker had already failed on its own.
+  void Stop(int signo = 15 /* SIGTERM */);
+
+  // SIGKILL to every live worker now (a second Ctrl-C).
+  void Kill();
+
+  bool running() const;
+  std::vector<pid_t> pids() const;  // live workers
+
+ private:
+  class Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+// The torchrun environment contract for one worker, as KEY -> VALUE (RANK, LOCAL_RANK, ...).
+std::map<std::string, std::string> ContractEnvironment(const WorkerGroupSpec& spec, int local_rank);
+
+}  // namespace launch::agent
