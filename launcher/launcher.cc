@@ -1,0 +1,431 @@
+#include "launcher/launcher.h"
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "agent/agent.h"
+#include "agent/gpu.h"
+#include "agent/ports.h"
+#include "agent/subprocess.h"
+#include "base/strings.h"
+#include "launcher/config_loader.h"
+
+#ifndef LAUNCH_VERSION
+#define LAUNCH_VERSION "0.0.0"
+#endif
+
+namespace launch::launcher {
+
+using config::LaunchConfig;
+using config::Origin;
+
+namespace {
+
+// Flags that set a config key. Each flag has both spellings (--a_b and --a-b); several names
+// may map to one key (torchrun's and accelerate's).
+struct FlagDef {
+  std::string key;                 // config key passed to ApplySetting
+  std::vector<std::string> names;  // without dashes, underscore spelling
+  std::string group;
+  std::string help;
+};
+
+const char* kGroupProcs = "Processes";
+const char* kGroupNodes = "Multiple machines and rendezvous";
+const char* kGroupLogs = "Output and logs";
+const char* kGroupProgram = "Program";
+const char* kGroupFaults = "Failures and restarts";
+
+const std::vector<FlagDef>& FlagTable() {
+  static const std::vector<FlagDef> table = {
+      {"nproc_per_node", {"nproc_per_node"}, kGroupProcs,
+       "workers on this machine: N, auto (GPUs, else CPU slots), gpu or cpu"},
+      {"num_processes", {"num_processes"}, kGroupProcs,
+       "workers in total over all machines (accelerate's meaning)"},
+      {"gpu_ids", {"gpu_ids"}, kGroupProcs, "GPUs to use, e.g. 0,2 (CUDA_VISIBLE_DEVICES)"},
+      {"mixed_precision", {"mixed_precision"}, kGroupProcs, "no | bf16 | fp16"},
+      {"num_machines", {"num_machines", "nnodes"}, kGroupNodes, "machines: N or MIN:MAX"},
+      {"machine_rank", {"machine_rank", "node_rank"}, kGroupNodes,
+       "this machine's rank (assigned by the rendezvous when absent)"},
+      {"main_process_ip", {"main_process_ip", "master_addr"}, kGroupNodes,
+       "rendezvous host (MASTER_ADDR on one machine)"},
+      {"main_process_port", {"main_process_port", "master_port"}, kGroupNodes,
+       "rendezvous port (0 = pick a free port)"},
+      {"rdzv_endpoint", {"rdzv_endpoint"}, kGroupNodes, "HOST:PORT or [IPv6]:PORT"},
+      {"run_id", {"run_id", "rdzv_id"}, kGroupNodes, "job id shared by all machines"},
+      {"rdzv_token", {"rdzv_token"}, kGroupNodes,
+       "shared secret for the rendezvous (or env LAUNCH_RDZV_TOKEN)"},
+      {"join_timeout", {"join_timeout"}, kGroupNodes, "seconds to wait for the machines (600)"},
+      {"last_call_timeout", {"last_call_timeout"}, kGroupNodes,
+       "seconds to wait for more machines once MIN arrived (1)"},
+      {"heartbeat_timeout", {"heartbeat_timeout"}, kGroupNodes,
+       "seconds of silence before a machine is declared lost (5)"},
+      {"role", {"role"}, kGroupNodes, "worker role name (ROLE_NAME)"},
+      {"log_dir", {"log_dir"}, kGroupLogs, "per-rank log files under DIR/RUN_ID/attempt_K/"},
+      {"tee", {"tee"}, kGroupLogs,
+       "copy streams to log files too: 1 stdout, 2 stderr, 3 both, or 0:1,1:3 per local rank"},
+      {"redirects", {"redirects"}, kGroupLogs,
+       "send streams to log files only (same values as --tee)"},
+      {"local_ranks_filter", {"local_ranks_filter"}, kGroupLogs,
+       "show only these local ranks on the console, e.g. 0 or 0,1"},
+      {"max_restarts", {"max_restarts"}, kGroupFaults,
+       "restart the whole group up to N times after a failure"},
+      {"stop_grace", {"stop_grace"}, kGroupFaults,
+       "seconds between SIGTERM and SIGKILL when stopping workers (30)"},
+      {"python", {"python"}, kGroupProgram, "interpreter for .py programs and -m (python3)"},
+  };
+  return table;
+}
+
+std::string BothSpellings(const std::string& underscore) {
+  std::string dash = underscore;
+  std::replace(dash.begin(), dash.end(), '_', '-');
+  return dash == underscore ? "--" + underscore : "--" + underscore + ",--" + dash;
+}
+
+std::vector<std::string> AllFlagNames() {
+  std::vector<std::string> names = {"config_file", "print_config", "no_python", "module",
+                                    "version", "help", "rdzv_conf", "cpu"};
+  for (const auto& f : FlagTable())
+    for (const auto& n : f.names) names.push_back(n);
+  return names;
+}
+
+bool IsYamlPath(const std::string& s) {
+  std::string l = ToLower(s);
+  return EndsWith(l, ".yaml") || EndsWith(l, ".yml");
+}
+
+std::string MakeRunId() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", &tm);
+  return std::string(buf) + "-" + std::to_string(getpid());
+}
+
+void Warn(const std::string& msg) { std::fprintf(stderr, "[launch] warning: %s\n", msg.c_str()); }
+
+}  // namespace
+
+std::string ExecutableDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
+                        bool* print_config, bool* exit_now) {
+  *exit_now = false;
+  // Everything after the first "--" is the program (or extra args for the trainer).
+  std::vector<std::string> before, after;
+  bool seen_dashdash = false;
+  for (const auto& a : args) {
+    if (!seen_dashdash && a == "--") {
+      seen_dashdash = true;
+      continue;
+    }
+    (seen_dashdash ? after : before).push_back(a);
+  }
+
+  CLI::App app{
+      "launch: start distributed training on one or many machines.\n\n"
+      "  launch [flags] CONFIG.yaml [-- extra trainer args]\n"
+      "  launch [flags] -- PROGRAM [ARGS...]       (any program; .py runs under python3)\n"
+      "  launch [flags] script.py [ARGS...]        (torchrun style)\n"
+      "  launch config | env | rdzv-server          (see `launch SUBCOMMAND --help`)\n\n"
+      "Precedence: flag > environment (LAUNCH_*, PET_*, SLURM_*, OMPI_*) > YAML > default.",
+      "launch"};
+  app.prefix_command();
+  app.set_help_flag("-h,--help", "show this help and exit");
+  app.get_formatter()->column_width(34);
+
+  std::string config_file;
+  app.add_option(BothSpellings("config_file"), config_file, "the YAML config (or give it as the first argument)")
+      ->group("Config");
+  bool print = false, version = false, no_python = false, module = false, cpu = false;
+  app.add_flag(BothSpellings("print_config"), print,
+               "print the effective config with where each value came from, and exit")
+      ->group("Config");
+  app.add_flag("--version", version, "print the version and exit")->group("Config");
+  std::vector<std::string> rdzv_conf;
+  app.add_option(BothSpellings("rdzv_conf"), rdzv_conf,
+                 "torchrun style KEY=VALUE[,KEY=VALUE]: join_timeout, last_call_timeout, "
+                 "heartbeat_timeout")
+      ->group(kGroupNodes);
+  app.add_flag(BothSpellings("no_python"), no_python, "run the program as given, never via python")
+      ->group(kGroupProgram);
+  app.add_flag("-m," + BothSpellings("module"), module, "the program is a Python module (python -m)")
+      ->group(kGroupProgram);
+  app.add_flag("--cpu", cpu, "use CPU workers even where GPUs exist (accelerate --cpu)")
+      ->group(kGroupProcs);
+  // torchrun flags that mean nothing here: accepted so existing command lines work.
+  std::string ignored;
+  app.add_option(BothSpellings("monitor_interval"), ignored,
+                 "accepted for torchrun compatibility; launch reacts to exits at once")
+      ->group("Compatibility (ignored)");
+  app.add_option(BothSpellings("start_method"), ignored, "accepted for torchrun compatibility")
+      ->group("Compatibility (ignored)");
+  app.add_option(BothSpellings("rdzv_backend"), ignored, "accepted for torchrun compatibility")
+      ->group("Compatibility (ignored)");
+  app.add_flag("--standalone", "accepted for torchrun compatibility (one machine is the default)")
+      ->group("Compatibility (ignored)");
+
+  std::vector<std::pair<const FlagDef*, std::pair<CLI::Option*, std::string>>> flag_values;
+  std::vector<std::unique_ptr<std::string>> storage;
+  for (const FlagDef& f : FlagTable()) {
+    std::vector<std::string> spellings;
+    for (const std::string& name : f.names) spellings.push_back(BothSpellings(name));
+    storage.push_back(std::make_unique<std::string>());
+    CLI::Option* opt = app.add_option(Join(spellings, ","), *storage.back(), f.help);
+    opt->group(f.group)->type_name("");
+    flag_values.push_back({&f, {opt, Join(f.names, "/--")}});
+  }
+
+  std::vector<std::string> reversed(before.rbegin(), before.rend());
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    *exit_now = true;
+    return Status::Ok();
+  } catch (const CLI::ParseError& e) {
+    return Status::InvalidConfig(e.what());
+  }
+  if (version) {
+    std::cout << "launch " << LAUNCH_VERSION << "\n";
+    *exit_now = true;
+    return Status::Ok();
+  }
+
+  std::vector<std::string> rest = app.remaining();
+  if (!rest.empty() && StartsWith(rest[0], "-")) {
+    std::string name = rest[0].substr(rest[0][1] == '-' ? 2 : 1);
+    name = name.substr(0, name.find('='));
+    std::replace(name.begin(), name.end(), '-', '_');
+    std::string near = ClosestMatch(name, AllFlagNames());
+    return Status::InvalidConfig("unknown flag '" + rest[0] + "'" +
+                                 (near.empty() ? "" : " (did you mean '--" + near + "'?)") +
+                                 "; see launch --help");
+  }
+  if (!rest.empty() && IsYamlPath(rest[0]) && config_file.empty()) {
+    config_file = rest[0];
+    rest.erase(rest.begin());
+    if (!rest.empty())
+      return Status::InvalidConfig("unexpected argument '" + rest[0] + "' after " + config_file +
+                                   " (put trainer arguments after `--`)");
+    cfg->extra_args = after;
+  } else if (!rest.empty()) {
+    if (seen_dashdash)
+      return Status::InvalidConfig("unexpected argument '" + rest[0] +
+                                   "' before `--` (the program goes after `--`)");
+    cfg->program = rest;  // torchrun style: launch script.py args
+  } else {
+    cfg->program = after;
+  }
+
+  // Layers: defaults (cfg as given) < YAML < environment < flags.
+  if (!config_file.empty()) LAUNCH_RETURN_IF_ERROR(config::LoadYamlFile(config_file, cfg));
+  LAUNCH_RETURN_IF_ERROR(config::ApplyEnvironment(config::CurrentEnvironment(), cfg));
+  for (const auto& [def, opt_name] : flag_values) {
+    CLI::Option* opt = opt_name.first;
+    if (opt->count() == 0) continue;
+    std::string value = opt->as<std::string>();
+    LAUNCH_RETURN_IF_ERROR(config::ApplySetting(
+        def->key, value, Origin{Origin::Kind::kFlag, "--" + opt_name.second}, cfg));
+  }
+  for (const std::string& item : rdzv_conf) {
+    for (const std::string& kv : Split(item, ',')) {
+      size_t eq = kv.find('=');
+      if (eq == std::string::npos)
+        return Status::InvalidConfig("--rdzv_conf: expected KEY=VALUE, got '" + kv + "'");
+      std::string key = Trim(kv.substr(0, eq));
+      if (key != "join_timeout" && key != "last_call_timeout" && key != "heartbeat_timeout") {
+        std::string near =
+            ClosestMatch(key, {"join_timeout", "last_call_timeout", "heartbeat_timeout"});
+        return Status::InvalidConfig("--rdzv_conf: unknown key '" + key + "'" +
+                                     (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+      }
+      LAUNCH_RETURN_IF_ERROR(config::ApplySetting(key, kv.substr(eq + 1),
+                                                  Origin{Origin::Kind::kFlag, "--rdzv_conf"}, cfg));
+    }
+  }
+  if (no_python) cfg->no_python = true;
+  if (module) cfg->run_module = true;
+  if (cpu)
+    LAUNCH_RETURN_IF_ERROR(
+        config::ApplySetting("use_cpu", "true", Origin{Origin::Kind::kFlag, "--cpu"}, cfg));
+  LAUNCH_RETURN_IF_ERROR(config::Validate(cfg));
+  *print_config = print;
+  return Status::Ok();
+}
+
+StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
+  Plan plan;
+  // Worker count on this node.
+  bool force_cpu = cfg.distributed_type == config::DistributedType::kMultiCpu;
+  int gpus = force_cpu ? 0 : agent::CountGpus();
+  if (cfg.gpu_ids != "all" && gpus > 0) gpus = static_cast<int>(Split(cfg.gpu_ids, ',').size());
+  const std::string& spec = cfg.nproc_per_node;
+  if (spec == "auto" || spec == "gpu") {
+    if (gpus > 0) {
+      plan.nproc_per_node = gpus;
+      plan.device_kind = "gpu";
+    } else {
+      plan.nproc_per_node = agent::CountCpuSlots();
+    }
+  } else if (spec == "cpu") {
+    plan.nproc_per_node = agent::CountCpuSlots();
+  } else {
+    long long n = 0;
+    ParseInt64(spec, &n);
+    plan.nproc_per_node = static_cast<int>(n);
+    plan.device_kind = gpus > 0 ? "gpu" : "cpu";
+  }
+  if (cfg.distributed_type == config::DistributedType::kMultiGpu && gpus == 0)
+    Warn("distributed_type is MULTI_GPU but no GPU was found; running CPU workers");
+
+  // The program.
+  std::vector<std::string> argv;
+  if (!cfg.program.empty()) {
+    const std::string& prog = cfg.program[0];
+    if (cfg.run_module) {
+      argv = {cfg.python, "-m"};
+      argv.insert(argv.end(), cfg.program.begin(), cfg.program.end());
+    } else if (!cfg.no_python && EndsWith(ToLower(prog), ".py")) {
+      argv = {cfg.python};
+      argv.insert(argv.end(), cfg.program.begin(), cfg.program.end());
+    } else {
+      argv = cfg.program;
+    }
+  } else if (cfg.train.present) {
+    argv = {bin_dir + "/train", cfg.config_path};
+    argv.insert(argv.end(), cfg.extra_args.begin(), cfg.extra_args.end());
+  } else {
+    return Status::InvalidConfig(
+        cfg.config_path.empty()
+            ? "nothing to run: give CONFIG.yaml with a `train:` section, or `-- PROGRAM ARGS`"
+            : cfg.config_path + ": has no `train:` section; give `-- PROGRAM ARGS` to run a "
+                                "program, or add a train: section");
+  }
+  StatusOr<std::string> resolved = agent::ResolveProgram(argv[0]);
+  if (!resolved.ok()) {
+    if (argv[0] == bin_dir + "/train")
+      return Status::InvalidConfig("the trainer binary is missing (" + argv[0] +
+                                   "): build with -DLAUNCH_BUILD_TRAINER=ON");
+    return Status::InvalidConfig("cannot run the program: " + resolved.status().message());
+  }
+  argv[0] = *resolved;
+  plan.argv = argv;
+
+  // Rendezvous for the workers' own store: one node, so the master is here.
+  plan.master_addr = cfg.main_process_ip;
+  plan.master_port = cfg.main_process_port;
+  if (plan.master_port <= 0) {
+    StatusOr<int> port = agent::PickFreePort(plan.master_addr);
+    if (!port.ok())
+      return Status::InvalidConfig("main_process_ip " + plan.master_addr + ": " +
+                                   port.status().message());
+    plan.master_port = *port;
+  }
+  plan.run_id = cfg.run_id.empty() ? MakeRunId() : cfg.run_id;
+
+  // Output routing, torchrun semantics: --redirects sends streams to files only, --tee to both.
+  // A log_dir without either means "tee everything".
+  bool any_spec = cfg.tee.all || !cfg.tee.per_rank.empty() || cfg.redirects.all ||
+                  !cfg.redirects.per_rank.empty();
+  std::string log_dir = cfg.log_dir;
+  if (log_dir.empty() && any_spec) log_dir = "/tmp/launch-logs";
+  if (!log_dir.empty()) plan.log_root = log_dir + "/" + plan.run_id;
+  for (int lr = 0; lr < plan.nproc_per_node; ++lr) {
+    int tee = cfg.tee.For(lr), redirect = cfg.redirects.For(lr);
+    int files = any_spec ? (tee | redirect) : (log_dir.empty() ? 0 : 3);
+    int console = 3 & ~redirect;
+    if (!cfg.local_ranks_filter.empty() &&
+        std::find(cfg.local_ranks_filter.begin(), cfg.local_ranks_filter.end(), lr) ==
+            cfg.local_ranks_filter.end())
+      console = 0;
+    plan.file_streams.push_back(files);
+    plan.console_streams.push_back(console);
+  }
+
+  // Environment beyond the rank contract.
+  if (plan.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr)
+    plan.extra_env["OMP_NUM_THREADS"] = "1";  // N workers x all cores each would thrash
+  if (cfg.gpu_ids != "all") plan.extra_env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids;
+  if (force_cpu && cfg.origins.count("distributed_type") + cfg.origins.count("use_cpu") > 0)
+    plan.extra_env["CUDA_VISIBLE_DEVICES"] = "";
+  if (cfg.mixed_precision != "no") plan.extra_env["ACCELERATE_MIXED_PRECISION"] = cfg.mixed_precision;
+  return plan;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  LaunchConfig cfg;
+  bool print_config = false, exit_now = false;
+  Status s = ParseCommandLine(args, &cfg, &print_config, &exit_now);
+  if (!s.ok()) {
+    std::fprintf(stderr, "launch: error: %s\n", s.message().c_str());
+    return kExitUsage;
+  }
+  if (exit_now) return kExitOk;
+  for (const auto& w : cfg.warnings) Warn(w);
+
+  if (cfg.max_nodes > 1) {
+    std::fprintf(stderr,
+                 "launch: error: num_machines %d: multi-machine jobs need the rendezvous, "
+                 "which this build does not include yet\n",
+                 cfg.max_nodes);
+    return kExitUsage;
+  }
+  std::string bin_dir = ExecutableDir();
+  StatusOr<Plan> plan = MakePlan(cfg, bin_dir);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "launch: error: %s\n", plan.status().message().c_str());
+    return kExitUsage;
+  }
+  if (print_config) {
+    std::cout << config::FormatConfig(cfg);
+    std::cout << "# plan: " << plan->nproc_per_node << " " << plan->device_kind
+              << " worker(s) on this machine, MASTER_ADDR=" << plan->master_addr
+              << " MASTER_PORT=" << plan->master_port << "\n# command: " << Join(plan->argv, " ")
+              << "\n";
+    return kExitOk;
+  }
+
+  agent::AgentOptions opts;
+  agent::WorkerGroupSpec& g = opts.group;
+  g.argv = plan->argv;
+  for (const auto& [k, v] : config::CurrentEnvironment()) g.base_env.push_back(k + "=" + v);
+  g.extra_env = plan->extra_env;
+  g.local_world_size = plan->nproc_per_node;
+  g.world_size = plan->nproc_per_node;
+  g.rank_offset = 0;
+  g.group_rank = 0;
+  g.group_world_size = 1;
+  g.role = cfg.role;
+  g.master_addr = plan->master_addr;
+  g.master_port = plan->master_port;
+  g.run_id = plan->run_id;
+  g.exec_shim = bin_dir + "/launch-exec";
+  g.file_streams = plan->file_streams;
+  g.console_streams = plan->console_streams;
+  g.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.stop_grace_s * 1000));
+  opts.max_restarts = cfg.max_restarts;
+  opts.log_root = plan->log_root;
+  if (!plan->log_root.empty())
+    std::fprintf(stderr, "[launch] logs: %s/attempt_<k>/rank_<r>.{stdout,stderr}\n",
+                 plan->log_root.c_str());
+  return agent::RunLocalAgent(opts);
+}
+
+}  // namespace launch::launcher

@@ -1,0 +1,47 @@
+#pragma once
+
+// The `launch` command: flags (CLI11) + YAML + environment -> LaunchConfig -> a plan (how many
+// workers, which program, which ports) -> the agent. main.cc is a thin wrapper around Main().
+
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "launcher/config.h"
+
+namespace launch::launcher {
+
+// Exit codes of `launch` itself (a worker's failure exits with the worker's code instead).
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;  // bad flags or config; nothing was started
+
+// What `launch` will run on this node, derived from the merged config.
+struct Plan {
+  int nproc_per_node = 1;
+  std::string device_kind = "cpu";      // "gpu" or "cpu": what one worker slot is
+  std::vector<std::string> argv;        // resolved program and arguments for every worker
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;                  // resolved (a free port when 0 was asked for)
+  std::string run_id;
+  std::string log_root;                 // <log_dir>/<run_id>; empty = no files
+  std::vector<int> file_streams;        // per local rank
+  std::vector<int> console_streams;     // per local rank
+  std::map<std::string, std::string> extra_env;
+};
+
+// Parses argv into `cfg` (config file, environment, flags, validation). Returns InvalidConfig on
+// any bad input. `print_config` is set when --print_config was given.
+Status ParseCommandLine(const std::vector<std::string>& args, config::LaunchConfig* cfg,
+                        bool* print_config, bool* exit_now);
+
+// Resolves worker count, program, ports and log layout for a single node.
+StatusOr<Plan> MakePlan(const config::LaunchConfig& cfg, const std::string& bin_dir);
+
+// Entry point of the `launch` binary; returns the process exit code.
+int Main(int argc, char** argv);
+
+// Folder holding the running executable (where `train` and `launch-exec` live).
+std::string ExecutableDir();
+
+}  // namespace launch::launcher
