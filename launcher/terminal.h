@@ -1,0 +1,125 @@
+#pragma once
+
+// The terminal UI of `launch config`: key input in non-canonical mode, and prompts built on it
+// (menus driven by arrow and number keys, text answers with a default and on-the-spot
+// validation, yes/no questions).
+//
+// Terminal owns the terminal state for its lifetime: the constructor records the input's
+// termios and installs SIGINT/SIGTERM/SIGHUP handlers that only set a flag; EnterRawMode()
+// switches off line buffering and echo (signals stay enabled, so Ctrl-C raises SIGINT as usual);
+// the destructor restores both the termios and the previous signal handlers. A pending signal
+// or a Ctrl-C/Ctrl-D typed as a key makes every read return Status::Interrupted, so callers
+// unwind and write nothing. Works on non-terminal fds too (pipes in tests): raw mode is then a
+// no-op and input is read byte by byte all the same.
+//
+// Not thread-safe; at most one Terminal may exist at a time (the signal flag is process-wide).
+
+#include <termios.h>
+
+#include <csignal>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace launch::launcher {
+
+class Terminal {
+ public:
+  enum class KeyKind {
+    kChar,       // a byte of text (UTF-8 sequences arrive byte by byte)
+    kEnter,      // CR or LF
+    kBackspace,  // DEL or ^H
+    kKillLine,   // ^U
+    kUp,
+    kDown,
+    kLeft,
+    kRight,
+    kEscape,     // a lone ESC, or an escape sequence we do not know
+    kInterrupt,  // ^C read as a byte (when the terminal does not turn it into SIGINT)
+    kEof,        // ^D, or the end of the input
+  };
+  struct Key {
+    KeyKind kind = KeyKind::kEscape;
+    char ch = 0;  // for kChar
+  };
+
+  // Does not take ownership of the fds.
+  Terminal(int in_fd, int out_fd);
+  ~Terminal();
+  Terminal(const Terminal&) = delete;
+  Terminal& operator=(const Terminal&) = delete;
+
+  // Whether `fd` is a terminal.
+  static bool IsTerminal(int fd);
+
+  // Non-canonical input without echo. No-op (OK) when the input is not a terminal.
+  Status EnterRawMode();
+  // Back to the termios found at construction. Idempotent; the destructor calls it.
+  void Restore();
+
+  // The next key. Interrupted when a signal arrived (before or while waiting); kEof at the end
+  // of the input; IoError when reading fails.
+  StatusOr<Key> ReadKey();
+
+  // Writes all of `text` (retrying on EINTR and short writes); errors are ignored: there is no
+  // one to tell when the terminal itself is gone.
+  void Write(const std::string& text);
+
+  // Whether output may use ANSI colours and cursor movement (TERM is not "dumb").
+  bool fancy() const { return fancy_; }
+
+ private:
+  // Waits up to `timeout_ms` (-1: for ever) for one byte. *got is false on timeout.
+  Status ReadByte(int timeout_ms, unsigned char* byte, bool* got);
+
+  int in_fd_;
+  int out_fd_;
+  bool fancy_ = true;
+  bool have_termios_ = false;
+  bool raw_ = false;
+  struct termios saved_termios_ {};
+  struct sigaction saved_int_ {
+  }, saved_term_{}, saved_hup_{};
+};
+
+// Questions asked on a Terminal. Every method returns Interrupted when the user pressed Ctrl-C
+// (or Ctrl-D on an empty answer, or the input ended), and the final answer otherwise.
+class Prompter {
+ public:
+  // Returns "" when `answer` is acceptable, otherwise what is wrong with it (shown, then the
+  // question is asked again).
+  using Validator = std::function<std::string(const std::string& answer)>;
+
+  explicit Prompter(Terminal* terminal) : term_(terminal) {}
+
+  // A menu: Up/Down (or k/j) move, a number key 1-9 jumps to that entry, Enter chooses.
+  // Returns the chosen index. REQUIRES: !options.empty(), 0 <= default_index < options.size().
+  StatusOr<int> Choose(const std::string& question, const std::vector<std::string>& options,
+                       int default_index);
+
+  // A free-text answer; an empty answer means `default_value` (shown as "[default]" when not
+  // empty). The answer (default included) must pass `validate`, else the error is shown and
+  // the question repeats; without a validator any non-empty answer passes (a validator decides
+  // itself whether an empty answer is acceptable). Leading and trailing blanks are trimmed.
+  StatusOr<std::string> Ask(const std::string& question, const std::string& default_value,
+                            const Validator& validate = nullptr);
+
+  // An integer in [lo, hi]; the default is shown as "[n]".
+  StatusOr<int> AskInt(const std::string& question, int default_value, int lo, int hi);
+
+  // yes/no; shown as "[YES/no]" or "[yes/NO]" with the default in capitals.
+  StatusOr<bool> Confirm(const std::string& question, bool default_value);
+
+  // A line of information (not a question).
+  void Say(const std::string& text);
+
+ private:
+  // Reads one line with simple editing; Interrupted on ^C, or ^D on an empty line.
+  StatusOr<std::string> ReadLine();
+
+  Terminal* term_;
+};
+
+}  // namespace launch::launcher

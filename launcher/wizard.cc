@@ -1,0 +1,655 @@
+#include "launcher/wizard.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <sched.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "base/strings.h"
+#include "launcher/config_loader.h"
+#include "launcher/terminal.h"
+
+namespace launch::launcher {
+namespace {
+
+using Where = ConfigAnswers::Where;
+
+constexpr int kExitWritten = 0;
+constexpr int kExitNotWritten = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitInterrupted = 130;
+
+// NVIDIA's driver lists one directory per GPU here; no driver, no GPUs to offer.
+int CountNvidiaGpus() {
+  DIR* dir = opendir("/proc/driver/nvidia/gpus");
+  if (!dir) return 0;
+  int n = 0;
+  while (struct dirent* e = readdir(dir))
+    if (e->d_name[0] != '.') ++n;
+  closedir(dir);
+  return n;
+}
+
+int CountUsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+std::string AbsolutePath(const std::string& path) {
+  char buf[PATH_MAX];
+  if (realpath(path.c_str(), buf)) return buf;
+  return path;
+}
+
+// Scalars that YAML would read as something else (or that hold ':' or '#') are single-quoted.
+std::string YamlString(const std::string& s) {
+  bool plain = !s.empty();
+  for (char c : s) {
+    bool ok =
+        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '/';
+    if (!ok) plain = false;
+  }
+  std::string l = ToLower(s);
+  if (l == "no" || l == "yes" || l == "on" || l == "off" || l == "true" || l == "false" ||
+      l == "null" || l == "~")
+    plain = false;
+  long long ignored = 0;
+  if (ParseInt64(s, &ignored)) plain = false;
+  if (plain) return s;
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'') out += '\'';
+    out += c;
+  }
+  return out + "'";
+}
+
+// "key: value" padded so the comments line up.
+std::string Line(const std::string& indent, const std::string& key, const std::string& value,
+                 const std::string& comment) {
+  std::string lhs = indent + key + ": " + value;
+  if (comment.empty()) return lhs + "\n";
+  if (lhs.size() < 36) lhs.resize(36, ' ');
+  return lhs + "  # " + comment + "\n";
+}
+
+std::string Today() {
+  std::time_t now = std::time(nullptr);
+  char buf[32];
+  struct tm tm_now {};
+  localtime_r(&now, &tm_now);
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d", &tm_now);
+  return buf;
+}
+
+// The input width and class count of an MLP for a CSV file: columns other than the label, and
+// 1 + the largest integer label (1 when labels are not integers: a regression target).
+void CsvShape(const std::string& path, const std::string& label_column, int* inputs, int* outputs) {
+  *inputs = 32;
+  *outputs = 10;
+  std::ifstream in(path);
+  std::string header;
+  if (!in || !std::getline(in, header)) return;
+  std::vector<std::string> columns = Split(header, ',');
+  int label_index = -1;
+  for (size_t i = 0; i < columns.size(); ++i)
+    if (Trim(columns[i]) == label_column) label_index = static_cast<int>(i);
+  if (label_index < 0 || columns.size() < 2) return;
+  *inputs = static_cast<int>(columns.size()) - 1;
+  long long max_label = -1;
+  bool integral = true;
+  std::string row;
+  for (int rows = 0; rows < 100000 && std::getline(in, row); ++rows) {
+    std::vector<std::string> cells = Split(row, ',');
+    if (static_cast<int>(cells.size()) <= label_index) continue;
+    long long v = 0;
+    if (!ParseInt64(Trim(cells[static_cast<size_t>(label_index)]), &v) || v < 0) {
+      integral = false;
+      break;
+    }
+    max_label = std::max(max_label, v);
+  }
+  *outputs = integral && max_label >= 0 ? static_cast<int>(max_label + 1) : 1;
+}
+
+// Checks one answer with the loader's own rules for `key` (one source of truth for what a
+// valid value is); returns "" or the loader's complaint without its location prefix.
+std::string CheckSetting(const std::string& key, const std::string& value) {
+  config::LaunchConfig scratch;
+  Status s =
+      config::ApplySetting(key, value, config::Origin{config::Origin::Kind::kFlag, key}, &scratch);
+  if (s.ok()) return "";
+  std::string msg = s.message();
+  if (StartsWith(msg, key + ": ")) msg = msg.substr(key.size() + 2);
+  return msg;
+}
+
+std::string CheckReadableFile(const std::string& path) {
+  if (path.empty()) return "a file path is needed";
+  std::ifstream probe(path);
+  if (!probe) return "cannot read '" + path + "'";
+  return "";
+}
+
+std::string CheckHost(const std::string& host) {
+  if (host.empty()) return "the address of the main machine is needed (an IP or a host name)";
+  for (char c : host)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' ||
+          c == '_'))
+      return "'" + host + "' is not an IP address or a host name";
+  return "";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The questions.
+
+Status AskMachine(Prompter& p, int gpus, ConfigAnswers* a) {
+  LAUNCH_ASSIGN_OR_RETURN(
+      int where, p.Choose("Where will the job run?",
+                          {"on this machine only",
+                           "on several machines (one launch per machine; I give the addresses)",
+                           "on a SLURM cluster (one launch per node under srun)"},
+                          0));
+  a->where = static_cast<Where>(where);
+  if (a->where == Where::kCluster) {
+    LAUNCH_ASSIGN_OR_RETURN(a->num_machines, p.AskInt("How many machines?", 2, 2, 100000));
+    LAUNCH_ASSIGN_OR_RETURN(
+        a->machine_rank, p.AskInt("What is the rank of this machine? (0 is the main machine)", 0, 0,
+                                  a->num_machines - 1));
+    LAUNCH_ASSIGN_OR_RETURN(
+        a->main_process_ip,
+        p.Ask("What is the IP address (or host name) of the main machine, rank 0?", "", CheckHost));
+  }
+  if (a->where != Where::kThisMachine) {
+    LAUNCH_ASSIGN_OR_RETURN(
+        a->main_process_port,
+        p.AskInt("Which port should the rendezvous use on the main machine?", 29500, 1, 65535));
+    LAUNCH_ASSIGN_OR_RETURN(
+        a->rdzv_token,
+        p.Ask("A shared secret for the rendezvous? (empty: none, or set LAUNCH_RDZV_TOKEN)", "",
+              [](const std::string& s) {
+                for (char c : s)
+                  if (std::isspace(static_cast<unsigned char>(c)))
+                    return std::string("the secret may not contain spaces");
+                return std::string();
+              }));
+  }
+
+  LAUNCH_ASSIGN_OR_RETURN(
+      int device,
+      p.Choose("Which devices should the workers use?",
+               {"CPUs (Gloo backend)", "NVIDIA GPUs (NCCL backend)"}, gpus > 0 ? 1 : 0));
+  a->use_gpu = device == 1;
+  if (a->use_gpu && gpus == 0)
+    p.Say("  (no NVIDIA GPU is visible on this machine; fine if the job runs elsewhere)");
+
+  std::string ppn_default = a->use_gpu && gpus > 0 ? std::to_string(gpus) : "auto";
+  LAUNCH_ASSIGN_OR_RETURN(
+      a->nproc_per_node,
+      p.Ask(std::string("How many processes per machine? ('auto': one per ") +
+                (a->use_gpu ? "GPU" : "CPU core, " + std::to_string(CountUsableCpus()) + " here") +
+                ")",
+            ppn_default, [](const std::string& s) {
+              std::string l = ToLower(s);
+              if (l == "auto") return std::string();
+              long long v = 0;
+              if (!ParseInt64(l, &v) || v < 1 || v > 4096)
+                return "expected a number from 1 to 4096 or 'auto', got '" + s + "'";
+              return std::string();
+            }));
+  a->nproc_per_node = ToLower(a->nproc_per_node);
+
+  if (a->use_gpu) {
+    LAUNCH_ASSIGN_OR_RETURN(a->gpu_ids,
+                            p.Ask("Which GPUs should be used? (ids like 0,1,3, or 'all')", "all",
+                                  [](const std::string& s) { return CheckSetting("gpu_ids", s); }));
+  }
+  std::vector<std::string> precisions = {"no", "bf16"};
+  if (a->use_gpu) precisions.push_back("fp16");
+  LAUNCH_ASSIGN_OR_RETURN(int precision, p.Choose("Mixed precision?", precisions, 0));
+  a->mixed_precision = precisions[static_cast<size_t>(precision)];
+  LAUNCH_ASSIGN_OR_RETURN(
+      a->max_restarts,
+      p.AskInt("How many times should the job restart after a failure?", 0, 0, 10000));
+  return Status::Ok();
+}
+
+Status AskTrainer(Prompter& p, ConfigAnswers* a) {
+  LAUNCH_ASSIGN_OR_RETURN(
+      a->train, p.Confirm("Also set up the built-in trainer (model, data, parallel mode)?", false));
+  if (!a->train) return Status::Ok();
+  const std::vector<std::string> models = {"mlp", "transformer", "torchscript"};
+  LAUNCH_ASSIGN_OR_RETURN(int model,
+                          p.Choose("Which model?",
+                                   {"MLP (a multi-layer perceptron)",
+                                    "Transformer (a character-level language model on a text file)",
+                                    "TorchScript module (a .pt file saved with torch.jit.save)"},
+                                   0));
+  a->model = models[static_cast<size_t>(model)];
+  if (a->model == "torchscript") {
+    LAUNCH_ASSIGN_OR_RETURN(a->torchscript_path,
+                            p.Ask("Path of the TorchScript file?", "", CheckReadableFile));
+    a->torchscript_path = AbsolutePath(a->torchscript_path);
+  }
+  if (a->model == "transformer") {
+    a->data = "text";
+  } else {
+    LAUNCH_ASSIGN_OR_RETURN(int data,
+                            p.Choose("Which training data?",
+                                     {"synthetic (a fixed random teacher network; no files needed)",
+                                      "a CSV file (numeric columns and a label column)"},
+                                     0));
+    a->data = data == 0 ? "synthetic" : "csv";
+  }
+  if (a->data != "synthetic") {
+    LAUNCH_ASSIGN_OR_RETURN(a->data_path, p.Ask(a->data == "text" ? "Path of the text corpus?"
+                                                                  : "Path of the CSV file?",
+                                                "", CheckReadableFile));
+    a->data_path = AbsolutePath(a->data_path);
+  }
+  if (a->data == "csv") {
+    LAUNCH_ASSIGN_OR_RETURN(a->label_column, p.Ask("Name of the label column?", "label", nullptr));
+  }
+  const std::vector<std::string> modes = {"ddp", "none", "dp", "pipeline"};
+  LAUNCH_ASSIGN_OR_RETURN(
+      int mode,
+      p.Choose("Which parallel mode?",
+               {"ddp: one replica per process, gradients all-reduced in buckets (recommended)",
+                "none: each process trains alone", "dp: several replicas inside one process",
+                "pipeline: the layers split into stages over processes"},
+               0));
+  a->parallel_mode = modes[static_cast<size_t>(mode)];
+  if (a->parallel_mode == "pipeline") {
+    LAUNCH_ASSIGN_OR_RETURN(a->stages, p.AskInt("How many pipeline stages?", 2, 2, 1024));
+    LAUNCH_ASSIGN_OR_RETURN(
+        a->microbatches,
+        p.AskInt("How many micro-batches per step? (at least the number of stages)",
+                 std::max(4, a->stages), a->stages, 1 << 20));
+  }
+  LAUNCH_ASSIGN_OR_RETURN(
+      a->gradient_accumulation_steps,
+      p.AskInt("Gradient accumulation: micro-batches per optimizer step?", 1, 1, 1 << 20));
+  LAUNCH_ASSIGN_OR_RETURN(a->batch_size, p.AskInt("Batch size per process?", 32, 1, 1 << 24));
+  LAUNCH_ASSIGN_OR_RETURN(a->max_steps, p.AskInt("How many optimizer steps?", 300, 1, INT_MAX));
+  LAUNCH_ASSIGN_OR_RETURN(a->output_dir,
+                          p.Ask("Directory for metrics and checkpoints?", "runs/launch", nullptr));
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Args {
+  bool is_default = false;
+  bool force = false;
+  bool help = false;
+  std::string config_file;
+};
+
+const char kUsage[] =
+    "usage: launch config [--config_file FILE]\n"
+    "       launch config default [--config_file FILE] [--force]\n"
+    "\n"
+    "Asks a few questions and writes the job's YAML (accelerate's keys; `launch` and\n"
+    "`accelerate launch` both read it). `launch config default` writes a sensible config for\n"
+    "this machine without questions and never overwrites an existing file unless --force.\n"
+    "\n"
+    "  --config_file FILE   where to write (default: $XDG_CONFIG_HOME/launch/default_config.yaml\n"
+    "                       or ~/.config/launch/default_config.yaml, used by `launch` when no\n"
+    "                       config is given)\n"
+    "  --force              `default` only: overwrite an existing file\n";
+
+bool ParseArgs(const std::vector<std::string>& args, Args* out, std::string* error) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      out->help = true;
+    } else if (a == "default" && i == 0) {
+      out->is_default = true;
+    } else if (a == "--force" || a == "-f") {
+      out->force = true;
+    } else if (a == "--config_file" || a == "--config-file") {
+      if (i + 1 >= args.size()) {
+        *error = a + " needs a file name";
+        return false;
+      }
+      out->config_file = args[++i];
+    } else if (StartsWith(a, "--config_file=") || StartsWith(a, "--config-file=")) {
+      out->config_file = a.substr(a.find('=') + 1);
+    } else {
+      *error = "unknown argument '" + a + "'";
+      return false;
+    }
+  }
+  if (out->force && !out->is_default) {
+    *error = "--force goes with `launch config default` (the wizard asks before overwriting)";
+    return false;
+  }
+  return true;
+}
+
+// Renders, checks that the result loads, and writes. Returns an exit code.
+int Save(const ConfigAnswers& answers, const std::string& path) {
+  std::string text = RenderConfigYaml(answers);
+  config::LaunchConfig check;
+  Status s = config::LoadYamlString(text, path, &check);
+  if (s.ok()) s = config::Validate(&check);
+  if (!s.ok()) {
+    std::cerr << "launch config: internal error: the generated config does not load ("
+              << s.message() << "); nothing was written\n";
+    return kExitNotWritten;
+  }
+  s = WriteFileAtomically(path, text, answers.rdzv_token.empty() ? 0644 : 0600);
+  if (!s.ok()) {
+    std::cerr << "launch config: " << s.message() << "\n";
+    return kExitNotWritten;
+  }
+  return kExitWritten;
+}
+
+std::string NextCommand(const ConfigAnswers& a, const std::string& path, bool is_default_path) {
+  std::string cfg = is_default_path ? "" : " --config_file " + path;
+  std::string program = a.train ? "" : " -- python3 train.py";
+  std::ostringstream out;
+  out << "Next:\n";
+  switch (a.where) {
+    case Where::kThisMachine:
+      out << "  launch" << cfg << program << "\n";
+      break;
+    case Where::kCluster:
+      out << "  launch" << cfg << program << "      # on this machine (rank " << a.machine_rank
+          << ")\n"
+          << "  launch --config_file " << path << " --machine_rank R" << program
+          << "   # on each other machine (copy the file there), R = its rank\n";
+      break;
+    case Where::kSlurm:
+      out << "  srun --ntasks-per-node=1 launch --config_file " << path << program
+          << "   # inside an sbatch script; templates in scripts/slurm/\n";
+      break;
+  }
+  if (!a.train) out << "  (replace `python3 train.py` with your program and its arguments)\n";
+  return out.str();
+}
+
+int RunDefault(const Args& args, const std::string& path) {
+  if (FileExists(path) && !args.force) {
+    std::cerr << "launch config default: " << path
+              << " already exists; nothing was written (use --force to overwrite it, or "
+                 "--config_file to write elsewhere)\n";
+    return kExitNotWritten;
+  }
+  ConfigAnswers answers;
+  answers.use_gpu = CountNvidiaGpus() > 0;
+  bool existed = FileExists(path);
+  int rc = Save(answers, path);
+  if (rc == kExitWritten)
+    std::cout << (existed ? "Overwrote " : "Wrote ") << path << " ("
+              << (answers.use_gpu ? "MULTI_GPU, one process per GPU"
+                                  : "MULTI_CPU, one process per CPU core")
+              << ")\n";
+  return rc;
+}
+
+int RunWizard(const std::string& path, bool is_default_path) {
+  if (!Terminal::IsTerminal(0)) {
+    std::cerr << "launch config: the wizard needs a terminal, and standard input is not one.\n"
+                 "Write a config without questions with `launch config default` (then edit it),\n"
+                 "or write the YAML by hand (see README.md).\n";
+    return kExitUsage;
+  }
+  Terminal term(0, 1);
+  Status s = term.EnterRawMode();
+  if (!s.ok()) {
+    std::cerr << "launch config: " << s.message() << "\n";
+    return kExitNotWritten;
+  }
+  Prompter p(&term);
+  p.Say("launch config: a few questions, then the answers are written to " + path + ".");
+  p.Say("Press Enter to take the [default]; Ctrl-C to quit without writing anything.\n");
+  ConfigAnswers answers;
+  s = AskMachine(p, CountNvidiaGpus(), &answers);
+  if (s.ok()) s = AskTrainer(p, &answers);
+  bool overwrite = true;
+  if (s.ok() && FileExists(path)) {
+    StatusOr<bool> yes = p.Confirm(path + " exists. Overwrite it?", false);
+    if (yes.ok()) {
+      overwrite = *yes;
+    } else {
+      s = yes.status();
+    }
+  }
+  term.Restore();
+  if (!s.ok()) {
+    if (s.code() == Status::Code::kInterrupted) {
+      std::cout << "\nInterrupted; nothing was written.\n" << std::flush;
+      return kExitInterrupted;
+    }
+    std::cerr << "\nlaunch config: " << s.message() << "\n";
+    return kExitNotWritten;
+  }
+  if (!overwrite) {
+    std::cout << "Nothing was written (" << path << " is unchanged).\n";
+    return kExitNotWritten;
+  }
+  int rc = Save(answers, path);
+  if (rc != kExitWritten) return rc;
+  std::cout << "\nWrote " << path << "\n" << NextCommand(answers, path, is_default_path);
+  if (is_default_path) std::cout << "`launch` reads this file whenever no config is given.\n";
+  return kExitWritten;
+}
+
+}  // namespace
+
+std::string DefaultConfigPath(const std::map<std::string, std::string>& env) {
+  auto get = [&](const char* name) {
+    auto it = env.find(name);
+    return it == env.end() ? std::string() : it->second;
+  };
+  std::string xdg = get("XDG_CONFIG_HOME");
+  if (StartsWith(xdg, "/")) return xdg + "/launch/default_config.yaml";
+  std::string home = get("HOME");
+  if (home.empty()) return "";
+  if (EndsWith(home, "/")) home.pop_back();
+  return home + "/.config/launch/default_config.yaml";
+}
+
+std::string DefaultConfigPath() {
+  std::map<std::string, std::string> env = config::CurrentEnvironment();
+  if (env["HOME"].empty()) {
+    if (const struct passwd* pw = getpwuid(getuid())) env["HOME"] = pw->pw_dir;
+  }
+  return DefaultConfigPath(env);
+}
+
+std::string RenderConfigYaml(const ConfigAnswers& a) {
+  std::ostringstream y;
+  y << "# launch configuration, written by `launch config` on " << Today() << ".\n"
+    << "# The keys are accelerate's, so `accelerate launch --config_file` reads this file too.\n"
+    << "# When launching: command-line flag > environment (SLURM, MPI, LAUNCH_*) > this file.\n"
+    << "# `launch --print_config` shows every value in effect and where it came from.\n\n";
+  y << Line("", "distributed_type", a.use_gpu ? "MULTI_GPU" : "MULTI_CPU",
+            a.use_gpu ? "one process per GPU, NCCL (MULTI_CPU: Gloo on CPUs)"
+                      : "processes on CPUs, Gloo (MULTI_GPU: NCCL on GPUs)");
+  long long ppn = 0;
+  bool fixed_ppn = ParseInt64(a.nproc_per_node, &ppn);
+  switch (a.where) {
+    case Where::kThisMachine:
+      y << Line("", "num_machines", "1", "machines (nodes) in the job");
+      y << Line("", "machine_rank", "0", "this machine's rank; 0 is the main machine");
+      y << Line("", "main_process_ip", "127.0.0.1", "the rendezvous runs on this machine");
+      y << "# main_process_port: 29500            # unset: a free port is picked for each run\n";
+      break;
+    case Where::kCluster:
+      y << Line("", "num_machines", std::to_string(a.num_machines),
+                "machines (nodes) in the job; one launch runs on each");
+      y << Line("", "machine_rank", std::to_string(a.machine_rank),
+                "this machine's rank (0 = main); --machine_rank R on the others");
+      y << Line("", "main_process_ip", YamlString(a.main_process_ip),
+                "the main machine (rank 0): the rendezvous endpoint");
+      y << Line("", "main_process_port", std::to_string(a.main_process_port),
+                "rendezvous port on the main machine (must be reachable)");
+      break;
+    case Where::kSlurm:
+      y << "# num_machines, machine_rank, main_process_ip: from SLURM under srun (SLURM_NNODES,\n"
+        << "# SLURM_PROCID, the first host of SLURM_JOB_NODELIST); flags still win.\n";
+      y << Line("", "main_process_port", std::to_string(a.main_process_port),
+                "rendezvous port on the first node of the allocation");
+      break;
+  }
+  if (fixed_ppn && a.where != Where::kSlurm) {
+    y << Line(
+        "", "num_processes", std::to_string(ppn * a.num_machines),
+        "total over all machines (accelerate's meaning): " + std::to_string(ppn) + " per machine");
+  } else {
+    y << Line("", "nproc_per_node", a.nproc_per_node,
+              a.nproc_per_node == "auto" ? "per machine: one per GPU, else one per CPU core"
+                                         : "processes per machine");
+  }
+  if (a.use_gpu)
+    y << Line("", "gpu_ids", YamlString(a.gpu_ids),
+              "CUDA_VISIBLE_DEVICES for the workers, in this order ('all': as is)");
+  y << Line("", "mixed_precision", "'" + a.mixed_precision + "'", "no | bf16 | fp16 (GPU)");
+  y << Line("", "max_restarts", std::to_string(a.max_restarts),
+            "restarts of the whole group after a failure");
+  if (!a.rdzv_token.empty())
+    y << Line("", "rdzv_token", YamlString(a.rdzv_token),
+              "shared secret of the rendezvous (keep this file private)");
+  else if (a.where != Where::kThisMachine)
+    y << "# rdzv_token: SECRET                  # or LAUNCH_RDZV_TOKEN in the environment\n";
+
+  if (!a.train) {
+    y << "\n# No `train:` section: run your own program with `launch -- PROGRAM ARGS`.\n";
+    return y.str();
+  }
+  y << "\n# The built-in trainer (`launch` runs it when no program is given after `--`).\n";
+  y << "train:\n";
+  y << Line("  ", "seed", "42", "");
+  y << Line("  ", "output_dir", YamlString(a.output_dir),
+            "metrics.jsonl, final.json, checkpoints/");
+  if (a.model == "transformer") {
+    y << "  model: {type: transformer, vocab: bytes, d_model: 128, layers: 4, heads: 4, "
+         "context: 128}\n";
+  } else if (a.model == "torchscript") {
+    y << "  model: {torchscript: " << YamlString(a.torchscript_path) << "}\n";
+  } else {
+    int inputs = 32, outputs = 10;
+    if (a.data == "csv") CsvShape(a.data_path, a.label_column, &inputs, &outputs);
+    y << "  model: {type: mlp, layers: [" << inputs << ", 256, 256, " << outputs
+      << "]}   # widths: input first, output last\n";
+  }
+  if (a.data == "synthetic") {
+    y << "  data: {type: synthetic, samples: 20000}   # a fixed teacher network: known loss "
+         "floor\n";
+  } else if (a.data == "csv") {
+    y << "  data: {type: csv, path: " << YamlString(a.data_path)
+      << ", label_column: " << YamlString(a.label_column) << "}\n";
+  } else {
+    y << "  data: {type: text, path: " << YamlString(a.data_path) << ", context: 128}\n";
+  }
+  y << Line("  ", "eval_fraction", "0.1", "held-out share of the data");
+  y << Line("  ", "batch_size", std::to_string(a.batch_size), "per process, per micro-batch");
+  y << Line("  ", "max_steps", std::to_string(a.max_steps), "optimizer steps");
+  y << "  optimizer: {type: adamw, lr: 3.0e-4, weight_decay: 0.01}   # sgd | adam | adamw\n";
+  y << "  scheduler: {type: cosine, warmup_steps: " << std::min(20, a.max_steps / 10)
+    << "}              # constant | linear | cosine\n";
+  y << Line("  ", "max_grad_norm", "1.0", "gradient clipping; 0 = none");
+  y << "  parallel:\n";
+  y << Line("    ", "mode", a.parallel_mode, "none | dp | ddp | pipeline");
+  if (a.parallel_mode == "ddp") y << Line("    ", "bucket_cap_mb", "25", "gradient bucket size");
+  if (a.parallel_mode == "pipeline") {
+    y << Line("    ", "stages", std::to_string(a.stages), "processes per pipeline");
+    y << Line("    ", "microbatches", std::to_string(a.microbatches), "per optimizer step");
+    y << Line("    ", "schedule", "1f1b", "1f1b | gpipe");
+  }
+  y << Line("  ", "gradient_accumulation_steps", std::to_string(a.gradient_accumulation_steps),
+            "micro-batches per optimizer step");
+  y << Line("  ", "sync_each_batch", "false", "true: all-reduce every micro-batch (no no_sync)");
+  y << Line("  ", "checkpoint_every", "100", "optimizer steps; 0 = only at the end");
+  y << Line("  ", "resume", "auto", "auto | never | PATH");
+  return y.str();
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& text, int mode) {
+  if (path.empty()) return Status::InvalidArgument("no file name to write to");
+  std::string dir = ".";
+  size_t slash = path.rfind('/');
+  if (slash != std::string::npos) dir = slash == 0 ? "/" : path.substr(0, slash);
+  // mkdir -p for the parents (~/.config/launch usually does not exist yet).
+  for (size_t pos = 1; pos <= dir.size(); ++pos) {
+    if (pos != dir.size() && dir[pos] != '/') continue;
+    std::string prefix = dir.substr(0, pos);
+    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
+      return Status::FromErrno("cannot create directory " + prefix, errno);
+  }
+  std::string tmp = path + ".tmp." + std::to_string(getpid());
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      close(fd);
+      unlink(tmp.c_str());
+      return Status::FromErrno("cannot write " + tmp, err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0 || close(fd) != 0) {
+    int err = errno;
+    unlink(tmp.c_str());
+    return Status::FromErrno("cannot write " + tmp, err);
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    unlink(tmp.c_str());
+    return Status::FromErrno("cannot rename " + tmp + " to " + path, err);
+  }
+  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    fsync(dfd);  // make the rename durable; failure here loses nothing already visible
+    close(dfd);
+  }
+  return Status::Ok();
+}
+
+int RunConfigCommand(const std::vector<std::string>& args) {
+  Args parsed;
+  std::string error;
+  if (!ParseArgs(args, &parsed, &error)) {
+    std::cerr << "launch config: " << error << "\n" << kUsage;
+    return kExitUsage;
+  }
+  if (parsed.help) {
+    std::cout << kUsage;
+    return kExitWritten;
+  }
+  std::string path = parsed.config_file.empty() ? DefaultConfigPath() : parsed.config_file;
+  if (path.empty()) {
+    std::cerr << "launch config: neither HOME nor XDG_CONFIG_HOME is set; give --config_file\n";
+    return kExitUsage;
+  }
+  if (parsed.is_default) return RunDefault(parsed, path);
+  return RunWizard(path, parsed.config_file.empty());
+}
+
+}  // namespace launch::launcher

@@ -1,0 +1,75 @@
+#pragma once
+
+// `launch config`: the interactive wizard that writes a job's YAML, and `launch config default`,
+// which writes a sensible one without questions.
+//
+//   launch config [--config_file F]                     ask, then write F (or the default path)
+//   launch config default [--config_file F] [--force]   write defaults; an existing file is kept
+//                                                       unless --force is given
+//
+// The file is written only after the last answer, atomically (a temporary file in the same
+// directory, fsync, rename), so Ctrl-C or a closed terminal leaves no file and no partial file
+// behind. What is written always loads with config::LoadYamlFile (checked before writing).
+// Keys are accelerate's (CONFIG.md), so `accelerate launch --config_file F` reads the same
+// machine settings; every key carries a comment.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace launch::launcher {
+
+// $XDG_CONFIG_HOME/launch/default_config.yaml when XDG_CONFIG_HOME is set and absolute, else
+// $HOME/.config/launch/default_config.yaml; "" when neither HOME nor XDG_CONFIG_HOME is usable.
+// `launch` loads this file when no config is given and it exists.
+std::string DefaultConfigPath();
+// Same, reading the variables from `env` (for tests).
+std::string DefaultConfigPath(const std::map<std::string, std::string>& env);
+
+// Runs `launch config ...`; `args` are the arguments after "config". Returns the exit code:
+// 0 written, 1 not written (file exists without --force, I/O error), 2 usage error or no
+// terminal on stdin, 130 interrupted (Ctrl-C: nothing written).
+int RunConfigCommand(const std::vector<std::string>& args);
+
+// The answers the wizard collects; defaults are what `launch config default` writes.
+struct ConfigAnswers {
+  enum class Where { kThisMachine, kCluster, kSlurm };
+  Where where = Where::kThisMachine;
+  bool use_gpu = false;                       // MULTI_GPU (NCCL) instead of MULTI_CPU (Gloo)
+  int num_machines = 1;                       // kCluster only; SLURM counts its own nodes
+  int machine_rank = 0;                       // kCluster only
+  std::string main_process_ip = "127.0.0.1";  // kCluster only; SLURM uses the first node
+  int main_process_port = 29500;        // kCluster/kSlurm; a free port is chosen on one machine
+  std::string nproc_per_node = "auto";  // "auto" or a number, per machine
+  std::string gpu_ids = "all";          // use_gpu only
+  std::string mixed_precision = "no";   // no | bf16 | fp16 (fp16 with GPUs only)
+  int max_restarts = 0;
+  std::string rdzv_token;  // empty: none (or LAUNCH_RDZV_TOKEN at run time)
+
+  // The `train:` section, when wanted.
+  bool train = false;
+  std::string model = "mlp";           // mlp | transformer | torchscript
+  std::string torchscript_path;        // model == torchscript
+  std::string data = "synthetic";      // synthetic | csv | text
+  std::string data_path;               // csv, text: absolute path
+  std::string label_column = "label";  // csv
+  std::string parallel_mode = "ddp";   // none | dp | ddp | pipeline
+  int stages = 2;                      // pipeline
+  int microbatches = 4;                // pipeline
+  int gradient_accumulation_steps = 1;
+  int batch_size = 32;
+  int max_steps = 300;
+  std::string output_dir = "runs/launch";
+};
+
+// The commented YAML for `answers`.
+std::string RenderConfigYaml(const ConfigAnswers& answers);
+
+// Writes `text` to `path` atomically: creates missing parent directories, writes a temporary
+// file beside it with mode `mode`, fsyncs it and renames it over `path`. On failure nothing is
+// left behind and `path` is untouched.
+Status WriteFileAtomically(const std::string& path, const std::string& text, int mode = 0644);
+
+}  // namespace launch::launcher

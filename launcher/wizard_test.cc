@@ -1,0 +1,299 @@
+#include "launcher/wizard.h"
+
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "launcher/config_loader.h"
+#include "launcher/terminal.h"
+
+namespace launch::launcher {
+namespace {
+
+using config::DistributedType;
+using config::LaunchConfig;
+
+// Loads what the wizard would write, as `launch` would, and validates it.
+LaunchConfig LoadRendered(const ConfigAnswers& answers) {
+  std::string text = RenderConfigYaml(answers);
+  LaunchConfig cfg;
+  Status s = config::LoadYamlString(text, "rendered.yaml", &cfg);
+  REQUIRE_MESSAGE(s.ok(), (s.ToString() + "\n" + text));
+  s = config::Validate(&cfg);
+  REQUIRE_MESSAGE(s.ok(), (s.ToString() + "\n" + text));
+  CHECK_MESSAGE(cfg.warnings.empty(), text);
+  return cfg;
+}
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/wizard-test-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+TEST_CASE("DefaultAnswersRenderALoadableCommentedConfig") {
+  ConfigAnswers answers;
+  std::string text = RenderConfigYaml(answers);
+  CHECK(text.find("# ") == 0);
+  CHECK(text.find("distributed_type: MULTI_CPU") != std::string::npos);
+  CHECK(text.find("nproc_per_node: auto") != std::string::npos);
+  LaunchConfig cfg = LoadRendered(answers);
+  CHECK(cfg.distributed_type == DistributedType::kMultiCpu);
+  CHECK(cfg.min_nodes == 1);
+  CHECK(cfg.machine_rank == 0);
+  CHECK(cfg.main_process_port == -1);  // a free port per run on one machine
+  CHECK(cfg.nproc_per_node == "auto");
+  CHECK(cfg.mixed_precision == "no");
+  CHECK(!cfg.train.present);
+}
+
+TEST_CASE("ClusterAnswersGiveAccelerateTotalProcesses") {
+  ConfigAnswers a;
+  a.where = ConfigAnswers::Where::kCluster;
+  a.use_gpu = true;
+  a.num_machines = 2;
+  a.machine_rank = 1;
+  a.main_process_ip = "10.1.2.3";
+  a.main_process_port = 29555;
+  a.nproc_per_node = "4";
+  a.gpu_ids = "0,1,2,3";
+  a.mixed_precision = "bf16";
+  a.max_restarts = 3;
+  a.rdzv_token = "s3cr3t:with#chars";
+  LaunchConfig cfg = LoadRendered(a);
+  CHECK(cfg.distributed_type == DistributedType::kMultiGpu);
+  CHECK(cfg.num_processes == 8);  // accelerate's meaning: total
+  CHECK(cfg.nproc_per_node == "4");
+  CHECK(cfg.min_nodes == 2);
+  CHECK(cfg.machine_rank == 1);
+  CHECK(cfg.main_process_ip == "10.1.2.3");
+  CHECK(cfg.main_process_port == 29555);
+  CHECK(cfg.gpu_ids == "0,1,2,3");
+  CHECK(cfg.mixed_precision == "bf16");
+  CHECK(cfg.max_restarts == 3);
+  CHECK(cfg.rdzv_token == "s3cr3t:with#chars");
+}
+
+TEST_CASE("SlurmAnswersLeaveMachinesToSlurm") {
+  ConfigAnswers a;
+  a.where = ConfigAnswers::Where::kSlurm;
+  a.nproc_per_node = "2";
+  a.main_process_port = 29600;
+  std::string text = RenderConfigYaml(a);
+  CHECK(text.find("\nnum_machines:") == std::string::npos);
+  CHECK(text.find("\nmachine_rank:") == std::string::npos);
+  LaunchConfig cfg = LoadRendered(a);
+  CHECK(cfg.nproc_per_node == "2");
+  CHECK(cfg.main_process_port == 29600);
+  CHECK(cfg.origins.count("num_machines") == 0);
+}
+
+TEST_CASE("TrainerAnswersRenderEveryMode") {
+  std::string dir = TempDir();
+  std::string csv = dir + "/data.csv";
+  {
+    std::ofstream out(csv);
+    out << "a,b,c,label\n1,2,3,0\n4,5,6,2\n";
+  }
+  std::string corpus = dir + "/corpus.txt";
+  { std::ofstream(corpus) << "hello world\n"; }
+
+  ConfigAnswers a;
+  a.train = true;
+  a.output_dir = "runs/my run";
+  a.gradient_accumulation_steps = 4;
+  a.batch_size = 16;
+  a.max_steps = 50;
+  LaunchConfig mlp = LoadRendered(a);
+  CHECK(mlp.train.present);
+  CHECK(mlp.train.output_dir == "runs/my run");
+  CHECK(mlp.train.parallel.mode == config::ParallelMode::kDdp);
+  CHECK(mlp.train.gradient_accumulation_steps == 4);
+  CHECK(mlp.train.batch_size == 16);
+  CHECK(mlp.train.max_steps == 50);
+  CHECK(mlp.train.data.type == config::DataType::kSynthetic);
+
+  a.data = "csv";
+  a.data_path = csv;
+  a.parallel_mode = "pipeline";
+  a.stages = 2;
+  a.microbatches = 4;
+  a.nproc_per_node = "2";
+  LaunchConfig from_csv = LoadRendered(a);
+  CHECK(from_csv.train.data.type == config::DataType::kCsv);
+  CHECK(from_csv.train.data.path == csv);
+  // Three feature columns in, labels 0..2 out.
+  CHECK(from_csv.train.model.mlp_layers == std::vector<int64_t>{3, 256, 256, 3});
+  CHECK(from_csv.train.parallel.mode == config::ParallelMode::kPipeline);
+  CHECK(from_csv.train.parallel.stages == 2);
+
+  a.model = "transformer";
+  a.data = "text";
+  a.data_path = corpus;
+  a.parallel_mode = "dp";
+  LaunchConfig text = LoadRendered(a);
+  CHECK(text.train.model.type == config::ModelType::kTransformer);
+  CHECK(text.train.data.type == config::DataType::kText);
+  CHECK(text.train.parallel.mode == config::ParallelMode::kDp);
+}
+
+TEST_CASE("DefaultConfigPathFollowsXdgThenHome") {
+  CHECK(DefaultConfigPath({{"XDG_CONFIG_HOME", "/x/cfg"}, {"HOME", "/home/u"}}) ==
+        "/x/cfg/launch/default_config.yaml");
+  // A relative XDG_CONFIG_HOME is invalid per the XDG spec and ignored.
+  CHECK(DefaultConfigPath({{"XDG_CONFIG_HOME", "rel"}, {"HOME", "/home/u/"}}) ==
+        "/home/u/.config/launch/default_config.yaml");
+  CHECK(DefaultConfigPath({{"HOME", "/root"}}) == "/root/.config/launch/default_config.yaml");
+  CHECK(DefaultConfigPath(std::map<std::string, std::string>{}).empty());
+}
+
+TEST_CASE("WriteFileAtomicallyCreatesParentsAndReplaces") {
+  std::string dir = TempDir();
+  std::string path = dir + "/a/b/config.yaml";
+  REQUIRE(WriteFileAtomically(path, "one\n").ok());
+  CHECK(ReadAll(path) == "one\n");
+  REQUIRE(WriteFileAtomically(path, "two\n", 0600).ok());
+  CHECK(ReadAll(path) == "two\n");
+  struct stat st {};
+  REQUIRE(stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  // No temporary file is left beside it.
+  CHECK(access((path + ".tmp." + std::to_string(getpid())).c_str(), F_OK) != 0);
+  // A directory where the file should go: an error, nothing left behind.
+  REQUIRE(mkdir((dir + "/dir.yaml").c_str(), 0755) == 0);
+  Status s = WriteFileAtomically(dir + "/dir.yaml", "x");
+  CHECK(!s.ok());
+  CHECK(access((dir + "/dir.yaml.tmp." + std::to_string(getpid())).c_str(), F_OK) != 0);
+}
+
+// Prompts driven through a pipe: the same byte sequences a terminal sends.
+struct PipePrompter {
+  int in[2];
+  int out[2];
+  PipePrompter(const std::string& keys) {
+    REQUIRE(pipe(in) == 0);
+    REQUIRE(pipe(out) == 0);
+    REQUIRE(write(in[1], keys.data(), keys.size()) == static_cast<ssize_t>(keys.size()));
+    close(in[1]);
+  }
+  ~PipePrompter() {
+    close(in[0]);
+    close(out[0]);
+    close(out[1]);
+  }
+  std::string Output() {
+    close(out[1]);
+    out[1] = -1;
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(out[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<size_t>(n));
+    return text;
+  }
+};
+
+TEST_CASE("MenuMovesWithArrowsAndNumbers") {
+  const std::vector<std::string> options = {"a", "b", "c"};
+  {
+    PipePrompter io("\x1b[B\x1b[B\x1b[A\r");  // down, down, up: "b"
+    Terminal term(io.in[0], io.out[1]);
+    Prompter p(&term);
+    StatusOr<int> choice = p.Choose("Pick", options, 0);
+    REQUIRE(choice.ok());
+    CHECK(*choice == 1);
+  }
+  {
+    PipePrompter io("3\r");
+    Terminal term(io.in[0], io.out[1]);
+    Prompter p(&term);
+    StatusOr<int> choice = p.Choose("Pick", options, 0);
+    REQUIRE(choice.ok());
+    CHECK(*choice == 2);
+  }
+  {
+    PipePrompter io("\x1b[A\r");  // up from the first wraps to the last
+    Terminal term(io.in[0], io.out[1]);
+    Prompter p(&term);
+    StatusOr<int> choice = p.Choose("Pick", options, 0);
+    REQUIRE(choice.ok());
+    CHECK(*choice == 2);
+  }
+  {
+    PipePrompter io("\r");  // Enter takes the default
+    Terminal term(io.in[0], io.out[1]);
+    Prompter p(&term);
+    StatusOr<int> choice = p.Choose("Pick", options, 1);
+    REQUIRE(choice.ok());
+    CHECK(*choice == 1);
+  }
+}
+
+TEST_CASE("AskReasksAfterAnInvalidAnswer") {
+  PipePrompter io("two\r5\r\r");
+  Terminal term(io.in[0], io.out[1]);
+  Prompter p(&term);
+  StatusOr<int> n = p.AskInt("How many?", 2, 1, 4);
+  REQUIRE(n.ok());
+  CHECK(*n == 2);  // "two" rejected, 5 out of range, then Enter takes the default
+  std::string shown = io.Output();
+  CHECK(shown.find("'two' is not a whole number") != std::string::npos);
+  CHECK(shown.find("expected a number from 1 to 4, got 5") != std::string::npos);
+  CHECK(shown.find("How many? [2]") != std::string::npos);
+}
+
+TEST_CASE("AskEditsWithBackspace") {
+  PipePrompter io(
+      "10.0.0.9\x7f"
+      "1\r");
+  Terminal term(io.in[0], io.out[1]);
+  Prompter p(&term);
+  StatusOr<std::string> ip = p.Ask("Address?", "", nullptr);
+  REQUIRE(ip.ok());
+  CHECK(*ip == "10.0.0.1");
+}
+
+TEST_CASE("ConfirmShowsDefaultAndAcceptsYesNo") {
+  PipePrompter io("maybe\ry\r\r");
+  Terminal term(io.in[0], io.out[1]);
+  Prompter p(&term);
+  StatusOr<bool> first = p.Confirm("Go?", false);
+  REQUIRE(first.ok());
+  CHECK(*first);
+  StatusOr<bool> second = p.Confirm("Again?", false);
+  REQUIRE(second.ok());
+  CHECK(!*second);
+  std::string shown = io.Output();
+  CHECK(shown.find("Go? [yes/NO]") != std::string::npos);
+  CHECK(shown.find("please answer yes or no, not 'maybe'") != std::string::npos);
+}
+
+TEST_CASE("CtrlCAndEndOfInputInterrupt") {
+  {
+    PipePrompter io("12\x03");
+    Terminal term(io.in[0], io.out[1]);
+    Prompter p(&term);
+    StatusOr<std::string> a = p.Ask("Q?", "x", nullptr);
+    CHECK(a.status().code() == Status::Code::kInterrupted);
+  }
+  {
+    PipePrompter io("");  // the input ends before an answer
+    Terminal term(io.in[0], io.out[1]);
+    Prompter p(&term);
+    StatusOr<int> c = p.Choose("Pick", {"a", "b"}, 0);
+    CHECK(c.status().code() == Status::Code::kInterrupted);
+  }
+}
+
+}  // namespace
+}  // namespace launch::launcher
