@@ -348,7 +348,9 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   if (!log_dir.empty()) plan.log_root = log_dir + "/" + plan.run_id;
   for (int lr = 0; lr < plan.nproc_per_node; ++lr) {
     int tee = cfg.tee.For(lr), redirect = cfg.redirects.For(lr);
-    int files = any_spec ? (tee | redirect) : (log_dir.empty() ? 0 : 3);
+    // With a log_dir every stream is kept in files; --tee/--redirects only choose which
+    // streams leave the console (redirects) and force files even without a log_dir.
+    int files = cfg.log_dir.empty() ? (tee | redirect) : 3;
     int console = 3 & ~redirect;
     if (!cfg.local_ranks_filter.empty() &&
         std::find(cfg.local_ranks_filter.begin(), cfg.local_ranks_filter.end(), lr) ==
@@ -359,7 +361,8 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   }
 
   // Environment beyond the rank contract.
-  if (plan.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr)
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  if (plan.nproc_per_node > 1 && (omp == nullptr || *omp == '\0'))
     plan.extra_env["OMP_NUM_THREADS"] = "1";  // N workers x all cores each would thrash
   if (cfg.gpu_ids != "all") plan.extra_env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids;
   if (force_cpu && cfg.origins.count("distributed_type") + cfg.origins.count("use_cpu") > 0)
@@ -389,17 +392,21 @@ int Main(int argc, char** argv) {
   }
   std::string bin_dir = ExecutableDir();
   StatusOr<Plan> plan = MakePlan(cfg, bin_dir);
+  if (print_config) {
+    std::cout << config::FormatConfig(cfg);
+    if (plan.ok()) {
+      std::cout << "# plan: " << plan->nproc_per_node << " " << plan->device_kind
+                << " worker(s) on this machine, MASTER_ADDR=" << plan->master_addr
+                << " MASTER_PORT=" << plan->master_port
+                << "\n# command: " << Join(plan->argv, " ") << "\n";
+    } else {
+      std::cout << "# plan: not runnable as is: " << plan.status().message() << "\n";
+    }
+    return kExitOk;
+  }
   if (!plan.ok()) {
     std::fprintf(stderr, "launch: error: %s\n", plan.status().message().c_str());
     return kExitUsage;
-  }
-  if (print_config) {
-    std::cout << config::FormatConfig(cfg);
-    std::cout << "# plan: " << plan->nproc_per_node << " " << plan->device_kind
-              << " worker(s) on this machine, MASTER_ADDR=" << plan->master_addr
-              << " MASTER_PORT=" << plan->master_port << "\n# command: " << Join(plan->argv, " ")
-              << "\n";
-    return kExitOk;
   }
 
   agent::AgentOptions opts;

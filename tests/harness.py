@@ -17,8 +17,11 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 def run(args, timeout=120, env=None, cwd=None, input=None):
     """Runs a command to completion; returns CompletedProcess with text stdout/stderr."""
     full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
+    for key, value in (env or {}).items():
+        if value is None:
+            full_env.pop(key, None)  # None removes the variable
+        else:
+            full_env[key] = value
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=full_env,
                           cwd=cwd, input=input)
 
