@@ -1,6 +1,7 @@
 #include "launcher/terminal.h"
 
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -52,6 +53,12 @@ Terminal::~Terminal() {
 }
 
 bool Terminal::IsTerminal(int fd) { return isatty(fd) == 1; }
+
+int Terminal::Columns() const {
+  struct winsize ws {};
+  if (ioctl(out_fd_, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 80;
+}
 
 Status Terminal::EnterRawMode() {
   if (!have_termios_) return Status::Ok();
@@ -188,6 +195,8 @@ StatusOr<int> Prompter::Choose(const std::string& question, const std::vector<st
       "bad menu for '" + question + "'");
   const bool fancy = term_->fancy();
   const int n = static_cast<int>(options.size());
+  // Redrawing moves the cursor up one row per line: no line may wrap.
+  const size_t width = static_cast<size_t>(std::max(20, term_->Columns() - 1));
   int current = default_index;
   auto render = [&]() {
     std::string out;
@@ -195,16 +204,20 @@ StatusOr<int> Prompter::Choose(const std::string& question, const std::vector<st
       bool on = i == current;
       std::string line = std::string(on ? "  > " : "    ") + std::to_string(i + 1) + ") " +
                          options[static_cast<size_t>(i)];
+      if (line.size() > width) line = line.substr(0, width - 3) + "...";
       if (fancy && on) line = std::string(kCyan) + line + kReset;
       out += line + "\n";
     }
     if (!fancy) out += "  choice [" + std::to_string(current + 1) + "]: ";
     return out;
   };
+  const std::string hint = "(arrow keys or 1-" + std::to_string(std::min(n, 9)) + ", Enter)";
+  // The rows the header takes, so that the final redraw can replace it too.
+  const size_t header_chars = 2 + question.size() + 1 + hint.size();
+  const int header_rows = static_cast<int>((header_chars + width) / (width + 1));
   std::string header =
-      fancy ? std::string(kBold) + "? " + question + kReset + " " + kDim + "(arrow keys or 1-" +
-                  std::to_string(std::min(n, 9)) + ", Enter)" + kReset
-            : "? " + question + " (arrow keys or 1-" + std::to_string(std::min(n, 9)) + ", Enter)";
+      fancy ? std::string(kBold) + "? " + question + kReset + " " + kDim + hint + kReset
+            : "? " + question + " " + hint;
   term_->Write(header + "\n" + render());
   while (true) {
     LAUNCH_ASSIGN_OR_RETURN(Terminal::Key key, term_->ReadKey());
@@ -221,7 +234,7 @@ StatusOr<int> Prompter::Choose(const std::string& question, const std::vector<st
         return Status::Interrupted("interrupted at: " + question);
       case Terminal::KeyKind::kEnter: {
         // Replace the menu by the question and its answer.
-        if (fancy) term_->Write("\x1b[" + std::to_string(n + 1) + "A\r\x1b[J");
+        if (fancy) term_->Write("\x1b[" + std::to_string(n + header_rows) + "A\r\x1b[J");
         std::string answer = options[static_cast<size_t>(current)];
         term_->Write(fancy ? std::string(kBold) + "? " + question + kReset + " " + kCyan + answer +
                                  kReset + "\n"

@@ -70,6 +70,9 @@ class Terminal {
   // Whether output may use ANSI colours and cursor movement (TERM is not "dumb").
   bool fancy() const { return fancy_; }
 
+  // Width of the output terminal in columns; 80 when unknown.
+  int Columns() const;
+
  private:
   // Waits up to `timeout_ms` (-1: for ever) for one byte. *got is false on timeout.
   Status ReadByte(int timeout_ms, unsigned char* byte, bool* got);

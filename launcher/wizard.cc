@@ -241,7 +241,7 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
   LAUNCH_ASSIGN_OR_RETURN(int model,
                           p.Choose("Which model?",
                                    {"MLP (a multi-layer perceptron)",
-                                    "Transformer (a character-level language model on a text file)",
+                                    "Transformer (a character-level language model on text)",
                                     "TorchScript module (a .pt file saved with torch.jit.save)"},
                                    0));
   a->model = models[static_cast<size_t>(model)];
@@ -273,9 +273,9 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
   LAUNCH_ASSIGN_OR_RETURN(
       int mode,
       p.Choose("Which parallel mode?",
-               {"ddp: one replica per process, gradients all-reduced in buckets (recommended)",
+               {"ddp: one replica per process, gradients all-reduced (recommended)",
                 "none: each process trains alone", "dp: several replicas inside one process",
-                "pipeline: the layers split into stages over processes"},
+                "pipeline: layers split into stages over processes"},
                0));
   a->parallel_mode = modes[static_cast<size_t>(mode)];
   if (a->parallel_mode == "pipeline") {
