@@ -14,6 +14,9 @@
 #include "agent/subprocess.h"
 #include "base/strings.h"
 #include "launcher/config_loader.h"
+#include "launcher/env_report.h"
+#include "launcher/scheduler_env.h"
+#include "launcher/wizard.h"
 
 #ifndef LAUNCH_VERSION
 #define LAUNCH_VERSION "0.0.0"
@@ -234,8 +237,18 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   }
 
   // Layers: defaults (cfg as given) < YAML < environment < flags.
+  std::map<std::string, std::string> env = config::CurrentEnvironment();
+  if (config_file.empty()) {
+    // Like accelerate: the wizard's file is used when nothing else is given, and we say so.
+    std::string fallback = DefaultConfigPath(env);
+    if (!fallback.empty() && ::access(fallback.c_str(), R_OK) == 0) {
+      config_file = fallback;
+      std::fprintf(stderr, "[launch] using config %s\n", fallback.c_str());
+    }
+  }
   if (!config_file.empty()) LAUNCH_RETURN_IF_ERROR(config::LoadYamlFile(config_file, cfg));
-  LAUNCH_RETURN_IF_ERROR(config::ApplyEnvironment(config::CurrentEnvironment(), cfg));
+  LAUNCH_RETURN_IF_ERROR(config::ApplyEnvironment(env, cfg));
+  LAUNCH_RETURN_IF_ERROR(config::ApplySchedulerEnvironment(env, cfg));
   for (const auto& [def, opt_name] : flag_values) {
     CLI::Option* opt = opt_name.first;
     if (opt->count() == 0) continue;
@@ -373,6 +386,11 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
 
 int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty()) {
+    std::vector<std::string> sub_args(args.begin() + 1, args.end());
+    if (args[0] == "config") return RunConfigCommand(sub_args);
+    if (args[0] == "env") return RunEnvCommand(sub_args);
+  }
   LaunchConfig cfg;
   bool print_config = false, exit_now = false;
   Status s = ParseCommandLine(args, &cfg, &print_config, &exit_now);

@@ -14,6 +14,11 @@ TRAIN = os.path.join(BIN_DIR, "train")
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
+# Tests never read the user's ~/.config/launch/default_config.yaml.
+_ISOLATED_CONFIG_HOME = tempfile.mkdtemp(prefix="launch-test-xdg-")
+os.environ.setdefault("XDG_CONFIG_HOME", _ISOLATED_CONFIG_HOME)
+
+
 def run(args, timeout=120, env=None, cwd=None, input=None):
     """Runs a command to completion; returns CompletedProcess with text stdout/stderr."""
     full_env = dict(os.environ)
