@@ -1,0 +1,280 @@
+#include "rendezvous/client.h"
+
+#include <algorithm>
+
+#include "rendezvous/auth.h"
+#include "rendezvous/connection.h"
+
+namespace launch::rendezvous {
+
+std::shared_ptr<RendezvousClient> RendezvousClient::Create(boost::asio::io_context& io,
+                                                           ClientOptions options,
+                                                           ClientEvents events) {
+  return std::shared_ptr<RendezvousClient>(
+      new RendezvousClient(io, std::move(options), std::move(events)));
+}
+
+RendezvousClient::RendezvousClient(boost::asio::io_context& io, ClientOptions options,
+                                   ClientEvents events)
+    : io_(io),
+      options_(std::move(options)),
+      events_(std::move(events)),
+      endpoint_text_(FormatEndpoint(options_.host, options_.port)),
+      resolver_(io),
+      retry_timer_(io),
+      heartbeat_timer_(io) {}
+
+RendezvousClient::~RendezvousClient() {
+  if (conn_) conn_->Detach();
+}
+
+std::chrono::milliseconds RendezvousClient::HeartbeatTimeout() const {
+  return std::chrono::milliseconds(
+      static_cast<long long>(options_.join.heartbeat_timeout_s * 1000.0 + 0.5));
+}
+
+void RendezvousClient::Start() {
+  deadline_ =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<long long>(options_.join.join_timeout_s * 1000));
+  Resolve();
+}
+
+void RendezvousClient::Resolve() {
+  resolver_.async_resolve(options_.host, std::to_string(options_.port),
+                          [self = shared_from_this()](const boost::system::error_code& ec,
+                                                      tcp::resolver::results_type results) {
+                            if (self->finished_) return;
+                            if (ec || results.empty()) {
+                              JobFailure f;
+                              f.config_error = true;
+                              f.message = "cannot resolve rendezvous host '" + self->options_.host +
+                                          "' (" + self->endpoint_text_ +
+                                          "): " + (ec ? ec.message() : "no addresses");
+                              self->Fail(Status::InvalidConfig(f.message), f);
+                              return;
+                            }
+                            self->endpoints_ = results;
+                            self->Connect();
+                          });
+}
+
+void RendezvousClient::Connect() {
+  // One endpoint at a time, in resolver order, each with an optional local bind.
+  auto socket = std::make_shared<tcp::socket>(io_);
+  const tcp::endpoint target = endpoints_.begin()->endpoint();
+  boost::system::error_code ec;
+  socket->open(target.protocol(), ec);
+  if (!ec && !options_.local_address.empty()) {
+    auto local = asio::ip::make_address(options_.local_address, ec);
+    if (!ec) socket->bind(tcp::endpoint(local, 0), ec);
+    if (ec) {
+      JobFailure f;
+      f.config_error = true;
+      f.message = "cannot bind the local address '" + options_.local_address + "': " + ec.message();
+      Fail(Status::InvalidConfig(f.message), f);
+      return;
+    }
+  }
+  if (ec) {
+    RetryLater(ec.message());
+    return;
+  }
+  // The connect attempt itself is bounded by the retry timer's next tick.
+  socket->async_connect(target,
+                        [self = shared_from_this(), socket](const boost::system::error_code& ec) {
+                          if (self->finished_) return;
+                          self->retry_timer_.cancel();
+                          if (ec) {
+                            self->RetryLater(ec.message());
+                            return;
+                          }
+                          self->OnConnected(std::move(*socket));
+                        });
+  retry_timer_.expires_after(options_.handshake_timeout);
+  retry_timer_.async_wait([socket](const boost::system::error_code& ec) {
+    if (!ec) {
+      boost::system::error_code ignored;
+      socket->close(ignored);  // the pending connect completes with operation_aborted
+    }
+  });
+}
+
+void RendezvousClient::RetryLater(const std::string& why) {
+  last_connect_error_ = why;
+  auto now = std::chrono::steady_clock::now();
+  if (now >= deadline_) {
+    JobFailure f;
+    f.config_error = true;
+    f.message = "cannot reach the rendezvous server at " + endpoint_text_ + " within " +
+                std::to_string(static_cast<long long>(options_.join.join_timeout_s)) +
+                " s (join_timeout): " + why;
+    Fail(Status::Timeout(f.message), f);
+    return;
+  }
+  auto delay = std::min(retry_delay_,
+                        std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now));
+  retry_delay_ = std::min(retry_delay_ * 2, options_.max_retry_delay);
+  retry_timer_.expires_after(delay);
+  retry_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (ec || self->finished_) return;
+    self->Connect();
+  });
+}
+
+void RendezvousClient::OnConnected(tcp::socket socket) {
+  conn_ = Connection::Create(std::move(socket));
+  conn_->SetReadTimeout(options_.handshake_timeout);
+  conn_->SetWriteTimeout(options_.write_timeout);
+  std::weak_ptr<RendezvousClient> weak = shared_from_this();
+  conn_->Start({[weak](MessageType type, Fields fields) {
+                  if (auto self = weak.lock()) self->OnFrame(type, std::move(fields));
+                },
+                [weak](Status why) {
+                  if (auto self = weak.lock()) self->OnClosed(why);
+                }});
+}
+
+void RendezvousClient::OnFrame(MessageType type, Fields fields) {
+  if (finished_) return;
+  if (type == MessageType::kError) {
+    StatusOr<ErrorMessage> err = ParseError(fields);
+    JobFailure f;
+    f.message = err.ok() ? err->message : "malformed ERROR from the rendezvous server";
+    f.config_error = err.ok() && (err->config_error || err->auth_error);
+    f.message += " (rendezvous " + endpoint_text_ + ")";
+    Status s = err.ok() && err->auth_error ? Status::AuthFailed(f.message)
+               : f.config_error            ? Status::InvalidConfig(f.message)
+                                           : Status::PeerLost(f.message);
+    Fail(s, f);
+    return;
+  }
+  if (!welcomed_) {
+    if (type == MessageType::kChallenge && nonce_.empty()) {
+      nonce_ = RandomNonce();
+      Hello hello;
+      hello.nonce = nonce_;
+      hello.proof = ComputeProof(options_.token, ProofRole::kAgent, fields["nonce"], nonce_);
+      server_nonce_ = fields["nonce"];
+      conn_->Send(MessageType::kHello, ToFields(hello));
+      return;
+    }
+    if (type == MessageType::kWelcome && !nonce_.empty()) {
+      std::string expected =
+          ComputeProof(options_.token, ProofRole::kServer, nonce_, server_nonce_);
+      if (!ConstantTimeEquals(expected, fields["proof"])) {
+        JobFailure f;
+        f.config_error = true;
+        f.message = "the rendezvous server at " + endpoint_text_ +
+                    " could not prove the shared token (wrong rdzv_token on the server?)";
+        Fail(Status::AuthFailed(f.message), f);
+        return;
+      }
+      welcomed_ = true;
+      conn_->SetReadTimeout(HeartbeatTimeout());
+      conn_->Send(MessageType::kJoin, ToFields(options_.join));
+      ArmHeartbeat();
+      return;
+    }
+    JobFailure f;
+    f.config_error = true;
+    f.message = std::string("unexpected ") + ToString(type) + " during the handshake with " +
+                endpoint_text_;
+    Fail(Status::ProtocolError(f.message), f);
+    return;
+  }
+  switch (type) {
+    case MessageType::kHeartbeat:
+      return;
+    case MessageType::kAssign: {
+      StatusOr<Assignment> a = ParseAssignment(fields);
+      if (a.ok() && events_.on_assigned) events_.on_assigned(*a);
+      return;
+    }
+    case MessageType::kRestart: {
+      StatusOr<RestartNotice> n = ParseRestart(fields);
+      if (n.ok() && events_.on_restart) events_.on_restart(*n);
+      return;
+    }
+    case MessageType::kDone: {
+      finished_ = true;
+      heartbeat_timer_.cancel();
+      if (conn_) conn_->Detach();
+      if (events_.on_done) events_.on_done();
+      return;
+    }
+    case MessageType::kFailed: {
+      StatusOr<JobFailure> f = ParseJobFailure(fields);
+      JobFailure failure =
+          f.ok() ? *f : JobFailure{"malformed FAILED message", false, std::nullopt};
+      Status s = failure.config_error ? Status::InvalidConfig(failure.message)
+                                      : Status::WorkerFailed(failure.message);
+      Fail(s, failure);
+      return;
+    }
+    default:
+      return;  // nothing else is meaningful from a server; ignore rather than die
+  }
+}
+
+void RendezvousClient::OnClosed(const Status& why) {
+  if (finished_) return;
+  JobFailure f;
+  if (!welcomed_) {
+    f.config_error = true;
+    f.message = "the endpoint " + endpoint_text_ +
+                " did not complete the rendezvous handshake (not a launch rendezvous server, or "
+                "it closed the connection): " +
+                (why.ok() ? "closed" : why.message());
+    Fail(Status::ProtocolError(f.message), f);
+    return;
+  }
+  f.message = "lost the rendezvous server at " + endpoint_text_ + ": " +
+              (why.ok() ? "connection closed" : why.message());
+  Fail(Status::PeerLost(f.message), f);
+}
+
+void RendezvousClient::ArmHeartbeat() {
+  heartbeat_timer_.expires_after(std::max(HeartbeatTimeout() / 4, std::chrono::milliseconds(10)));
+  heartbeat_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (ec || self->finished_ || !self->conn_) return;
+    self->conn_->Send(MessageType::kHeartbeat, {});
+    self->ArmHeartbeat();
+  });
+}
+
+void RendezvousClient::Rejoin(int master_port) {
+  if (finished_ || !conn_ || !welcomed_) return;
+  if (master_port > 0) options_.join.master_port = master_port;
+  conn_->Send(MessageType::kJoin, ToFields(options_.join));
+}
+
+void RendezvousClient::ReportFailure(const FailureReport& report) {
+  if (finished_ || !conn_ || !welcomed_) return;
+  conn_->Send(MessageType::kReport, ToFields(report));
+}
+
+void RendezvousClient::ReportSuccess(int round) {
+  if (finished_ || !conn_ || !welcomed_) return;
+  conn_->Send(MessageType::kSucceeded, {{"round", std::to_string(round)}});
+}
+
+void RendezvousClient::Fail(Status status, JobFailure failure) {
+  if (finished_) return;
+  finished_ = true;
+  retry_timer_.cancel();
+  heartbeat_timer_.cancel();
+  resolver_.cancel();
+  if (conn_) conn_->Detach();
+  if (events_.on_failed) events_.on_failed(status, failure);
+}
+
+void RendezvousClient::Close() {
+  finished_ = true;
+  retry_timer_.cancel();
+  heartbeat_timer_.cancel();
+  resolver_.cancel();
+  if (conn_) conn_->Detach();
+}
+
+}  // namespace launch::rendezvous

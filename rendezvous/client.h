@@ -1,0 +1,113 @@
+#pragma once
+
+// RendezvousClient: the agent's side of the rendezvous, asynchronous on the agent's own
+// io_context (the same one that supervises its workers), reporting through callbacks.
+//
+//   auto client = RendezvousClient::Create(io, options, events);
+//   client->Start();                      // connect (retrying), authenticate, JOIN round 0
+//   ... events.on_assigned(assignment)    // start workers with it
+//   client->ReportFailure(report);        // a local worker failed (after stopping the others)
+//   client->ReportSuccess(round);         // every local worker exited 0
+//   ... events.on_restart(notice)         // stop workers, then:
+//   client->Rejoin(new_master_port);
+//   ... events.on_done() / events.on_failed(status, failure)   // terminal: exit
+//
+// Connection: the endpoint is resolved once; an unresolvable host fails at once
+// (InvalidConfig, one line with the address). Refused or unreachable connections are retried
+// with backoff until join_timeout (the server may start after the clients), then Timeout.
+// Every read has a deadline (handshake_timeout before the server is authenticated,
+// heartbeat_timeout after); heartbeats go out every heartbeat_timeout / 4.
+//
+// Terminal events fire exactly once, and nothing fires after them or after Close().
+// on_failed's Status code tells the exit code: InvalidConfig / AuthFailed / Timeout (setup
+// errors, exit 2), WorkerFailed (a worker failure ended the job), PeerLost (the server went away).
+//
+// Thread-safety: none; use from the io_context's thread. Lifetime: Create(); Close() before
+// dropping the last reference (pending handlers keep the object alive until they run).
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <boost/asio.hpp>
+
+#include "base/status.h"
+#include "rendezvous/protocol.h"
+
+namespace launch::rendezvous {
+
+class Connection;
+
+struct ClientOptions {
+  std::string host = "127.0.0.1";  // server host name or address (IPv4 or IPv6)
+  int port = 29500;
+  std::string token;          // shared secret; empty = none
+  std::string local_address;  // bind to this address before connecting ("" = any); lets
+                              // one machine stand in for several nodes (127.0.0.2, ...)
+  JoinRequest join;           // what to send; join.join_timeout_s bounds connecting and
+                              // join.heartbeat_timeout_s sets the liveness deadlines
+  std::chrono::milliseconds handshake_timeout{5000};
+  std::chrono::milliseconds write_timeout{5000};
+  std::chrono::milliseconds max_retry_delay{500};  // connect backoff cap (starts at 20 ms)
+};
+
+struct ClientEvents {
+  std::function<void(const Assignment&)> on_assigned;
+  std::function<void(const RestartNotice&)> on_restart;
+  std::function<void()> on_done;
+  std::function<void(const Status&, const JobFailure&)> on_failed;
+};
+
+class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
+ public:
+  static std::shared_ptr<RendezvousClient> Create(boost::asio::io_context& io,
+                                                  ClientOptions options, ClientEvents events);
+  ~RendezvousClient();
+  RendezvousClient(const RendezvousClient&) = delete;
+  RendezvousClient& operator=(const RendezvousClient&) = delete;
+
+  // REQUIRES: called once.
+  void Start();
+  // After on_restart: join the next round. `master_port` is a freshly reserved free port
+  // (0 keeps the previous one).
+  void Rejoin(int master_port);
+  void ReportFailure(const FailureReport& report);
+  void ReportSuccess(int round);
+  // Closes the connection; no callback fires afterwards. Idempotent.
+  void Close();
+
+  // "host:port" of the server, for messages.
+  const std::string& endpoint() const { return endpoint_text_; }
+
+ private:
+  RendezvousClient(boost::asio::io_context& io, ClientOptions options, ClientEvents events);
+  void Resolve();
+  void Connect();
+  void RetryLater(const std::string& why);
+  void OnConnected(boost::asio::ip::tcp::socket socket);
+  void OnFrame(MessageType type, Fields fields);
+  void OnClosed(const Status& why);
+  void ArmHeartbeat();
+  void Fail(Status status, JobFailure failure);
+  std::chrono::milliseconds HeartbeatTimeout() const;
+
+  boost::asio::io_context& io_;
+  ClientOptions options_;
+  ClientEvents events_;
+  std::string endpoint_text_;
+  boost::asio::ip::tcp::resolver resolver_;
+  boost::asio::steady_timer retry_timer_;
+  boost::asio::steady_timer heartbeat_timer_;
+  boost::asio::ip::tcp::resolver::results_type endpoints_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::chrono::milliseconds retry_delay_{20};
+  std::string last_connect_error_;
+  std::shared_ptr<Connection> conn_;
+  std::string nonce_;
+  std::string server_nonce_;
+  bool welcomed_ = false;
+  bool finished_ = false;  // terminal event delivered or Close() called
+};
+
+}  // namespace launch::rendezvous

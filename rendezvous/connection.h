@@ -1,0 +1,96 @@
+#pragma once
+
+// Connection: one TCP socket speaking rendezvous frames, with a deadline on every frame read
+// and every write. Shared by the server (one per agent) and the client. Internal to the module.
+//
+// Lifecycle: Create() -> Start(callbacks) -> Send()... -> Close() or SendAndClose().
+// The connection keeps itself alive (enable_shared_from_this) while operations are pending.
+// Callbacks run on the io_context's thread and never re-entrantly: on_closed is posted, so an
+// owner may call Close() from inside on_frame. After Detach() no callback runs again; owners
+// call it before they go away. Not thread-safe: use from the io_context's thread only.
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <boost/asio.hpp>
+
+#include "base/status.h"
+#include "rendezvous/protocol.h"
+
+namespace launch::rendezvous {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  struct Callbacks {
+    // A complete, well-formed frame (header checked, fields decoded and typed-validated).
+    std::function<void(MessageType, Fields)> on_frame;
+    // Called once when the connection ends: OK after a clean close we asked for, otherwise
+    // why (Timeout for a missed deadline, PeerLost for EOF/reset, ProtocolError...).
+    std::function<void(Status)> on_closed;
+  };
+
+  static std::shared_ptr<Connection> Create(tcp::socket socket);
+
+  // Starts the read loop. REQUIRES: called once.
+  void Start(Callbacks callbacks);
+  // Applies from the next frame on: the whole frame (header and payload) must arrive within
+  // `timeout` after the reader starts waiting for it.
+  void SetReadTimeout(std::chrono::milliseconds timeout) { read_timeout_ = timeout; }
+  void SetWriteTimeout(std::chrono::milliseconds timeout) { write_timeout_ = timeout; }
+
+  void Send(MessageType type, const Fields& fields);
+  // Sends, then closes once the frame is flushed (or the write deadline passes).
+  void SendAndClose(MessageType type, const Fields& fields);
+  // Closes now; on_closed(why) follows (posted). Idempotent.
+  void Close(Status why);
+  // Stops all callbacks and closes.
+  void Detach();
+
+  bool closed() const { return closed_; }
+  // The peer's address as we see it ("10.0.0.2", "fe80::1"; IPv4-mapped IPv6 shown as IPv4).
+  const std::string& remote_address() const { return remote_address_; }
+  // Queued bytes not yet written.
+  size_t pending_bytes() const { return pending_bytes_; }
+
+  // Outgoing bytes beyond this close the connection (a peer that does not read).
+  static constexpr size_t kMaxPendingBytes = 16u << 20;
+
+ private:
+  explicit Connection(tcp::socket socket);
+  void ReadHeader();
+  void OnHeader(const boost::system::error_code& ec);
+  void OnBody(const boost::system::error_code& ec);
+  void ArmReadTimer();
+  void WriteNext();
+  void Fail(Status why);
+
+  tcp::socket socket_;
+  asio::steady_timer read_timer_;
+  asio::steady_timer write_timer_;
+  Callbacks callbacks_;
+  std::chrono::milliseconds read_timeout_{5000};
+  std::chrono::milliseconds write_timeout_{5000};
+  uint8_t header_[kHeaderSize] = {};
+  FrameHeader frame_header_;
+  std::string body_;
+  std::deque<std::string> write_queue_;
+  size_t pending_bytes_ = 0;
+  bool writing_ = false;
+  bool close_after_write_ = false;
+  bool closed_ = false;
+  bool detached_ = false;
+  uint64_t read_generation_ = 0;  // which frame read the read timer belongs to
+  std::string remote_address_;
+};
+
+// Text of an address, IPv4-mapped IPv6 unwrapped.
+std::string AddressString(const asio::ip::address& address);
+
+}  // namespace launch::rendezvous

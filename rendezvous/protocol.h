@@ -1,0 +1,213 @@
+#pragma once
+
+// The rendezvous wire protocol: versioned, length-prefixed frames carrying small typed messages.
+//
+// Frame (all integers big-endian):
+//
+//   offset  size  field
+//   0       4     magic   "LRDZ"
+//   4       2     version kProtocolVersion (a peer speaking another version is refused)
+//   6       2     type    MessageType
+//   8       4     length  payload bytes that follow, <= kMaxPayloadSize
+//   12      ...   payload a field list (below)
+//
+// Payload: u16 field count (<= kMaxFields), then per field: u8 key length (1..kMaxKeySize),
+// key bytes ([a-z0-9_]), u32 value length, value bytes (any bytes). Keys are strictly
+// ascending (one canonical encoding; no duplicates).
+//
+// A reader checks the 12-byte header (magic, version, known type, length bound) BEFORE it
+// allocates anything for the payload, so a peer claiming a 4 GiB frame costs nothing.
+// Every decoder below returns a Status on malformed input and never crashes or throws on any
+// input (fuzzed by rendezvous/fuzz_protocol.cc).
+//
+// Message flow (one TCP connection per agent, kept for the whole job):
+//
+//   server -> agent   CHALLENGE {nonce}
+//   agent  -> server  HELLO     {nonce, proof}          proof = HMAC(token, server & agent nonces)
+//   server -> agent   WELCOME   {proof}                 the server proves the token back
+//   agent  -> server  JOIN      {JoinRequest}           once per round
+//   server -> agent   ASSIGN    {Assignment}            the round closed; start workers
+//   both ways         HEARTBEAT {}                      every heartbeat_timeout / 4
+//   agent  -> server  REPORT    {FailureReport}         a local worker failed
+//   agent  -> server  SUCCEEDED {round}                 every local worker exited 0
+//   server -> agent   RESTART   {RestartNotice}         stop workers, send JOIN again
+//   server -> agent   DONE      {}                      every node succeeded: exit 0
+//   server -> agent   FAILED    {JobFailure}            the job is over: exit non-zero
+//   either way        ERROR     {code, message}         refusal; the sender closes
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace launch::rendezvous {
+
+inline constexpr char kMagic[4] = {'L', 'R', 'D', 'Z'};
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderSize = 12;
+inline constexpr uint32_t kMaxPayloadSize = 1u << 20;  // 1 MiB
+inline constexpr size_t kMaxFields = 256;
+inline constexpr size_t kMaxKeySize = 32;
+
+enum class MessageType : uint16_t {
+  kChallenge = 1,
+  kHello = 2,
+  kWelcome = 3,
+  kJoin = 4,
+  kAssign = 5,
+  kHeartbeat = 6,
+  kReport = 7,
+  kSucceeded = 8,
+  kRestart = 9,
+  kDone = 10,
+  kFailed = 11,
+  kError = 12,
+};
+const char* ToString(MessageType type);
+
+struct FrameHeader {
+  MessageType type = MessageType::kError;
+  uint32_t length = 0;  // payload bytes
+};
+
+// REQUIRES: `data` points at kHeaderSize readable bytes.
+// ProtocolError on a wrong magic, an unknown version or type, or length > kMaxPayloadSize.
+StatusOr<FrameHeader> DecodeHeader(const uint8_t* data);
+
+// Field list: keys sorted (std::map), so encoding is deterministic.
+using Fields = std::map<std::string, std::string>;
+
+StatusOr<Fields> DecodeFields(std::string_view payload);
+// REQUIRES: keys valid and the encoded size <= kMaxPayloadSize (CHECKed: our own messages).
+std::string EncodeFields(const Fields& fields);
+// Header + payload, ready for the socket.
+std::string EncodeFrame(MessageType type, const Fields& fields);
+
+// Decodes a whole buffer holding exactly one frame (tests and the fuzzer).
+struct Frame {
+  MessageType type = MessageType::kError;
+  Fields fields;
+};
+StatusOr<Frame> DecodeFrame(std::string_view bytes);
+
+// ---------------------------------------------------------------------------------------------
+// Typed messages. Each has ToFields() and a Parse*() that validates every field (presence,
+// range, size) and returns ProtocolError naming the bad field.
+
+struct Hello {
+  std::string nonce;  // kNonceSize random bytes
+  std::string proof;  // HMAC-SHA256 (32 bytes)
+};
+
+// What an agent sends to join a round. The first JOIN fixes the job's spec (run_id,
+// min/max nodes, fingerprint); later JOINs must match it.
+struct JoinRequest {
+  std::string run_id = "default";
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_rank = -1;        // requested node rank; -1 = let the server assign one
+  int local_world_size = 1;  // workers this node runs
+  int master_port = 0;       // a free port this node reserved, used when it becomes rank 0
+  std::string hostname;      // for messages only
+  std::string fingerprint;   // hash of the settings every node must share (max_restarts...)
+  int max_restarts = 0;
+  double join_timeout_s = 600;
+  double last_call_timeout_s = 1;
+  double heartbeat_timeout_s = 5;
+};
+
+struct NodeInfo {
+  int node_rank = 0;
+  std::string host;     // hostname the agent reported
+  std::string address;  // its address as the server saw it
+  int local_world_size = 0;
+  int rank_offset = 0;
+};
+
+// The server's answer when a round closes.
+struct Assignment {
+  int round = 0;          // 0 for the first round, +1 per restart or scale-up
+  int restart_count = 0;  // restarts spent so far (TORCHELASTIC_RESTART_COUNT)
+  int max_restarts = 0;
+  int node_rank = 0;    // this node's rank (GROUP_RANK)
+  int num_nodes = 0;    // GROUP_WORLD_SIZE
+  int rank_offset = 0;  // global rank of this node's local rank 0
+  int local_world_size = 0;
+  int world_size = 0;       // sum of local_world_size over nodes
+  std::string master_addr;  // node 0's address as the server saw it
+  int master_port = 0;      // the port node 0 reserved
+  std::string run_id;
+  std::vector<NodeInfo> nodes;  // by node rank (encoded one field per node)
+};
+
+// A worker failure (or a lost node), as the first node that saw it describes it.
+struct FailureReport {
+  int round = 0;
+  std::string host;  // hostname of the failing node
+  int node_rank = -1;
+  int global_rank = -1;  // -1 when the whole node was lost
+  int local_rank = -1;
+  int exit_code = -1;       // -1 when killed by a signal
+  int signal = 0;           // 0 when it exited
+  std::string reason;       // one line: "exited with code 3", "node lost: connection closed"
+  std::string stderr_tail;  // last lines of the worker's stderr, '\n'-separated (<= 16 KiB)
+};
+
+struct RestartNotice {
+  int next_round = 0;
+  bool counts_as_restart = true;        // false for scale-up
+  std::string reason;                   // one line
+  std::optional<FailureReport> report;  // the first failure, when a failure caused it
+};
+
+struct JobFailure {
+  std::string message;                  // one line, "why the job is over"
+  bool config_error = false;            // true: a fail-fast setup error (exit 2)
+  std::optional<FailureReport> report;  // root cause when a worker failure ended the job
+};
+
+struct ErrorMessage {
+  bool config_error = false;  // exit 2 on the receiving side
+  bool auth_error = false;
+  std::string message;
+};
+
+inline constexpr size_t kNonceSize = 32;
+inline constexpr size_t kMaxStderrTail = 16 * 1024;
+inline constexpr size_t kMaxShortString = 1024;
+inline constexpr int kMaxNodes = 65536;
+
+Fields ToFields(const Hello& m);
+Fields ToFields(const JoinRequest& m);
+Fields ToFields(const Assignment& m);
+Fields ToFields(const FailureReport& m);
+Fields ToFields(const RestartNotice& m);
+Fields ToFields(const JobFailure& m);
+Fields ToFields(const ErrorMessage& m);
+
+StatusOr<Hello> ParseHello(const Fields& f);
+StatusOr<JoinRequest> ParseJoin(const Fields& f);
+StatusOr<Assignment> ParseAssignment(const Fields& f);
+StatusOr<FailureReport> ParseFailureReport(const Fields& f);
+StatusOr<RestartNotice> ParseRestart(const Fields& f);
+StatusOr<JobFailure> ParseJobFailure(const Fields& f);
+StatusOr<ErrorMessage> ParseError(const Fields& f);
+
+// Parses the payload of a frame of any type with its typed parser (fuzzer entry point).
+Status ValidateMessage(MessageType type, const Fields& fields);
+
+// "host:port", or "[v6]:port" for IPv6 literals.
+std::string FormatEndpoint(const std::string& host, int port);
+
+// A multi-line report for the console, identical on every node:
+//   "root cause: rank 3 (node 1, host gpu02, local rank 1) exited with code 7\n  | last stderr..."
+// Control characters from the peer are replaced, so a report cannot drive the terminal.
+std::string FormatFailureReport(const FailureReport& r);
+std::string SanitizeForTerminal(std::string_view s);
+
+}  // namespace launch::rendezvous

@@ -1,0 +1,160 @@
+#include "rendezvous/protocol.h"
+
+#include <doctest/doctest.h>
+
+namespace launch::rendezvous {
+namespace {
+
+std::string Header(uint16_t version, uint16_t type, uint32_t length) {
+  std::string h(kMagic, 4);
+  h.push_back(static_cast<char>(version >> 8));
+  h.push_back(static_cast<char>(version & 0xff));
+  h.push_back(static_cast<char>(type >> 8));
+  h.push_back(static_cast<char>(type & 0xff));
+  for (int s = 24; s >= 0; s -= 8) h.push_back(static_cast<char>((length >> s) & 0xff));
+  return h;
+}
+
+TEST_CASE("FrameRoundTripsFields") {
+  Fields f{{"a", "1"}, {"bin", std::string("\0\xff\n", 3)}, {"empty", ""}};
+  std::string frame = EncodeFrame(MessageType::kJoin, f);
+  CHECK(frame.size() > kHeaderSize);
+  StatusOr<Frame> decoded = DecodeFrame(frame);
+  REQUIRE(decoded.ok());
+  CHECK(decoded->type == MessageType::kJoin);
+  CHECK(decoded->fields == f);
+}
+
+TEST_CASE("HeaderRejectsBadMagicVersionTypeAndHugeLength") {
+  std::string good = Header(kProtocolVersion, 6, 2);
+  CHECK(DecodeHeader(reinterpret_cast<const uint8_t*>(good.data())).ok());
+  std::string magic = good;
+  magic[0] = 'X';
+  CHECK(DecodeHeader(reinterpret_cast<const uint8_t*>(magic.data())).status().code() ==
+        Status::Code::kProtocolError);
+  std::string version = Header(2, 6, 2);
+  Status v = DecodeHeader(reinterpret_cast<const uint8_t*>(version.data())).status();
+  CHECK(v.message().find("version 2") != std::string::npos);
+  std::string type = Header(kProtocolVersion, 99, 2);
+  CHECK_FALSE(DecodeHeader(reinterpret_cast<const uint8_t*>(type.data())).ok());
+  std::string huge = Header(kProtocolVersion, 6, 0xffffffffu);
+  Status h = DecodeHeader(reinterpret_cast<const uint8_t*>(huge.data())).status();
+  CHECK(h.message().find("exceeds the limit") != std::string::npos);
+  std::string limit = Header(kProtocolVersion, 6, kMaxPayloadSize);
+  CHECK(DecodeHeader(reinterpret_cast<const uint8_t*>(limit.data())).ok());
+}
+
+TEST_CASE("FieldDecoderRejectsMalformedPayloads") {
+  CHECK_FALSE(DecodeFields("").ok());
+  CHECK_FALSE(DecodeFields(std::string("\x00\x01", 2)).ok());  // one field promised, none there
+  // key length 0
+  CHECK_FALSE(DecodeFields(std::string("\x00\x01\x00", 3)).ok());
+  // value runs past the end
+  CHECK_FALSE(DecodeFields(std::string("\x00\x01\x01k\x00\x00\x00\x09xy", 10)).ok());
+  // uppercase key
+  CHECK_FALSE(DecodeFields(std::string("\x00\x01\x01K\x00\x00\x00\x00", 8)).ok());
+  // duplicate key
+  CHECK_FALSE(
+      DecodeFields(std::string("\x00\x02\x01k\x00\x00\x00\x00\x01k\x00\x00\x00\x00", 14)).ok());
+  // trailing garbage
+  CHECK_FALSE(DecodeFields(std::string("\x00\x00z", 3)).ok());
+  CHECK(DecodeFields(std::string("\x00\x00", 2)).ok());
+}
+
+TEST_CASE("JoinRoundTripsAndRejectsOutOfRangeFields") {
+  JoinRequest j;
+  j.run_id = "job7";
+  j.min_nodes = 2;
+  j.max_nodes = 4;
+  j.node_rank = 3;
+  j.local_world_size = 8;
+  j.master_port = 29555;
+  j.hostname = "gpu01";
+  j.fingerprint = "abc";
+  j.max_restarts = 3;
+  j.join_timeout_s = 12.5;
+  StatusOr<JoinRequest> back = ParseJoin(ToFields(j));
+  REQUIRE(back.ok());
+  CHECK(back->run_id == "job7");
+  CHECK(back->min_nodes == 2);
+  CHECK(back->max_nodes == 4);
+  CHECK(back->node_rank == 3);
+  CHECK(back->local_world_size == 8);
+  CHECK(back->master_port == 29555);
+  CHECK(back->join_timeout_s == doctest::Approx(12.5));
+
+  Fields f = ToFields(j);
+  f["max_nodes"] = "1";
+  CHECK(ParseJoin(f).status().message() == "max_nodes is below min_nodes");
+  f = ToFields(j);
+  f["master_port"] = "70000";
+  CHECK(ParseJoin(f).status().message().find("master_port") != std::string::npos);
+  f = ToFields(j);
+  f.erase("run_id");
+  CHECK(ParseJoin(f).status().message() == "missing field 'run_id'");
+  f = ToFields(j);
+  f["heartbeat_timeout"] = "nan";
+  CHECK_FALSE(ParseJoin(f).ok());
+}
+
+TEST_CASE("AssignmentRoundTripsWithNodeTable") {
+  Assignment a;
+  a.round = 2;
+  a.restart_count = 1;
+  a.max_restarts = 3;
+  a.node_rank = 1;
+  a.num_nodes = 2;
+  a.rank_offset = 2;
+  a.local_world_size = 3;
+  a.world_size = 5;
+  a.master_addr = "10.0.0.1";
+  a.master_port = 29600;
+  a.run_id = "r";
+  a.nodes = {{0, "h0", "10.0.0.1", 2, 0}, {1, "h1", "10.0.0.2", 3, 2}};
+  StatusOr<Assignment> back = ParseAssignment(ToFields(a));
+  REQUIRE(back.ok());
+  CHECK(back->rank_offset == 2);
+  CHECK(back->world_size == 5);
+  REQUIRE(back->nodes.size() == 2);
+  CHECK(back->nodes[1].host == "h1");
+  CHECK(back->nodes[1].rank_offset == 2);
+  Fields f = ToFields(a);
+  f["rank_offset"] = "4";  // would put local ranks past world_size
+  CHECK_FALSE(ParseAssignment(f).ok());
+}
+
+TEST_CASE("RestartAndFailureCarryTheRootCause") {
+  FailureReport r;
+  r.round = 1;
+  r.host = "gpu02";
+  r.node_rank = 1;
+  r.global_rank = 3;
+  r.local_rank = 1;
+  r.signal = 9;
+  r.stderr_tail = "line1\nline2\x1b[31m";
+  RestartNotice n;
+  n.next_round = 2;
+  n.reason = "worker failure";
+  n.report = r;
+  StatusOr<RestartNotice> back = ParseRestart(ToFields(n));
+  REQUIRE(back.ok());
+  REQUIRE(back->report.has_value());
+  CHECK(back->report->signal == 9);
+  std::string text = FormatFailureReport(*back->report);
+  CHECK(text.find("rank 3 (node 1, host gpu02, local rank 1) died of SIGKILL") !=
+        std::string::npos);
+  CHECK(text.find("| line2?[31m") != std::string::npos);  // escape neutralised
+  JobFailure jf;
+  jf.message = "job failed";
+  StatusOr<JobFailure> jb = ParseJobFailure(ToFields(jf));
+  REQUIRE(jb.ok());
+  CHECK_FALSE(jb->report.has_value());
+}
+
+TEST_CASE("FormatEndpointBracketsIpv6") {
+  CHECK(FormatEndpoint("10.0.0.1", 29500) == "10.0.0.1:29500");
+  CHECK(FormatEndpoint("::1", 29500) == "[::1]:29500");
+}
+
+}  // namespace
+}  // namespace launch::rendezvous
