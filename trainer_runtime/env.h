@@ -1,0 +1,36 @@
+#pragma once
+
+// Where this worker sits in the job, read from the environment. torchrun's contract first
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+// TORCHELASTIC_RESTART_COUNT), then OpenMPI's and SLURM's spellings as fallbacks, so `train`
+// runs unchanged under `launch`, torchrun, mpirun and srun. No LibTorch here.
+
+#include <map>
+#include <string>
+
+#include "base/status.h"
+
+namespace launch::trainer {
+
+struct DistEnv {
+  int rank = 0;              // global rank; RANK (or OMPI_COMM_WORLD_RANK, SLURM_PROCID)
+  int world_size = 1;        // WORLD_SIZE (or OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)
+  int local_rank = 0;        // LOCAL_RANK (or OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR: host of the c10d TCPStore (rank 0)
+  int master_port = 29500;                // MASTER_PORT
+  int restart_count = 0;                  // TORCHELASTIC_RESTART_COUNT: > 0 after a restart
+  std::string run_id;                     // TORCHELASTIC_RUN_ID (informational)
+  bool from_launcher = false;             // true when RANK/WORLD_SIZE (or a fallback) were set
+
+  bool distributed() const { return world_size > 1; }
+  // "rank 1/2 (local 1) store 127.0.0.1:29500"
+  std::string Describe() const;
+};
+
+// Parses `env` (variable -> value). Missing variables mean a single process (rank 0 of 1).
+// Errors (Status::InvalidConfig) name the variable: "environment RANK: expected an integer,
+// got 'x'", and inconsistent values (RANK >= WORLD_SIZE).
+StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env);
+
+}  // namespace launch::trainer

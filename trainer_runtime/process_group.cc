@@ -1,0 +1,135 @@
+#include "trainer_runtime/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+
+#include "base/strings.h"
+
+namespace launch::trainer {
+
+CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner)
+    : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(
+    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  return inner_->broadcast(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++allreduce_count_;
+    for (const at::Tensor& t : tensors) allreduce_bytes_ += t.numel() * t.element_size();
+    launch_times_.push_back(Clock::now());
+  }
+  return inner_->allreduce(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++allreduce_count_;
+    for (const at::Tensor& t : tensors) allreduce_bytes_ += t.numel() * t.element_size();
+    launch_times_.push_back(Clock::now());
+  }
+  return inner_->allreduce_coalesced(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return inner_->allgather(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::barrier(const c10d::BarrierOptions& opts) {
+  return inner_->barrier(opts);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::send(std::vector<at::Tensor>& tensors,
+                                                          int dst_rank, int tag) {
+  return inner_->send(tensors, dst_rank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::recv(std::vector<at::Tensor>& tensors,
+                                                          int src_rank, int tag) {
+  return inner_->recv(tensors, src_rank, tag);
+}
+
+int64_t CountingProcessGroup::allreduce_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allreduce_count_;
+}
+
+int64_t CountingProcessGroup::allreduce_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allreduce_bytes_;
+}
+
+std::vector<CountingProcessGroup::Clock::time_point> CountingProcessGroup::TakeLaunchTimes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Clock::time_point> out;
+  out.swap(launch_times_);
+  return out;
+}
+
+namespace {
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || StartsWith(host, "127.") || host == "::1";
+}
+
+}  // namespace
+
+StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
+    const DistEnv& env, std::chrono::milliseconds timeout) {
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(env.master_port);
+    opts.isServer = env.rank == 0;
+    opts.numWorkers = env.world_size;
+    // Waiting for workers happens in the Gloo rendezvous below, under the same timeout; the
+    // constructor only has to connect.
+    opts.waitWorkers = false;
+    opts.timeout = timeout;
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    if (env.rank == 0)
+      return Status::IoError("rank 0 could not host the process-group store at " + where +
+                             " (is the port in use?): " + e.what());
+    return Status::Timeout("rank " + std::to_string(env.rank) +
+                           " could not reach the process-group store at " + where + " within " +
+                           seconds + " (is MASTER_ADDR right and rank 0 running?): " + e.what());
+  }
+  try {
+    // A prefix per restart keeps keys of an earlier attempt from confusing this one.
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+        "launch_pg/" + std::to_string(env.restart_count), store);
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    if (ifname && *ifname) {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (IsLoopback(env.master_addr)) {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    options->threads = 2;
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size,
+                                                            options);
+    return c10::make_intrusive<CountingProcessGroup>(gloo);
+  } catch (const std::exception& e) {
+    return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group of " +
+                           std::to_string(env.world_size) + " ranks via store " + where +
+                           " did not form within " + seconds + ": " + e.what());
+  }
+}
+
+}  // namespace launch::trainer

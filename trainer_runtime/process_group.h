@@ -1,0 +1,69 @@
+#pragma once
+
+// The c10d process group the workers communicate through, built from DistEnv: a TCPStore at
+// MASTER_ADDR:MASTER_PORT (rank 0 hosts it) and ProcessGroupGloo on CPU (ProcessGroupNCCL is
+// compiled in only when LibTorch has CUDA; it does not here).
+//
+// CountingProcessGroup wraps the real group and forwards every collective the trainer uses,
+// counting all-reduces and recording when each was launched. The DDP Reducer talks to the
+// wrapper, so tests and metrics see real counts (no_sync really skips communication) and real
+// launch times (buckets really start during backward), not assumptions.
+//
+// Internal to trainer_runtime (includes LibTorch).
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "base/status.h"
+#include "trainer_runtime/env.h"
+
+namespace launch::trainer {
+
+class CountingProcessGroup : public c10d::ProcessGroup {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner);
+
+  const std::string getBackendName() const override { return inner_->getBackendName(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                      int tag) override;
+
+  // Counters. Thread-safe: the Reducer launches all-reduces from the autograd engine.
+  int64_t allreduce_count() const;
+  int64_t allreduce_bytes() const;
+  // Launch times of all-reduces since the last TakeLaunchTimes() call.
+  std::vector<Clock::time_point> TakeLaunchTimes();
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> inner_;
+  mutable std::mutex mu_;
+  int64_t allreduce_count_ = 0;
+  int64_t allreduce_bytes_ = 0;
+  std::vector<Clock::time_point> launch_times_;
+};
+
+// Connects to (rank 0: hosts) the store and builds the Gloo group; waits at most `timeout`
+// for all ranks. Errors name the store address and the rank:
+// "rank 1 could not reach the process-group store at 10.0.0.9:29500 within 30 s: ...".
+StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
+    const DistEnv& env, std::chrono::milliseconds timeout);
+
+}  // namespace launch::trainer

@@ -1,0 +1,238 @@
+#include "trainer_runtime/strategy.h"
+
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <algorithm>
+#include <mutex>
+
+namespace launch::trainer {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// broadcast_coalesced packs tensors into buffers of this size: one or a few broadcasts.
+constexpr size_t kBroadcastBucketBytes = 250u << 20;
+// PyTorch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES): small, so communication
+// starts as soon as the last layers' gradients exist.
+constexpr size_t kFirstBucketBytes = 1u << 20;
+
+void BroadcastModel(const c10::intrusive_ptr<CountingProcessGroup>& pg, Model* model) {
+  std::vector<at::Tensor> tensors;
+  for (auto& [name, p] : model->NamedParameters()) tensors.push_back(p.detach());
+  for (auto& [name, b] : model->NamedBuffers()) tensors.push_back(b.detach());
+  if (tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  c10d::broadcast_coalesced(pg, tensors, kBroadcastBucketBytes, /*rank=*/0);
+}
+
+// --- none --------------------------------------------------------------------------------------
+class NoneStrategy : public ParallelStrategy {
+ public:
+  const char* Name() const override { return "none"; }
+  void Setup() override {}
+  bool SyncGradients(bool) const override { return false; }
+  void BeforeForward(bool) override {}
+  void BeforeBackward(const torch::Tensor&, bool) override {}
+  void AfterBackward(bool) override {}
+  void AfterOptimizerStep(int64_t) override {}
+  void Finish(int64_t) override {}
+};
+
+// --- ddp ---------------------------------------------------------------------------------------
+class DdpStrategy : public ParallelStrategy {
+ public:
+  DdpStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, double bucket_cap_mb,
+              bool sync_each_batch)
+      : model_(model), bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
+        sync_each_batch_(sync_each_batch) {
+    pg_ = std::move(pg);
+  }
+
+  const char* Name() const override { return "ddp"; }
+
+  void Setup() override {
+    BroadcastModel(pg_, model_);
+    params_ = model_->Parameters();
+    // Gradients are produced roughly in reverse parameter order, so assign buckets walking the
+    // parameters backwards: the first (small) bucket holds the last layers and can be
+    // all-reduced while the earlier layers still compute. Passing tensor_indices makes
+    // compute_bucket_assignment_by_size keep that ready order instead of sorting.
+    std::vector<at::Tensor> reversed(params_.rbegin(), params_.rend());
+    std::vector<int64_t> indices;
+    for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) indices.push_back(i);
+    auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
+        reversed, {std::min(kFirstBucketBytes, bucket_cap_bytes_), bucket_cap_bytes_},
+        std::vector<bool>(params_.size(), false), indices);
+    num_buckets_ = static_cast<int64_t>(buckets.size());
+    std::unordered_map<size_t, std::string> names;
+    size_t i = 0;
+    for (auto& [name, p] : model_->NamedParameters()) names[i++] = name;
+    reducer_ = std::make_unique<c10d::Reducer>(
+        params_, buckets, limits, pg_, std::vector<bool>(params_.size(), false),
+        static_cast<int64_t>(bucket_cap_bytes_), /*find_unused_parameters=*/false,
+        /*gradient_as_bucket_view=*/false, names, static_cast<int64_t>(kFirstBucketBytes));
+    // Tensor hooks on every parameter record when backward produced its gradient; the last
+    // one marks the end of gradient computation, against which bucket launch times are
+    // compared to measure overlap.
+    for (auto& p : params_) {
+      p.register_hook([this](const at::Tensor& grad) {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_grad_time_ = Clock::now();
+        return grad;
+      });
+    }
+  }
+
+  bool SyncGradients(bool window_closes) const override {
+    return window_closes || sync_each_batch_;
+  }
+
+  void BeforeForward(bool sync) override {
+    // As PyTorch's DDP does before each forward: after the first synchronised iteration the
+    // reducer rebuilds its buckets in the observed gradient-ready order (a collective: every
+    // rank reaches it at the same micro-batch); later calls are no-ops.
+    reducer_->rebuild_buckets();
+    if (!model_->NamedBuffers().empty() && sync) {
+      // DDP semantics: rank 0's buffers (e.g. running statistics) win each synchronised step.
+      auto start = Clock::now();
+      std::vector<at::Tensor> buffers;
+      for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b.detach());
+      torch::NoGradGuard no_grad;
+      c10d::broadcast_coalesced(pg_, buffers, kBroadcastBucketBytes, 0);
+      stats_.blocking_comm_ms += MsSince(start);
+    }
+  }
+
+  void BeforeBackward(const torch::Tensor& loss, bool sync) override {
+    pg_->TakeLaunchTimes();  // forget launches outside this backward
+    if (sync) reducer_->prepare_for_backward({loss});
+    // Not calling prepare_for_backward is no_sync: the reducer's hooks see
+    // expect_autograd_hooks_ false and leave the gradients to accumulate locally.
+  }
+
+  void AfterBackward(bool sync) override {
+    // backward() returns only after the reducer finalised: every bucket was all-reduced and
+    // copied back into .grad. The time from the last gradient to here is communication the
+    // backward pass could not hide.
+    auto backward_end = Clock::now();
+    Clock::time_point last_grad;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_grad = last_grad_time_;
+    }
+    if (!sync) return;
+    stats_.blocking_comm_ms +=
+        std::max(0.0, std::chrono::duration<double, std::milli>(backward_end - last_grad).count());
+    for (const auto& t : pg_->TakeLaunchTimes()) {
+      if (t < last_grad) ++stats_.launched_before_grads_done;
+    }
+  }
+
+  void AfterOptimizerStep(int64_t) override {}
+  void Finish(int64_t) override {}
+  int64_t num_buckets() const override { return num_buckets_; }
+
+ private:
+  Model* model_;
+  size_t bucket_cap_bytes_;
+  bool sync_each_batch_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<c10d::Reducer> reducer_;
+  int64_t num_buckets_ = 0;
+  std::mutex mu_;  // the autograd engine may run hooks on its own thread
+  Clock::time_point last_grad_time_;
+};
+
+// --- local SGD -----------------------------------------------------------------------------------
+class LocalSgdStrategy : public ParallelStrategy {
+ public:
+  LocalSgdStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, int k)
+      : model_(model), k_(k) {
+    pg_ = std::move(pg);
+  }
+  const char* Name() const override { return "local_sgd"; }
+  void Setup() override {
+    if (pg_) BroadcastModel(pg_, model_);
+  }
+  bool SyncGradients(bool) const override { return false; }
+  void BeforeForward(bool) override {}
+  void BeforeBackward(const torch::Tensor&, bool) override {}
+  void AfterBackward(bool) override {}
+  void AfterOptimizerStep(int64_t steps_done) override {
+    if (steps_done % k_ == 0) Average(steps_done);
+  }
+  void Finish(int64_t steps_done) override {
+    if (steps_done != last_averaged_) Average(steps_done);
+  }
+
+ private:
+  void Average(int64_t steps_done) {
+    last_averaged_ = steps_done;
+    if (!pg_) return;
+    auto start = Clock::now();
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> params = model_->Parameters();
+    // One flat all-reduce for all parameters: per-call latency dominates on Gloo.
+    std::vector<at::Tensor> flat_views;
+    for (auto& p : params) flat_views.push_back(p.detach().reshape({-1}));
+    std::vector<at::Tensor> flat = {torch::cat(flat_views)};
+    pg_->allreduce(flat, c10d::AllreduceOptions())->wait();
+    flat[0].div_(pg_->getSize());
+    int64_t offset = 0;
+    for (auto& p : params) {
+      const int64_t n = p.numel();
+      p.detach().copy_(flat[0].narrow(0, offset, n).view_as(p));
+      offset += n;
+    }
+    stats_.blocking_comm_ms += MsSince(start);
+  }
+
+  Model* model_;
+  int k_;
+  int64_t last_averaged_ = 0;
+};
+
+}  // namespace
+
+StepCommStats ParallelStrategy::TakeStepStats() {
+  StepCommStats out = stats_;
+  if (pg_) {
+    const int64_t now = pg_->allreduce_count();
+    out.allreduces = now - allreduces_at_step_start_;
+    allreduces_at_step_start_ = now;
+  }
+  stats_ = StepCommStats();
+  return out;
+}
+
+StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
+    const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg) {
+  using config::ParallelMode;
+  const ParallelMode mode = cfg.parallel.mode;
+  if (mode == ParallelMode::kDp || mode == ParallelMode::kPipeline)
+    return Status::InvalidConfig(std::string("train.parallel.mode: '") + config::ToString(mode) +
+                                 "' is not implemented by this trainer yet; use ddp or none");
+  if (cfg.local_sgd_steps > 0)
+    return std::unique_ptr<ParallelStrategy>(
+        std::make_unique<LocalSgdStrategy>(model, std::move(pg), cfg.local_sgd_steps));
+  if (mode == ParallelMode::kNone || !pg) {
+    auto none = std::make_unique<NoneStrategy>();
+    return std::unique_ptr<ParallelStrategy>(std::move(none));
+  }
+  return std::unique_ptr<ParallelStrategy>(std::make_unique<DdpStrategy>(
+      model, std::move(pg), cfg.parallel.bucket_cap_mb, cfg.sync_each_batch));
+}
+
+void AllReduceSum(const c10::intrusive_ptr<CountingProcessGroup>& pg, torch::Tensor& values) {
+  if (!pg) return;
+  std::vector<at::Tensor> v = {values};
+  pg->allreduce(v, c10d::AllreduceOptions())->wait();
+}
+
+}  // namespace launch::trainer

@@ -1,0 +1,82 @@
+#pragma once
+
+// How replicas cooperate: the seam where a parallel strategy plugs into the training loop.
+// The loop (trainer.cc) owns model, optimizer and data and calls the strategy at fixed points
+// of every micro-batch and optimizer step; a strategy decides what, if anything, is
+// communicated there. Implementations:
+//   none      each process trains alone (no communication at all);
+//   ddp       c10d::Reducer: gradients bucketed in reverse parameter order (small first
+//             bucket), each full bucket all-reduced asynchronously during backward, averaged
+//             over the world; no_sync = skipping prepare_for_backward;
+//   local_sgd no gradient communication; parameters averaged every K optimizer steps and
+//             once at the end.
+// DP (replicas in one process) and pipeline stages will be further implementations.
+//
+// Internal to trainer_runtime (includes LibTorch). Not thread-safe; one loop drives it. Methods
+// may throw c10::Error (a peer died, a collective timed out): the loop converts it to Status.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "launcher/config.h"
+#include "trainer_runtime/model.h"
+#include "trainer_runtime/process_group.h"
+
+namespace launch::trainer {
+
+// Communication observed during one optimizer step (reset by TakeStepStats()).
+struct StepCommStats {
+  int64_t allreduces = 0;        // all-reduce calls issued (counted at the process group)
+  double blocking_comm_ms = 0;   // time the loop waited on communication it could not hide
+  int64_t launched_before_grads_done = 0;  // ddp: bucket all-reduces launched while backward
+                                           // was still producing gradients (overlap)
+};
+
+class ParallelStrategy {
+ public:
+  virtual ~ParallelStrategy() = default;
+  virtual const char* Name() const = 0;
+
+  // Makes every replica start from rank 0's parameters and buffers. Call once, after the
+  // model (and any checkpoint) is loaded and before the first forward.
+  virtual void Setup() = 0;
+  // Whether the micro-batch that does (window_closes) or does not close the accumulation
+  // window synchronises gradients.
+  virtual bool SyncGradients(bool window_closes) const = 0;
+  // Before the forward pass of a micro-batch.
+  virtual void BeforeForward(bool sync) = 0;
+  // Between forward and backward (DDP arms its reducer here when sync).
+  virtual void BeforeBackward(const torch::Tensor& loss, bool sync) = 0;
+  // After backward returned; when sync, gradients are averaged over the world on return.
+  virtual void AfterBackward(bool sync) = 0;
+  // After the optimizer step that brought the count of steps done to `steps_done`.
+  virtual void AfterOptimizerStep(int64_t steps_done) = 0;
+  // After the last step (Local SGD's final average).
+  virtual void Finish(int64_t steps_done) = 0;
+  // Number of gradient buckets (ddp), 0 otherwise.
+  virtual int64_t num_buckets() const { return 0; }
+
+  StepCommStats TakeStepStats();
+
+ protected:
+  StepCommStats stats_;
+  int64_t allreduces_at_step_start_ = 0;
+  // Null when the world has one process.
+  c10::intrusive_ptr<CountingProcessGroup> pg_;
+};
+
+// Builds the strategy for `cfg` (parallel.mode and local_sgd_steps). `pg` may be null only
+// for a single process. `model` must outlive the strategy.
+// InvalidConfig for modes this trainer does not implement yet (dp, pipeline).
+StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
+    const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg);
+
+// Sum-all-reduces `values` (a small double tensor) over the world in place; no-op for a null
+// group. Used for eval metrics and the final loss.
+void AllReduceSum(const c10::intrusive_ptr<CountingProcessGroup>& pg, torch::Tensor& values);
+
+}  // namespace launch::trainer

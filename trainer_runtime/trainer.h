@@ -1,0 +1,35 @@
+#pragma once
+
+// The trainer: runs the `train:` section of a job file on this worker. Rank, world size and
+// the store address come from the environment (torchrun's contract, see env.h), so the same
+// binary runs under `launch`, torchrun, srun and mpirun.
+//
+// This header is LibTorch-free on purpose: main.cc and any other module may include it.
+
+#include <string>
+
+#include "base/status.h"
+#include "launcher/config.h"
+
+namespace launch::trainer {
+
+struct TrainerOptions {
+  // Overrides train.output_dir when non-empty (`train CONFIG --output_dir D`).
+  std::string output_dir;
+  // Also write <output_dir>/params_rank<R>.bin: every parameter as raw little-endian float32,
+  // concatenated in parameter order (the numerics tests compare these between runs).
+  bool dump_params = false;
+  // How long to wait for all ranks to join the process group (env LAUNCH_INIT_TIMEOUT_S).
+  double init_timeout_s = 300;
+  // Overrides train.max_steps when > 0 (`--max_steps N`).
+  int64_t max_steps = 0;
+};
+
+// Trains to completion. Returns InvalidConfig (exit 2: nothing was trained) for settings the
+// trainer rejects before starting, Timeout when the process group did not form, PeerLost when
+// another rank died mid-run, IoError for checkpoint/output failures, Internal for LibTorch
+// errors (with the phase and step in the message).
+// REQUIRES: train.present.
+Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& options);
+
+}  // namespace launch::trainer
