@@ -1,0 +1,169 @@
+"""Numerics of the parallel strategies against single-process references (same data, same seed):
+DDP == one process on the concatenated batch; gradient accumulation with no_sync, with
+sync_each_batch and one big batch give the same parameters, with the all-reduce count per step
+counted at the process group; Local SGD averages exactly, and with K=1 and plain SGD equals DDP;
+bucket all-reduces are launched while backward still computes (overlap)."""
+
+import os
+import unittest
+
+from trainer_helpers import TRAIN, final, metrics, params, rel_diff, run_ranks, write_config
+import harness
+
+BASE = """
+train:
+  seed: 7
+  output_dir: {out}
+  model: {{type: mlp, layers: [16, 64, 64, 4]}}
+  data: {{type: synthetic, samples: 2048}}
+  eval_fraction: 0.0
+  batch_size: {batch}
+  max_steps: {steps}
+  optimizer: {optimizer}
+  checkpoint_every: 0
+  resume: never
+  parallel: {{mode: {mode}, bucket_cap_mb: {cap}}}
+  gradient_accumulation_steps: {accum}
+  sync_each_batch: {sync_each}
+  local_sgd_steps: {local_sgd}
+"""
+
+
+def config(tmp, name, batch, steps=20, optimizer="{type: sgd, lr: 0.05, momentum: 0.9}",
+           mode="ddp", accum=1, sync_each="false", local_sgd=0, cap=25):
+    out = os.path.join(tmp, name)
+    text = BASE.format(out=out, batch=batch, steps=steps, optimizer=optimizer, mode=mode,
+                       accum=accum, sync_each=sync_each, local_sgd=local_sgd, cap=cap)
+    return write_config(tmp, text, name + ".yaml"), out
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class DdpNumericsTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def check_ddp_equals_big_batch(self, optimizer):
+        ddp_cfg, ddp_out = config(self.tmp, "ddp", batch=8, optimizer=optimizer)
+        ref_cfg, ref_out = config(self.tmp, "ref", batch=16, optimizer=optimizer, mode="none")
+        run_ranks(ddp_cfg, 2, ["--dump_params"], timeout=90)
+        run_ranks(ref_cfg, 1, ["--dump_params"], timeout=90)
+        ddp0, ddp1, ref = params(ddp_out, 0), params(ddp_out, 1), params(ref_out, 0)
+        self.assertEqual(ddp0, ddp1, "DDP replicas diverged")
+        rel, worst = rel_diff(ddp0, ref)
+        self.assertLess(rel, 1e-5, f"relative difference {rel:g} (max abs {worst:g})")
+        # And training really moved the weights (a no-op trainer would also "agree").
+        m = metrics(ddp_out)
+        self.assertEqual(len(m), 20)
+        self.assertLess(m[-1]["loss"], m[0]["loss"])
+        self.assertEqual(final(ddp_out)["strategy"], "ddp")
+
+    def test_ddp_two_ranks_equals_one_process_on_concatenated_batch_sgd(self):
+        self.check_ddp_equals_big_batch("{type: sgd, lr: 0.05, momentum: 0.9}")
+
+    def test_ddp_two_ranks_equals_one_process_on_concatenated_batch_adam(self):
+        self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}")
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class AccumulationTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def test_no_sync_sync_each_batch_and_big_batch_agree_and_count_allreduces(self):
+        n = 4
+        nosync_cfg, nosync_out = config(self.tmp, "nosync", batch=4, accum=n, steps=10)
+        each_cfg, each_out = config(self.tmp, "each", batch=4, accum=n, steps=10,
+                                    sync_each="true")
+        ref_cfg, ref_out = config(self.tmp, "big", batch=2 * n * 4, steps=10, mode="none")
+        run_ranks(nosync_cfg, 2, ["--dump_params"], timeout=90)
+        run_ranks(each_cfg, 2, ["--dump_params"], timeout=90)
+        run_ranks(ref_cfg, 1, ["--dump_params"], timeout=90)
+        ref = params(ref_out)
+        for out in (nosync_out, each_out):
+            rel, worst = rel_diff(params(out), ref)
+            self.assertLess(rel, 1e-5, f"{out}: relative difference {rel:g} (max {worst:g})")
+        buckets = final(nosync_out)["buckets"]
+        self.assertGreaterEqual(buckets, 1)
+        for step in metrics(nosync_out):
+            self.assertEqual(step["micro_batches"], n)
+            self.assertEqual(step["allreduces"], buckets, f"no_sync step {step}")
+        for step in metrics(each_out):
+            self.assertEqual(step["allreduces"], n * buckets, f"sync_each_batch step {step}")
+
+    def test_window_closes_at_end_of_loader(self):
+        # 2048 samples / 2 ranks / batch 64 = 16 batches per epoch; N = 5 gives windows of
+        # 5, 5, 5, 1 per epoch with sync_with_dataloader (the default).
+        cfg, out = config(self.tmp, "tail", batch=64, accum=5, steps=8)
+        run_ranks(cfg, 2, timeout=90)
+        micro = [m["micro_batches"] for m in metrics(out)]
+        self.assertEqual(micro, [5, 5, 5, 1, 5, 5, 5, 1])
+        buckets = final(out)["buckets"]
+        self.assertTrue(all(m["allreduces"] == buckets for m in metrics(out)))
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class LocalSgdTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def test_final_average_is_exact_mean_of_independent_replicas(self):
+        # K = max_steps: the replicas train independently (as mode none does) and are averaged
+        # once at the end; combined with accumulation (N = 2).
+        alone_cfg, alone_out = config(self.tmp, "alone", batch=8, steps=10, mode="none", accum=2)
+        lsgd_cfg, lsgd_out = config(self.tmp, "lsgd", batch=8, steps=10, accum=2, local_sgd=10)
+        run_ranks(alone_cfg, 2, ["--dump_params"], timeout=90)
+        run_ranks(lsgd_cfg, 2, ["--dump_params"], timeout=90)
+        a, b = params(alone_out, 0), params(alone_out, 1)
+        self.assertNotEqual(a, b, "independent replicas should differ before averaging")
+        l0, l1 = params(lsgd_out, 0), params(lsgd_out, 1)
+        self.assertEqual(l0, l1, "replicas differ after averaging")
+        import struct
+        f32 = lambda x: struct.unpack("<f", struct.pack("<f", x))[0]  # noqa: E731
+        mean = [f32(f32(x + y) / 2) for x, y in zip(a, b)]
+        self.assertEqual(l0, mean, "Local SGD average is not the exact mean")
+        # No gradient all-reduce at all: exactly one parameter all-reduce (the final one).
+        self.assertEqual(sum(m["allreduces"] for m in metrics(lsgd_out)), 1)
+
+    def test_k1_with_plain_sgd_equals_ddp(self):
+        sgd = "{type: sgd, lr: 0.05}"
+        ddp_cfg, ddp_out = config(self.tmp, "ddp", batch=8, optimizer=sgd)
+        lsgd_cfg, lsgd_out = config(self.tmp, "k1", batch=8, optimizer=sgd, local_sgd=1)
+        run_ranks(ddp_cfg, 2, ["--dump_params"], timeout=90)
+        run_ranks(lsgd_cfg, 2, ["--dump_params"], timeout=90)
+        rel, worst = rel_diff(params(lsgd_out), params(ddp_out))
+        self.assertLess(rel, 1e-5, f"relative difference {rel:g} (max {worst:g})")
+        self.assertTrue(all(m["allreduces"] == 1 for m in metrics(lsgd_out)))
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class OverlapTest(unittest.TestCase):
+    def test_buckets_are_all_reduced_while_backward_still_computes(self):
+        tmp = harness.tmpdir()
+        out = os.path.join(tmp, "overlap")
+        cfg = write_config(tmp, f"""
+train:
+  output_dir: {out}
+  model: {{type: mlp, layers: [256, 512, 512, 512, 512, 10]}}
+  data: {{type: synthetic, samples: 4096}}
+  batch_size: 64
+  max_steps: 12
+  optimizer: {{type: sgd, lr: 0.01}}
+  checkpoint_every: 0
+  resume: never
+  parallel: {{mode: ddp, bucket_cap_mb: 0.5}}
+""")
+        run_ranks(cfg, 2, timeout=90)
+        buckets = final(out)["buckets"]
+        self.assertGreaterEqual(buckets, 3)
+        steps = metrics(out)
+        for step in steps:
+            self.assertEqual(step["allreduces"], buckets)
+        # Every bucket but the last (which holds the first layer, whose gradient is the last
+        # produced) should start before backward has produced all gradients.
+        early = [s["buckets_launched_before_grads_done"] for s in steps[1:]]
+        self.assertTrue(all(e >= 1 for e in early), early)
+        self.assertGreaterEqual(sum(early) / len(early), buckets - 1.5, early)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,103 @@
+"""Helpers for the trainer's multi-process tests: write a config, start N ranks of `train` with
+the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), wait with a hard timeout, and read
+metrics.jsonl / final.json / parameter dumps."""
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import harness  # noqa: E402
+
+TRAIN = harness.TRAIN
+LAUNCH = harness.LAUNCH
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(directory, text, name="cfg.yaml"):
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def rank_env(rank, world, port, restart=0, extra=None):
+    env = dict(os.environ)
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        "TORCHELASTIC_RESTART_COUNT": str(restart), "OMP_NUM_THREADS": "1",
+        "LAUNCH_INIT_TIMEOUT_S": "30",
+    })
+    if extra:
+        env.update(extra)
+    return env
+
+
+def start_ranks(config, world, args=(), restart=0, extra_env=None, port=None):
+    """Starts `world` train processes; returns (procs, port). Output goes to pipes."""
+    port = port or free_port()
+    procs = []
+    for r in range(world):
+        procs.append(subprocess.Popen([TRAIN, config, *args], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True,
+                                      env=rank_env(r, world, port, restart, extra_env)))
+    return procs, port
+
+
+def wait_all(procs, timeout):
+    """Waits for every process (bounded); kills leftovers. Returns [(rc, out, err)]."""
+    deadline = time.monotonic() + timeout
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            err += "\n[test: killed after timeout]"
+        results.append((p.returncode, out, err))
+    return results
+
+
+def run_ranks(config, world, args=(), timeout=120, restart=0, extra_env=None):
+    procs, _ = start_ranks(config, world, args, restart, extra_env)
+    results = wait_all(procs, timeout)
+    for r, (rc, out, err) in enumerate(results):
+        if rc != 0:
+            raise AssertionError(f"rank {r} exited {rc}\nstdout:\n{out}\nstderr:\n{err}")
+    return results
+
+
+def metrics(out_dir):
+    with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def final(out_dir):
+    with open(os.path.join(out_dir, "final.json")) as f:
+        return json.load(f)
+
+
+def params(out_dir, rank=0):
+    """The float32 parameters written by `train --dump_params`, as a list of floats."""
+    with open(os.path.join(out_dir, f"params_rank{rank}.bin"), "rb") as f:
+        data = f.read()
+    return list(struct.unpack(f"<{len(data) // 4}f", data))
+
+
+def rel_diff(a, b):
+    """||a - b|| / ||b|| (and max |a - b|)."""
+    assert len(a) == len(b), (len(a), len(b))
+    num = sum((x - y) ** 2 for x, y in zip(a, b)) ** 0.5
+    den = sum(y * y for y in b) ** 0.5
+    return num / den, max(abs(x - y) for x, y in zip(a, b))
