@@ -10,7 +10,7 @@
 namespace launch::agent {
 
 struct AgentOptions {
-  WorkerGroupSpec group;   // the template for every attempt (restart_count is set per attempt)
+  WorkerGroupSpec group;  // the template for every attempt (restart_count is set per attempt)
   int max_restarts = 0;
   // Per-attempt log folders <log_root>/attempt_<k>/ are created when non-empty; the group's
   // log_dir is pointed at them.

@@ -7,8 +7,8 @@ namespace launch::agent {
 
 std::string FormatTime(std::chrono::system_clock::time_point t) {
   std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() %
-            1000;
+  auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
   std::tm tm{};
   localtime_r(&secs, &tm);
   char buf[64];

@@ -10,7 +10,7 @@
 namespace launch::agent {
 
 struct ReportContext {
-  std::string host;          // shown when non-empty (multi-node)
+  std::string host;  // shown when non-empty (multi-node)
   int restarts_used = 0;
   int max_restarts = 0;
   bool will_restart = false;

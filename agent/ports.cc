@@ -18,8 +18,7 @@ StatusOr<int> PickFreePort(const std::string& host) {
   hints.ai_flags = AI_PASSIVE;
   addrinfo* res = nullptr;
   int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), "0", &hints, &res);
-  if (rc != 0)
-    return Status::NotFound("cannot resolve '" + host + "': " + gai_strerror(rc));
+  if (rc != 0) return Status::NotFound("cannot resolve '" + host + "': " + gai_strerror(rc));
   Status last = Status::IoError("no usable address for '" + host + "'");
   for (addrinfo* ai = res; ai; ai = ai->ai_next) {
     int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);

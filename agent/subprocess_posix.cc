@@ -49,8 +49,8 @@ StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
   posix_spawnattr_setsigmask(&attr, &empty);
   posix_spawnattr_setsigdefault(&attr, &all);
   posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 
   auto cargv = CStrings(argv);
   auto cenv = CStrings(request.env);
@@ -68,8 +68,9 @@ StatusOr<std::string> ResolveProgram(const std::string& program) {
     if (stat(path.c_str(), &st) != 0) return Status::NotFound(path + ": no such file");
     if (S_ISDIR(st.st_mode)) return Status::InvalidArgument(path + ": is a directory");
     if (access(path.c_str(), X_OK) != 0)
-      return Status::InvalidArgument(path + ": is not executable (chmod +x, or run it with "
-                                            "an interpreter)");
+      return Status::InvalidArgument(path +
+                                     ": is not executable (chmod +x, or run it with "
+                                     "an interpreter)");
     return Status::Ok();
   };
   if (program.empty()) return Status::InvalidArgument("empty program name");

@@ -34,11 +34,11 @@ namespace launch::agent {
 enum StreamBits { kStdout = 1, kStderr = 2 };
 
 struct WorkerGroupSpec {
-  std::vector<std::string> argv;  // resolved program and its arguments, the same for every rank
-  std::vector<std::string> base_env;             // inherited environment, "KEY=VALUE"
+  std::vector<std::string> argv;      // resolved program and its arguments, the same for every rank
+  std::vector<std::string> base_env;  // inherited environment, "KEY=VALUE"
   std::map<std::string, std::string> extra_env;  // set for every worker (OMP_NUM_THREADS, ...)
   int local_world_size = 1;
-  int rank_offset = 0;       // global rank of local rank 0
+  int rank_offset = 0;  // global rank of local rank 0
   int world_size = 1;
   int group_rank = 0;        // node rank
   int group_world_size = 1;  // number of nodes
@@ -77,8 +77,9 @@ struct GroupResult {
     kStopped,    // Stop() was called before anything failed
   };
   Outcome outcome = Outcome::kSucceeded;
-  std::vector<WorkerExit> failures;  // non-zero exits in the order they were reaped, root cause first
-  std::vector<WorkerExit> exits;     // every worker, in the order they were reaped
+  std::vector<WorkerExit>
+      failures;                   // non-zero exits in the order they were reaped, root cause first
+  std::vector<WorkerExit> exits;  // every worker, in the order they were reaped
 };
 
 class WorkerGroup {

@@ -69,7 +69,8 @@ WorkerGroupSpec Sh(const std::string& script, int n) {
 
 TEST_CASE("EveryWorkerGetsItsRankAndPrefixedOutput") {
   Captured cap;
-  GroupResult r = RunGroup(Sh("echo rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE", 3), cap.out_fd);
+  GroupResult r =
+      RunGroup(Sh("echo rank=$RANK local=$LOCAL_RANK world=$WORLD_SIZE", 3), cap.out_fd);
   CHECK(r.outcome == GroupResult::Outcome::kSucceeded);
   std::string out = cap.Read();
   CHECK(out.find("[rank 0]: rank=0 local=0 world=3\n") != std::string::npos);

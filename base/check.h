@@ -18,7 +18,7 @@ class CheckError : public std::logic_error {
 
 }  // namespace launch
 
-#define LAUNCH_CHECK(cond, ...)                                                  \
-  do {                                                                           \
+#define LAUNCH_CHECK(cond, ...)                                                              \
+  do {                                                                                       \
     if (!(cond)) ::launch::CheckFailed(__FILE__, __LINE__, #cond, std::string(__VA_ARGS__)); \
   } while (0)

@@ -5,8 +5,8 @@
 namespace launch {
 
 void CheckFailed(const char* file, int line, const char* condition, const std::string& message) {
-  std::string what = std::string(file) + ":" + std::to_string(line) + ": check failed: " +
-                     condition + (message.empty() ? "" : " (" + message + ")");
+  std::string what = std::string(file) + ":" + std::to_string(line) +
+                     ": check failed: " + condition + (message.empty() ? "" : " (" + message + ")");
   throw CheckError(what);
 }
 
@@ -31,18 +31,30 @@ Status Status::WithContext(const std::string& context) const {
 
 const char* Status::CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidConfig: return "InvalidConfig";
-    case Code::kInvalidArgument: return "InvalidArgument";
-    case Code::kNotFound: return "NotFound";
-    case Code::kIoError: return "IoError";
-    case Code::kTimeout: return "Timeout";
-    case Code::kPeerLost: return "PeerLost";
-    case Code::kProtocolError: return "ProtocolError";
-    case Code::kAuthFailed: return "AuthFailed";
-    case Code::kWorkerFailed: return "WorkerFailed";
-    case Code::kInterrupted: return "Interrupted";
-    case Code::kInternal: return "Internal";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidConfig:
+      return "InvalidConfig";
+    case Code::kInvalidArgument:
+      return "InvalidArgument";
+    case Code::kNotFound:
+      return "NotFound";
+    case Code::kIoError:
+      return "IoError";
+    case Code::kTimeout:
+      return "Timeout";
+    case Code::kPeerLost:
+      return "PeerLost";
+    case Code::kProtocolError:
+      return "ProtocolError";
+    case Code::kAuthFailed:
+      return "AuthFailed";
+    case Code::kWorkerFailed:
+      return "WorkerFailed";
+    case Code::kInterrupted:
+      return "Interrupted";
+    case Code::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }

@@ -20,17 +20,17 @@ class [[nodiscard]] Status {
  public:
   enum class Code {
     kOk = 0,
-    kInvalidConfig,   // bad YAML, flag or environment value; nothing was started
-    kInvalidArgument, // bad argument to an API (a programming or input error)
-    kNotFound,        // a file, key, program or device that does not exist
-    kIoError,         // a system call on a file, pipe or socket failed
-    kTimeout,         // a deadline passed
-    kPeerLost,        // a remote agent or worker went away
-    kProtocolError,   // a peer sent something malformed
-    kAuthFailed,      // a peer could not prove the shared secret
-    kWorkerFailed,    // a worker exited non-zero or died of a signal
-    kInterrupted,     // we were asked to stop (signal)
-    kInternal,        // anything else
+    kInvalidConfig,    // bad YAML, flag or environment value; nothing was started
+    kInvalidArgument,  // bad argument to an API (a programming or input error)
+    kNotFound,         // a file, key, program or device that does not exist
+    kIoError,          // a system call on a file, pipe or socket failed
+    kTimeout,          // a deadline passed
+    kPeerLost,         // a remote agent or worker went away
+    kProtocolError,    // a peer sent something malformed
+    kAuthFailed,       // a peer could not prove the shared secret
+    kWorkerFailed,     // a worker exited non-zero or died of a signal
+    kInterrupted,      // we were asked to stop (signal)
+    kInternal,         // anything else
   };
 
   Status() = default;
@@ -108,9 +108,9 @@ class [[nodiscard]] StatusOr {
 }  // namespace launch
 
 // Returns early from the enclosing function when `expr` (a Status) is not OK.
-#define LAUNCH_RETURN_IF_ERROR(expr)            \
-  do {                                          \
-    ::launch::Status _launch_status = (expr);   \
+#define LAUNCH_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    ::launch::Status _launch_status = (expr);        \
     if (!_launch_status.ok()) return _launch_status; \
   } while (0)
 

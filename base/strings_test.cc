@@ -13,7 +13,8 @@ TEST_CASE("SplitKeepsEmptyFields") {
 }
 
 TEST_CASE("ClosestMatchSuggestsNearMisses") {
-  std::vector<std::string> keys = {"nproc_per_node", "num_processes", "num_machines", "max_restarts"};
+  std::vector<std::string> keys = {"nproc_per_node", "num_processes", "num_machines",
+                                   "max_restarts"};
   CHECK(ClosestMatch("nprocs", keys) == "nproc_per_node");
   CHECK(ClosestMatch("num_proceses", keys) == "num_processes");
   CHECK(ClosestMatch("max_restart", keys) == "max_restarts");

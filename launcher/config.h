@@ -82,10 +82,10 @@ struct ParallelConfig {
   // none: each process trains alone (no communication); ddp: one replica per process with
   // bucketed all-reduce; dp: `replicas` replicas inside one process; pipeline: stages.
   ParallelMode mode = ParallelMode::kDdp;
-  double bucket_cap_mb = 25.0;    // ddp: gradient bucket size; the first bucket is 1 MB
-  int replicas = 2;               // dp: replicas (CPU threads or devices) in one process
-  int stages = 1;                 // pipeline: processes per pipeline
-  int microbatches = 4;           // pipeline: micro-batches per optimizer step
+  double bucket_cap_mb = 25.0;  // ddp: gradient bucket size; the first bucket is 1 MB
+  int replicas = 2;             // dp: replicas (CPU threads or devices) in one process
+  int stages = 1;               // pipeline: processes per pipeline
+  int microbatches = 4;         // pipeline: micro-batches per optimizer step
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   std::vector<int64_t> partition;  // pipeline: layers per stage; empty = balance by parameters
   bool loss_in_replica = true;     // dp: compute the loss inside each replica (scalar gather)
@@ -106,13 +106,13 @@ struct TrainConfig {
   double max_grad_norm = 0.0;  // 0 = no clipping
   ParallelConfig parallel;
   int gradient_accumulation_steps = 1;
-  bool sync_each_batch = false;      // true: all-reduce every micro-batch (no no_sync)
-  bool sync_with_dataloader = true;  // the accumulation window also closes at the loader's end
-  int local_sgd_steps = 0;           // > 0: no gradient all-reduce; average params every K steps
-  int64_t checkpoint_every = 100;    // optimizer steps; 0 = only at the end
-  std::string resume = "auto";       // auto | never | PATH of a checkpoint file
-  int64_t log_every = 10;            // optimizer steps between plain log lines
-  int64_t eval_every = 0;            // optimizer steps between evaluations; 0 = only at the end
+  bool sync_each_batch = false;        // true: all-reduce every micro-batch (no no_sync)
+  bool sync_with_dataloader = true;    // the accumulation window also closes at the loader's end
+  int local_sgd_steps = 0;             // > 0: no gradient all-reduce; average params every K steps
+  int64_t checkpoint_every = 100;      // optimizer steps; 0 = only at the end
+  std::string resume = "auto";         // auto | never | PATH of a checkpoint file
+  int64_t log_every = 10;              // optimizer steps between plain log lines
+  int64_t eval_every = 0;              // optimizer steps between evaluations; 0 = only at the end
   std::string mixed_precision = "no";  // copied from the top level: no | bf16
 };
 
@@ -124,8 +124,8 @@ enum class DistributedType { kAuto, kNo, kMultiCpu, kMultiGpu };
 // torchrun's --tee / --redirects: which streams of which local ranks go to files.
 // Bit 1 = stdout, bit 2 = stderr (so 3 = both), optionally per local rank ("0:1,1:3").
 struct StreamSpec {
-  int all = 0;                      // applies to ranks not in `per_rank`
-  std::map<int, int> per_rank;      // local rank -> mask
+  int all = 0;                  // applies to ranks not in `per_rank`
+  std::map<int, int> per_rank;  // local rank -> mask
   int For(int local_rank) const {
     auto it = per_rank.find(local_rank);
     return it == per_rank.end() ? all : it->second;
@@ -133,9 +133,9 @@ struct StreamSpec {
 };
 
 struct RdzvConf {
-  double join_timeout_s = 600;      // how long agents wait for the minimum number of nodes
-  double last_call_timeout_s = 1;   // after MIN nodes joined, wait this long for more (up to MAX)
-  double heartbeat_timeout_s = 5;   // an agent silent this long is declared lost
+  double join_timeout_s = 600;     // how long agents wait for the minimum number of nodes
+  double last_call_timeout_s = 1;  // after MIN nodes joined, wait this long for more (up to MAX)
+  double heartbeat_timeout_s = 5;  // an agent silent this long is declared lost
 };
 
 struct LaunchConfig {
@@ -148,25 +148,25 @@ struct LaunchConfig {
   int num_processes = 0;  // accelerate's meaning: total over all machines; 0 = unset
   int min_nodes = 1;      // num_machines / nnodes ("2" or "MIN:MAX")
   int max_nodes = 1;
-  int machine_rank = -1;  // node rank; -1 = assigned by the rendezvous
+  int machine_rank = -1;                      // node rank; -1 = assigned by the rendezvous
   std::string main_process_ip = "127.0.0.1";  // rendezvous endpoint host (MASTER_ADDR on 1 node)
   int main_process_port = -1;  // -1 = default: a free port on one node, 29500 across nodes
   std::string rdzv_token;      // shared secret (also env LAUNCH_RDZV_TOKEN)
   RdzvConf rdzv_conf;
-  std::string run_id;          // empty = generated on one node, "default" across nodes
+  std::string run_id;  // empty = generated on one node, "default" across nodes
   std::string role = "default";
-  int max_restarts = 0;        // whole-group restarts after a failure
-  std::string gpu_ids = "all"; // CUDA_VISIBLE_DEVICES for the workers ("all" = leave as is)
+  int max_restarts = 0;         // whole-group restarts after a failure
+  std::string gpu_ids = "all";  // CUDA_VISIBLE_DEVICES for the workers ("all" = leave as is)
   std::string mixed_precision = "no";
-  std::string log_dir;         // per-rank log files under <log_dir>/<run_id>/attempt_<k>/
-  StreamSpec tee;              // streams copied to files and still shown on the console
-  StreamSpec redirects;        // streams sent to files only
+  std::string log_dir;                  // per-rank log files under <log_dir>/<run_id>/attempt_<k>/
+  StreamSpec tee;                       // streams copied to files and still shown on the console
+  StreamSpec redirects;                 // streams sent to files only
   std::vector<int> local_ranks_filter;  // console shows only these local ranks; empty = all
-  double stop_grace_s = 30;    // SIGTERM -> SIGKILL grace period for workers
-  std::string python = "python3";  // interpreter for .py programs and -m
-  bool no_python = false;      // run the program as given (torchrun --no_python)
-  bool run_module = false;     // -m: the program is a Python module
-  std::vector<std::string> program;  // after `--`, or the trainer command
+  double stop_grace_s = 30;             // SIGTERM -> SIGKILL grace period for workers
+  std::string python = "python3";       // interpreter for .py programs and -m
+  bool no_python = false;               // run the program as given (torchrun --no_python)
+  bool run_module = false;              // -m: the program is a Python module
+  std::vector<std::string> program;     // after `--`, or the trainer command
   std::vector<std::string> extra_args;  // after `--` when a CONFIG with train: is given
 
   TrainConfig train;

@@ -95,9 +95,9 @@ std::string ParseEnum(const std::string& s, const EnumTable<E>& table, E* out) {
   return msg;
 }
 
-const EnumTable<ModelType> kModelTypes = {
-    {"mlp", ModelType::kMlp}, {"transformer", ModelType::kTransformer},
-    {"torchscript", ModelType::kTorchScript}};
+const EnumTable<ModelType> kModelTypes = {{"mlp", ModelType::kMlp},
+                                          {"transformer", ModelType::kTransformer},
+                                          {"torchscript", ModelType::kTorchScript}};
 const EnumTable<DataType> kDataTypes = {
     {"synthetic", DataType::kSynthetic}, {"csv", DataType::kCsv}, {"text", DataType::kText}};
 const EnumTable<OptimizerType> kOptimizers = {
@@ -124,8 +124,10 @@ std::string ParseStreamSpec(const std::string& s, StreamSpec* out) {
     *mask = static_cast<int>(v);
     return true;
   };
-  const std::string kExpect = "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) or "
-                              "LOCAL_RANK:MASK pairs like '0:1,1:3', got '" + s + "'";
+  const std::string kExpect =
+      "expected 0 (none), 1 (stdout), 2 (stderr), 3 (both) or "
+      "LOCAL_RANK:MASK pairs like '0:1,1:3', got '" +
+      s + "'";
   if (s.find(':') == std::string::npos) {
     if (!parse_mask(s, &spec.all)) return kExpect;
   } else {
@@ -150,8 +152,7 @@ std::string ParseNodes(const std::string& s, int* min_nodes, int* max_nodes) {
   } else if (parts.size() != 2 || !ParseInt64(parts[0], &lo) || !ParseInt64(parts[1], &hi)) {
     return "expected N or MIN:MAX, got '" + s + "'";
   }
-  if (lo < 1 || hi < lo || hi > 100000)
-    return "expected 1 <= MIN <= MAX, got '" + s + "'";
+  if (lo < 1 || hi < lo || hi > 100000) return "expected 1 <= MIN <= MAX, got '" + s + "'";
   *min_nodes = static_cast<int>(lo);
   *max_nodes = static_cast<int>(hi);
   return "";
@@ -196,7 +197,8 @@ std::string ParseIntList(const std::string& s, std::vector<int>* out) {
   std::vector<int> v;
   for (const std::string& part : Split(s, ',')) {
     long long x = 0;
-    if (!ParseInt64(part, &x) || x < 0) return "expected a comma-separated list of ranks, got '" + s + "'";
+    if (!ParseInt64(part, &x) || x < 0)
+      return "expected a comma-separated list of ranks, got '" + s + "'";
     v.push_back(static_cast<int>(x));
   }
   *out = v;
@@ -243,11 +245,13 @@ Setter PositiveSeconds(double* (*field)(LaunchConfig*)) {
 
 const std::vector<KeyDef>& TopLevelTable() {
   static const std::vector<KeyDef> table = {
-      {"distributed_type", {},
+      {"distributed_type",
+       {},
        [](const std::string& s, LaunchConfig* c) {
          return ParseEnum(s, kDistributedTypes, &c->distributed_type);
        }},
-      {"num_processes", {},
+      {"num_processes",
+       {},
        [](const std::string& s, LaunchConfig* c) {
          int v = 0;
          std::string err = ParseValue(s, &v);
@@ -256,7 +260,8 @@ const std::vector<KeyDef>& TopLevelTable() {
          c->num_processes = v;
          return std::string();
        }},
-      {"nproc_per_node", {},
+      {"nproc_per_node",
+       {},
        [](const std::string& s, LaunchConfig* c) {
          std::string l = ToLower(Trim(s));
          long long v = 0;
@@ -269,11 +274,13 @@ const std::vector<KeyDef>& TopLevelTable() {
          }
          return std::string();
        }},
-      {"num_machines", {"nnodes"},
+      {"num_machines",
+       {"nnodes"},
        [](const std::string& s, LaunchConfig* c) {
          return ParseNodes(s, &c->min_nodes, &c->max_nodes);
        }},
-      {"machine_rank", {"node_rank"},
+      {"machine_rank",
+       {"node_rank"},
        [](const std::string& s, LaunchConfig* c) {
          int v = 0;
          std::string err = ParseValue(s, &v);
@@ -283,9 +290,11 @@ const std::vector<KeyDef>& TopLevelTable() {
          return std::string();
        }},
       {"main_process_ip", {"master_addr"}, Field(&LaunchConfig::main_process_ip)},
-      {"main_process_port", {"master_port"},
+      {"main_process_port",
+       {"master_port"},
        [](const std::string& s, LaunchConfig* c) { return ParsePort(s, &c->main_process_port); }},
-      {"rdzv_endpoint", {},
+      {"rdzv_endpoint",
+       {},
        [](const std::string& s, LaunchConfig* c) {
          return ParseEndpoint(s, &c->main_process_ip, &c->main_process_port);
        }},
@@ -293,7 +302,8 @@ const std::vector<KeyDef>& TopLevelTable() {
       {"run_id", {"rdzv_id"}, Field(&LaunchConfig::run_id)},
       {"role", {}, Field(&LaunchConfig::role)},
       {"max_restarts", {}, NonNegative(&LaunchConfig::max_restarts)},
-      {"gpu_ids", {},
+      {"gpu_ids",
+       {},
        [](const std::string& s, LaunchConfig* c) {
          std::string t = Trim(s);
          if (ToLower(t) != "all") {
@@ -306,7 +316,8 @@ const std::vector<KeyDef>& TopLevelTable() {
          c->gpu_ids = ToLower(t) == "all" ? "all" : t;
          return std::string();
        }},
-      {"mixed_precision", {},
+      {"mixed_precision",
+       {},
        [](const std::string& s, LaunchConfig* c) {
          std::string l = ToLower(Trim(s));
          if (l == "false") l = "no";  // unquoted `no` in a YAML 1.1 writer
@@ -320,19 +331,22 @@ const std::vector<KeyDef>& TopLevelTable() {
          return std::string();
        }},
       {"log_dir", {}, Field(&LaunchConfig::log_dir)},
-      {"tee", {},
+      {"tee",
+       {},
        [](const std::string& s, LaunchConfig* c) { return ParseStreamSpec(s, &c->tee); }},
-      {"redirects", {},
+      {"redirects",
+       {},
        [](const std::string& s, LaunchConfig* c) { return ParseStreamSpec(s, &c->redirects); }},
-      {"local_ranks_filter", {},
+      {"local_ranks_filter",
+       {},
        [](const std::string& s, LaunchConfig* c) {
          return ParseIntList(s, &c->local_ranks_filter);
        }},
-      {"stop_grace", {},
-       PositiveSeconds([](LaunchConfig* c) { return &c->stop_grace_s; })},
+      {"stop_grace", {}, PositiveSeconds([](LaunchConfig* c) { return &c->stop_grace_s; })},
       {"python", {}, Field(&LaunchConfig::python)},
       {"no_python", {}, Field(&LaunchConfig::no_python)},
-      {"use_cpu", {},
+      {"use_cpu",
+       {},
        [](const std::string& s, LaunchConfig* c) {
          bool v = false;
          std::string err = ParseValue(s, &v);
@@ -340,9 +354,11 @@ const std::vector<KeyDef>& TopLevelTable() {
          return err;
        }},
       // rdzv_conf's fields, also settable one by one from flags/environment.
-      {"join_timeout", {},
-       PositiveSeconds([](LaunchConfig* c) { return &c->rdzv_conf.join_timeout_s; })},
-      {"last_call_timeout", {},
+      {"join_timeout", {}, PositiveSeconds([](LaunchConfig* c) {
+         return &c->rdzv_conf.join_timeout_s;
+       })},
+      {"last_call_timeout",
+       {},
        [](const std::string& s, LaunchConfig* c) {
          double v = 0;
          std::string err = ParseValue(s, &v);
@@ -351,20 +367,39 @@ const std::vector<KeyDef>& TopLevelTable() {
          c->rdzv_conf.last_call_timeout_s = v;
          return std::string();
        }},
-      {"heartbeat_timeout", {},
-       PositiveSeconds([](LaunchConfig* c) { return &c->rdzv_conf.heartbeat_timeout_s; })},
+      {"heartbeat_timeout", {}, PositiveSeconds([](LaunchConfig* c) {
+         return &c->rdzv_conf.heartbeat_timeout_s;
+       })},
   };
   return table;
 }
 
 // Accelerate keys we accept but that change nothing here; they are named in one warning.
 const std::set<std::string>& IgnoredAccelerateKeys() {
-  static const std::set<std::string> keys = {
-      "compute_environment", "rdzv_backend", "same_network", "debug",
-      "main_training_function", "downcast_bf16", "enable_cpu_affinity", "dynamo_config",
-      "fsdp_config", "deepspeed_config", "megatron_lm_config", "ipex_config", "mpirun_config",
-      "monitor_interval", "start_method", "standalone", "tpu_env", "tpu_use_cluster",
-      "tpu_use_sudo", "tpu_name", "tpu_zone", "commands", "command_file", "gpu_type"};
+  static const std::set<std::string> keys = {"compute_environment",
+                                             "rdzv_backend",
+                                             "same_network",
+                                             "debug",
+                                             "main_training_function",
+                                             "downcast_bf16",
+                                             "enable_cpu_affinity",
+                                             "dynamo_config",
+                                             "fsdp_config",
+                                             "deepspeed_config",
+                                             "megatron_lm_config",
+                                             "ipex_config",
+                                             "mpirun_config",
+                                             "monitor_interval",
+                                             "start_method",
+                                             "standalone",
+                                             "tpu_env",
+                                             "tpu_use_cluster",
+                                             "tpu_use_sudo",
+                                             "tpu_name",
+                                             "tpu_zone",
+                                             "commands",
+                                             "command_file",
+                                             "gpu_type"};
   return keys;
 }
 
@@ -495,8 +530,8 @@ class MapReader {
     for (auto it = node_.begin(); it != node_.end(); ++it) {
       std::string key = ScalarText(it->first);
       if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
-      return Status::InvalidConfig(ctx_.Where(it->first) + ": " + Qualify(key) +
-                                   ": unknown key" + NearMiss(key, known_));
+      return Status::InvalidConfig(ctx_.Where(it->first) + ": " + Qualify(key) + ": unknown key" +
+                                   NearMiss(key, known_));
     }
     return Status::Ok();
   }
@@ -582,12 +617,11 @@ Status LoadData(const YamlContext& ctx, const YAML::Node& node, DataConfig* d) {
   LAUNCH_RETURN_IF_ERROR(r.Get("label_column", &d->label_column));
   LAUNCH_RETURN_IF_ERROR(r.GetInRange<int64_t>("context", &d->context, 1, 1 << 20));
   if ((d->type == DataType::kCsv || d->type == DataType::kText) && d->path.empty())
-    return Status::InvalidConfig(ctx.Where(node) + ": train.data: type " +
-                                 ToString(d->type) + " needs `path: FILE`");
+    return Status::InvalidConfig(ctx.Where(node) + ": train.data: type " + ToString(d->type) +
+                                 " needs `path: FILE`");
   if (!d->path.empty() && d->type != DataType::kSynthetic) {
     std::ifstream probe(d->path);
-    if (!probe)
-      return r.Error(node["path"], "path", "cannot read '" + d->path + "'");
+    if (!probe) return r.Error(node["path"], "path", "cannot read '" + d->path + "'");
   }
   return r.Finish();
 }
@@ -716,7 +750,8 @@ Status LoadDocument(const YAML::Node& root, const std::string& name, LaunchConfi
     std::string text;
     if (value.IsScalar()) {
       text = value.Scalar();
-    } else if (value.IsSequence() && (def->name == "gpu_ids" || def->name == "local_ranks_filter")) {
+    } else if (value.IsSequence() &&
+               (def->name == "gpu_ids" || def->name == "local_ranks_filter")) {
       std::vector<std::string> items;
       for (const YAML::Node& item : value) items.push_back(ScalarText(item));
       text = Join(items, ",");
@@ -728,8 +763,8 @@ Status LoadDocument(const YAML::Node& root, const std::string& name, LaunchConfi
     cfg->origins[def->name] = Origin{Origin::Kind::kFile, ctx.Where(value)};
   }
   if (!ignored.empty())
-    cfg->warnings.push_back(name + ": these accelerate keys have no effect with launch: " +
-                            Join(ignored, ", "));
+    cfg->warnings.push_back(
+        name + ": these accelerate keys have no effect with launch: " + Join(ignored, ", "));
   cfg->train.mixed_precision = cfg->mixed_precision;
   return Status::Ok();
 }
@@ -738,11 +773,16 @@ Status LoadDocument(const YAML::Node& root, const std::string& name, LaunchConfi
 
 std::string Origin::ToString() const {
   switch (kind) {
-    case Kind::kDefault: return "default";
-    case Kind::kFile: return detail;
-    case Kind::kEnvironment: return "environment " + detail;
-    case Kind::kFlag: return "flag " + detail;
-    case Kind::kDerived: return "derived (" + detail + ")";
+    case Kind::kDefault:
+      return "default";
+    case Kind::kFile:
+      return detail;
+    case Kind::kEnvironment:
+      return "environment " + detail;
+    case Kind::kFlag:
+      return "flag " + detail;
+    case Kind::kDerived:
+      return "derived (" + detail + ")";
   }
   return "?";
 }
@@ -802,12 +842,13 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchCon
 Status Validate(LaunchConfig* cfg) {
   if (cfg->machine_rank >= cfg->max_nodes)
     return Status::InvalidConfig(cfg->origins["machine_rank"].ToString() + ": machine_rank " +
-                                 std::to_string(cfg->machine_rank) + " must be below num_machines (" +
-                                 std::to_string(cfg->max_nodes) + ")");
+                                 std::to_string(cfg->machine_rank) +
+                                 " must be below num_machines (" + std::to_string(cfg->max_nodes) +
+                                 ")");
   // num_processes (total) and nproc_per_node (per node) describe the same thing; a value from
   // a higher-precedence layer wins, and two values from the same layer must agree.
-  bool nproc_explicit = cfg->nproc_per_node != "auto" && cfg->nproc_per_node != "gpu" &&
-                        cfg->nproc_per_node != "cpu";
+  bool nproc_explicit =
+      cfg->nproc_per_node != "auto" && cfg->nproc_per_node != "gpu" && cfg->nproc_per_node != "cpu";
   if (cfg->num_processes > 0) {
     auto rank_of = [&](const char* key) {
       auto it = cfg->origins.find(key);
@@ -824,7 +865,8 @@ Status Validate(LaunchConfig* cfg) {
               " (give nproc_per_node instead for elastic or uneven nodes)");
       }
       cfg->nproc_per_node = std::to_string(cfg->num_processes / cfg->min_nodes);
-      cfg->origins["nproc_per_node"] = Origin{Origin::Kind::kDerived, "num_processes / num_machines"};
+      cfg->origins["nproc_per_node"] =
+          Origin{Origin::Kind::kDerived, "num_processes / num_machines"};
     } else if (np_rank == ppn_rank) {
       long long ppn = 0;
       ParseInt64(cfg->nproc_per_node, &ppn);
@@ -832,8 +874,8 @@ Status Validate(LaunchConfig* cfg) {
         return Status::InvalidConfig(
             cfg->origins["num_processes"].ToString() + ": num_processes " +
             std::to_string(cfg->num_processes) + " disagrees with nproc_per_node " +
-            cfg->nproc_per_node + " x num_machines " + std::to_string(cfg->min_nodes) +
-            " (" + cfg->origins["nproc_per_node"].ToString() + "); give one of the two");
+            cfg->nproc_per_node + " x num_machines " + std::to_string(cfg->min_nodes) + " (" +
+            cfg->origins["nproc_per_node"].ToString() + "); give one of the two");
     }
   }
   if (cfg->distributed_type == DistributedType::kNo && cfg->nproc_per_node == "auto" &&
@@ -848,10 +890,10 @@ Status Validate(LaunchConfig* cfg) {
       if (ParseInt64(cfg->nproc_per_node, &ppn) && cfg->min_nodes == cfg->max_nodes) {
         long long world = ppn * cfg->min_nodes;
         if (world % t.parallel.stages != 0)
-          return Status::InvalidConfig(
-              cfg->origins["train.parallel.stages"].ToString() + ": train.parallel.stages " +
-              std::to_string(t.parallel.stages) + " does not divide the world size " +
-              std::to_string(world));
+          return Status::InvalidConfig(cfg->origins["train.parallel.stages"].ToString() +
+                                       ": train.parallel.stages " +
+                                       std::to_string(t.parallel.stages) +
+                                       " does not divide the world size " + std::to_string(world));
       }
     }
   }
@@ -877,42 +919,58 @@ std::map<std::string, std::string> CurrentEnvironment() {
 
 const char* ToString(ModelType v) {
   switch (v) {
-    case ModelType::kMlp: return "mlp";
-    case ModelType::kTransformer: return "transformer";
-    case ModelType::kTorchScript: return "torchscript";
+    case ModelType::kMlp:
+      return "mlp";
+    case ModelType::kTransformer:
+      return "transformer";
+    case ModelType::kTorchScript:
+      return "torchscript";
   }
   return "?";
 }
 const char* ToString(DataType v) {
   switch (v) {
-    case DataType::kSynthetic: return "synthetic";
-    case DataType::kCsv: return "csv";
-    case DataType::kText: return "text";
+    case DataType::kSynthetic:
+      return "synthetic";
+    case DataType::kCsv:
+      return "csv";
+    case DataType::kText:
+      return "text";
   }
   return "?";
 }
 const char* ToString(OptimizerType v) {
   switch (v) {
-    case OptimizerType::kSgd: return "sgd";
-    case OptimizerType::kAdam: return "adam";
-    case OptimizerType::kAdamW: return "adamw";
+    case OptimizerType::kSgd:
+      return "sgd";
+    case OptimizerType::kAdam:
+      return "adam";
+    case OptimizerType::kAdamW:
+      return "adamw";
   }
   return "?";
 }
 const char* ToString(SchedulerType v) {
   switch (v) {
-    case SchedulerType::kConstant: return "constant";
-    case SchedulerType::kLinear: return "linear";
-    case SchedulerType::kCosine: return "cosine";
+    case SchedulerType::kConstant:
+      return "constant";
+    case SchedulerType::kLinear:
+      return "linear";
+    case SchedulerType::kCosine:
+      return "cosine";
   }
   return "?";
 }
 const char* ToString(ParallelMode v) {
   switch (v) {
-    case ParallelMode::kNone: return "none";
-    case ParallelMode::kDp: return "dp";
-    case ParallelMode::kDdp: return "ddp";
-    case ParallelMode::kPipeline: return "pipeline";
+    case ParallelMode::kNone:
+      return "none";
+    case ParallelMode::kDp:
+      return "dp";
+    case ParallelMode::kDdp:
+      return "ddp";
+    case ParallelMode::kPipeline:
+      return "pipeline";
   }
   return "?";
 }
@@ -921,10 +979,14 @@ const char* ToString(PipelineSchedule v) {
 }
 const char* ToString(DistributedType v) {
   switch (v) {
-    case DistributedType::kAuto: return "auto";
-    case DistributedType::kNo: return "NO";
-    case DistributedType::kMultiCpu: return "MULTI_CPU";
-    case DistributedType::kMultiGpu: return "MULTI_GPU";
+    case DistributedType::kAuto:
+      return "auto";
+    case DistributedType::kNo:
+      return "NO";
+    case DistributedType::kMultiCpu:
+      return "MULTI_CPU";
+    case DistributedType::kMultiGpu:
+      return "MULTI_GPU";
   }
   return "?";
 }

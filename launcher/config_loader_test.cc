@@ -61,8 +61,9 @@ TEST_CASE("WrongTypesAndRangesAreErrors") {
         "train.yaml:1: main_process_port: port 70000 is out of range 0..65535");
   CHECK(Load("train:\n  batch_size: 0\n", &cfg).message() ==
         "train.yaml:2: train.batch_size: value 0 is out of range [1, 16777216]");
-  CHECK(Load("train:\n  model: {type: mlp, layers: [4, x]}\n", &cfg).message().find(
-            "train.yaml:2: train.model.layers: expected an integer, got 'x'") == 0);
+  CHECK(Load("train:\n  model: {type: mlp, layers: [4, x]}\n", &cfg)
+            .message()
+            .find("train.yaml:2: train.model.layers: expected an integer, got 'x'") == 0);
   CHECK(Load("train:\n  optimizr: {lr: 1}\n", &cfg).message() ==
         "train.yaml:2: train.optimizr: unknown key (did you mean 'optimizer'?)");
   CHECK(Load("num_processes: [1, 2]\n", &cfg).message() ==
@@ -83,8 +84,8 @@ TEST_CASE("PrecedenceFlagOverEnvironmentOverYaml") {
   CHECK(cfg.max_restarts == 2);
   CHECK(cfg.run_id == "fromenv");
   CHECK(cfg.origins["max_restarts"].ToString() == "environment LAUNCH_MAX_RESTARTS");
-  REQUIRE(ApplySetting("max_restarts", "3", Origin{Origin::Kind::kFlag, "--max_restarts"}, &cfg)
-              .ok());
+  REQUIRE(
+      ApplySetting("max_restarts", "3", Origin{Origin::Kind::kFlag, "--max_restarts"}, &cfg).ok());
   CHECK(cfg.max_restarts == 3);
   CHECK(cfg.role == "trainer");
   std::string printed = FormatConfig(cfg);
@@ -112,8 +113,8 @@ TEST_CASE("ElasticNodesAndEndpoints") {
 
 TEST_CASE("StreamSpecsPerRank") {
   LaunchConfig cfg;
-  REQUIRE(ApplySetting("redirects", "0:1,1:3", Origin{Origin::Kind::kFlag, "--redirects"}, &cfg)
-              .ok());
+  REQUIRE(
+      ApplySetting("redirects", "0:1,1:3", Origin{Origin::Kind::kFlag, "--redirects"}, &cfg).ok());
   CHECK(cfg.redirects.For(0) == 1);
   CHECK(cfg.redirects.For(1) == 3);
   CHECK(cfg.redirects.For(2) == 0);
@@ -127,9 +128,9 @@ TEST_CASE("NumProcessesAndNprocPerNodeFromSameLayerMustAgree") {
 
   LaunchConfig cfg2;
   REQUIRE(Load("num_processes: 3\n", &cfg2).ok());
-  REQUIRE(ApplySetting("nproc_per_node", "2", Origin{Origin::Kind::kFlag, "--nproc_per_node"},
-                       &cfg2)
-              .ok());
+  REQUIRE(
+      ApplySetting("nproc_per_node", "2", Origin{Origin::Kind::kFlag, "--nproc_per_node"}, &cfg2)
+          .ok());
   CHECK(Validate(&cfg2).ok());  // the flag wins
   CHECK(cfg2.nproc_per_node == "2");
 }

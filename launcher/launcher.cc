@@ -46,39 +46,65 @@ const char* kGroupFaults = "Failures and restarts";
 
 const std::vector<FlagDef>& FlagTable() {
   static const std::vector<FlagDef> table = {
-      {"nproc_per_node", {"nproc_per_node"}, kGroupProcs,
+      {"nproc_per_node",
+       {"nproc_per_node"},
+       kGroupProcs,
        "workers on this machine: N, auto (GPUs, else CPU slots), gpu or cpu"},
-      {"num_processes", {"num_processes"}, kGroupProcs,
+      {"num_processes",
+       {"num_processes"},
+       kGroupProcs,
        "workers in total over all machines (accelerate's meaning)"},
       {"gpu_ids", {"gpu_ids"}, kGroupProcs, "GPUs to use, e.g. 0,2 (CUDA_VISIBLE_DEVICES)"},
       {"mixed_precision", {"mixed_precision"}, kGroupProcs, "no | bf16 | fp16"},
       {"num_machines", {"num_machines", "nnodes"}, kGroupNodes, "machines: N or MIN:MAX"},
-      {"machine_rank", {"machine_rank", "node_rank"}, kGroupNodes,
+      {"machine_rank",
+       {"machine_rank", "node_rank"},
+       kGroupNodes,
        "this machine's rank (assigned by the rendezvous when absent)"},
-      {"main_process_ip", {"main_process_ip", "master_addr"}, kGroupNodes,
+      {"main_process_ip",
+       {"main_process_ip", "master_addr"},
+       kGroupNodes,
        "rendezvous host (MASTER_ADDR on one machine)"},
-      {"main_process_port", {"main_process_port", "master_port"}, kGroupNodes,
+      {"main_process_port",
+       {"main_process_port", "master_port"},
+       kGroupNodes,
        "rendezvous port (0 = pick a free port)"},
       {"rdzv_endpoint", {"rdzv_endpoint"}, kGroupNodes, "HOST:PORT or [IPv6]:PORT"},
       {"run_id", {"run_id", "rdzv_id"}, kGroupNodes, "job id shared by all machines"},
-      {"rdzv_token", {"rdzv_token"}, kGroupNodes,
+      {"rdzv_token",
+       {"rdzv_token"},
+       kGroupNodes,
        "shared secret for the rendezvous (or env LAUNCH_RDZV_TOKEN)"},
       {"join_timeout", {"join_timeout"}, kGroupNodes, "seconds to wait for the machines (600)"},
-      {"last_call_timeout", {"last_call_timeout"}, kGroupNodes,
+      {"last_call_timeout",
+       {"last_call_timeout"},
+       kGroupNodes,
        "seconds to wait for more machines once MIN arrived (1)"},
-      {"heartbeat_timeout", {"heartbeat_timeout"}, kGroupNodes,
+      {"heartbeat_timeout",
+       {"heartbeat_timeout"},
+       kGroupNodes,
        "seconds of silence before a machine is declared lost (5)"},
       {"role", {"role"}, kGroupNodes, "worker role name (ROLE_NAME)"},
       {"log_dir", {"log_dir"}, kGroupLogs, "per-rank log files under DIR/RUN_ID/attempt_K/"},
-      {"tee", {"tee"}, kGroupLogs,
+      {"tee",
+       {"tee"},
+       kGroupLogs,
        "copy streams to log files too: 1 stdout, 2 stderr, 3 both, or 0:1,1:3 per local rank"},
-      {"redirects", {"redirects"}, kGroupLogs,
+      {"redirects",
+       {"redirects"},
+       kGroupLogs,
        "send streams to log files only (same values as --tee)"},
-      {"local_ranks_filter", {"local_ranks_filter"}, kGroupLogs,
+      {"local_ranks_filter",
+       {"local_ranks_filter"},
+       kGroupLogs,
        "show only these local ranks on the console, e.g. 0 or 0,1"},
-      {"max_restarts", {"max_restarts"}, kGroupFaults,
+      {"max_restarts",
+       {"max_restarts"},
+       kGroupFaults,
        "restart the whole group up to N times after a failure"},
-      {"stop_grace", {"stop_grace"}, kGroupFaults,
+      {"stop_grace",
+       {"stop_grace"},
+       kGroupFaults,
        "seconds between SIGTERM and SIGKILL when stopping workers (30)"},
       {"python", {"python"}, kGroupProgram, "interpreter for .py programs and -m (python3)"},
   };
@@ -93,7 +119,7 @@ std::string BothSpellings(const std::string& underscore) {
 
 std::vector<std::string> AllFlagNames() {
   std::vector<std::string> names = {"config_file", "print_config", "no_python", "module",
-                                    "version", "help", "rdzv_conf", "cpu"};
+                                    "version",     "help",         "rdzv_conf", "cpu"};
   for (const auto& f : FlagTable())
     for (const auto& n : f.names) names.push_back(n);
   return names;
@@ -126,8 +152,8 @@ std::string ExecutableDir() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
-                        bool* print_config, bool* exit_now) {
+Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg, bool* print_config,
+                        bool* exit_now) {
   *exit_now = false;
   // Everything after the first "--" is the program (or extra args for the trainer).
   std::vector<std::string> before, after;
@@ -153,7 +179,8 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   app.get_formatter()->column_width(34);
 
   std::string config_file;
-  app.add_option(BothSpellings("config_file"), config_file, "the YAML config (or give it as the first argument)")
+  app.add_option(BothSpellings("config_file"), config_file,
+                 "the YAML config (or give it as the first argument)")
       ->group("Config");
   bool print = false, version = false, no_python = false, module = false, cpu = false;
   app.add_flag(BothSpellings("print_config"), print,
@@ -167,7 +194,8 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
       ->group(kGroupNodes);
   app.add_flag(BothSpellings("no_python"), no_python, "run the program as given, never via python")
       ->group(kGroupProgram);
-  app.add_flag("-m," + BothSpellings("module"), module, "the program is a Python module (python -m)")
+  app.add_flag("-m," + BothSpellings("module"), module,
+               "the program is a Python module (python -m)")
       ->group(kGroupProgram);
   app.add_flag("--cpu", cpu, "use CPU workers even where GPUs exist (accelerate --cpu)")
       ->group(kGroupProcs);
@@ -327,8 +355,9 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
     return Status::InvalidConfig(
         cfg.config_path.empty()
             ? "nothing to run: give CONFIG.yaml with a `train:` section, or `-- PROGRAM ARGS`"
-            : cfg.config_path + ": has no `train:` section; give `-- PROGRAM ARGS` to run a "
-                                "program, or add a train: section");
+            : cfg.config_path +
+                  ": has no `train:` section; give `-- PROGRAM ARGS` to run a "
+                  "program, or add a train: section");
   }
   StatusOr<std::string> resolved = agent::ResolveProgram(argv[0]);
   if (!resolved.ok()) {
@@ -380,7 +409,8 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   if (cfg.gpu_ids != "all") plan.extra_env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids;
   if (force_cpu && cfg.origins.count("distributed_type") + cfg.origins.count("use_cpu") > 0)
     plan.extra_env["CUDA_VISIBLE_DEVICES"] = "";
-  if (cfg.mixed_precision != "no") plan.extra_env["ACCELERATE_MIXED_PRECISION"] = cfg.mixed_precision;
+  if (cfg.mixed_precision != "no")
+    plan.extra_env["ACCELERATE_MIXED_PRECISION"] = cfg.mixed_precision;
   return plan;
 }
 
@@ -415,8 +445,8 @@ int Main(int argc, char** argv) {
     if (plan.ok()) {
       std::cout << "# plan: " << plan->nproc_per_node << " " << plan->device_kind
                 << " worker(s) on this machine, MASTER_ADDR=" << plan->master_addr
-                << " MASTER_PORT=" << plan->master_port
-                << "\n# command: " << Join(plan->argv, " ") << "\n";
+                << " MASTER_PORT=" << plan->master_port << "\n# command: " << Join(plan->argv, " ")
+                << "\n";
     } else {
       std::cout << "# plan: not runnable as is: " << plan.status().message() << "\n";
     }

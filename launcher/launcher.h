@@ -19,14 +19,14 @@ constexpr int kExitUsage = 2;  // bad flags or config; nothing was started
 // What `launch` will run on this node, derived from the merged config.
 struct Plan {
   int nproc_per_node = 1;
-  std::string device_kind = "cpu";      // "gpu" or "cpu": what one worker slot is
-  std::vector<std::string> argv;        // resolved program and arguments for every worker
+  std::string device_kind = "cpu";  // "gpu" or "cpu": what one worker slot is
+  std::vector<std::string> argv;    // resolved program and arguments for every worker
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;                  // resolved (a free port when 0 was asked for)
+  int master_port = 0;  // resolved (a free port when 0 was asked for)
   std::string run_id;
-  std::string log_root;                 // <log_dir>/<run_id>; empty = no files
-  std::vector<int> file_streams;        // per local rank
-  std::vector<int> console_streams;     // per local rank
+  std::string log_root;              // <log_dir>/<run_id>; empty = no files
+  std::vector<int> file_streams;     // per local rank
+  std::vector<int> console_streams;  // per local rank
   std::map<std::string, std::string> extra_env;
 };
 
