@@ -45,6 +45,13 @@ int ExitCodeFor(const GroupResult& result) {
 
 int RunLocalAgent(const AgentOptions& options) {
   asio::io_context io;
+  return RunLocalAgent(options, io, [](asio::io_context& ctx) {
+    return std::unique_ptr<GroupSupervisor>(new WorkerGroup(ctx));
+  });
+}
+
+int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
+                  const GroupFactory& make_group) {
   // Installed before any worker exists, so no signal can slip between spawn and handling.
   asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
   signals.add(SIGUSR1);
@@ -52,7 +59,7 @@ int RunLocalAgent(const AgentOptions& options) {
   std::signal(SIGPIPE, SIG_IGN);
 
   int interrupt_signal = 0;
-  std::unique_ptr<WorkerGroup> group;
+  std::unique_ptr<GroupSupervisor> group;
   std::function<void()> arm_signals = [&] {
     signals.async_wait([&](boost::system::error_code ec, int signo) {
       if (ec) return;
@@ -86,7 +93,7 @@ int RunLocalAgent(const AgentOptions& options) {
       }
     }
     std::optional<GroupResult> result;
-    group = std::make_unique<WorkerGroup>(io);
+    group = make_group(io);
     Status started = group->Start(spec, [&](const GroupResult& r) { result = r; });
     if (!started.ok()) {
       Say("error: " + started.message());

@@ -3,6 +3,8 @@
 // The single-node agent: runs a WorkerGroup, restarts it as a whole after a failure while
 // restarts remain, forwards signals, and turns the outcome into `launch`'s exit code.
 
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "agent/worker_group.h"
@@ -23,6 +25,12 @@ struct AgentOptions {
 // forwarded and change nothing else (schedulers send them before preemption so the trainer can
 // checkpoint). A second SIGINT/SIGTERM kills the workers at once.
 int RunLocalAgent(const AgentOptions& options);
+
+// The same loop over any GroupSupervisor (tests pass a fake). `make_group` is called once per
+// attempt; `io` must be the context the supervisors run on.
+using GroupFactory = std::function<std::unique_ptr<GroupSupervisor>(boost::asio::io_context&)>;
+int RunLocalAgent(const AgentOptions& options, boost::asio::io_context& io,
+                  const GroupFactory& make_group);
 
 // The exit code for a failed group: the root cause's (128+signal for a signal).
 int ExitCodeFor(const GroupResult& result);

@@ -82,26 +82,36 @@ struct GroupResult {
   std::vector<WorkerExit> exits;  // every worker, in the order they were reaped
 };
 
-class WorkerGroup {
+// What the agent loop needs from a group of workers: the seam that lets restart and signal
+// logic be tested with a fake (agent_test.cc) instead of real processes.
+class GroupSupervisor {
+ public:
+  virtual ~GroupSupervisor() = default;
+  // Starts every worker; `on_done` runs once, on the io_context, when all have ended.
+  // On error nothing is left running and `on_done` is never called.
+  virtual Status Start(const WorkerGroupSpec& spec,
+                       std::function<void(const GroupResult&)> on_done) = 0;
+  // Forwards `signo` to every live worker (e.g. SIGUSR1 before preemption).
+  virtual void Signal(int signo) = 0;
+  // Sends `signo` to every live worker, then SIGKILL after stop_grace. The outcome is kStopped
+  // unless a worker had already failed on its own.
+  virtual void Stop(int signo) = 0;
+  // SIGKILL to every live worker now (a second Ctrl-C).
+  virtual void Kill() = 0;
+};
+
+class WorkerGroup : public GroupSupervisor {
  public:
   explicit WorkerGroup(boost::asio::io_context& io);
-  ~WorkerGroup();
+  ~WorkerGroup() override;
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
-  // Spawns every worker. On error, workers already started are killed and reaped before it
-  // returns, and `on_done` is never called.
-  Status Start(const WorkerGroupSpec& spec, std::function<void(const GroupResult&)> on_done);
-
-  // Forwards `signo` to every live worker's process group (e.g. SIGUSR1 before preemption).
-  void Signal(int signo);
-
-  // Sends `signo` to every live worker, then SIGKILL after stop_grace. The outcome is kStopped
-  // unless a worker had already failed on its own.
-  void Stop(int signo = 15 /* SIGTERM */);
-
-  // SIGKILL to every live worker now (a second Ctrl-C).
-  void Kill();
+  Status Start(const WorkerGroupSpec& spec,
+               std::function<void(const GroupResult&)> on_done) override;
+  void Signal(int signo) override;
+  void Stop(int signo = 15 /* SIGTERM */) override;
+  void Kill() override;
 
   bool running() const;
   std::vector<pid_t> pids() const;  // live workers
