@@ -482,7 +482,9 @@ std::string DefaultConfigPath() {
 std::string RenderConfigYaml(const ConfigAnswers& a) {
   std::ostringstream y;
   y << "# launch configuration, written by `launch config` on " << Today() << ".\n"
-    << "# The keys are accelerate's, so `accelerate launch --config_file` reads this file too.\n"
+    << "# Keys carry accelerate's names where accelerate has one (launch reads accelerate's\n"
+    << "# default_config.yaml files as well); nproc_per_node, max_restarts, rdzv_token and\n"
+    << "# train: are launch's own.\n"
     << "# When launching: command-line flag > environment (SLURM, MPI, LAUNCH_*) > this file.\n"
     << "# `launch --print_config` shows every value in effect and where it came from.\n\n";
   y << Line("", "distributed_type", a.use_gpu ? "MULTI_GPU" : "MULTI_CPU",

@@ -10,8 +10,8 @@
 // The file is written only after the last answer, atomically (a temporary file in the same
 // directory, fsync, rename), so Ctrl-C or a closed terminal leaves no file and no partial file
 // behind. What is written always loads with config::LoadYamlFile (checked before writing).
-// Keys are accelerate's (CONFIG.md), so `accelerate launch --config_file F` reads the same
-// machine settings; every key carries a comment.
+// Keys carry accelerate's names where accelerate has one (CONFIG.md); nproc_per_node,
+// max_restarts, rdzv_token and `train:` are launch's own. Every key carries a comment.
 
 #include <map>
 #include <string>

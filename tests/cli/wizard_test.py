@@ -134,10 +134,15 @@ class WizardTest(unittest.TestCase):
         self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
         self.assertEqual(os.listdir(self.dir), ["cluster.yaml"])  # no temporary left behind
 
-        shown = self.print_config(path)
-        if shown is not None:
-            self.assertRegex(shown, r"num_machines: 3\s+# " + path)
-            self.assertRegex(shown, r"main_process_ip: 10.0.0.7\s+# " + path)
+        # The file as launch's loader sees it (`launch env` loads and validates it; --print_config
+        # would also start planning a 3-machine job).
+        env_cmd = cli_command("env")
+        r = harness.run([*env_cmd, "--config_file", path], env=self.env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("does not load", r.stdout)
+        self.assertRegex(r.stdout, r"num_machines: 3\s+# " + path)
+        self.assertRegex(r.stdout, r"main_process_ip: 10.0.0.7\s+# " + path)
+        self.assertRegex(r.stdout, r"nproc_per_node: 2\s+# derived")
 
     def test_ctrl_c_writes_nothing_and_restores_the_terminal(self):
         # The shell ignores SIGINT so that it survives to report; the wizard installs its own
