@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "agent/agent.h"
+#include "agent/elastic_agent.h"
 #include "agent/gpu.h"
 #include "agent/ports.h"
 #include "agent/subprocess.h"
@@ -17,6 +18,7 @@
 #include "launcher/env_report.h"
 #include "launcher/scheduler_env.h"
 #include "launcher/wizard.h"
+#include "rendezvous/server_main.h"
 
 #ifndef LAUNCH_VERSION
 #define LAUNCH_VERSION "0.0.0"
@@ -420,6 +422,7 @@ int Main(int argc, char** argv) {
     std::vector<std::string> sub_args(args.begin() + 1, args.end());
     if (args[0] == "config") return RunConfigCommand(sub_args);
     if (args[0] == "env") return RunEnvCommand(sub_args);
+    if (args[0] == "rdzv-server") return rendezvous::RunRendezvousServerCommand(argc - 1, argv + 1);
   }
   LaunchConfig cfg;
   bool print_config = false, exit_now = false;
@@ -431,13 +434,10 @@ int Main(int argc, char** argv) {
   if (exit_now) return kExitOk;
   for (const auto& w : cfg.warnings) Warn(w);
 
-  if (cfg.max_nodes > 1) {
-    std::fprintf(stderr,
-                 "launch: error: num_machines %d: multi-machine jobs need the rendezvous, "
-                 "which this build does not include yet\n",
-                 cfg.max_nodes);
-    return kExitUsage;
-  }
+  // Several machines: main_process_port is the rendezvous endpoint's port (the workers' own
+  // MASTER_PORT comes from the rendezvous), so it must not be picked at random.
+  bool multi_node = cfg.max_nodes > 1;
+  if (multi_node && cfg.main_process_port <= 0) cfg.main_process_port = 29500;
   std::string bin_dir = ExecutableDir();
   StatusOr<Plan> plan = MakePlan(cfg, bin_dir);
   if (print_config) {
@@ -480,6 +480,7 @@ int Main(int argc, char** argv) {
   if (!plan->log_root.empty())
     std::fprintf(stderr, "[launch] logs: %s/attempt_<k>/rank_<r>.{stdout,stderr}\n",
                  plan->log_root.c_str());
+  if (multi_node) return agent::RunElasticAgent(agent::MakeElasticAgentOptions(cfg, opts));
   return agent::RunLocalAgent(opts);
 }
 

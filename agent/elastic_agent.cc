@@ -1,0 +1,396 @@
+#include "agent/elastic_agent.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+
+#include "agent/ports.h"
+#include "base/strings.h"
+#include "rendezvous/client.h"
+#include "rendezvous/server.h"
+
+namespace launch::agent {
+
+namespace asio = boost::asio;
+namespace rdzv = launch::rendezvous;
+
+namespace {
+
+constexpr int kExitSetup = 2;
+constexpr int kExitLost = 1;
+// How long the hosting agent keeps its server up after its own job ended, so every other agent
+// receives the final DONE/FAILED.
+constexpr std::chrono::milliseconds kServerDrainLimit{3000};
+
+void Say(const std::string& msg) {
+  std::string line = "[launch] " + msg + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
+}
+
+Status MakeDirs(const std::string& path) {
+  std::string cur;
+  for (const std::string& part : Split(path, '/')) {
+    cur += part;
+    cur += '/';
+    if (part.empty()) continue;
+    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
+      return Status::FromErrno("cannot create log folder " + cur, errno);
+  }
+  return Status::Ok();
+}
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+int ExitCodeForReport(const rdzv::FailureReport& r) {
+  if (r.signal > 0) return 128 + r.signal;
+  if (r.exit_code > 0) return r.exit_code;
+  return 1;
+}
+
+class ElasticAgent {
+ public:
+  explicit ElasticAgent(const ElasticAgentOptions& options)
+      : options_(options), signals_(io_, SIGINT, SIGTERM, SIGHUP), drain_timer_(io_) {
+    signals_.add(SIGUSR1);
+    signals_.add(SIGUSR2);
+  }
+
+  int Run() {
+    std::signal(SIGPIPE, SIG_IGN);
+    ArmSignals();
+    std::string where = rdzv::FormatEndpoint(options_.endpoint_host, options_.endpoint_port);
+    if (options_.token.empty() && !IsLoopbackEndpoint())
+      Say("warning: the rendezvous endpoint " + where +
+          " is not on loopback and no rdzv_token is set; any host that reaches it can join");
+    Status hosted = MaybeHostServer();
+    if (!hosted.ok()) {
+      Say("error: " + hosted.message());
+      return kExitSetup;
+    }
+    StatusOr<int> port = ReservePort();
+    if (!port.ok()) {
+      Say("error: " + port.status().message());
+      return kExitSetup;
+    }
+    rdzv::ClientOptions co;
+    co.host = options_.endpoint_host;
+    co.port = options_.endpoint_port;
+    co.token = options_.token;
+    co.local_address = options_.local_address;
+    co.join.run_id = options_.run_id;
+    co.join.min_nodes = options_.min_nodes;
+    co.join.max_nodes = options_.max_nodes;
+    co.join.node_rank = options_.node_rank;
+    co.join.local_world_size = options_.local.group.local_world_size;
+    co.join.master_port = *port;
+    co.join.hostname = options_.hostname.empty() ? Hostname() : options_.hostname;
+    co.join.fingerprint = options_.fingerprint;
+    co.join.max_restarts = options_.max_restarts;
+    co.join.join_timeout_s = options_.join_timeout_s;
+    co.join.last_call_timeout_s = options_.last_call_timeout_s;
+    co.join.heartbeat_timeout_s = options_.heartbeat_timeout_s;
+    rdzv::ClientEvents events;
+    events.on_assigned = [this](const rdzv::Assignment& a) { OnAssigned(a); };
+    events.on_restart = [this](const rdzv::RestartNotice& n) { OnRestart(n); };
+    events.on_done = [this] { OnDone(); };
+    events.on_failed = [this](const Status& s, const rdzv::JobFailure& f) { OnFailed(s, f); };
+    client_ = rdzv::RendezvousClient::Create(io_, co, events);
+    client_->Start();
+    io_.run();
+    group_.reset();  // kills and reaps anything still running (never expected here)
+    return exit_code_;
+  }
+
+ private:
+  bool IsLoopbackEndpoint() const {
+    boost::system::error_code ec;
+    auto address = asio::ip::make_address(options_.endpoint_host, ec);
+    if (!ec) return address.is_loopback();
+    return options_.endpoint_host == "localhost";
+  }
+
+  Status MaybeHostServer() {
+    using Host = ElasticAgentOptions::HostServer;
+    if (options_.host_server == Host::kNever) return Status::Ok();
+    bool must = options_.host_server == Host::kAlways || options_.node_rank == 0;
+    if (!must && options_.node_rank > 0) return Status::Ok();
+    // Resolve the endpoint to the address to listen on.
+    asio::ip::tcp::resolver resolver(io_);
+    boost::system::error_code ec;
+    auto results =
+        resolver.resolve(options_.endpoint_host, std::to_string(options_.endpoint_port), ec);
+    std::string where = rdzv::FormatEndpoint(options_.endpoint_host, options_.endpoint_port);
+    if (ec || results.empty())
+      return Status::InvalidConfig("cannot resolve rendezvous host '" + options_.endpoint_host +
+                                   "' (" + where + "): " + (ec ? ec.message() : "no addresses"));
+    std::string listen_host = results.begin()->endpoint().address().to_string();
+    // A node standing in at another address is not the endpoint's machine.
+    if (!must && !options_.local_address.empty() && options_.local_address != listen_host)
+      return Status::Ok();
+    rdzv::ServerOptions so;
+    so.host = listen_host;
+    so.port = options_.endpoint_port;
+    so.token = options_.token;
+    so.default_heartbeat_timeout =
+        std::chrono::milliseconds(static_cast<long long>(options_.heartbeat_timeout_s * 1000));
+    so.log = [](const std::string& line) { Say("rendezvous: " + line); };
+    auto server = rdzv::RendezvousServer::Create(io_, so);
+    Status s = server->Listen();
+    if (!s.ok()) {
+      if (must) return s;
+      return Status::Ok();  // another agent on this machine hosts it, or the address is remote
+    }
+    server_ = server;
+    Say("hosting the rendezvous at " + rdzv::FormatEndpoint(listen_host, server_->port()));
+    return Status::Ok();
+  }
+
+  StatusOr<int> ReservePort() {
+    StatusOr<int> port = PickFreePort(options_.local_address);
+    if (!port.ok())
+      return Status::InvalidConfig("cannot reserve a port for the workers' store: " +
+                                   port.status().message());
+    return port;
+  }
+
+  void ArmSignals() {
+    signals_.async_wait([this](const boost::system::error_code& ec, int signo) {
+      if (ec) return;
+      if (signo == SIGUSR1 || signo == SIGUSR2) {
+        Say("forwarding " + SignalName(signo) + " to the workers");
+        if (group_ && group_running_) group_->Signal(signo);
+      } else if (interrupt_signal_ != 0) {
+        Say("second " + SignalName(signo) + ": killing the workers now");
+        if (group_ && group_running_) group_->Kill();
+      } else {
+        interrupt_signal_ = signo;
+        Say("received " + SignalName(signo) + ": stopping the workers and leaving the job");
+        if (client_) client_->Close();
+        StopWorkersThen(After::kExit, 128 + signo, signo);
+      }
+      ArmSignals();
+    });
+  }
+
+  enum class After { kNothing, kRejoin, kExit };
+
+  // Stops the workers (when running), then rejoins or exits.
+  void StopWorkersThen(After after, int exit_code, int signo = SIGTERM) {
+    after_stop_ = after;
+    if (after == After::kExit) exit_code_ = exit_code;
+    if (group_ && group_running_) {
+      group_->Stop(signo);
+      return;  // continued in OnGroupDone
+    }
+    ContinueAfterStop();
+  }
+
+  void ContinueAfterStop() {
+    After after = after_stop_;
+    after_stop_ = After::kNothing;
+    if (after == After::kRejoin) {
+      StatusOr<int> port = ReservePort();
+      if (!port.ok()) {
+        Say("error: " + port.status().message());
+        client_->Close();
+        Finish(kExitLost);
+        return;
+      }
+      client_->Rejoin(*port);
+    } else if (after == After::kExit) {
+      Finish(exit_code_);
+    }
+  }
+
+  void OnAssigned(const rdzv::Assignment& a) {
+    if (finished_ || interrupt_signal_ != 0) return;
+    round_ = a.round;
+    WorkerGroupSpec spec = options_.local.group;
+    spec.local_world_size = a.local_world_size;
+    spec.rank_offset = a.rank_offset;
+    spec.world_size = a.world_size;
+    spec.group_rank = a.node_rank;
+    spec.group_world_size = a.num_nodes;
+    spec.master_addr = a.master_addr;
+    spec.master_port = a.master_port;
+    spec.restart_count = a.restart_count;
+    spec.max_restarts = a.max_restarts;
+    spec.run_id = a.run_id;
+    if (!options_.local.log_root.empty()) {
+      spec.log_dir = options_.local.log_root + "/attempt_" + std::to_string(a.round);
+      Status s = MakeDirs(spec.log_dir);
+      if (!s.ok()) Say("warning: " + s.message() + "; no per-rank log files this round");
+      if (!s.ok()) spec.log_dir.clear();
+    }
+    Say("round " + std::to_string(a.round) + ": node " + std::to_string(a.node_rank) + " of " +
+        std::to_string(a.num_nodes) + ", ranks " + std::to_string(a.rank_offset) + "-" +
+        std::to_string(a.rank_offset + a.local_world_size - 1) + " of " +
+        std::to_string(a.world_size) + ", master " +
+        rdzv::FormatEndpoint(a.master_addr, a.master_port));
+    group_ = std::make_unique<WorkerGroup>(io_);
+    int round = a.round;
+    Status started =
+        group_->Start(spec, [this, round](const GroupResult& r) { OnGroupDone(round, r); });
+    if (!started.ok()) {
+      group_running_ = false;
+      Say("error: " + started.message());
+      rdzv::FailureReport report;
+      report.round = round;
+      report.reason = "could not start the workers: " + started.message();
+      client_->ReportFailure(report);
+      return;
+    }
+    group_running_ = true;
+  }
+
+  void OnGroupDone(int round, const GroupResult& result) {
+    group_running_ = false;
+    if (after_stop_ != After::kNothing) {
+      ContinueAfterStop();
+      return;
+    }
+    if (finished_ || round != round_) return;
+    if (result.outcome == GroupResult::Outcome::kSucceeded) {
+      Say("local workers finished; waiting for the other nodes");
+      client_->ReportSuccess(round);
+      return;
+    }
+    if (result.failures.empty()) return;  // stopped without a failure of its own
+    const WorkerExit& first = result.failures.front();
+    rdzv::FailureReport report;
+    report.round = round;
+    report.global_rank = first.rank;
+    report.local_rank = first.local_rank;
+    report.exit_code = first.status.signaled ? -1 : std::min(first.status.code, 255);
+    report.signal = first.status.signaled ? first.status.signal : 0;
+    report.reason = first.status.ToString();
+    report.stderr_tail = Join(first.stderr_tail, "\n");
+    Say("local worker rank " + std::to_string(first.rank) + " " + first.status.ToString() +
+        "; reported to the rendezvous");
+    client_->ReportFailure(report);
+  }
+
+  void OnRestart(const rdzv::RestartNotice& n) {
+    if (finished_) return;
+    std::string text = std::string(n.counts_as_restart ? "restarting" : "re-forming") +
+                       " every node (round " + std::to_string(n.next_round) +
+                       "): " + rdzv::SanitizeForTerminal(n.reason);
+    Say(text);
+    if (n.report) PrintReport(*n.report);
+    StopWorkersThen(After::kRejoin, 0);
+  }
+
+  void OnDone() {
+    if (finished_) return;
+    Say("job done: every node finished");
+    StopWorkersThen(After::kExit, 0);
+  }
+
+  void OnFailed(const Status& status, const rdzv::JobFailure& failure) {
+    if (finished_) return;
+    int code = kExitLost;
+    switch (status.code()) {
+      case Status::Code::kInvalidConfig:
+      case Status::Code::kAuthFailed:
+      case Status::Code::kTimeout:
+      case Status::Code::kProtocolError:
+        code = kExitSetup;
+        break;
+      case Status::Code::kWorkerFailed:
+        code = failure.report && failure.report->global_rank >= 0
+                   ? ExitCodeForReport(*failure.report)
+                   : kExitLost;
+        break;
+      default:
+        code = kExitLost;
+    }
+    if (interrupt_signal_ != 0) return;  // our own leaving; the signal decides the exit code
+    Say("error: " + rdzv::SanitizeForTerminal(status.message()));
+    if (failure.report) PrintReport(*failure.report);
+    StopWorkersThen(After::kExit, code);
+  }
+
+  void PrintReport(const rdzv::FailureReport& r) {
+    std::string text = rdzv::FormatFailureReport(r);
+    for (const std::string& line : Split(text, '\n')) Say(line);
+  }
+
+  void Finish(int code) {
+    if (finished_) return;
+    finished_ = true;
+    exit_code_ = code;
+    if (client_) client_->Close();
+    drain_deadline_ = std::chrono::steady_clock::now() + kServerDrainLimit;
+    Drain();
+  }
+
+  // The hosting agent waits (bounded) until its server has said goodbye to every agent.
+  void Drain() {
+    if (!server_ || server_->connection_count() == 0 ||
+        std::chrono::steady_clock::now() >= drain_deadline_) {
+      if (server_) server_->Stop();
+      signals_.cancel();
+      io_.stop();
+      return;
+    }
+    drain_timer_.expires_after(std::chrono::milliseconds(5));
+    drain_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) Drain();
+    });
+  }
+
+  const ElasticAgentOptions& options_;
+  asio::io_context io_;
+  asio::signal_set signals_;
+  asio::steady_timer drain_timer_;
+  std::chrono::steady_clock::time_point drain_deadline_;
+  std::shared_ptr<rdzv::RendezvousServer> server_;
+  std::shared_ptr<rdzv::RendezvousClient> client_;
+  std::unique_ptr<WorkerGroup> group_;
+  bool group_running_ = false;
+  After after_stop_ = After::kNothing;
+  int round_ = -1;
+  int interrupt_signal_ = 0;
+  bool finished_ = false;
+  int exit_code_ = 1;
+};
+
+}  // namespace
+
+ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& cfg,
+                                            const AgentOptions& local) {
+  ElasticAgentOptions o;
+  o.local = local;
+  o.endpoint_host = cfg.main_process_ip;
+  o.endpoint_port = cfg.main_process_port > 0 ? cfg.main_process_port : 29500;
+  o.token = cfg.rdzv_token;
+  o.run_id = cfg.run_id.empty() ? "default" : cfg.run_id;
+  o.min_nodes = cfg.min_nodes;
+  o.max_nodes = cfg.max_nodes;
+  o.node_rank = cfg.machine_rank;
+  o.max_restarts = cfg.max_restarts;
+  o.join_timeout_s = cfg.rdzv_conf.join_timeout_s;
+  o.last_call_timeout_s = cfg.rdzv_conf.last_call_timeout_s;
+  o.heartbeat_timeout_s = cfg.rdzv_conf.heartbeat_timeout_s;
+  if (const char* addr = std::getenv("LAUNCH_RDZV_LOCAL_ADDR")) o.local_address = addr;
+  // What must agree across nodes beyond run_id, nnodes and max_restarts (compared one by one).
+  o.fingerprint = "role=" + cfg.role;
+  return o;
+}
+
+int RunElasticAgent(const ElasticAgentOptions& options) {
+  ElasticAgent agent(options);
+  return agent.Run();
+}
+
+}  // namespace launch::agent

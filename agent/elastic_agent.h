@@ -1,0 +1,73 @@
+#pragma once
+
+// The multi-node agent: one per node. It meets the other nodes' agents at the rendezvous, runs
+// this node's WorkerGroup with the ranks the round assigned, and follows the rendezvous through
+// restarts, scale-up and the end of the job:
+//
+//   join round -> ASSIGN -> start workers -> (heartbeats) ->
+//     local failure   -> stop siblings, REPORT the root cause -> RESTART or FAILED from the server
+//     RESTART         -> stop workers, print the (shared) root cause, reserve a port, re-JOIN
+//     local success   -> SUCCEEDED, then DONE (exit 0) as soon as every node is done
+//     FAILED          -> print the same root cause every node prints, exit non-zero
+//     server lost     -> stop workers, exit 1
+//
+// The agent of the node that owns the endpoint also runs the RendezvousServer on the same
+// io_context: rank 0 when node ranks are explicit, otherwise the first agent on the endpoint's
+// machine that manages to bind it.
+//
+// Exit codes: 0 success; 2 setup errors (bad token, duplicate rank, mismatched run_id or spec,
+// join timeout, unreachable or unresolvable endpoint, port in use); the root cause's exit code
+// (128+signal for a signal) when a worker failure ends the job; 1 when a node or the server was
+// lost; 128+signal when this agent was interrupted.
+//
+// Nothing received from a peer is executed or put into a worker's environment beyond the
+// documented rank/address variables (RANK, WORLD_SIZE, MASTER_ADDR, ... from the assignment).
+
+#include <string>
+
+#include "agent/agent.h"
+#include "launcher/config.h"
+
+namespace launch::agent {
+
+struct ElasticAgentOptions {
+  // The template for every round's workers (argv, environment, output routing, stop_grace,
+  // exec_shim) and the log root (attempt_<round>/ folders). Ranks, world size, master address
+  // and restart count in it are replaced by each round's assignment.
+  AgentOptions local;
+  // Rendezvous endpoint (main_process_ip / main_process_port, or rdzv_endpoint).
+  std::string endpoint_host = "127.0.0.1";
+  int endpoint_port = 29500;
+  std::string token;  // rdzv_token / LAUNCH_RDZV_TOKEN; empty = none
+  std::string run_id = "default";
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int node_rank = -1;  // machine_rank; -1 = assigned
+  int max_restarts = 0;
+  double join_timeout_s = 600;
+  double last_call_timeout_s = 1;
+  double heartbeat_timeout_s = 5;
+  // This node's own address: the rendezvous connection is made from it, so the server (and so
+  // MASTER_ADDR) sees it. Empty = the kernel's choice. Lets one machine stand in for several
+  // nodes (127.0.0.2, 127.0.0.3) and picks the interface on multi-homed hosts.
+  std::string local_address;
+  // Settings every node must share, compared by the server (mismatch = exit 2 naming it).
+  std::string fingerprint;
+  // Run the rendezvous server here: kAuto = when node_rank is 0, or (node_rank -1) when the
+  // endpoint is an address of this machine and its port can be bound.
+  enum class HostServer { kAuto, kAlways, kNever };
+  HostServer host_server = HostServer::kAuto;
+  std::string hostname;  // shown to other nodes; empty = gethostname()
+};
+
+// Runs the multi-node loop until the job ends; returns the exit code (see above).
+int RunElasticAgent(const ElasticAgentOptions& options);
+
+// The multi-node options from the merged config and the single-node template `local` (which
+// the launcher builds as for one node). Endpoint = main_process_ip:main_process_port (29500
+// when unset), token = rdzv_token, run_id ("default" when unset), nnodes MIN:MAX, machine_rank,
+// max_restarts, rdzv_conf. The environment variable LAUNCH_RDZV_LOCAL_ADDR sets local_address.
+ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& cfg,
+                                            const AgentOptions& local);
+
+}  // namespace launch::agent
