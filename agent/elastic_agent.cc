@@ -147,8 +147,10 @@ class ElasticAgent {
     auto server = rdzv::RendezvousServer::Create(io_, so);
     Status s = server->Listen();
     if (!s.ok()) {
-      if (must) return s;
-      return Status::Ok();  // another agent on this machine hosts it, or the address is remote
+      // In use: another agent of this job (or a standalone `launch rdzv-server`) hosts it; if
+      // it is something else, the client's handshake fails naming the address. Not local: the
+      // server runs elsewhere. Either way this agent joins as a client.
+      return Status::Ok();
     }
     server_ = server;
     Say("hosting the rendezvous at " + rdzv::FormatEndpoint(listen_host, server_->port()));

@@ -222,10 +222,9 @@ void RendezvousClient::OnClosed(const Status& why) {
   JobFailure f;
   if (!welcomed_) {
     f.config_error = true;
-    f.message = "the endpoint " + endpoint_text_ +
-                " did not complete the rendezvous handshake (not a launch rendezvous server, or "
-                "it closed the connection): " +
-                (why.ok() ? "closed" : why.message());
+    f.message = "the rendezvous endpoint " + endpoint_text_ +
+                " is in use by something that is not a launch rendezvous server (no handshake: " +
+                (why.ok() ? "closed" : why.message()) + ")";
     Fail(Status::ProtocolError(f.message), f);
     return;
   }

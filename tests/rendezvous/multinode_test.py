@@ -1,0 +1,339 @@
+"""Multi-node jobs with real `launch` agents on one machine: each agent stands in for a node at
+its own loopback address (127.0.0.1, .2, .3, .4 via LAUNCH_RDZV_LOCAL_ADDR), all meeting at one
+rendezvous endpoint. Workers are tests/rendezvous/worker.py (no torch needed)."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import harness  # noqa: E402
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """One `launch` agent; output (stdout+stderr) goes to a file to avoid pipe stalls."""
+
+    def __init__(self, index, port, nnodes, nproc=2, rank=None, extra=(), worker_args=(),
+                 env=None, marker=None, tmp=None):
+        self.addr = f"127.0.0.{index + 1}"
+        self.log_path = os.path.join(tmp, f"node{index}.log")
+        args = [harness.LAUNCH, "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
+                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), *extra]
+        if rank is not None:
+            args += ["--node_rank", str(rank)]
+        args += ["--", harness.SYSTEM_PYTHON, WORKER, *worker_args]
+        full_env = dict(os.environ)
+        full_env["LAUNCH_RDZV_LOCAL_ADDR"] = self.addr
+        if marker:
+            full_env["LAUNCH_TEST_MARKER"] = marker
+        full_env.update(env or {})
+        self.log = open(self.log_path, "w")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+
+    def wait(self, timeout=30):
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"node {self.addr} did not finish in {timeout} s:\n" + self.output())
+        self.log.flush()
+        return rc
+
+    def output(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def env_lines(text):
+    """Parsed 'ENV K=V ...' lines the workers printed."""
+    out = []
+    for line in text.splitlines():
+        m = re.search(r"ENV (.*)$", line)
+        if m:
+            out.append(dict(kv.split("=", 1) for kv in m.group(1).split()))
+    return out
+
+
+class MultiNodeTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+        self.port = free_port()
+        self.marker = harness.unique_marker("rdzvtest")
+        self.nodes = []
+
+    def tearDown(self):
+        for n in self.nodes:
+            n.kill()
+        # No worker of any node may outlive the test.
+        left = harness.wait_until(lambda: not harness.pids_with_marker(self.marker), 10)
+        for pid in harness.pids_with_marker(self.marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.assertTrue(left, "workers left running after the test")
+
+    def start(self, index, nnodes, **kw):
+        n = Node(index, self.port, nnodes, marker=self.marker, tmp=self.tmp, **kw)
+        self.nodes.append(n)
+        return n
+
+    def wait_all(self, nodes, timeout=30):
+        return [n.wait(timeout) for n in nodes]
+
+    def wait_for_text(self, node, pattern, timeout=15):
+        ok = harness.wait_until(lambda: re.search(pattern, node.output()) is not None, timeout)
+        self.assertTrue(ok, f"'{pattern}' not seen on {node.addr}:\n{node.output()}")
+
+    def pid_of(self, rank, attempt, timeout=15):
+        path = os.path.join(self.tmp, f"rank{rank}_try{attempt}.pid")
+        self.assertTrue(harness.wait_until(lambda: os.path.exists(path), timeout), path)
+        with open(path) as f:
+            return int(f.read())
+
+    def check_ranks(self, nodes, world):
+        seen = []
+        for n in nodes:
+            seen += env_lines(n.output())
+        ranks = sorted(int(e["RANK"]) for e in seen)
+        self.assertEqual(ranks, list(range(world)), [n.output() for n in nodes])
+        for e in seen:
+            self.assertEqual(int(e["WORLD_SIZE"]), world)
+        self.assertEqual(len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in seen}), 1)
+        return seen
+
+    # ---- membership -----------------------------------------------------------------------
+
+    def test_two_nodes_two_workers_explicit_ranks(self):
+        t0 = time.monotonic()
+        a = self.start(0, 2, rank=0)
+        b = self.start(1, 2, rank=1)
+        self.assertEqual(self.wait_all([a, b]), [0, 0], a.output() + b.output())
+        seen = self.check_ranks([a, b], 4)
+        for e in seen:
+            self.assertEqual(e["GROUP_WORLD_SIZE"], "2")
+            self.assertEqual(e["MASTER_ADDR"], "127.0.0.1")  # node 0's address
+            node = int(e["GROUP_RANK"])
+            self.assertEqual(int(e["RANK"]), node * 2 + int(e["LOCAL_RANK"]))
+        self.assertLess(time.monotonic() - t0, 10)
+
+    def test_four_nodes_assigned_ranks(self):
+        nodes = [self.start(i, 4) for i in range(4)]
+        self.assertEqual(self.wait_all(nodes), [0] * 4, "".join(n.output() for n in nodes))
+        seen = self.check_ranks(nodes, 8)
+        self.assertEqual(sorted({e["GROUP_RANK"] for e in seen}), ["0", "1", "2", "3"])
+        # MASTER_ADDR is the address node 0 connected from, whichever node that is.
+        node0 = [e for e in seen if e["GROUP_RANK"] == "0"]
+        master = node0[0]["MASTER_ADDR"]
+        self.assertRegex(master, r"^127\.0\.0\.[1-4]$")
+
+    def test_heterogeneous_workers_per_node(self):
+        a = self.start(0, 2, rank=0, nproc=1)
+        b = self.start(1, 2, rank=1, nproc=3)
+        self.assertEqual(self.wait_all([a, b]), [0, 0])
+        seen = self.check_ranks([a, b], 4)
+        on_b = sorted(int(e["RANK"]) for e in seen if e["GROUP_RANK"] == "1")
+        self.assertEqual(on_b, [1, 2, 3])
+        self.assertTrue(all(e["LOCAL_WORLD_SIZE"] == "3" for e in seen if e["GROUP_RANK"] == "1"))
+
+    # ---- fail fast ------------------------------------------------------------------------
+
+    def test_duplicate_rank_fails_both_naming_both_hosts(self):
+        a = self.start(0, 2, rank=0)
+        b = self.start(1, 2, rank=0)
+        t0 = time.monotonic()
+        self.assertEqual(self.wait_all([a, b], 15), [2, 2])
+        self.assertLess(time.monotonic() - t0, 5)
+        for n in (a, b):
+            out = n.output()
+            self.assertIn("duplicate machine_rank 0", out)
+            self.assertIn("127.0.0.1", out)
+            self.assertIn("127.0.0.2", out)
+
+    def test_mismatched_run_id_names_both_values(self):
+        a = self.start(0, 2, rank=0, extra=["--run_id", "alpha"])
+        self.wait_for_text(a, "first agent")
+        b = self.start(1, 2, rank=1, extra=["--run_id", "beta"])
+        self.assertEqual(self.wait_all([a, b], 15), [2, 2])
+        for n in (a, b):
+            self.assertIn("run_id mismatch", n.output())
+            self.assertIn("'alpha'", n.output())
+            self.assertIn("'beta'", n.output())
+
+    def test_missing_node_times_out_listing_missing_ranks(self):
+        conf = ["--rdzv_conf", "join_timeout=1.5"]
+        a = self.start(0, 3, rank=0, extra=conf)
+        b = self.start(1, 3, rank=2, extra=conf)
+        t0 = time.monotonic()
+        self.assertEqual(self.wait_all([a, b], 15), [2, 2])
+        self.assertLess(time.monotonic() - t0, 6)
+        for n in (a, b):
+            self.assertIn("2 of 3 nodes joined", n.output())
+            self.assertIn("unclaimed node ranks: 1", n.output())
+
+    def test_wrong_token_is_refused_on_both_sides(self):
+        conf = ["--rdzv_conf", "join_timeout=2"]
+        a = self.start(0, 2, rank=0, extra=conf, env={"LAUNCH_RDZV_TOKEN": "right"})
+        self.wait_for_text(a, "hosting the rendezvous")
+        b = self.start(1, 2, rank=1, extra=conf, env={"LAUNCH_RDZV_TOKEN": "wrong"})
+        self.assertEqual(b.wait(15), 2)
+        self.assertIn("wrong or missing rdzv_token", b.output())
+        self.assertEqual(a.wait(15), 2)  # its partner never arrived
+        self.assertIn("wrong or missing rdzv_token", a.output())  # the server's side
+        self.assertNotIn("right", b.output())
+        self.assertNotIn("wrong\n", a.output())
+
+    def test_port_in_use_by_something_else_is_one_line_with_the_address(self):
+        squatter = socket.socket()
+        squatter.bind(("127.0.0.1", self.port))
+        squatter.listen(8)
+        try:
+            a = self.start(0, 2, rank=0, extra=["--rdzv_conf", "join_timeout=3"])
+            self.assertEqual(a.wait(20), 2)
+        finally:
+            squatter.close()
+        self.assertIn(f"127.0.0.1:{self.port}", a.output())
+        self.assertIn("not a launch rendezvous server", a.output())
+
+    # ---- failures, restarts, elasticity ------------------------------------------------------
+
+    def test_sigkill_of_a_worker_restarts_every_node_and_the_job_completes(self):
+        wa = ["--pid-dir", self.tmp, "--sleep-try", "0:60"]
+        a = self.start(0, 2, rank=0, extra=["--max_restarts", "1"], worker_args=wa)
+        b = self.start(1, 2, rank=1, extra=["--max_restarts", "1"], worker_args=wa)
+        pid = self.pid_of(3, 0)
+        for r in range(3):
+            self.pid_of(r, 0)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        self.assertEqual(self.wait_all([a, b], 40), [0, 0], a.output() + b.output())
+        self.assertLess(time.monotonic() - t0, 20)
+        roots = []
+        for n in (a, b):
+            out = n.output()
+            self.assertIn("restarting every node (round 1)", out)
+            root = [l.split("] ", 1)[1] for l in out.splitlines() if "root cause:" in l]
+            self.assertEqual(len(root), 1, out)
+            roots.append(root[0])
+            second = [e for e in env_lines(out) if e["TORCHELASTIC_RESTART_COUNT"] == "1"]
+            self.assertEqual(len(second), 2)
+        self.assertEqual(roots[0], roots[1])  # one story on every node
+        self.assertIn("rank 3", roots[0])
+        self.assertIn("SIGKILL", roots[0])
+
+    def test_worker_failure_without_restarts_fails_every_node_with_its_exit_code(self):
+        wa = ["--fail", "2:0:7", "--sleep-try", "0:60"]
+        a = self.start(0, 2, rank=0, worker_args=wa)
+        b = self.start(1, 2, rank=1, worker_args=wa)
+        self.assertEqual(self.wait_all([a, b], 30), [7, 7], a.output() + b.output())
+        for n in (a, b):
+            self.assertIn("simulated failure (code 7)", n.output())  # the stderr tail travelled
+            self.assertIn("no restarts left", n.output())
+
+    def test_sigkill_of_an_agent_reforms_the_survivors_at_min(self):
+        wa = ["--pid-dir", self.tmp, "--sleep-try", "0:60"]
+        extra = ["--max_restarts", "1", "--rdzv_conf", "heartbeat_timeout=2,last_call_timeout=1"]
+        nodes = [self.start(i, "2:3", nproc=1, rank=None, extra=extra, worker_args=wa)
+                 for i in range(3)]
+        for r in range(3):
+            self.pid_of(r, 0)
+        # Kill an agent that does not host the rendezvous.
+        victim = next(n for n in nodes if "hosting the rendezvous" not in n.output())
+        victim_workers = []
+        for f in os.listdir(self.tmp):
+            if f.endswith("_try0.pid"):
+                with open(os.path.join(self.tmp, f)) as fh:
+                    victim_workers.append(int(fh.read()))
+        t0 = time.monotonic()
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        survivors = [n for n in nodes if n is not victim]
+        for n in survivors:
+            self.wait_for_text(n, r"restarting every node", timeout=2.5)  # within heartbeat_timeout
+        detect = time.monotonic() - t0
+        self.assertEqual(self.wait_all(survivors, 40), [0, 0],
+                         "".join(n.output() for n in survivors))
+        self.assertLess(detect, 2.5)
+        for n in survivors:
+            self.assertIn("lost node", n.output())
+            last = env_lines(n.output())[-1]
+            self.assertEqual(last["GROUP_WORLD_SIZE"], "2")
+        # The dead agent's worker did not outlive it.
+        def gone(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as fh:
+                    return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+            except OSError:
+                return True
+        self.assertTrue(harness.wait_until(lambda: all(gone(p) for p in victim_workers), 10))
+
+    def test_sigkill_of_an_agent_below_min_fails_the_other_cleanly(self):
+        wa = ["--pid-dir", self.tmp, "--sleep-try", "0:60"]
+        a = self.start(0, 2, rank=0, nproc=1, extra=["--max_restarts", "3"], worker_args=wa)
+        b = self.start(1, 2, rank=1, nproc=1, extra=["--max_restarts", "3"], worker_args=wa)
+        self.pid_of(0, 0)
+        self.pid_of(1, 0)
+        t0 = time.monotonic()
+        b.proc.send_signal(signal.SIGKILL)
+        self.assertEqual(a.wait(20), 1, a.output())
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertIn("below the minimum of 2", a.output())
+
+    def test_late_node_scales_up_without_spending_a_restart(self):
+        wa = ["--sleep-single", "60"]
+        extra = ["--rdzv_conf", "last_call_timeout=0.2"]
+        a = self.start(0, "1:2", nproc=1, extra=extra, worker_args=wa)
+        self.wait_for_text(a, r"round 0: node 0 of 1")
+        b = self.start(1, "1:2", nproc=1, extra=extra, worker_args=wa)
+        self.assertEqual(self.wait_all([a, b], 30), [0, 0], a.output() + b.output())
+        self.assertIn("re-forming every node (round 1)", a.output())
+        self.assertIn("scale-up", a.output())
+        last = env_lines(a.output())[-1]
+        self.assertEqual(last["GROUP_WORLD_SIZE"], "2")
+        self.assertEqual(last["TORCHELASTIC_RESTART_COUNT"], "0")  # no restart spent
+
+    # ---- standalone server -------------------------------------------------------------------
+
+    def test_standalone_rdzv_server_serves_two_jobs(self):
+        server = subprocess.Popen([harness.LAUNCH, "rdzv-server", "--port", str(self.port),
+                                   "--host", "127.0.0.1"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        try:
+            for job in range(2):
+                a = self.start(2 * job, 2, rank=0)
+                b = self.start(2 * job + 1, 2, rank=1)
+                self.assertEqual(self.wait_all([a, b]), [0, 0], a.output() + b.output())
+                self.assertNotIn("hosting the rendezvous", a.output())
+            server.send_signal(signal.SIGTERM)
+            out, _ = server.communicate(timeout=10)
+            self.assertEqual(server.returncode, 0)
+            self.assertEqual(out.count("job done"), 2, out)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+
+
+if __name__ == "__main__":
+    unittest.main()
