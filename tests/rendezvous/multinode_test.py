@@ -260,11 +260,11 @@ class MultiNodeTest(unittest.TestCase):
             self.pid_of(r, 0)
         # Kill an agent that does not host the rendezvous.
         victim = next(n for n in nodes if "hosting the rendezvous" not in n.output())
+        self.wait_for_text(victim, r"ENV RANK=")
         victim_workers = []
-        for f in os.listdir(self.tmp):
-            if f.endswith("_try0.pid"):
-                with open(os.path.join(self.tmp, f)) as fh:
-                    victim_workers.append(int(fh.read()))
+        for e in env_lines(victim.output()):
+            victim_workers.append(self.pid_of(int(e["RANK"]), 0))
+        self.assertEqual(len(victim_workers), 1)
         t0 = time.monotonic()
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait()
