@@ -162,6 +162,11 @@ class LocalSlurm:
             raise RuntimeError("munge does not work after starting munged")
 
     def stop(self):
+        # Let running jobs end first: a slurmstepd whose slurmd is gone lingers, retrying.
+        if self.pid_files:
+            subprocess.run(["scancel", "--full", "--user", "root"], env=self.env,
+                           capture_output=True, timeout=30)
+            harness.wait_until(self._no_jobs, timeout=15, interval=0.1)
         pid_files = list(reversed(self.pid_files))
         if self.munged_pid_file:
             pid_files.append(self.munged_pid_file)
@@ -187,7 +192,18 @@ class LocalSlurm:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        # Whatever still runs with our slurm.conf (a stray slurmstepd): by PID, never by name.
+        for pid in harness.pids_with_marker(self.conf):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _no_jobs(self):
+        r = subprocess.run(["squeue", "-h", "-o", "%i"], env=self.env, capture_output=True,
+                           text=True, timeout=10)
+        return r.returncode != 0 or not r.stdout.strip()
 
     def logs(self):
         out = []
