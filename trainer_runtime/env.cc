@@ -63,6 +63,8 @@ StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
   std::string text;
   if (!Find(env, {"MASTER_ADDR"}, &text).empty()) d.master_addr = Trim(text);
   if (!Find(env, {"TORCHELASTIC_RUN_ID"}, &text).empty()) d.run_id = text;
+  if (!Find(env, {"TORCHELASTIC_USE_AGENT_STORE"}, &text).empty())
+    d.use_agent_store = ToLower(Trim(text)) == "true" || Trim(text) == "1";
   d.from_launcher = has_rank || has_world;
   if (has_rank != has_world)
     return Status::InvalidConfig(std::string("environment: ") +

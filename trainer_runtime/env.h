@@ -22,6 +22,9 @@ struct DistEnv {
   int restart_count = 0;                  // TORCHELASTIC_RESTART_COUNT: > 0 after a restart
   std::string run_id;                     // TORCHELASTIC_RUN_ID (informational)
   bool from_launcher = false;             // true when RANK/WORLD_SIZE (or a fallback) were set
+  // TORCHELASTIC_USE_AGENT_STORE=True: the launcher's agent already hosts the TCPStore at
+  // MASTER_ADDR:MASTER_PORT (torchrun does), so rank 0 connects as a client instead of hosting.
+  bool use_agent_store = false;
 
   bool distributed() const { return world_size > 1; }
   // "rank 1/2 (local 1) store 127.0.0.1:29500"

@@ -93,7 +93,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<uint16_t>(env.master_port);
-    opts.isServer = env.rank == 0;
+    opts.isServer = env.rank == 0 && !env.use_agent_store;
     opts.numWorkers = env.world_size;
     // Waiting for workers happens in the Gloo rendezvous below, under the same timeout; the
     // constructor only has to connect.
@@ -101,7 +101,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
     opts.timeout = timeout;
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
-    if (env.rank == 0)
+    if (env.rank == 0 && !env.use_agent_store)
       return Status::IoError("rank 0 could not host the process-group store at " + where +
                              " (is the port in use?): " + e.what());
     return Status::Timeout("rank " + std::to_string(env.rank) +

@@ -147,6 +147,8 @@ class Trainer {
   Clock::time_point train_start_;
   int64_t steps_this_run_ = 0;
   int64_t micro_last_step_ = 0;
+  double window_loss_sum_ = 0;  // plain log lines: loss summed since the last line
+  int64_t window_steps_ = 0;
   double lr_last_step_ = 0;
 };
 
@@ -369,9 +371,15 @@ void Trainer::Report(double loss, double lr, double samples_per_s, double comm_m
     std::fflush(stdout);
     return;
   }
+  window_loss_sum_ += loss;
+  ++window_steps_;
   if (done % cfg_.log_every != 0 && done != total_steps_ && done != 1) return;
+  // The mean over the steps since the last line: one batch's loss is too noisy to read.
+  const double mean_loss = window_loss_sum_ / static_cast<double>(window_steps_);
+  window_loss_sum_ = 0;
+  window_steps_ = 0;
   std::ostringstream line;
-  line << "step " << done << "/" << total_steps_ << " loss " << Fixed(loss, 4) << " lr "
+  line << "step " << done << "/" << total_steps_ << " loss " << Fixed(mean_loss, 4) << " lr "
        << std::scientific << std::setprecision(2) << lr << std::fixed << " samples/s "
        << Fixed(samples_per_s, 0) << " comm_ms " << Fixed(comm_ms, 2) << " eta " << Eta(eta);
   Log(line.str());

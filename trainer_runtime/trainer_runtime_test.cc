@@ -47,6 +47,10 @@ TEST_CASE("ParseDistEnvReadsTorchrunContract") {
   CHECK(env->master_addr == "10.0.0.2");
   CHECK(env->master_port == 29600);
   CHECK(env->restart_count == 3);
+  CHECK_FALSE(env->use_agent_store);
+  auto agent = ParseDistEnv({{"TORCHELASTIC_USE_AGENT_STORE", "True"}});
+  REQUIRE(agent.ok());
+  CHECK(agent->use_agent_store);
 }
 
 TEST_CASE("ParseDistEnvFallsBackToOpenMpi") {

@@ -1,0 +1,212 @@
+"""The trainer's life cycle with real processes: bad `train:` values are refused with file:line
+before anything starts; an unreachable store is named in the error; a worker killed mid-run
+resumes from the last checkpoint and ends bit-identical to an undisturbed run (restarted by hand
+with TORCHELASTIC_RESTART_COUNT, and by `launch --max_restarts 1` where `launch` exists); the
+README's main command trains for real."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+import unittest
+
+from trainer_helpers import (LAUNCH, TRAIN, final, free_port, metrics, rank_env, run_ranks,
+                             start_ranks, wait_all, write_config)
+import harness
+
+HAVE_LAUNCH = os.path.exists(LAUNCH)
+NO_LAUNCH = f"{LAUNCH} is not built yet (tests that need the launcher run once it exists)"
+
+RESUME_CONFIG = """
+train:
+  seed: 3
+  output_dir: {out}
+  model: {{type: mlp, layers: [64, 512, 512, 10]}}
+  data: {{type: synthetic, samples: 20000}}
+  batch_size: 64
+  max_steps: {steps}
+  optimizer: {{type: adam, lr: 1.0e-3}}
+  scheduler: {{type: cosine, warmup_steps: 20}}
+  checkpoint_every: 50
+  resume: auto
+"""
+
+
+def wait_for_step(out_dir, step, timeout):
+    """Polls metrics.jsonl until it records `step` (bounded); returns the last step seen."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    deadline = time.monotonic() + timeout
+    last = 0
+    while time.monotonic() < deadline:
+        try:
+            with open(path) as f:
+                lines = [line for line in f if line.strip()]
+            if lines:
+                last = json.loads(lines[-1])["step"]
+        except (OSError, ValueError):
+            pass
+        if last >= step:
+            return last
+        time.sleep(0.01)
+    return last
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class ConfigErrorTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def test_bad_train_value_fails_with_file_line_before_joining_the_group(self):
+        cfg = write_config(self.tmp, "train:\n  seed: 1\n  parallel: {mode: dpp}\n", "bad.yaml")
+        # As rank 1 of 2 with nobody hosting the store: a trainer that tried to start would hang
+        # until the init timeout; the config check must come first.
+        start = time.monotonic()
+        r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=30,
+                           env=rank_env(1, 2, free_port()))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("bad.yaml:3", r.stderr)
+        self.assertIn("did you mean 'ddp'", r.stderr)
+        self.assertLess(time.monotonic() - start, 10)
+
+    def test_out_of_range_value_names_key_and_line(self):
+        cfg = write_config(self.tmp, "train:\n  batch_size: 0\n", "bad.yaml")
+        r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=30,
+                           env=rank_env(0, 1, free_port()))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("bad.yaml:2", r.stderr)
+        self.assertIn("batch_size", r.stderr)
+
+    def test_unimplemented_mode_is_a_config_error(self):
+        cfg = write_config(self.tmp, "train:\n  parallel: {mode: pipeline}\n")
+        r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=60,
+                           env=rank_env(0, 1, free_port()))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("not implemented", r.stderr)
+
+    @unittest.skipUnless(HAVE_LAUNCH, NO_LAUNCH)
+    def test_launch_refuses_bad_train_value_before_starting_workers(self):
+        marker = harness.unique_marker()
+        cfg = write_config(self.tmp, "train:\n  seed: 1\n  batch_size: -4\n", "bad.yaml")
+        r = harness.launch("--nproc_per_node", "2", cfg, timeout=30,
+                           env={"LAUNCH_TEST_MARKER": marker})
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("bad.yaml:3", r.stderr)
+        self.assertEqual(harness.pids_with_marker(marker), [])
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class ShippedConfigsTest(unittest.TestCase):
+    def test_every_shipped_config_trains_two_steps(self):
+        tmp = harness.tmpdir()
+        for name in ("quickstart", "ddp", "accumulate", "local_sgd", "lm"):
+            out = os.path.join(tmp, name)
+            r = subprocess.run([TRAIN, f"configs/{name}.yaml", "--max_steps", "2",
+                                "--output_dir", out], capture_output=True, text=True,
+                               timeout=120, cwd=harness.REPO, env=rank_env(0, 1, free_port()))
+            self.assertEqual(r.returncode, 0, f"{name}: {r.stderr}")
+            self.assertEqual(final(out)["steps"], 2, name)
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class ProcessGroupInitTest(unittest.TestCase):
+    def test_unreachable_store_fails_in_time_naming_the_address(self):
+        tmp = harness.tmpdir()
+        cfg = write_config(tmp, f"train:\n  output_dir: {tmp}/out\n  max_steps: 1\n")
+        port = free_port()
+        start = time.monotonic()
+        r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=60,
+                           env=rank_env(1, 2, port, extra={"LAUNCH_INIT_TIMEOUT_S": "2"}))
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(f"127.0.0.1:{port}", r.stderr)
+        self.assertIn("rank 1", r.stderr)
+        self.assertLess(time.monotonic() - start, 30)
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class ResumeTest(unittest.TestCase):
+    STEPS = 600
+
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def reference(self):
+        out = os.path.join(self.tmp, "reference")
+        cfg = write_config(self.tmp, RESUME_CONFIG.format(out=out, steps=self.STEPS), "ref.yaml")
+        run_ranks(cfg, 2, timeout=120)
+        return final(out)
+
+    def check_resumed(self, out, ref, log):
+        got = final(out)
+        self.assertEqual(got["steps"], self.STEPS)
+        self.assertLess(got["steps_this_run"], self.STEPS, "the restart did not resume")
+        self.assertEqual(got["param_checksum"], ref["param_checksum"], log)
+        self.assertEqual(got["train_loss"], ref["train_loss"])
+        steps = [m["step"] for m in metrics(out)]
+        self.assertEqual(steps, list(range(1, self.STEPS + 1)))
+
+    def test_killed_worker_resumes_from_checkpoint_and_matches_undisturbed_run(self):
+        ref = self.reference()
+        out = os.path.join(self.tmp, "disturbed")
+        cfg = write_config(self.tmp, RESUME_CONFIG.format(out=out, steps=self.STEPS), "d.yaml")
+        procs, port = start_ranks(cfg, 2)
+        reached = wait_for_step(out, 120, timeout=60)
+        self.assertGreaterEqual(reached, 120)
+        self.assertLess(reached, self.STEPS, "run finished before the kill")
+        procs[1].send_signal(signal.SIGKILL)
+        results = wait_all(procs, timeout=60)
+        self.assertNotEqual(results[0][0], 0, "rank 0 should fail when its peer dies")
+        self.assertIn("rank 0", results[0][2])
+        # The agent's part, done by hand: restart the whole group with the next restart count.
+        results = wait_all(start_ranks(cfg, 2, restart=1)[0], timeout=120)
+        for rc, _, err in results:
+            self.assertEqual(rc, 0, err)
+        self.assertIn("resumed from", results[0][1])
+        self.check_resumed(out, ref, results[0][1])
+
+    @unittest.skipUnless(HAVE_LAUNCH, NO_LAUNCH)
+    def test_launch_max_restarts_resumes_killed_worker(self):
+        ref = self.reference()
+        out = os.path.join(self.tmp, "launched")
+        cfg = write_config(self.tmp, RESUME_CONFIG.format(out=out, steps=self.STEPS), "l.yaml")
+        marker = harness.unique_marker()
+        env = dict(os.environ, LAUNCH_TEST_MARKER=marker, OMP_NUM_THREADS="1")
+        proc = subprocess.Popen([LAUNCH, "--nproc_per_node", "2", "--max_restarts", "1", cfg],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            reached = wait_for_step(out, 120, timeout=90)
+            self.assertGreaterEqual(reached, 120)
+            workers = [p for p in harness.pids_with_marker(marker) if p != proc.pid and
+                       open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0].endswith(b"train")]
+            self.assertTrue(workers, "no train worker found")
+            os.kill(max(workers), signal.SIGKILL)
+            stdout, stderr = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        self.assertEqual(proc.returncode, 0, stdout + stderr)
+        self.check_resumed(out, ref, stdout)
+
+
+@unittest.skipUnless(HAVE_LAUNCH and os.path.exists(TRAIN), NO_LAUNCH)
+class ReadmeCommandTest(unittest.TestCase):
+    def test_quickstart_trains_two_processes_and_loss_falls(self):
+        out = os.path.join(harness.tmpdir(), "quickstart")
+        start = time.monotonic()
+        r = harness.launch("--num_processes", "2", "configs/quickstart.yaml", "--",
+                           "--output_dir", out, timeout=240, cwd=harness.REPO)
+        elapsed = time.monotonic() - start
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        m = metrics(out)
+        f = final(out)
+        self.assertEqual(f["world_size"], 2)
+        self.assertEqual(f["steps"], len(m))
+        first = sum(x["loss"] for x in m[:20]) / 20
+        self.assertLess(f["eval_loss"], first - 0.5, (first, f))
+        self.assertLess(f["eval_loss"], f["loss_floor"] + 0.3, f)
+        self.assertLess(elapsed, 120)
+
+
+if __name__ == "__main__":
+    unittest.main()
