@@ -104,6 +104,15 @@ class EnvReportTest(unittest.TestCase):
         self.assertRegex(out, r"main_process_ip: gpu07\s+# environment SLURM_JOB_NODELIST")
         self.assertRegex(out, r"machine_rank: 1\s+# environment SLURM_PROCID")
 
+    def test_gpus_through_nvml(self):
+        fake = os.path.join(harness.BIN_DIR, "..", "fake_nvml")
+        if not os.path.exists(os.path.join(fake, "libnvidia-ml.so.1")):
+            self.skipTest("the fake libnvidia-ml.so.1 is not built")
+        out = self.report(env={"LD_LIBRARY_PATH": os.path.abspath(fake)})
+        self.assertRegex(out, r"GPUs:\s+2 NVIDIA GPUs, driver 535.104.05, CUDA 12.2")
+        self.assertRegex(out, r"\n  0:\s+NVIDIA H100 80GB HBM3, 81559 MiB \(1450 MiB used\)")
+        self.assertRegex(out, r"\n  1:\s+NVIDIA A100-SXM4-40GB, 40960 MiB \(0 MiB used\)")
+
     def test_usage_errors(self):
         r = subprocess.run([*self.env_cmd, "--bogus"], capture_output=True, text=True,
                            env=self.env, timeout=30)

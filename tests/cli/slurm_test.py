@@ -3,6 +3,7 @@ sbatch templates, signals from scancel reaching the workers, and two nodes when 
 supports several machines. Skips only when the SLURM daemons are not installed."""
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -75,6 +76,7 @@ class SlurmTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.cluster.stop()
+        shutil.rmtree(cls.dir, ignore_errors=True)
 
     def srun(self, *args, timeout=120, env=None):
         e = dict(self.extra_env)
