@@ -150,13 +150,16 @@ class SlurmTest(unittest.TestCase):
         self.assertIn("2-node SLURM job without srun", text)
         self.assertRegex(text, r"num_machines: 1\s+# default")
 
-    def test_scancel_signal_reaches_the_workers(self):
-        marker = os.path.join(self.dir, "usr1")
+    def scancel_reaches_workers(self, signame, scancel_args):
+        """Workers that record `signame` in a file; scancel with `scancel_args` must reach both.
+        SLURM signals every process of the step (proctrack), and launch forwards what it gets
+        too, so a worker may see the signal twice; this checks that it arrives at all."""
+        marker = os.path.join(self.dir, signame.lower())
         program = ("import os, signal, sys, time\n"
                    "def on(s, f):\n"
                    f"    open('{marker}.' + os.environ['RANK'], 'w').write('got')\n"
                    "    sys.exit(0)\n"
-                   "signal.signal(signal.SIGUSR1, on)\n"
+                   f"signal.signal(signal.{signame}, on)\n"
                    "print('ready', os.environ['RANK'], flush=True)\n"
                    "time.sleep(60)\n")
         name = harness.unique_marker("slurmsig")
@@ -177,7 +180,7 @@ class SlurmTest(unittest.TestCase):
                 lines.append(line)
                 ready += "ready" in line
             self.assertEqual(ready, 2, "".join(lines))
-            r = self.cluster.run(["scancel", "--signal=USR1", "--name", name])
+            r = self.cluster.run(["scancel", *scancel_args, "--name", name])
             self.assertEqual(r.returncode, 0, r.stderr)
             rest, _ = p.communicate(timeout=60)
             self.assertTrue(os.path.exists(marker + ".0") and os.path.exists(marker + ".1"),
@@ -186,6 +189,14 @@ class SlurmTest(unittest.TestCase):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+    def test_scancel_usr1_reaches_the_workers(self):
+        # What `#SBATCH --signal=USR1@120` does before the time limit.
+        self.scancel_reaches_workers("SIGUSR1", ["--signal=USR1"])
+
+    def test_scancel_sigterm_reaches_the_workers(self):
+        # Cancellation and preemption: SIGTERM to the step, SIGKILL after KillWait.
+        self.scancel_reaches_workers("SIGTERM", [])
 
     def test_srun_two_nodes(self):
         why = multi_node_support()
