@@ -437,17 +437,18 @@ void RendezvousServer::CloseRound() {
   a.world_size = offset;
   a.master_addr = by_rank[0]->conn->remote_address();
   a.master_port = by_rank[0]->join->master_port;
+  // Encode the shared part (with the node table) once; only three fields differ per node.
+  Fields fields = ToFields(a);
   for (size_t r = 0; r < n; ++r) {
     Session* s = by_rank[r];
     s->in_round = true;
     s->node_rank = static_cast<int>(r);
     s->succeeded = false;
     s->join.reset();
-    Assignment mine = a;
-    mine.node_rank = static_cast<int>(r);
-    mine.rank_offset = a.nodes[r].rank_offset;
-    mine.local_world_size = a.nodes[r].local_world_size;
-    s->conn->Send(MessageType::kAssign, ToFields(mine));
+    fields["node_rank"] = std::to_string(r);
+    fields["rank_offset"] = std::to_string(a.nodes[r].rank_offset);
+    fields["local_world_size"] = std::to_string(a.nodes[r].local_world_size);
+    s->conn->Send(MessageType::kAssign, fields);
   }
   state_ = JobState::kRunning;
   round_failed_ = false;
