@@ -162,31 +162,44 @@ std::string CheckHost(const std::string& host) {
 // ---------------------------------------------------------------------------------------------
 // The questions.
 
-Status AskMachine(Prompter& p, int gpus, ConfigAnswers* a) {
+// Index of `value` in `items`, or 0.
+int IndexOf(const std::vector<std::string>& items, const std::string& value) {
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i] == value) return static_cast<int>(i);
+  return 0;
+}
+
+// Every question's default is the current value in `a`: the built-in defaults, or the answers
+// read back from an existing file (`from_file`).
+Status AskMachine(Prompter& p, int gpus, bool from_file, ConfigAnswers* a) {
   LAUNCH_ASSIGN_OR_RETURN(
       int where, p.Choose("Where will the job run?",
                           {"on this machine only",
                            "on several machines (one launch per machine; I give the addresses)",
                            "on a SLURM cluster (one launch per node under srun)"},
-                          0));
+                          static_cast<int>(a->where)));
   a->where = static_cast<Where>(where);
   if (a->where == Where::kCluster) {
-    LAUNCH_ASSIGN_OR_RETURN(a->num_machines, p.AskInt("How many machines?", 2, 2, 100000));
     LAUNCH_ASSIGN_OR_RETURN(
-        a->machine_rank, p.AskInt("What is the rank of this machine? (0 is the main machine)", 0, 0,
-                                  a->num_machines - 1));
+        a->num_machines, p.AskInt("How many machines?", std::max(2, a->num_machines), 2, 100000));
+    LAUNCH_ASSIGN_OR_RETURN(
+        a->machine_rank,
+        p.AskInt("What is the rank of this machine? (0 is the main machine)",
+                 std::min(a->machine_rank, a->num_machines - 1), 0, a->num_machines - 1));
     LAUNCH_ASSIGN_OR_RETURN(
         a->main_process_ip,
-        p.Ask("What is the IP address (or host name) of the main machine, rank 0?", "", CheckHost));
+        p.Ask("What is the IP address (or host name) of the main machine, rank 0?",
+              from_file && a->main_process_ip != "127.0.0.1" ? a->main_process_ip : "", CheckHost));
   }
   if (a->where != Where::kThisMachine) {
     LAUNCH_ASSIGN_OR_RETURN(
         a->main_process_port,
-        p.AskInt("Which port should the rendezvous use on the main machine?", 29500, 1, 65535));
+        p.AskInt("Which port should the rendezvous use on the main machine?",
+                 a->main_process_port > 0 ? a->main_process_port : 29500, 1, 65535));
     LAUNCH_ASSIGN_OR_RETURN(
         a->rdzv_token,
-        p.Ask("A shared secret for the rendezvous? (empty: none, or set LAUNCH_RDZV_TOKEN)", "",
-              [](const std::string& s) {
+        p.Ask("A shared secret for the rendezvous? (empty: none, or set LAUNCH_RDZV_TOKEN)",
+              a->rdzv_token, [](const std::string& s) {
                 for (char c : s)
                   if (std::isspace(static_cast<unsigned char>(c)))
                     return std::string("the secret may not contain spaces");
@@ -194,15 +207,17 @@ Status AskMachine(Prompter& p, int gpus, ConfigAnswers* a) {
               }));
   }
 
-  LAUNCH_ASSIGN_OR_RETURN(
-      int device,
-      p.Choose("Which devices should the workers use?",
-               {"CPUs (Gloo backend)", "NVIDIA GPUs (NCCL backend)"}, gpus > 0 ? 1 : 0));
+  LAUNCH_ASSIGN_OR_RETURN(int device,
+                          p.Choose("Which devices should the workers use?",
+                                   {"CPUs (Gloo backend)", "NVIDIA GPUs (NCCL backend)"},
+                                   (from_file ? a->use_gpu : gpus > 0) ? 1 : 0));
   a->use_gpu = device == 1;
   if (a->use_gpu && gpus == 0)
     p.Say("  (no NVIDIA GPU is visible on this machine; fine if the job runs elsewhere)");
 
-  std::string ppn_default = a->use_gpu && gpus > 0 ? std::to_string(gpus) : "auto";
+  std::string ppn_default = from_file                ? a->nproc_per_node
+                            : a->use_gpu && gpus > 0 ? std::to_string(gpus)
+                                                     : "auto";
   LAUNCH_ASSIGN_OR_RETURN(
       a->nproc_per_node,
       p.Ask(std::string("How many processes per machine? ('auto': one per ") +
@@ -219,23 +234,25 @@ Status AskMachine(Prompter& p, int gpus, ConfigAnswers* a) {
   a->nproc_per_node = ToLower(a->nproc_per_node);
 
   if (a->use_gpu) {
-    LAUNCH_ASSIGN_OR_RETURN(a->gpu_ids,
-                            p.Ask("Which GPUs should be used? (ids like 0,1,3, or 'all')", "all",
-                                  [](const std::string& s) { return CheckSetting("gpu_ids", s); }));
+    LAUNCH_ASSIGN_OR_RETURN(
+        a->gpu_ids, p.Ask("Which GPUs should be used? (ids like 0,1,3, or 'all')", a->gpu_ids,
+                          [](const std::string& s) { return CheckSetting("gpu_ids", s); }));
   }
   std::vector<std::string> precisions = {"no", "bf16"};
   if (a->use_gpu) precisions.push_back("fp16");
-  LAUNCH_ASSIGN_OR_RETURN(int precision, p.Choose("Mixed precision?", precisions, 0));
+  LAUNCH_ASSIGN_OR_RETURN(int precision, p.Choose("Mixed precision?", precisions,
+                                                  IndexOf(precisions, a->mixed_precision)));
   a->mixed_precision = precisions[static_cast<size_t>(precision)];
-  LAUNCH_ASSIGN_OR_RETURN(
-      a->max_restarts,
-      p.AskInt("How many times should the job restart after a failure?", 0, 0, 10000));
+  LAUNCH_ASSIGN_OR_RETURN(a->max_restarts,
+                          p.AskInt("How many times should the job restart after a failure?",
+                                   a->max_restarts, 0, 10000));
   return Status::Ok();
 }
 
 Status AskTrainer(Prompter& p, ConfigAnswers* a) {
   LAUNCH_ASSIGN_OR_RETURN(
-      a->train, p.Confirm("Also set up the built-in trainer (model, data, parallel mode)?", false));
+      a->train,
+      p.Confirm("Also set up the built-in trainer (model, data, parallel mode)?", a->train));
   if (!a->train) return Status::Ok();
   const std::vector<std::string> models = {"mlp", "transformer", "torchscript"};
   LAUNCH_ASSIGN_OR_RETURN(int model,
@@ -243,11 +260,11 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
                                    {"MLP (a multi-layer perceptron)",
                                     "Transformer (a character-level language model on text)",
                                     "TorchScript module (a .pt file saved with torch.jit.save)"},
-                                   0));
+                                   IndexOf(models, a->model)));
   a->model = models[static_cast<size_t>(model)];
   if (a->model == "torchscript") {
-    LAUNCH_ASSIGN_OR_RETURN(a->torchscript_path,
-                            p.Ask("Path of the TorchScript file?", "", CheckReadableFile));
+    LAUNCH_ASSIGN_OR_RETURN(a->torchscript_path, p.Ask("Path of the TorchScript file?",
+                                                       a->torchscript_path, CheckReadableFile));
     a->torchscript_path = AbsolutePath(a->torchscript_path);
   }
   if (a->model == "transformer") {
@@ -257,17 +274,18 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
                             p.Choose("Which training data?",
                                      {"synthetic (a fixed random teacher network; no files needed)",
                                       "a CSV file (numeric columns and a label column)"},
-                                     0));
+                                     a->data == "csv" ? 1 : 0));
     a->data = data == 0 ? "synthetic" : "csv";
   }
   if (a->data != "synthetic") {
     LAUNCH_ASSIGN_OR_RETURN(a->data_path, p.Ask(a->data == "text" ? "Path of the text corpus?"
                                                                   : "Path of the CSV file?",
-                                                "", CheckReadableFile));
+                                                a->data_path, CheckReadableFile));
     a->data_path = AbsolutePath(a->data_path);
   }
   if (a->data == "csv") {
-    LAUNCH_ASSIGN_OR_RETURN(a->label_column, p.Ask("Name of the label column?", "label", nullptr));
+    LAUNCH_ASSIGN_OR_RETURN(a->label_column,
+                            p.Ask("Name of the label column?", a->label_column, nullptr));
   }
   const std::vector<std::string> modes = {"ddp", "none", "dp", "pipeline"};
   LAUNCH_ASSIGN_OR_RETURN(
@@ -276,22 +294,25 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
                {"ddp: one replica per process, gradients all-reduced (recommended)",
                 "none: each process trains alone", "dp: several replicas inside one process",
                 "pipeline: layers split into stages over processes"},
-               0));
+               IndexOf(modes, a->parallel_mode)));
   a->parallel_mode = modes[static_cast<size_t>(mode)];
   if (a->parallel_mode == "pipeline") {
-    LAUNCH_ASSIGN_OR_RETURN(a->stages, p.AskInt("How many pipeline stages?", 2, 2, 1024));
+    LAUNCH_ASSIGN_OR_RETURN(a->stages,
+                            p.AskInt("How many pipeline stages?", std::max(2, a->stages), 2, 1024));
     LAUNCH_ASSIGN_OR_RETURN(
         a->microbatches,
         p.AskInt("How many micro-batches per step? (at least the number of stages)",
-                 std::max(4, a->stages), a->stages, 1 << 20));
+                 std::max(a->microbatches, a->stages), a->stages, 1 << 20));
   }
-  LAUNCH_ASSIGN_OR_RETURN(
-      a->gradient_accumulation_steps,
-      p.AskInt("Gradient accumulation: micro-batches per optimizer step?", 1, 1, 1 << 20));
-  LAUNCH_ASSIGN_OR_RETURN(a->batch_size, p.AskInt("Batch size per process?", 32, 1, 1 << 24));
-  LAUNCH_ASSIGN_OR_RETURN(a->max_steps, p.AskInt("How many optimizer steps?", 300, 1, INT_MAX));
+  LAUNCH_ASSIGN_OR_RETURN(a->gradient_accumulation_steps,
+                          p.AskInt("Gradient accumulation: micro-batches per optimizer step?",
+                                   a->gradient_accumulation_steps, 1, 1 << 20));
+  LAUNCH_ASSIGN_OR_RETURN(a->batch_size,
+                          p.AskInt("Batch size per process?", a->batch_size, 1, 1 << 24));
+  LAUNCH_ASSIGN_OR_RETURN(a->max_steps,
+                          p.AskInt("How many optimizer steps?", a->max_steps, 1, INT_MAX));
   LAUNCH_ASSIGN_OR_RETURN(a->output_dir,
-                          p.Ask("Directory for metrics and checkpoints?", "runs/launch", nullptr));
+                          p.Ask("Directory for metrics and checkpoints?", a->output_dir, nullptr));
   return Status::Ok();
 }
 
@@ -425,10 +446,24 @@ int RunWizard(const std::string& path, bool is_default_path) {
   p.Say("launch config: a few questions, then the answers are written to " + path + ".");
   p.Say("Press Enter to take the [default]; Ctrl-C to quit without writing anything.\n");
   ConfigAnswers answers;
-  s = AskMachine(p, CountNvidiaGpus(), &answers);
+  bool from_file = false;
+  if (FileExists(path)) {
+    StatusOr<ConfigAnswers> previous = LoadAnswers(path);
+    if (previous.ok()) {
+      answers = *previous;
+      from_file = true;
+      p.Say("The defaults below are the answers in the existing " + path + ".\n");
+    } else {
+      p.Say("(" + path + " exists but does not load: " + previous.status().message() +
+            "; it is replaced only if you say so at the end)\n");
+    }
+  }
+  s = AskMachine(p, CountNvidiaGpus(), from_file, &answers);
   if (s.ok()) s = AskTrainer(p, &answers);
   bool overwrite = true;
   if (s.ok() && FileExists(path)) {
+    p.Say("Replacing " + path + " drops any keys the wizard does not ask about (log_dir, " +
+          "rdzv_conf, ...).");
     StatusOr<bool> yes = p.Confirm(path + " exists. Overwrite it?", false);
     if (yes.ok()) {
       overwrite = *yes;
@@ -477,6 +512,49 @@ std::string DefaultConfigPath() {
     if (const struct passwd* pw = getpwuid(getuid())) env["HOME"] = pw->pw_dir;
   }
   return DefaultConfigPath(env);
+}
+
+StatusOr<ConfigAnswers> LoadAnswers(const std::string& path) {
+  config::LaunchConfig c;
+  LAUNCH_RETURN_IF_ERROR(config::LoadYamlFile(path, &c));
+  ConfigAnswers a;
+  if (c.origins.count("num_machines")) {
+    a.where = c.max_nodes > 1 ? Where::kCluster : Where::kThisMachine;
+  } else if (c.main_process_port > 0) {
+    a.where = Where::kSlurm;  // the wizard's SLURM file leaves the machines to SLURM
+  }
+  a.use_gpu = c.distributed_type == config::DistributedType::kMultiGpu;
+  a.num_machines = c.max_nodes;
+  a.machine_rank = std::max(0, c.machine_rank);
+  a.main_process_ip = c.main_process_ip;
+  if (c.main_process_port > 0) a.main_process_port = c.main_process_port;
+  long long ppn = 0;
+  if (c.num_processes > 0 && c.min_nodes > 0 && c.num_processes % c.min_nodes == 0) {
+    a.nproc_per_node = std::to_string(c.num_processes / c.min_nodes);
+  } else if (ParseInt64(c.nproc_per_node, &ppn)) {
+    a.nproc_per_node = c.nproc_per_node;
+  }
+  a.gpu_ids = c.gpu_ids;
+  a.mixed_precision = c.mixed_precision;
+  a.max_restarts = c.max_restarts;
+  a.rdzv_token = c.rdzv_token;
+  const config::TrainConfig& t = c.train;
+  a.train = t.present;
+  if (t.present) {
+    a.model = config::ToString(t.model.type);
+    a.torchscript_path = t.model.torchscript_path;
+    a.data = config::ToString(t.data.type);
+    a.data_path = t.data.path;
+    a.label_column = t.data.label_column;
+    a.parallel_mode = config::ToString(t.parallel.mode);
+    a.stages = std::max(2, t.parallel.stages);
+    a.microbatches = t.parallel.microbatches;
+    a.gradient_accumulation_steps = t.gradient_accumulation_steps;
+    a.batch_size = static_cast<int>(t.batch_size);
+    if (t.max_steps > 0 && t.max_steps <= INT_MAX) a.max_steps = static_cast<int>(t.max_steps);
+    a.output_dir = t.output_dir;
+  }
+  return a;
 }
 
 std::string RenderConfigYaml(const ConfigAnswers& a) {

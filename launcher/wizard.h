@@ -64,6 +64,11 @@ struct ConfigAnswers {
   std::string output_dir = "runs/launch";
 };
 
+// The answers a config file holds, so that running the wizard again on an existing file offers
+// its values as defaults. Keys the wizard does not ask about are not carried over (the wizard
+// says so before it replaces a file). InvalidConfig when the file does not load.
+StatusOr<ConfigAnswers> LoadAnswers(const std::string& path);
+
 // The commented YAML for `answers`.
 std::string RenderConfigYaml(const ConfigAnswers& answers);
 

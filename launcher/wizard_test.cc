@@ -148,6 +148,75 @@ TEST_CASE("TrainerAnswersRenderEveryMode") {
   CHECK(text.train.parallel.mode == config::ParallelMode::kDp);
 }
 
+TEST_CASE("LoadAnswersReadsBackWhatWasWritten") {
+  std::string dir = TempDir();
+  std::string corpus = dir + "/corpus.txt";
+  { std::ofstream(corpus) << "hello\n"; }
+  ConfigAnswers a;
+  a.where = ConfigAnswers::Where::kCluster;
+  a.use_gpu = true;
+  a.num_machines = 4;
+  a.machine_rank = 2;
+  a.main_process_ip = "head.example.org";
+  a.main_process_port = 31000;
+  a.nproc_per_node = "8";
+  a.gpu_ids = "1,0";
+  a.mixed_precision = "fp16";
+  a.max_restarts = 2;
+  a.rdzv_token = "abc";
+  a.train = true;
+  a.model = "transformer";
+  a.data = "text";
+  a.data_path = corpus;
+  a.parallel_mode = "pipeline";
+  a.stages = 4;
+  a.microbatches = 8;
+  a.gradient_accumulation_steps = 3;
+  a.batch_size = 7;
+  a.max_steps = 99;
+  a.output_dir = "runs/x";
+  std::string path = dir + "/c.yaml";
+  REQUIRE(WriteFileAtomically(path, RenderConfigYaml(a)).ok());
+  StatusOr<ConfigAnswers> back = LoadAnswers(path);
+  REQUIRE_MESSAGE(back.ok(), (back.status().ToString()));
+  CHECK(back->where == a.where);
+  CHECK(back->use_gpu);
+  CHECK(back->num_machines == 4);
+  CHECK(back->machine_rank == 2);
+  CHECK(back->main_process_ip == a.main_process_ip);
+  CHECK(back->main_process_port == 31000);
+  CHECK(back->nproc_per_node == "8");
+  CHECK(back->gpu_ids == "1,0");
+  CHECK(back->mixed_precision == "fp16");
+  CHECK(back->max_restarts == 2);
+  CHECK(back->rdzv_token == "abc");
+  CHECK(back->train);
+  CHECK(back->model == "transformer");
+  CHECK(back->data == "text");
+  CHECK(back->data_path == corpus);
+  CHECK(back->parallel_mode == "pipeline");
+  CHECK(back->stages == 4);
+  CHECK(back->microbatches == 8);
+  CHECK(back->gradient_accumulation_steps == 3);
+  CHECK(back->batch_size == 7);
+  CHECK(back->max_steps == 99);
+  CHECK(back->output_dir == "runs/x");
+  // Rendering the answers read back gives the same file (apart from the date line).
+  CHECK(RenderConfigYaml(*back) == RenderConfigYaml(a));
+
+  ConfigAnswers slurm;
+  slurm.where = ConfigAnswers::Where::kSlurm;
+  slurm.main_process_port = 29700;
+  REQUIRE(WriteFileAtomically(path, RenderConfigYaml(slurm)).ok());
+  back = LoadAnswers(path);
+  REQUIRE(back.ok());
+  CHECK(back->where == ConfigAnswers::Where::kSlurm);
+  CHECK(back->nproc_per_node == "auto");
+
+  REQUIRE(WriteFileAtomically(path, "num_procesess: 2\n").ok());
+  CHECK(LoadAnswers(path).status().code() == Status::Code::kInvalidConfig);
+}
+
 TEST_CASE("DefaultConfigPathFollowsXdgThenHome") {
   CHECK(DefaultConfigPath({{"XDG_CONFIG_HOME", "/x/cfg"}, {"HOME", "/home/u"}}) ==
         "/x/cfg/launch/default_config.yaml");

@@ -144,6 +144,28 @@ class WizardTest(unittest.TestCase):
         self.assertRegex(r.stdout, r"main_process_ip: 10.0.0.7\s+# " + path)
         self.assertRegex(r.stdout, r"nproc_per_node: 2\s+# derived")
 
+        # Running the wizard again offers the file's answers as defaults: Enter everywhere
+        # (and yes to replacing it) writes the same settings.
+        s = self.start("--config_file", path)
+        s.expect("The defaults below are the answers in the existing " + path)
+        prompts = ["Where will the job run?", "How many machines? [3]:",
+                   "(0 is the main machine) [1]:", "rank 0? [10.0.0.7]:", "[29500]:",
+                   "LAUNCH_RDZV_TOKEN) [tok123]:", "Which devices", "processes per machine?",
+                   "Mixed precision?", "after a failure? [1]:", "parallel mode)? [YES/no]:",
+                   "Which model?", "Which training data?", "Which parallel mode?",
+                   "per optimizer step? [2]:", "Batch size per process? [32]:",
+                   "optimizer steps? [40]:", "checkpoints? [runs/launch]:"]
+        for prompt in prompts:
+            s.expect(prompt)
+            s.send(ENTER)
+        s.expect("drops any keys the wizard does not ask about")
+        s.expect("exists. Overwrite it? [yes/NO]:")
+        s.send("y" + ENTER)
+        s.expect("Wrote " + path)
+        self.assertEqual(s.wait(), 0, s.text())
+        with open(path) as f:
+            self.assertEqual(yaml.safe_load(f), doc)
+
     def test_ctrl_c_writes_nothing_and_restores_the_terminal(self):
         # The shell ignores SIGINT so that it survives to report; the wizard installs its own
         # handler. `stty -a` afterwards shows the terminal mode the wizard left behind.
