@@ -153,10 +153,14 @@ class SlurmTest(unittest.TestCase):
     def scancel_reaches_workers(self, signame, scancel_args):
         """Workers that record `signame` in a file; scancel with `scancel_args` must reach both.
         SLURM signals every process of the step (proctrack), and launch forwards what it gets
-        too, so a worker may see the signal twice; this checks that it arrives at all."""
+        too, so a worker may see the signal twice (a Python worker that exits on the first copy
+        can be killed by the second while it shuts down, when default handlers are back); this
+        checks that it arrives at all."""
         marker = os.path.join(self.dir, signame.lower())
         program = ("import os, signal, sys, time\n"
                    "def on(s, f):\n"
+                   # A second copy may follow (see above); it must not kill us while exiting.
+                   "    signal.signal(s, signal.SIG_IGN)\n"
                    f"    open('{marker}.' + os.environ['RANK'], 'w').write('got')\n"
                    "    sys.exit(0)\n"
                    f"signal.signal(signal.{signame}, on)\n"
