@@ -133,9 +133,17 @@ class ElasticAgent {
     if (ec || results.empty())
       return Status::InvalidConfig("cannot resolve rendezvous host '" + options_.endpoint_host +
                                    "' (" + where + "): " + (ec ? ec.message() : "no addresses"));
-    std::string listen_host = results.begin()->endpoint().address().to_string();
+    auto listen_address = results.begin()->endpoint().address();
+    std::string listen_host = listen_address.to_string();
+    // A host name that resolves to loopback here (Debian maps the machine's own name to
+    // 127.0.1.1) must still be reachable from the other machines: listen on every address.
+    boost::system::error_code literal_ec;
+    asio::ip::make_address(options_.endpoint_host, literal_ec);
+    if (listen_address.is_loopback() && literal_ec && options_.endpoint_host != "localhost")
+      listen_host = listen_address.is_v6() ? "::" : "0.0.0.0";
     // A node standing in at another address is not the endpoint's machine.
-    if (!must && !options_.local_address.empty() && options_.local_address != listen_host)
+    if (!must && !options_.local_address.empty() &&
+        options_.local_address != listen_address.to_string())
       return Status::Ok();
     rdzv::ServerOptions so;
     so.host = listen_host;

@@ -338,5 +338,32 @@ TEST_CASE("UnresolvableHostFailsAtOnce") {
   CHECK(Contains(failed->message(), "no-such-host.invalid"));
 }
 
+TEST_CASE("Ipv6LoopbackWorks") {
+  asio::io_context io;
+  ServerOptions so;
+  so.host = "::1";
+  so.port = 0;
+  auto server = RendezvousServer::Create(io, so);
+  Status listen = server->Listen();
+  if (!listen.ok()) {
+    MESSAGE("no IPv6 loopback here: " << listen.message());
+    return;
+  }
+  ClientOptions co;
+  co.host = "::1";
+  co.port = server->port();
+  co.join = Join(1, 1, -1);
+  std::optional<Assignment> got;
+  ClientEvents ev;
+  ev.on_assigned = [&](const Assignment& a) { got = a; };
+  auto client = RendezvousClient::Create(io, co, ev);
+  client->Start();
+  REQUIRE(RunUntil(io, [&] { return got.has_value(); }));
+  CHECK(got->master_addr == "::1");
+  CHECK(client->endpoint() == "[::1]:" + std::to_string(server->port()));
+  client->Close();
+  server->Stop();
+}
+
 }  // namespace
 }  // namespace launch::rendezvous
