@@ -32,8 +32,8 @@ StatusOr<std::unique_ptr<torch::serialize::InputArchive>> Open(const std::string
     std::istringstream in(bytes);
     archive->load_from(in);
   } catch (const c10::Error& e) {
-    return Status::IoError("checkpoint '" + path + "' is unreadable: " +
-                           e.what_without_backtrace());
+    return Status::IoError("checkpoint '" + path +
+                           "' is unreadable: " + e.what_without_backtrace());
   }
   return archive;
 }
@@ -66,8 +66,8 @@ StatusOr<TrainState> PeekCheckpoint(const std::string& path) {
     archive->read("meta", meta);
     return FromMeta(meta);
   } catch (const c10::Error& e) {
-    return Status::IoError("checkpoint '" + path + "' has no metadata: " +
-                           e.what_without_backtrace());
+    return Status::IoError("checkpoint '" + path +
+                           "' has no metadata: " + e.what_without_backtrace());
   }
 }
 

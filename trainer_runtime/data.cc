@@ -74,8 +74,8 @@ StatusOr<Dataset> Synthetic(const config::TrainConfig& cfg) {
     // Expected cross-entropy of the teacher's own distribution = its mean entropy.
     d.loss_floor = -(probs * torch::log(probs.clamp_min(1e-30))).sum(-1).mean().item<double>();
   }
-  d.description = "synthetic teacher: " + std::to_string(n) + " samples, " +
-                  std::to_string(in) + " features, " +
+  d.description = "synthetic teacher: " + std::to_string(n) + " samples, " + std::to_string(in) +
+                  " features, " +
                   (out == 1 ? std::string("regression") : std::to_string(out) + " classes");
   return d;
 }
@@ -95,8 +95,7 @@ StatusOr<Dataset> Csv(const config::TrainConfig& cfg) {
   }
   if (label_col < 0)
     return Status::InvalidConfig(path + ":1: no column named '" + cfg.data.label_column +
-                                 "' (train.data.label_column); columns are " +
-                                 Join(header, ", "));
+                                 "' (train.data.label_column); columns are " + Join(header, ", "));
   std::vector<float> features;
   std::vector<double> labels;
   int line_no = 1;
@@ -133,8 +132,7 @@ StatusOr<Dataset> Csv(const config::TrainConfig& cfg) {
   auto mean = d.inputs.mean(0, true);
   auto std = d.inputs.std(0, true, true).clamp_min(1e-6);
   d.inputs = (d.inputs - mean) / std;
-  const int64_t classes =
-      cfg.model.type == config::ModelType::kMlp ? OutputWidth(cfg) : int64_t{0};
+  const int64_t classes = cfg.model.type == config::ModelType::kMlp ? OutputWidth(cfg) : int64_t{0};
   if (classes == 1) {
     d.task = Task::kRegression;
     std::vector<float> y(labels.begin(), labels.end());
@@ -145,15 +143,14 @@ StatusOr<Dataset> Csv(const config::TrainConfig& cfg) {
     for (double v : labels) {
       if (v != std::floor(v) || v < 0 || (classes > 0 && v >= static_cast<double>(classes)))
         return Status::InvalidConfig(path + ": label " + std::to_string(v) +
-                                     " is not a class index in [0, " +
-                                     std::to_string(classes) +
+                                     " is not a class index in [0, " + std::to_string(classes) +
                                      ") (the MLP's last width is the number of classes)");
       y.push_back(static_cast<int64_t>(v));
     }
     d.targets = torch::tensor(y, torch::kLong);
   }
-  d.description = "csv " + path + ": " + std::to_string(n) + " rows, " + std::to_string(f) +
-                  " features";
+  d.description =
+      "csv " + path + ": " + std::to_string(n) + " rows, " + std::to_string(f) + " features";
   return d;
 }
 
@@ -197,9 +194,15 @@ StatusOr<Dataset> LoadDataset(const config::TrainConfig& cfg) {
   StatusOr<Dataset> loaded = Status::Internal("unknown data type");
   try {
     switch (cfg.data.type) {
-      case config::DataType::kSynthetic: loaded = Synthetic(cfg); break;
-      case config::DataType::kCsv: loaded = Csv(cfg); break;
-      case config::DataType::kText: loaded = Text(cfg); break;
+      case config::DataType::kSynthetic:
+        loaded = Synthetic(cfg);
+        break;
+      case config::DataType::kCsv:
+        loaded = Csv(cfg);
+        break;
+      case config::DataType::kText:
+        loaded = Text(cfg);
+        break;
     }
   } catch (const c10::Error& e) {
     return Status::Internal("loading train.data: " + std::string(e.what_without_backtrace()));

@@ -21,8 +21,7 @@ int Fail(const launch::Status& status) {
   std::fprintf(stderr, "train: error: %s\n", status.message().c_str());
   using Code = launch::Status::Code;
   const Code c = status.code();
-  return (c == Code::kInvalidConfig || c == Code::kInvalidArgument || c == Code::kNotFound) ? 2
-                                                                                           : 1;
+  return (c == Code::kInvalidConfig || c == Code::kInvalidArgument || c == Code::kNotFound) ? 2 : 1;
 }
 
 }  // namespace
@@ -70,8 +69,7 @@ int main(int argc, char** argv) {
     double v = 0;
     if (!launch::ParseDouble(t, &v) || v <= 0)
       return Fail(launch::Status::InvalidConfig(
-          "environment LAUNCH_INIT_TIMEOUT_S: expected seconds > 0, got '" + std::string(t) +
-          "'"));
+          "environment LAUNCH_INIT_TIMEOUT_S: expected seconds > 0, got '" + std::string(t) + "'"));
     options.init_timeout_s = v;
   }
   launch::config::LaunchConfig cfg;
@@ -79,7 +77,8 @@ int main(int argc, char** argv) {
   if (!status.ok()) return Fail(status);
   if (!cfg.train.present)
     return Fail(launch::Status::InvalidConfig(
-        config_path + ": no `train:` section (the trainer needs one; see configs/quickstart.yaml)"));
+        config_path +
+        ": no `train:` section (the trainer needs one; see configs/quickstart.yaml)"));
   status = launch::trainer::RunTrainer(cfg.train, options);
   if (!status.ok()) return Fail(status);
   return 0;

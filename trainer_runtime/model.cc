@@ -26,8 +26,8 @@ class MlpImpl : public torch::nn::Module {
  public:
   MlpImpl(const std::vector<int64_t>& widths, double dropout) : dropout_(dropout) {
     for (size_t i = 0; i + 1 < widths.size(); ++i)
-      layers_.push_back(register_module("fc" + std::to_string(i),
-                                        torch::nn::Linear(widths[i], widths[i + 1])));
+      layers_.push_back(
+          register_module("fc" + std::to_string(i), torch::nn::Linear(widths[i], widths[i + 1])));
   }
   torch::Tensor forward(torch::Tensor x) {
     for (size_t i = 0; i < layers_.size(); ++i) {
@@ -49,8 +49,7 @@ TORCH_MODULE(Mlp);
 // --- Causal transformer LM (pre-LayerNorm GPT block). ---------------------------------------
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(int64_t d_model, int64_t heads, double dropout)
-      : heads_(heads), dropout_(dropout) {
+  BlockImpl(int64_t d_model, int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
     qkv_ = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
     proj_ = register_module("proj", torch::nn::Linear(d_model, d_model));
@@ -89,10 +88,9 @@ class TransformerImpl : public torch::nn::Module {
     tok_ = register_module("tok", torch::nn::Embedding(cfg.vocab_size, cfg.d_model));
     pos_ = register_module("pos", torch::nn::Embedding(cfg.context, cfg.d_model));
     for (int64_t i = 0; i < cfg.transformer_layers; ++i)
-      blocks_.push_back(register_module("block" + std::to_string(i),
-                                        Block(cfg.d_model, cfg.heads, cfg.dropout)));
-    ln_ = register_module("ln_f",
-                          torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+      blocks_.push_back(
+          register_module("block" + std::to_string(i), Block(cfg.d_model, cfg.heads, cfg.dropout)));
+    ln_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
     head_ = register_module("head", torch::nn::Linear(cfg.d_model, cfg.vocab_size));
     // GPT-style small init keeps the first losses near log(vocab).
     for (auto& p : parameters()) {
@@ -172,16 +170,15 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg) {
       return std::unique_ptr<Model>(
           std::make_unique<NativeModel<Mlp>>(Mlp(cfg.mlp_layers, cfg.dropout)));
     case config::ModelType::kTransformer:
-      return std::unique_ptr<Model>(
-          std::make_unique<NativeModel<Transformer>>(Transformer(cfg)));
+      return std::unique_ptr<Model>(std::make_unique<NativeModel<Transformer>>(Transformer(cfg)));
     case config::ModelType::kTorchScript: {
       if (cfg.torchscript_path.empty())
         return Status::InvalidConfig(
             "train.model.torchscript: pipeline stage lists are not supported by this trainer "
             "yet; give one file");
       if (!std::ifstream(cfg.torchscript_path))
-        return Status::NotFound("train.model.torchscript: cannot read '" +
-                                cfg.torchscript_path + "'");
+        return Status::NotFound("train.model.torchscript: cannot read '" + cfg.torchscript_path +
+                                "'");
       try {
         torch::jit::Module m = torch::jit::load(cfg.torchscript_path);
         // A module saved in eval mode loads in eval mode (PLATFORM.md).

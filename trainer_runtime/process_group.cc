@@ -13,13 +13,13 @@ namespace launch::trainer {
 CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner)
     : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
 
-c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(
-    std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                               const c10d::BroadcastOptions& opts) {
   return inner_->broadcast(tensors, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                               const c10d::AllreduceOptions& opts) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++allreduce_count_;
@@ -121,9 +121,15 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
     } else {
       options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
+    // Gloo's worker threads run the collectives. PyTorch uses 2; LAUNCH_GLOO_THREADS overrides
+    // (on a 2-core machine with 2 ranks, fewer threads can mean fewer context switches).
     options->threads = 2;
-    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size,
-                                                            options);
+    if (const char* t = std::getenv("LAUNCH_GLOO_THREADS")) {
+      long long n = 0;
+      if (ParseInt64(t, &n) && n >= 1 && n <= 64) options->threads = static_cast<int>(n);
+    }
+    auto gloo =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, options);
     return c10::make_intrusive<CountingProcessGroup>(gloo);
   } catch (const std::exception& e) {
     return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group of " +

@@ -6,8 +6,8 @@
 
 namespace launch::trainer {
 
-ShardedSampler::ShardedSampler(int64_t num_samples, int rank, int world_size,
-                               int64_t batch_size, uint64_t seed)
+ShardedSampler::ShardedSampler(int64_t num_samples, int rank, int world_size, int64_t batch_size,
+                               uint64_t seed)
     : num_samples_(num_samples),
       rank_(rank),
       world_size_(world_size),
@@ -41,7 +41,7 @@ std::vector<int64_t> ShardedSampler::Batch(int64_t epoch, int64_t batch) {
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(batch_size_));
   for (int64_t j = 0; j < batch_size_; ++j) {
-    const int64_t i = batch * batch_size_ + j;              // position in this rank's share
+    const int64_t i = batch * batch_size_ + j;                     // position in this rank's share
     const int64_t pos = (rank_ + world_size_ * i) % num_samples_;  // wrap-around padding
     out.push_back(cached_perm_[static_cast<size_t>(pos)]);
   }

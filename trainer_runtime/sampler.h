@@ -19,8 +19,7 @@ namespace launch::trainer {
 class ShardedSampler {
  public:
   // REQUIRES: num_samples >= 1, 0 <= rank < world_size, batch_size >= 1.
-  ShardedSampler(int64_t num_samples, int rank, int world_size, int64_t batch_size,
-                 uint64_t seed);
+  ShardedSampler(int64_t num_samples, int rank, int world_size, int64_t batch_size, uint64_t seed);
 
   // Full batches per epoch on every rank (may be 0 when the data is too small).
   int64_t batches_per_epoch() const { return batches_per_epoch_; }

@@ -49,7 +49,8 @@ class DdpStrategy : public ParallelStrategy {
  public:
   DdpStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, double bucket_cap_mb,
               bool sync_each_batch)
-      : model_(model), bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
+      : model_(model),
+        bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
         sync_each_batch_(sync_each_batch) {
     pg_ = std::move(pg);
   }

@@ -30,8 +30,8 @@ namespace launch::trainer {
 
 // Communication observed during one optimizer step (reset by TakeStepStats()).
 struct StepCommStats {
-  int64_t allreduces = 0;        // all-reduce calls issued (counted at the process group)
-  double blocking_comm_ms = 0;   // time the loop waited on communication it could not hide
+  int64_t allreduces = 0;       // all-reduce calls issued (counted at the process group)
+  double blocking_comm_ms = 0;  // time the loop waited on communication it could not hide
   int64_t launched_before_grads_done = 0;  // ddp: bucket all-reduces launched while backward
                                            // was still producing gradients (overlap)
 };

@@ -62,17 +62,15 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerCo
       return std::make_unique<torch::optim::SGD>(
           params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
     case OptimizerType::kAdam:
-      return std::make_unique<torch::optim::Adam>(
-          params, torch::optim::AdamOptions(c.lr)
-                      .betas({c.beta1, c.beta2})
-                      .eps(c.eps)
-                      .weight_decay(c.weight_decay));
+      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr)
+                                                              .betas({c.beta1, c.beta2})
+                                                              .eps(c.eps)
+                                                              .weight_decay(c.weight_decay));
     case OptimizerType::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(
-          params, torch::optim::AdamWOptions(c.lr)
-                      .betas({c.beta1, c.beta2})
-                      .eps(c.eps)
-                      .weight_decay(c.weight_decay));
+      return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr)
+                                                               .betas({c.beta1, c.beta2})
+                                                               .eps(c.eps)
+                                                               .weight_decay(c.weight_decay));
   }
   return nullptr;
 }
@@ -159,9 +157,9 @@ Status Trainer::Prepare() {
         "' is not implemented by the trainer yet; training in float32");
   phase_ = "loading data";
   LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
-  sampler_ = std::make_unique<ShardedSampler>(static_cast<int64_t>(data_.train_indices.size()),
-                                              env_.rank, env_.world_size, cfg_.batch_size,
-                                              cfg_.seed);
+  sampler_ =
+      std::make_unique<ShardedSampler>(static_cast<int64_t>(data_.train_indices.size()), env_.rank,
+                                       env_.world_size, cfg_.batch_size, cfg_.seed);
   const int64_t per_epoch = sampler_->batches_per_epoch();
   if (per_epoch == 0)
     return Status::InvalidConfig(
@@ -171,8 +169,8 @@ Status Trainer::Prepare() {
   const int64_t n = cfg_.gradient_accumulation_steps;
   const int64_t steps_per_epoch =
       cfg_.sync_with_dataloader ? (per_epoch + n - 1) / n : std::max<int64_t>(1, per_epoch / n);
-  total_steps_ = cfg_.max_steps > 0 ? cfg_.max_steps
-                                    : std::max<int64_t>(1, cfg_.epochs) * steps_per_epoch;
+  total_steps_ =
+      cfg_.max_steps > 0 ? cfg_.max_steps : std::max<int64_t>(1, cfg_.epochs) * steps_per_epoch;
 
   phase_ = "building the model";
   // Same seed on every rank: identical initial weights even before the broadcast.
@@ -206,11 +204,11 @@ Status Trainer::Prepare() {
                                 : "") +
       (cfg_.local_sgd_steps > 0 ? " every " + std::to_string(cfg_.local_sgd_steps) + " steps"
                                 : "") +
-      "; model " + config::ToString(cfg_.model.type) + shape + " (" +
-      std::to_string(num_params) + " parameters); " + data_.description + "; batch " +
-      std::to_string(cfg_.batch_size) + " x " + std::to_string(cfg_.gradient_accumulation_steps) +
-      " micro-batches x " + std::to_string(env_.world_size) + " ranks; " +
-      std::to_string(total_steps_) + " steps; output " + cfg_.output_dir);
+      "; model " + config::ToString(cfg_.model.type) + shape + " (" + std::to_string(num_params) +
+      " parameters); " + data_.description + "; batch " + std::to_string(cfg_.batch_size) + " x " +
+      std::to_string(cfg_.gradient_accumulation_steps) + " micro-batches x " +
+      std::to_string(env_.world_size) + " ranks; " + std::to_string(total_steps_) +
+      " steps; output " + cfg_.output_dir);
   return Status::Ok();
 }
 
@@ -315,9 +313,9 @@ void Trainer::Evaluate(double* loss, double* accuracy) {
     mine.push_back(data_.eval_indices[i]);
   const size_t chunk = static_cast<size_t>(std::max<int64_t>(cfg_.batch_size, 256));
   for (size_t start = 0; start < mine.size(); start += chunk) {
-    std::vector<int64_t> rows(mine.begin() + static_cast<std::ptrdiff_t>(start),
-                              mine.begin() + static_cast<std::ptrdiff_t>(
-                                                 std::min(mine.size(), start + chunk)));
+    std::vector<int64_t> rows(
+        mine.begin() + static_cast<std::ptrdiff_t>(start),
+        mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), start + chunk)));
     auto logits = model_->Forward(data_.Inputs(rows));
     auto y = data_.Targets(rows);
     loss_sum += Loss(data_.task, logits, y).item<double>() * static_cast<double>(rows.size());
@@ -336,16 +334,15 @@ void Trainer::Evaluate(double* loss, double* accuracy) {
   strategy_->TakeStepStats();  // eval's all-reduce belongs to no optimizer step
 }
 
-Status Trainer::WriteMetricsLine(const StepCommStats& comm, double loss, double lr,
-                                 double step_s, int64_t samples) {
+Status Trainer::WriteMetricsLine(const StepCommStats& comm, double loss, double lr, double step_s,
+                                 int64_t samples) {
   if (!is_main_) return Status::Ok();
   const double step_ms = step_s * 1000;
   const double comm_ms = std::min(comm.blocking_comm_ms, step_ms);
-  metrics_ << "{\"step\": " << state_.step << ", \"loss\": " << Num(loss)
-           << ", \"lr\": " << Num(lr) << ", \"samples_per_s\": " << Num(samples / step_s)
-           << ", \"comm_ms\": " << Num(comm_ms) << ", \"compute_ms\": " << Num(step_ms - comm_ms)
-           << ", \"step_ms\": " << Num(step_ms) << ", \"allreduces\": " << comm.allreduces
-           << ", \"micro_batches\": " << micro_last_step_
+  metrics_ << "{\"step\": " << state_.step << ", \"loss\": " << Num(loss) << ", \"lr\": " << Num(lr)
+           << ", \"samples_per_s\": " << Num(samples / step_s) << ", \"comm_ms\": " << Num(comm_ms)
+           << ", \"compute_ms\": " << Num(step_ms - comm_ms) << ", \"step_ms\": " << Num(step_ms)
+           << ", \"allreduces\": " << comm.allreduces << ", \"micro_batches\": " << micro_last_step_
            << ", \"buckets_launched_before_grads_done\": " << comm.launched_before_grads_done
            << ", \"epoch\": " << state_.epoch << "}\n";
   metrics_.flush();
@@ -357,9 +354,9 @@ void Trainer::Report(double loss, double lr, double samples_per_s, double comm_m
   if (!is_main_) return;
   const int64_t done = state_.step;
   const double elapsed = Seconds(Clock::now() - train_start_);
-  const double eta =
-      steps_this_run_ > 0 ? elapsed / steps_this_run_ * static_cast<double>(total_steps_ - done)
-                          : NAN;
+  const double eta = steps_this_run_ > 0
+                         ? elapsed / steps_this_run_ * static_cast<double>(total_steps_ - done)
+                         : NAN;
   if (tty_) {
     const int width = 24;
     const int filled = static_cast<int>(width * done / std::max<int64_t>(1, total_steps_));
@@ -391,15 +388,14 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   std::ostringstream o;
   o << "{\n  \"steps\": " << state_.step << ",\n  \"train_loss\": " << Num(train_loss)
     << ",\n  \"eval_loss\": " << Num(eval_loss) << ",\n  \"eval_accuracy\": " << Num(eval_acc)
-    << ",\n  \"loss_floor\": " << Num(data_.loss_floor)
-    << ",\n  \"param_checksum\": \"" << Checksum(*model_) << "\""
+    << ",\n  \"loss_floor\": " << Num(data_.loss_floor) << ",\n  \"param_checksum\": \""
+    << Checksum(*model_) << "\""
     << ",\n  \"world_size\": " << env_.world_size << ",\n  \"strategy\": \"" << strategy_->Name()
     << "\",\n  \"buckets\": " << strategy_->num_buckets()
     << ",\n  \"allreduces_total\": " << (pg_ ? pg_->allreduce_count() : 0)
     << ",\n  \"samples_seen_per_rank\": " << state_.samples_seen
     << ",\n  \"steps_this_run\": " << steps_this_run_ << ",\n  \"wall_s\": " << Num(wall_s)
-    << ",\n  \"loop_s\": " << Num(loop_s_)
-    << "\n}\n";
+    << ",\n  \"loop_s\": " << Num(loop_s_) << "\n}\n";
   return WriteFileAtomically(cfg_.output_dir + "/final.json", o.str());
 }
 
@@ -410,8 +406,8 @@ Status Trainer::DumpParams() {
     bytes.append(static_cast<const char*>(t.data_ptr()),
                  static_cast<size_t>(t.numel()) * sizeof(float));
   }
-  return WriteFileAtomically(
-      cfg_.output_dir + "/params_rank" + std::to_string(env_.rank) + ".bin", bytes);
+  return WriteFileAtomically(cfg_.output_dir + "/params_rank" + std::to_string(env_.rank) + ".bin",
+                             bytes);
 }
 
 Status Trainer::Run() {
@@ -430,8 +426,7 @@ Status Trainer::Run() {
         const size_t at = line.find("\"step\": ");
         if (at != std::string::npos) {
           std::string digits;
-          for (size_t i = at + 8; i < line.size() && std::isdigit(line[i]); ++i)
-            digits += line[i];
+          for (size_t i = at + 8; i < line.size() && std::isdigit(line[i]); ++i) digits += line[i];
           if (ParseInt64(digits, &step) && step <= state_.step) kept += line + "\n";
         }
       }
@@ -454,8 +449,7 @@ Status Trainer::Run() {
     ema_samples_per_s_ = ema_samples_per_s_ == 0 ? sps : 0.9 * ema_samples_per_s_ + 0.1 * sps;
     LAUNCH_RETURN_IF_ERROR(WriteMetricsLine(comm, last_loss_, lr_last_step_, step_s, samples));
     Report(last_loss_, lr_last_step_, ema_samples_per_s_, comm.blocking_comm_ms);
-    if (cfg_.eval_every > 0 && state_.step % cfg_.eval_every == 0 &&
-        state_.step < total_steps_) {
+    if (cfg_.eval_every > 0 && state_.step % cfg_.eval_every == 0 && state_.step < total_steps_) {
       double el = 0, ea = 0;
       Evaluate(&el, &ea);
       Log("eval at step " + std::to_string(state_.step) + ": loss " + Fixed(el, 4) +
@@ -511,8 +505,7 @@ Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& option
     // Gloo reports a dead peer as a closed connection or a timeout.
     if (what.find("Connection closed by peer") != std::string::npos ||
         what.find("Connection reset") != std::string::npos ||
-        what.find("Timed out") != std::string::npos ||
-        what.find("timed out") != std::string::npos)
+        what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos)
       return Status::PeerLost(where + "lost a peer during training: " + what);
     return Status::Internal(where + what);
   } catch (const std::exception& e) {

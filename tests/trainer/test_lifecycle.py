@@ -52,6 +52,14 @@ def wait_for_step(out_dir, step, timeout):
     return last
 
 
+def program_of(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0]
+    except OSError:
+        return b""
+
+
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
 class ConfigErrorTest(unittest.TestCase):
     def setUp(self):
@@ -176,8 +184,8 @@ class ResumeTest(unittest.TestCase):
         try:
             reached = wait_for_step(out, 120, timeout=90)
             self.assertGreaterEqual(reached, 120)
-            workers = [p for p in harness.pids_with_marker(marker) if p != proc.pid and
-                       open(f"/proc/{p}/cmdline", "rb").read().split(b"\0")[0].endswith(b"train")]
+            workers = [p for p in harness.pids_with_marker(marker)
+                       if p != proc.pid and program_of(p).endswith(b"/train")]
             self.assertTrue(workers, "no train worker found")
             os.kill(max(workers), signal.SIGKILL)
             stdout, stderr = proc.communicate(timeout=180)

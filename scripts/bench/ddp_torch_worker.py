@@ -1,0 +1,78 @@
+#!/usr/bin/python3
+"""PyTorch's own DDP (Debian python3-torch, Gloo) doing what `train` does in the benchmarks:
+MLP 784-H-H-10, SGD, synthetic data, loss.item() every step (as any logging loop does).
+Rank 0 writes {"loop_s": ..., "steps": ..., "global_batch": ...} to --out.
+
+Also --mode allreduce: time all-reducing NUMEL floats split into buckets of CAP_MB (the
+communication-only baseline of the overlap benchmark)."""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", default="train", choices=["train", "allreduce"])
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--bucket_cap_mb", type=float, default=25)
+    ap.add_argument("--numel", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    if a.mode == "allreduce":
+        cap = int(a.bucket_cap_mb * (1 << 20) / 4)
+        sizes = []
+        left = a.numel
+        while left > 0:
+            sizes.append(min(cap, left))
+            left -= sizes[-1]
+        bufs = [torch.randn(n) for n in sizes]
+        for b in bufs:
+            dist.all_reduce(b)
+        start = time.perf_counter()
+        for _ in range(a.steps):
+            works = [dist.all_reduce(b, async_op=True) for b in bufs]
+            for w in works:
+                w.wait()
+        elapsed = time.perf_counter() - start
+        if rank == 0:
+            json.dump({"ms_per_step": elapsed / a.steps * 1000, "buckets": len(sizes)},
+                      open(a.out, "w"))
+        dist.barrier()
+        return
+    h = a.hidden
+    model = torch.nn.Sequential(torch.nn.Linear(784, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
+                                torch.nn.ReLU(), torch.nn.Linear(h, 10))
+    ddp = DDP(model, bucket_cap_mb=a.bucket_cap_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    n = 8192
+    x = torch.randn(n, 784)
+    y = torch.randint(0, 10, (n,))
+    g = torch.Generator().manual_seed(rank)
+    start = time.perf_counter()
+    for step in range(a.steps):
+        idx = torch.randint(0, n, (a.batch,), generator=g)
+        loss = torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+    elapsed = time.perf_counter() - start
+    if rank == 0:
+        json.dump({"loop_s": elapsed, "steps": a.steps,
+                   "global_batch": a.batch * dist.get_world_size()}, open(a.out, "w"))
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
