@@ -313,21 +313,50 @@ class MultiNodeTest(unittest.TestCase):
         self.assertEqual(last["GROUP_WORLD_SIZE"], "2")
         self.assertEqual(last["TORCHELASTIC_RESTART_COUNT"], "0")  # no restart spent
 
+    def test_frozen_agent_is_declared_lost_after_heartbeat_timeout(self):
+        wa = ["--pid-dir", self.tmp, "--sleep-try", "0:60"]
+        extra = ["--max_restarts", "1", "--rdzv_conf", "heartbeat_timeout=1,last_call_timeout=1"]
+        nodes = [self.start(i, "2:3", nproc=1, extra=extra, worker_args=wa) for i in range(3)]
+        for r in range(3):
+            self.pid_of(r, 0)
+        victim = next(n for n in nodes if "hosting the rendezvous" not in n.output())
+        survivors = [n for n in nodes if n is not victim]
+        t0 = time.monotonic()
+        victim.proc.send_signal(signal.SIGSTOP)  # alive, connection open, but silent
+        try:
+            for n in survivors:
+                self.wait_for_text(n, r"lost node", timeout=5)
+            detect = time.monotonic() - t0
+            # Silence is counted from its last heartbeat (sent every heartbeat_timeout / 4).
+            self.assertGreater(detect, 0.7)
+            self.assertLess(detect, 3.0)     # ...and not long after it
+            self.assertEqual(self.wait_all(survivors, 40), [0, 0],
+                             "".join(n.output() for n in survivors))
+        finally:
+            victim.kill()
+
     # ---- standalone server -------------------------------------------------------------------
 
     def test_standalone_rdzv_server_serves_two_jobs(self):
-        server = subprocess.Popen([harness.LAUNCH, "rdzv-server", "--port", str(self.port),
-                                   "--host", "127.0.0.1"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
+        server_log = os.path.join(self.tmp, "server.log")
+        with open(server_log, "w") as log:
+            server = subprocess.Popen([harness.LAUNCH, "rdzv-server", "--port", str(self.port),
+                                       "--host", "127.0.0.1"], stdout=log,
+                                      stderr=subprocess.STDOUT)
+
+        def server_output():
+            with open(server_log) as f:
+                return f.read()
         try:
+            self.assertTrue(harness.wait_until(lambda: "listening on" in server_output(), 10))
             for job in range(2):
                 a = self.start(2 * job, 2, rank=0)
                 b = self.start(2 * job + 1, 2, rank=1)
                 self.assertEqual(self.wait_all([a, b]), [0, 0], a.output() + b.output())
                 self.assertNotIn("hosting the rendezvous", a.output())
             server.send_signal(signal.SIGTERM)
-            out, _ = server.communicate(timeout=10)
-            self.assertEqual(server.returncode, 0)
+            self.assertEqual(server.wait(timeout=10), 0)
+            out = server_output()
             self.assertEqual(out.count("job done"), 2, out)
         finally:
             if server.poll() is None:
