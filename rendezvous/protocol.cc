@@ -1,5 +1,8 @@
 #include "rendezvous/protocol.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -113,6 +116,19 @@ StatusOr<FailureReport> GetReport(const Fields& f, const std::string& prefix) {
   LAUNCH_RETURN_IF_ERROR(GetString(f, prefix + "reason", kMaxShortString, &r.reason));
   LAUNCH_RETURN_IF_ERROR(GetString(f, prefix + "stderr_tail", kMaxStderrTail, &r.stderr_tail));
   return r;
+}
+
+bool IsPrintable(std::string_view s) {
+  for (char c : s) {
+    unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return false;
+  }
+  return true;
+}
+
+bool IsIpAddress(const std::string& s) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, s.c_str(), buf) == 1 || inet_pton(AF_INET6, s.c_str(), buf) == 1;
 }
 
 }  // namespace
@@ -282,6 +298,10 @@ StatusOr<JoinRequest> ParseJoin(const Fields& f) {
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "join_timeout", &m.join_timeout_s));
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "last_call_timeout", &m.last_call_timeout_s));
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "heartbeat_timeout", &m.heartbeat_timeout_s));
+  if (!IsPrintable(m.run_id) || !IsPrintable(m.hostname))
+    return Status::ProtocolError("fields 'run_id' and 'hostname' must be printable text");
+  if (m.heartbeat_timeout_s < 0.05 || m.join_timeout_s < 0.05)
+    return Status::ProtocolError("heartbeat_timeout and join_timeout must be at least 0.05 s");
   return m;
 }
 
@@ -324,6 +344,11 @@ StatusOr<Assignment> ParseAssignment(const Fields& f) {
   if (m.master_addr.empty()) return Status::ProtocolError("field 'master_addr' is empty");
   LAUNCH_RETURN_IF_ERROR(GetInt(f, "master_port", 1, 65535, &m.master_port));
   LAUNCH_RETURN_IF_ERROR(GetString(f, "run_id", kMaxShortString, &m.run_id));
+  // These two end up in the workers' environment (MASTER_ADDR, TORCHELASTIC_RUN_ID): accept
+  // only an IP address and printable text.
+  if (!IsIpAddress(m.master_addr))
+    return Status::ProtocolError("field 'master_addr' is not an IP address");
+  if (!IsPrintable(m.run_id)) return Status::ProtocolError("field 'run_id' is not printable text");
   std::string table;
   LAUNCH_RETURN_IF_ERROR(GetString(f, "nodes", kMaxPayloadSize, &table));
   for (const std::string& line : Split(table, '\n')) {

@@ -121,6 +121,16 @@ TEST_CASE("AssignmentRoundTripsWithNodeTable") {
   Fields f = ToFields(a);
   f["rank_offset"] = "4";  // would put local ranks past world_size
   CHECK_FALSE(ParseAssignment(f).ok());
+  // What reaches the workers' environment is checked: an address, printable text.
+  f = ToFields(a);
+  f["master_addr"] = "$(reboot)";
+  CHECK(ParseAssignment(f).status().message() == "field 'master_addr' is not an IP address");
+  f = ToFields(a);
+  f["master_addr"] = "fe80::1";
+  CHECK(ParseAssignment(f).ok());
+  f = ToFields(a);
+  f["run_id"] = "a\nLD_PRELOAD=x";
+  CHECK_FALSE(ParseAssignment(f).ok());
 }
 
 TEST_CASE("RestartAndFailureCarryTheRootCause") {
