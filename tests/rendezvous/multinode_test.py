@@ -335,6 +335,30 @@ class MultiNodeTest(unittest.TestCase):
         finally:
             victim.kill()
 
+    def test_sigkill_of_the_hosting_agent_fails_the_others_cleanly(self):
+        wa = ["--pid-dir", self.tmp, "--sleep-try", "0:60"]
+        a = self.start(0, 2, rank=0, nproc=1, extra=["--max_restarts", "3"], worker_args=wa)
+        b = self.start(1, 2, rank=1, nproc=1, extra=["--max_restarts", "3"], worker_args=wa)
+        self.pid_of(0, 0)
+        self.pid_of(1, 0)
+        self.assertIn("hosting the rendezvous", a.output())
+        t0 = time.monotonic()
+        a.proc.send_signal(signal.SIGKILL)
+        self.assertEqual(b.wait(20), 1, b.output())
+        self.assertLess(time.monotonic() - t0, 10)
+        self.assertIn("lost the rendezvous server at 127.0.0.1:", b.output())
+
+    def test_ctrl_c_on_one_agent_stops_its_workers_and_ends_the_job(self):
+        wa = ["--pid-dir", self.tmp, "--sleep-try", "0:60"]
+        a = self.start(0, 2, rank=0, nproc=1, worker_args=wa)
+        b = self.start(1, 2, rank=1, nproc=1, worker_args=wa)
+        self.pid_of(0, 0)
+        self.pid_of(1, 0)
+        b.proc.send_signal(signal.SIGINT)
+        self.assertEqual(b.wait(20), 128 + signal.SIGINT, b.output())
+        self.assertEqual(a.wait(20), 1, a.output())
+        self.assertIn("lost node 1", a.output())
+
     # ---- standalone server -------------------------------------------------------------------
 
     def test_standalone_rdzv_server_serves_two_jobs(self):
