@@ -345,6 +345,15 @@ const std::vector<KeyDef>& TopLevelTable() {
       {"stop_grace", {}, PositiveSeconds([](LaunchConfig* c) { return &c->stop_grace_s; })},
       {"python", {}, Field(&LaunchConfig::python)},
       {"no_python", {}, Field(&LaunchConfig::no_python)},
+      // Older accelerate files say `fp16: true` instead of `mixed_precision: fp16`.
+      {"fp16",
+       {},
+       [](const std::string& s, LaunchConfig* c) {
+         bool v = false;
+         std::string err = ParseValue(s, &v);
+         if (err.empty() && v) c->mixed_precision = "fp16";
+         return err;
+       }},
       {"use_cpu",
        {},
        [](const std::string& s, LaunchConfig* c) {
@@ -377,6 +386,10 @@ const std::vector<KeyDef>& TopLevelTable() {
 // Accelerate keys we accept but that change nothing here; they are named in one warning.
 const std::set<std::string>& IgnoredAccelerateKeys() {
   static const std::set<std::string> keys = {"compute_environment",
+                                             "dynamo_backend",
+                                             "use_mps_device",
+                                             "use_xpu",
+                                             "num_cpu_threads_per_process",
                                              "rdzv_backend",
                                              "same_network",
                                              "debug",

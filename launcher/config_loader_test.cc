@@ -171,3 +171,24 @@ TEST_CASE("MissingDataFileIsAnError") {
 
 }  // namespace
 }  // namespace launch::config
+
+namespace launch::config {
+namespace {
+
+TEST_CASE("OlderAccelerateFilesLoad") {
+  LaunchConfig cfg;
+  REQUIRE(LoadYamlString("compute_environment: LOCAL_MACHINE\n"
+                         "distributed_type: MULTI_GPU\n"
+                         "dynamo_backend: 'NO'\n"
+                         "fp16: true\n"
+                         "use_mps_device: false\n"
+                         "num_processes: 2\n",
+                         "old.yaml", &cfg)
+              .ok());
+  CHECK(cfg.mixed_precision == "fp16");
+  REQUIRE(cfg.warnings.size() == 1);
+  CHECK(cfg.warnings[0].find("dynamo_backend") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace launch::config

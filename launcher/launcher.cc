@@ -199,6 +199,12 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   app.add_flag("-m," + BothSpellings("module"), module,
                "the program is a Python module (python -m)")
       ->group(kGroupProgram);
+  bool multi_gpu = false;
+  app.add_flag(BothSpellings("multi_gpu"), multi_gpu,
+               "GPU workers (accelerate --multi_gpu; distributed_type MULTI_GPU)")
+      ->group(kGroupProcs);
+  app.add_flag(BothSpellings("same_network"), "accepted for accelerate compatibility")
+      ->group("Compatibility (ignored)");
   app.add_flag("--cpu", cpu, "use CPU workers even where GPUs exist (accelerate --cpu)")
       ->group(kGroupProcs);
   // torchrun flags that mean nothing here: accepted so existing command lines work.
@@ -304,6 +310,9 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   }
   if (no_python) cfg->no_python = true;
   if (module) cfg->run_module = true;
+  if (multi_gpu)
+    LAUNCH_RETURN_IF_ERROR(config::ApplySetting("distributed_type", "MULTI_GPU",
+                                                Origin{Origin::Kind::kFlag, "--multi_gpu"}, cfg));
   if (cpu)
     LAUNCH_RETURN_IF_ERROR(
         config::ApplySetting("use_cpu", "true", Origin{Origin::Kind::kFlag, "--cpu"}, cfg));
