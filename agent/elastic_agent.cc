@@ -59,8 +59,13 @@ int ExitCodeForReport(const rdzv::FailureReport& r) {
 
 class ElasticAgent {
  public:
-  explicit ElasticAgent(const ElasticAgentOptions& options)
-      : options_(options), signals_(io_, SIGINT, SIGTERM, SIGHUP), drain_timer_(io_) {
+  ElasticAgent(const ElasticAgentOptions& options, asio::io_context& io,
+               const GroupFactory& make_group)
+      : options_(options),
+        io_(io),
+        make_group_(make_group),
+        signals_(io_, SIGINT, SIGTERM, SIGHUP),
+        drain_timer_(io_) {
     signals_.add(SIGUSR1);
     signals_.add(SIGUSR2);
   }
@@ -247,7 +252,7 @@ class ElasticAgent {
         std::to_string(a.rank_offset + a.local_world_size - 1) + " of " +
         std::to_string(a.world_size) + ", master " +
         rdzv::FormatEndpoint(a.master_addr, a.master_port));
-    group_ = std::make_unique<WorkerGroup>(io_);
+    group_ = make_group_(io_);
     int round = a.round;
     Status started =
         group_->Start(spec, [this, round](const GroupResult& r) { OnGroupDone(round, r); });
@@ -360,13 +365,14 @@ class ElasticAgent {
   }
 
   const ElasticAgentOptions& options_;
-  asio::io_context io_;
+  asio::io_context& io_;
+  const GroupFactory& make_group_;
   asio::signal_set signals_;
   asio::steady_timer drain_timer_;
   std::chrono::steady_clock::time_point drain_deadline_;
   std::shared_ptr<rdzv::RendezvousServer> server_;
   std::shared_ptr<rdzv::RendezvousClient> client_;
-  std::unique_ptr<WorkerGroup> group_;
+  std::unique_ptr<GroupSupervisor> group_;
   bool group_running_ = false;
   After after_stop_ = After::kNothing;
   int round_ = -1;
@@ -399,7 +405,15 @@ ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& cfg,
 }
 
 int RunElasticAgent(const ElasticAgentOptions& options) {
-  ElasticAgent agent(options);
+  asio::io_context io;
+  return RunElasticAgent(options, io, [](asio::io_context& ctx) {
+    return std::unique_ptr<GroupSupervisor>(new WorkerGroup(ctx));
+  });
+}
+
+int RunElasticAgent(const ElasticAgentOptions& options, asio::io_context& io,
+                    const GroupFactory& make_group) {
+  ElasticAgent agent(options, io, make_group);
   return agent.Run();
 }
 

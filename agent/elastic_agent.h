@@ -62,6 +62,10 @@ struct ElasticAgentOptions {
 
 // Runs the multi-node loop until the job ends; returns the exit code (see above).
 int RunElasticAgent(const ElasticAgentOptions& options);
+// The same loop over any GroupSupervisor (tests pass a fake); runs `io` until the job ends.
+// REQUIRES: `io` is not running elsewhere.
+int RunElasticAgent(const ElasticAgentOptions& options, boost::asio::io_context& io,
+                    const GroupFactory& make_group);
 
 // The multi-node options from the merged config and the single-node template `local` (which
 // the launcher builds as for one node). Endpoint = main_process_ip:main_process_port (29500
