@@ -27,16 +27,19 @@ class Node:
     """One `launch` agent; output (stdout+stderr) goes to a file to avoid pipe stalls."""
 
     def __init__(self, index, port, nnodes, nproc=2, rank=None, extra=(), worker_args=(),
-                 env=None, marker=None, tmp=None):
+                 env=None, marker=None, tmp=None, endpoint=None):
         self.addr = f"127.0.0.{index + 1}"
         self.log_path = os.path.join(tmp, f"node{index}.log")
+        where = (["--rdzv_endpoint", endpoint] if endpoint else
+                 ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)])
         args = [harness.LAUNCH, "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
-                "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), *extra]
+                *where, *extra]
         if rank is not None:
             args += ["--node_rank", str(rank)]
         args += ["--", harness.SYSTEM_PYTHON, WORKER, *worker_args]
         full_env = dict(os.environ)
-        full_env["LAUNCH_RDZV_LOCAL_ADDR"] = self.addr
+        if not endpoint:
+            full_env["LAUNCH_RDZV_LOCAL_ADDR"] = self.addr
         if marker:
             full_env["LAUNCH_TEST_MARKER"] = marker
         full_env.update(env or {})
@@ -156,6 +159,19 @@ class MultiNodeTest(unittest.TestCase):
         on_b = sorted(int(e["RANK"]) for e in seen if e["GROUP_RANK"] == "1")
         self.assertEqual(on_b, [1, 2, 3])
         self.assertTrue(all(e["LOCAL_WORLD_SIZE"] == "3" for e in seen if e["GROUP_RANK"] == "1"))
+
+    def test_ipv6_endpoint_in_torchrun_spelling(self):
+        try:
+            with socket.socket(socket.AF_INET6) as probe:
+                probe.bind(("::1", 0))
+        except OSError:
+            self.skipTest("no IPv6 loopback")
+        endpoint = f"[::1]:{self.port}"
+        a = self.start(0, 2, rank=0, endpoint=endpoint)
+        b = self.start(1, 2, rank=1, endpoint=endpoint)
+        self.assertEqual(self.wait_all([a, b]), [0, 0], a.output() + b.output())
+        seen = self.check_ranks([a, b], 4)
+        self.assertEqual(seen[0]["MASTER_ADDR"], "::1")
 
     # ---- fail fast ------------------------------------------------------------------------
 
