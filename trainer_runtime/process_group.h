@@ -46,6 +46,10 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
                                       int tag) override;
 
+  // Counts an all-reduce carried by other means (the two-rank exchange in strategy.cc), so
+  // counts and launch times cover every gradient reduction whatever its transport.
+  void RecordAllreduce(int64_t bytes);
+
   // Counters. Thread-safe: the Reducer launches all-reduces from the autograd engine.
   int64_t allreduce_count() const;
   int64_t allreduce_bytes() const;
