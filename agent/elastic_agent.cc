@@ -398,7 +398,7 @@ ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& cfg,
   o.join_timeout_s = cfg.rdzv_conf.join_timeout_s;
   o.last_call_timeout_s = cfg.rdzv_conf.last_call_timeout_s;
   o.heartbeat_timeout_s = cfg.rdzv_conf.heartbeat_timeout_s;
-  if (const char* addr = std::getenv("LAUNCH_RDZV_LOCAL_ADDR")) o.local_address = addr;
+  o.local_address = cfg.rdzv_local_addr;
   // What must agree across nodes beyond run_id, nnodes and max_restarts (compared one by one).
   o.fingerprint = "role=" + cfg.role;
   return o;

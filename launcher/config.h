@@ -152,6 +152,9 @@ struct LaunchConfig {
   std::string main_process_ip = "127.0.0.1";  // rendezvous endpoint host (MASTER_ADDR on 1 node)
   int main_process_port = -1;  // -1 = default: a free port on one node, 29500 across nodes
   std::string rdzv_token;      // shared secret (also env LAUNCH_RDZV_TOKEN)
+  // Local address the agent connects to the rendezvous from (multi-homed hosts; the tests use
+  // 127.0.0.2, 127.0.0.3, ... as stand-in nodes). Empty = chosen by the kernel.
+  std::string rdzv_local_addr;
   RdzvConf rdzv_conf;
   std::string run_id;  // empty = generated on one node, "default" across nodes
   std::string role = "default";

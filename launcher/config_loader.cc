@@ -299,6 +299,7 @@ const std::vector<KeyDef>& TopLevelTable() {
          return ParseEndpoint(s, &c->main_process_ip, &c->main_process_port);
        }},
       {"rdzv_token", {}, Field(&LaunchConfig::rdzv_token)},
+      {"rdzv_local_addr", {}, Field(&LaunchConfig::rdzv_local_addr)},
       {"run_id", {"rdzv_id"}, Field(&LaunchConfig::run_id)},
       {"role", {}, Field(&LaunchConfig::role)},
       {"max_restarts", {}, NonNegative(&LaunchConfig::max_restarts)},

@@ -77,6 +77,8 @@ const std::vector<FlagDef>& FlagTable() {
        {"rdzv_token"},
        kGroupNodes,
        "shared secret for the rendezvous (or env LAUNCH_RDZV_TOKEN)"},
+      {"rdzv_local_addr", {"rdzv_local_addr"}, kGroupNodes,
+       "local address to reach the rendezvous from (multi-homed hosts)"},
       {"join_timeout", {"join_timeout"}, kGroupNodes, "seconds to wait for the machines (600)"},
       {"last_call_timeout",
        {"last_call_timeout"},
