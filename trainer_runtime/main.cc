@@ -1,6 +1,7 @@
 // `train CONFIG.yaml [--output_dir D] [--max_steps N] [--dump_params]`: the worker binary that
 // `launch` (or torchrun, srun, mpirun) starts once per rank. Exit status: 0 done, 2 bad
-// configuration (nothing trained), 1 anything else.
+// configuration (nothing trained), 143 stopped by SIGTERM/SIGINT after checkpointing, 1 anything
+// else.
 
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@ int Fail(const launch::Status& status) {
   std::fprintf(stderr, "train: error: %s\n", status.message().c_str());
   using Code = launch::Status::Code;
   const Code c = status.code();
+  if (c == Code::kInterrupted) return 128 + 15;  // stopped on request (SIGTERM/SIGINT)
   return (c == Code::kInvalidConfig || c == Code::kInvalidArgument || c == Code::kNotFound) ? 2 : 1;
 }
 

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -59,6 +60,17 @@ class ParallelStrategy {
   virtual void Finish(int64_t steps_done) = 0;
   // Number of gradient buckets (ddp), 0 otherwise.
   virtual int64_t num_buckets() const { return 0; }
+  // dp (dp.h): the strategy runs forward, loss and backward itself (replicas on threads). When
+  // true the loop calls ForwardBackward instead of Forward, Loss and backward().
+  virtual bool RunsForwardBackward() const { return false; }
+  // Adds the gradient of `scale` x (mean loss over the batch) to the model's .grad and returns
+  // that mean loss as a detached scalar. `loss_fn(logits, targets)` is the mean loss of a chunk.
+  virtual torch::Tensor ForwardBackward(
+      const torch::Tensor& x, const torch::Tensor& y,
+      const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& loss_fn,
+      double scale) {
+    TORCH_CHECK(false, Name(), " does not run forward/backward itself");
+  }
 
   StepCommStats TakeStepStats();
 

@@ -1,9 +1,11 @@
 #include "trainer_runtime/trainer.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
@@ -16,6 +18,7 @@
 #include "trainer_runtime/data.h"
 #include "trainer_runtime/env.h"
 #include "trainer_runtime/model.h"
+#include "trainer_runtime/pipeline.h"
 #include "trainer_runtime/process_group.h"
 #include "trainer_runtime/sampler.h"
 #include "trainer_runtime/schedule.h"
@@ -23,6 +26,26 @@
 
 namespace launch::trainer {
 namespace {
+
+// The one signal flag (STYLE.md): the last signal received, 0 when none. SIGUSR1/SIGUSR2 (what
+// SLURM sends before preemption; `launch` forwards them) ask for a checkpoint and training
+// goes on; SIGTERM/SIGINT ask for a checkpoint and a clean stop. Acted on at the next
+// optimizer-step boundary, where the state is consistent.
+volatile std::sig_atomic_t g_signal = 0;
+
+extern "C" void OnSignal(int signo) {
+  const bool stop_pending = g_signal == SIGTERM || g_signal == SIGINT;
+  if ((signo == SIGUSR1 || signo == SIGUSR2) && stop_pending) return;  // a stop outranks
+  g_signal = signo;
+}
+
+void InstallSignalHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int signo : {SIGUSR1, SIGUSR2, SIGTERM, SIGINT}) sigaction(signo, &sa, nullptr);
+}
 
 using Clock = std::chrono::steady_clock;
 using config::OptimizerType;
@@ -273,11 +296,19 @@ void Trainer::TrainStep() {
 
     phase_ = "forward";
     strategy_->BeforeForward(sync);
-    torch::Tensor loss = Loss(data_.task, model_->Forward(x), y);
+    // dp runs forward and backward on its replicas' threads (dp.h).
+    const bool owns = strategy_->RunsForwardBackward();
+    torch::Tensor loss = owns ? strategy_->ForwardBackward(
+                                    x, y,
+                                    [&](const torch::Tensor& l, const torch::Tensor& t) {
+                                      return Loss(data_.task, l, t);
+                                    },
+                                    1.0 / static_cast<double>(n))
+                              : Loss(data_.task, model_->Forward(x), y);
     strategy_->BeforeBackward(loss, sync);
     phase_ = "backward";
     // Accelerate's convention: the loss of every micro-batch is divided by N.
-    (loss / static_cast<double>(n)).backward();
+    if (!owns) (loss / static_cast<double>(n)).backward();
     strategy_->AfterBackward(sync);
     loss_sum += loss.item<double>();
 
@@ -455,12 +486,21 @@ Status Trainer::Run() {
       Log("eval at step " + std::to_string(state_.step) + ": loss " + Fixed(el, 4) +
           (std::isnan(ea) ? "" : " accuracy " + Fixed(ea, 4)));
     }
-    if (cfg_.checkpoint_every > 0 && state_.step % cfg_.checkpoint_every == 0 &&
-        state_.step < total_steps_ && is_main_) {
+    const int signo = g_signal;
+    if (signo != 0) g_signal = 0;
+    const bool scheduled = cfg_.checkpoint_every > 0 && state_.step % cfg_.checkpoint_every == 0;
+    if ((scheduled || signo != 0) && state_.step < total_steps_ && is_main_) {
       phase_ = "checkpoint";
       state_.world_size = env_.world_size;
       LAUNCH_RETURN_IF_ERROR(SaveCheckpoint(CheckpointPath(), *model_, *optimizer_, state_));
+      if (signo != 0)
+        Log("train: " + SignalName(signo) + ": wrote " + CheckpointPath() + " at step " +
+            std::to_string(state_.step));
     }
+    if (signo == SIGTERM || signo == SIGINT)
+      return Status::Interrupted("stopped by " + SignalName(signo) + " at step " +
+                                 std::to_string(state_.step) +
+                                 (is_main_ ? "; checkpoint written, the next run resumes" : ""));
   }
   loop_s_ = Seconds(Clock::now() - train_start_);
   phase_ = "finishing";
@@ -494,9 +534,13 @@ Status Trainer::Run() {
 }  // namespace
 
 Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& options) {
+  // Pipeline stages run their own loop (pipeline.h): the schedule replaces forward/backward.
+  if (train.parallel.mode == config::ParallelMode::kPipeline)
+    return RunPipelineTrainer(train, options);
   StatusOr<DistEnv> env = ParseDistEnv(config::CurrentEnvironment());
   if (!env.ok()) return env.status();
   Trainer trainer(train, options, *env);
+  InstallSignalHandlers();
   try {
     return trainer.Run();
   } catch (const c10::Error& e) {

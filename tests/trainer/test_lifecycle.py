@@ -197,6 +197,110 @@ class ResumeTest(unittest.TestCase):
         self.check_resumed(out, ref, stdout)
 
 
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class OutputTest(unittest.TestCase):
+    CONFIG = """
+train:
+  output_dir: {out}
+  model: {{type: mlp, layers: [16, 32, 4]}}
+  data: {{type: synthetic, samples: 2000}}
+  max_steps: 30
+  log_every: 10
+  resume: never
+"""
+
+    def test_progress_bar_on_a_terminal(self):
+        import pty
+        tmp = harness.tmpdir()
+        cfg = write_config(tmp, self.CONFIG.format(out=os.path.join(tmp, "o")))
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([TRAIN, cfg], stdout=slave, stderr=subprocess.PIPE,
+                                env=rank_env(0, 1, free_port()))
+        os.close(slave)
+        chunks = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(master)
+        proc.wait(timeout=30)
+        proc.stderr.close()
+        text = b"".join(chunks).decode(errors="replace")
+        self.assertEqual(proc.returncode, 0)
+        self.assertIn("\r[", text)
+        self.assertIn("30/30", text)
+        self.assertIn("ETA", text)
+        self.assertIn("samples/s", text)
+        self.assertNotIn("step 10/30", text)
+
+    def test_plain_lines_and_metrics_when_not_a_terminal(self):
+        tmp = harness.tmpdir()
+        out = os.path.join(tmp, "o")
+        cfg = write_config(tmp, self.CONFIG.format(out=out))
+        r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=60,
+                           env=rank_env(0, 1, free_port()))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("\r", r.stdout)
+        for step in (1, 10, 20, 30):
+            self.assertIn(f"step {step}/30 loss", r.stdout)
+        m = metrics(out)
+        self.assertEqual([x["step"] for x in m], list(range(1, 31)))
+        for key in ("step", "loss", "lr", "samples_per_s", "comm_ms", "compute_ms"):
+            self.assertIn(key, m[0])
+        f = final(out)
+        for key in ("train_loss", "eval_loss", "eval_accuracy", "steps", "param_checksum"):
+            self.assertIn(key, f)
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class SignalTest(unittest.TestCase):
+    def test_sigusr1_checkpoints_and_continues_sigterm_checkpoints_and_stops(self):
+        tmp = harness.tmpdir()
+        out = os.path.join(tmp, "sig")
+        steps = 20000
+        cfg = write_config(tmp, f"""
+train:
+  output_dir: {out}
+  model: {{type: mlp, layers: [64, 256, 256, 10]}}
+  data: {{type: synthetic, samples: 8000}}
+  batch_size: 64
+  max_steps: {steps}
+  checkpoint_every: 0
+""")
+        ckpt = os.path.join(out, "checkpoints", "latest.pt")
+        proc = subprocess.Popen([TRAIN, cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=rank_env(0, 1, free_port()))
+        try:
+            self.assertGreaterEqual(wait_for_step(out, 50, timeout=60), 50)
+            self.assertFalse(os.path.exists(ckpt))
+            proc.send_signal(signal.SIGUSR1)
+            self.assertTrue(harness.wait_until(lambda: os.path.exists(ckpt), 20))
+            self.assertIsNone(proc.poll(), "SIGUSR1 must not stop training")
+            proc.send_signal(signal.SIGTERM)
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        self.assertEqual(proc.returncode, 143, stderr)
+        self.assertIn("SIGUSR1: wrote", stdout)
+        self.assertIn("SIGTERM", stderr)
+        self.assertFalse(os.path.exists(os.path.join(out, "final.json")))
+        stopped_at = metrics(out)[-1]["step"]
+        self.assertLess(stopped_at, steps)
+        # The next run continues from the SIGTERM checkpoint (cut short with --max_steps).
+        r = subprocess.run([TRAIN, cfg, "--max_steps", str(stopped_at + 20)], capture_output=True,
+                           text=True, timeout=120, env=rank_env(0, 1, free_port()))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"at step {stopped_at}", r.stdout)
+        self.assertEqual(final(out)["steps_this_run"], 20)
+
+
 @unittest.skipUnless(HAVE_LAUNCH and os.path.exists(TRAIN), NO_LAUNCH)
 class ReadmeCommandTest(unittest.TestCase):
     def test_quickstart_trains_two_processes_and_loss_falls(self):

@@ -1,0 +1,246 @@
+#include "trainer_runtime/dp.h"
+
+#include <dlfcn.h>
+
+#include <condition_variable>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "base/strings.h"
+#include "trainer_runtime/pipeline_schedule.h"
+
+namespace launch::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// omp_set_num_threads through the already-loaded libgomp (LibTorch's OpenMP runtime), so this
+// file needs no -fopenmp. Null when LibTorch was built without OpenMP.
+using OmpSetNumThreads = void (*)(int);
+OmpSetNumThreads FindOmpSetNumThreads() {
+  return reinterpret_cast<OmpSetNumThreads>(::dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+}
+
+// K threads, each running the task of its replica when Run() is called. Run blocks until all
+// finished and rethrows the first exception on the calling thread (no exception escapes a
+// worker).
+class ReplicaPool {
+ public:
+  ReplicaPool(int workers, int threads_per_worker) {
+    const OmpSetNumThreads set_threads = FindOmpSetNumThreads();
+    for (int k = 0; k < workers; ++k) {
+      threads_.emplace_back([this, k, threads_per_worker, set_threads] {
+        // The OpenMP thread budget is a per-thread setting: this replica's intra-op team.
+        if (set_threads) set_threads(threads_per_worker);
+        Loop(k);
+      });
+    }
+  }
+  ~ReplicaPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  // Runs task(k) on worker k for every k, in parallel.
+  void Run(const std::function<void(int)>& task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = &task;
+      pending_ = static_cast<int>(threads_.size());
+      error_ = nullptr;
+      ++generation_;
+    }
+    cv_.notify_all();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    task_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void Loop(int k) {
+    uint64_t seen = 0;
+    while (true) {
+      const std::function<void(int)>* task = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        task = task_;
+      }
+      std::exception_ptr error;
+      try {
+        (*task)(k);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (error && !error_) error_ = error;
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int)>* task_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+class DpStrategy : public ParallelStrategy {
+ public:
+  DpStrategy(Model* model, std::vector<std::unique_ptr<Model>> extra, bool loss_in_replica,
+             int threads_per_replica)
+      : replicas_(static_cast<int>(extra.size()) + 1),
+        loss_in_replica_(loss_in_replica),
+        extra_(std::move(extra)),
+        pool_(replicas_, threads_per_replica) {
+    models_.push_back(model);
+    for (auto& m : extra_) models_.push_back(m.get());
+  }
+
+  const char* Name() const override { return "dp"; }
+  void Setup() override {}
+  bool SyncGradients(bool) const override { return false; }
+  void BeforeForward(bool) override {}
+  void BeforeBackward(const torch::Tensor&, bool) override {}
+  void AfterBackward(bool) override {}
+  void AfterOptimizerStep(int64_t) override {}
+  void Finish(int64_t) override {}
+  bool RunsForwardBackward() const override { return true; }
+
+  torch::Tensor ForwardBackward(
+      const torch::Tensor& x, const torch::Tensor& y,
+      const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& loss_fn,
+      double scale) override {
+    const int64_t batch = x.size(0);
+    const int used = static_cast<int>(std::min<int64_t>(replicas_, batch));
+    const auto chunks = SplitRows(batch, used);
+    Replicate(used);
+    std::vector<double> losses(static_cast<size_t>(used), 0.0);
+    std::vector<torch::Tensor> outputs(static_cast<size_t>(used));
+    if (loss_in_replica_) {
+      pool_.Run([&](int k) {
+        if (k >= used) return;
+        const auto [offset, rows] = chunks[static_cast<size_t>(k)];
+        torch::Tensor loss =
+            loss_fn(models_[static_cast<size_t>(k)]->Forward(x.narrow(0, offset, rows)),
+                    y.narrow(0, offset, rows));
+        const double weight = static_cast<double>(rows) / static_cast<double>(batch);
+        (loss * (scale * weight)).backward();
+        losses[static_cast<size_t>(k)] = loss.item<double>() * weight;
+      });
+    } else {
+      pool_.Run([&](int k) {
+        if (k >= used) return;
+        const auto [offset, rows] = chunks[static_cast<size_t>(k)];
+        outputs[static_cast<size_t>(k)] =
+            models_[static_cast<size_t>(k)]->Forward(x.narrow(0, offset, rows));
+      });
+      // Gather to the first "device" and compute the loss over the whole batch there.
+      std::vector<torch::Tensor> detached;
+      for (auto& o : outputs) detached.push_back(o.detach());
+      torch::Tensor gathered = torch::cat(detached).requires_grad_(true);
+      torch::Tensor loss = loss_fn(gathered, y);
+      (loss * scale).backward();
+      losses[0] = loss.item<double>();
+      torch::Tensor grad = gathered.grad();
+      pool_.Run([&](int k) {
+        if (k >= used) return;
+        const auto [offset, rows] = chunks[static_cast<size_t>(k)];
+        torch::autograd::backward({outputs[static_cast<size_t>(k)]},
+                                  {grad.narrow(0, offset, rows)});
+      });
+    }
+    Reduce(used);
+    double total = 0;
+    for (double l : losses) total += l;
+    return torch::tensor(total, torch::kDouble);
+  }
+
+ private:
+  // Replicas 1..used-1 take replica 0's parameters and buffers; their gradients start at zero.
+  void Replicate(int used) {
+    torch::NoGradGuard no_grad;
+    auto params0 = models_[0]->Parameters();
+    auto buffers0 = models_[0]->NamedBuffers();
+    for (int k = 1; k < used; ++k) {
+      auto params = models_[static_cast<size_t>(k)]->Parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        params[i].copy_(params0[i]);
+        if (params[i].grad().defined()) params[i].mutable_grad().zero_();
+      }
+      auto buffers = models_[static_cast<size_t>(k)]->NamedBuffers();
+      for (size_t i = 0; i < buffers.size(); ++i) buffers[i].second.copy_(buffers0[i].second);
+    }
+  }
+
+  // Replica 0's gradients += the others', in replica order.
+  void Reduce(int used) {
+    torch::NoGradGuard no_grad;
+    auto params0 = models_[0]->Parameters();
+    for (int k = 1; k < used; ++k) {
+      auto params = models_[static_cast<size_t>(k)]->Parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!params[i].grad().defined()) continue;
+        if (!params0[i].grad().defined()) {
+          params0[i].mutable_grad() = params[i].grad().clone();
+        } else {
+          params0[i].mutable_grad().add_(params[i].grad());
+        }
+      }
+    }
+  }
+
+  int replicas_;
+  bool loss_in_replica_;
+  std::vector<std::unique_ptr<Model>> extra_;
+  std::vector<Model*> models_;
+  ReplicaPool pool_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::TrainConfig& cfg,
+                                                             Model* model) {
+  const int k = cfg.parallel.replicas;
+  if (k < 1)
+    return Status::InvalidConfig("train.parallel.replicas must be at least 1, got " +
+                                 std::to_string(k));
+  if (cfg.batch_size < k)
+    return Status::InvalidConfig("train.batch_size " + std::to_string(cfg.batch_size) +
+                                 " is smaller than train.parallel.replicas " + std::to_string(k) +
+                                 "; every replica needs at least one row");
+  // Building replicas draws from the global RNG (their initial values are overwritten every
+  // step anyway): keep the loop's RNG stream (dropout masks) as it was.
+  auto generator = at::detail::getDefaultCPUGenerator();
+  torch::Tensor rng_state = generator.get_state();
+  std::vector<std::unique_ptr<Model>> extra;
+  for (int i = 1; i < k; ++i) {
+    auto replica = CreateModel(cfg.model);
+    if (!replica.ok()) return replica.status();
+    (*replica)->SetTraining(true);
+    extra.push_back(std::move(*replica));
+  }
+  generator.set_state(rng_state);
+  int threads = std::max(1, at::get_num_threads() / k);
+  if (const char* v = std::getenv("LAUNCH_DP_THREADS_PER_REPLICA")) {
+    long long n = 0;
+    if (ParseInt64(v, &n) && n >= 1 && n <= 256) threads = static_cast<int>(n);
+  }
+  return std::unique_ptr<ParallelStrategy>(
+      std::make_unique<DpStrategy>(model, std::move(extra), cfg.parallel.loss_in_replica, threads));
+}
+
+}  // namespace launch::trainer
