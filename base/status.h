@@ -118,7 +118,7 @@ class [[nodiscard]] StatusOr {
 #define LAUNCH_CONCAT(a, b) LAUNCH_CONCAT_INNER(a, b)
 // LAUNCH_ASSIGN_OR_RETURN(auto x, MakeX()); returns the Status when MakeX() failed.
 #define LAUNCH_ASSIGN_OR_RETURN(lhs, expr) \
-  LAUNCH_ASSIGN_OR_RETURN_IMPL(LAUNCH_CONCAT(_launch_or_, __LINE__), lhs, expr)
+  LAUNCH_ASSIGN_OR_RETURN_IMPL(LAUNCH_CONCAT(_launch_or_, __COUNTER__), lhs, expr)
 #define LAUNCH_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                                 \
   if (!tmp.ok()) return tmp.status();                \
