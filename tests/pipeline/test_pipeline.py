@@ -1,0 +1,230 @@
+"""Pipeline stages, pipeline x data parallel and in-process DP against single-process references
+(same data, same seed): the parameters after 10 steps agree to 1e-5 relative; the executor's count
+of live activation micro-batches per stage matches the schedule (1F1B: P - s <= P; GPipe: M);
+stages resume consistently; bad settings fail before anything trains."""
+
+import os
+import subprocess
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trainer"))
+from trainer_helpers import (TRAIN, final, free_port, metrics, params, rank_env, rel_diff,
+                             run_ranks, write_config)
+import harness
+
+BASE = """
+train:
+  seed: 11
+  output_dir: {out}
+  model: {{type: mlp, layers: [12, 24, 24, 24, 4]}}
+  data: {{type: synthetic, samples: 640}}
+  eval_fraction: 0.0
+  batch_size: {batch}
+  max_steps: {steps}
+  optimizer: {optimizer}
+  checkpoint_every: {ckpt}
+  resume: {resume}
+  gradient_accumulation_steps: {accum}
+  parallel: {parallel}
+"""
+
+SGD = "{type: sgd, lr: 0.05, momentum: 0.9}"
+ADAM = "{type: adam, lr: 0.003}"
+
+
+def config(tmp, name, batch, parallel, steps=10, optimizer=SGD, accum=1, ckpt=0, resume="never"):
+    out = os.path.join(tmp, name)
+    text = BASE.format(out=out, batch=batch, steps=steps, optimizer=optimizer, accum=accum,
+                       parallel=parallel, ckpt=ckpt, resume=resume)
+    return write_config(tmp, text, name + ".yaml"), out
+
+
+def pipeline_params(out, stages, replica=0):
+    """The whole model's parameters: stage 0..P-1 of one pipeline replica, concatenated."""
+    flat = []
+    for s in range(stages):
+        flat += params(out, replica * stages + s)
+    return flat
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class PipelineNumericsTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def reference(self, batch, optimizer=SGD, accum=1):
+        cfg, out = config(self.tmp, f"ref{batch}_{accum}_{len(optimizer)}", batch, "{mode: none}",
+                          optimizer=optimizer, accum=accum)
+        run_ranks(cfg, 1, ["--dump_params"], timeout=60)
+        return params(out), out
+
+    def check(self, stages, micro, schedule, expected_live, optimizer=SGD):
+        ref, ref_out = self.reference(8, optimizer)
+        name = f"pp{stages}_{micro}_{schedule}"
+        cfg, out = config(self.tmp, name, 8, f"{{mode: pipeline, stages: {stages}, "
+                          f"microbatches: {micro}, schedule: {schedule}}}", optimizer=optimizer)
+        run_ranks(cfg, stages, ["--dump_params"], timeout=90)
+        got = pipeline_params(out, stages)
+        rel, worst = rel_diff(got, ref)
+        self.assertLess(rel, 1e-5, f"{name}: relative difference {rel:g} (max abs {worst:g})")
+        m = metrics(out)
+        self.assertEqual(len(m), 10)
+        self.assertLess(m[-1]["loss"], m[0]["loss"])
+        # The logged loss is the full batch's mean, as the reference logs it.
+        ref_m = metrics(ref_out)
+        self.assertAlmostEqual(m[0]["loss"], ref_m[0]["loss"], places=5)
+        pipe = final(out)["pipeline"]
+        self.assertEqual(pipe["peak_live_microbatches"], expected_live)
+        self.assertEqual(final(out)["strategy"], "pipeline")
+        return pipe
+
+    def test_two_stages_1f1b_equals_single_process(self):
+        self.check(2, 4, "1f1b", [2, 1])
+
+    def test_two_stages_gpipe_equals_single_process_adam(self):
+        self.check(2, 4, "gpipe", [4, 4], optimizer=ADAM)
+
+    def test_four_stages_1f1b_keeps_at_most_p_minus_s_alive(self):
+        pipe = self.check(4, 6, "1f1b", [4, 3, 2, 1])
+        self.assertTrue(all(v <= 4 for v in pipe["peak_live_microbatches"]))
+        # Balanced by parameter count: the 12->24 first layer is the small one.
+        self.assertEqual(sum(pipe["partition"]), 4)
+
+    def test_four_stages_gpipe_keeps_all_m_alive(self):
+        self.check(4, 6, "gpipe", [6, 6, 6, 6])
+
+    def test_pipeline_times_data_parallel_2x2_with_accumulation(self):
+        # 2 replicas x batch 8 x 2 accumulated flushes == one process on batch 32.
+        ref, _ = self.reference(32)
+        cfg, out = config(self.tmp, "ppdp", 8, "{mode: pipeline, stages: 2, microbatches: 2, "
+                          "schedule: 1f1b}", accum=2)
+        run_ranks(cfg, 4, ["--dump_params"], timeout=120)
+        r0, r1 = pipeline_params(out, 2, 0), pipeline_params(out, 2, 1)
+        self.assertEqual(r0, r1, "pipeline replicas diverged")
+        rel, worst = rel_diff(r0, ref)
+        self.assertLess(rel, 1e-5, f"relative difference {rel:g} (max abs {worst:g})")
+        f = final(out)
+        self.assertEqual(f["pipeline"]["replicas"], 2)
+        self.assertEqual(f["pipeline"]["peak_live_microbatches"], [2, 1])
+        self.assertEqual(f["allreduces_total"], 10, "one gradient all-reduce per step")
+
+    def test_explicit_partition_is_used(self):
+        ref, _ = self.reference(8)
+        cfg, out = config(self.tmp, "part", 8, "{mode: pipeline, stages: 2, microbatches: 3, "
+                          "schedule: 1f1b, partition: [3, 1]}")
+        run_ranks(cfg, 2, ["--dump_params"], timeout=90)
+        self.assertEqual(final(out)["pipeline"]["partition"], [3, 1])
+        # Stage 1 holds only the last layer (24x4 + 4 values).
+        self.assertEqual(len(params(out, 1)), 24 * 4 + 4)
+        self.assertLess(rel_diff(pipeline_params(out, 2), ref)[0], 1e-5)
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class PipelineResumeTest(unittest.TestCase):
+    def test_stages_resume_from_the_same_step_and_match_an_uninterrupted_run(self):
+        tmp = harness.tmpdir()
+        par = "{mode: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}"
+        ref_cfg, ref_out = config(tmp, "whole", 8, par, optimizer=ADAM, ckpt=3)
+        run_ranks(ref_cfg, 2, ["--dump_params"], timeout=90)
+        cfg, out = config(tmp, "split", 8, par, optimizer=ADAM, ckpt=3, resume="auto")
+        run_ranks(cfg, 2, ["--max_steps", "4"], timeout=90)
+        with open(os.path.join(out, "checkpoints", "pipeline", "latest")) as f:
+            self.assertEqual(f.read().strip(), "4")
+        # The second run (a restart as the agent would do it) continues from step 4.
+        results = run_ranks(cfg, 2, ["--dump_params"], timeout=90, restart=1)
+        self.assertIn("resumed all stages", results[1][1])
+        got = final(out)
+        self.assertEqual(got["steps_this_run"], 6)
+        self.assertEqual(pipeline_params(out, 2), pipeline_params(ref_out, 2))
+        self.assertEqual([m["step"] for m in metrics(out)], list(range(1, 11)))
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class DpNumericsTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def check(self, replicas, loss_in_replica, optimizer=SGD):
+        # batch 10: 5+5 for two replicas, 4+3+3 for three (uneven last chunks).
+        ref_cfg, ref_out = config(self.tmp, "ref", 10, "{mode: none}", optimizer=optimizer)
+        run_ranks(ref_cfg, 1, ["--dump_params"], timeout=60)
+        name = f"dp{replicas}_{loss_in_replica}"
+        cfg, out = config(self.tmp, name, 10, f"{{mode: dp, replicas: {replicas}, "
+                          f"loss_in_replica: {loss_in_replica}}}", optimizer=optimizer)
+        run_ranks(cfg, 1, ["--dump_params"], timeout=60)
+        rel, worst = rel_diff(params(out), params(ref_out))
+        self.assertLess(rel, 1e-5, f"{name}: relative difference {rel:g} (max abs {worst:g})")
+        # Every step's logged loss (the full batch's mean, gathered from the replicas' scalar
+        # losses) equals the reference's, and training changed it.
+        m, ref_m = metrics(out), metrics(ref_out)
+        self.assertEqual(len(m), 10)
+        for a, b in zip(m, ref_m):
+            self.assertAlmostEqual(a["loss"], b["loss"], places=5)
+        self.assertNotEqual(m[-1]["loss"], m[0]["loss"])
+        self.assertEqual(final(out)["strategy"], "dp")
+
+    def test_two_replicas_loss_in_replica(self):
+        self.check(2, "true")
+
+    def test_three_replicas_uneven_chunks_loss_in_replica_adam(self):
+        self.check(3, "true", ADAM)
+
+    def test_three_replicas_loss_on_first_replica(self):
+        self.check(3, "false")
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class PipelineConfigErrorsTest(unittest.TestCase):
+    """Each fails with exit 2 before joining the process group (only rank 0 is started)."""
+
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def fails(self, parallel, world, *expected, model=None):
+        cfg, _ = config(self.tmp, "bad", 8, parallel)
+        if model:
+            with open(cfg) as f:
+                text = f.read().replace("{type: mlp, layers: [12, 24, 24, 24, 4]}", model)
+            with open(cfg, "w") as f:
+                f.write(text)
+        r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=60,
+                           env=rank_env(0, world, free_port()))
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        for e in expected:
+            self.assertIn(e, r.stderr)
+        return r.stderr
+
+    def test_world_not_divisible_by_stages(self):
+        self.fails("{mode: pipeline, stages: 2, microbatches: 2}", 3, "does not divide the world size 3")
+
+    def test_fewer_microbatches_than_stages_for_1f1b_names_the_line(self):
+        self.fails("{mode: pipeline, stages: 4, microbatches: 2, schedule: 1f1b}", 4,
+                   "bad.yaml:", "microbatches")
+
+    def test_more_stages_than_layers(self):
+        self.fails("{mode: pipeline, stages: 5, microbatches: 5}", 5,
+                   "train.parallel.stages 5 is more than the model's 4 layers")
+
+    def test_partition_that_does_not_cover_the_model(self):
+        self.fails("{mode: pipeline, stages: 2, microbatches: 2, partition: [1, 2]}", 2,
+                   "train.parallel.partition sums to 3", "has 4")
+
+    def test_partition_of_wrong_length_names_the_line(self):
+        self.fails("{mode: pipeline, stages: 2, microbatches: 2, partition: [1, 2, 1]}", 2,
+                   "bad.yaml:", "partition")
+
+    def test_dp_across_processes_is_refused(self):
+        # dp runs inside one process; the check happens when the strategy is built, after the
+        # group forms, so this one starts both ranks.
+        cfg, _ = config(self.tmp, "dpw", 8, "{mode: dp, replicas: 2}")
+        procs = [subprocess.Popen([TRAIN, cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, env=rank_env(r, 2, port))
+                 for port in [free_port()] for r in range(2)]
+        outs = [p.communicate(timeout=60) for p in procs]
+        self.assertEqual([p.returncode for p in procs], [2, 2])
+        self.assertIn("use ddp across processes", outs[0][1])
+
+
+if __name__ == "__main__":
+    unittest.main()
