@@ -85,12 +85,13 @@ class ConfigErrorTest(unittest.TestCase):
         self.assertIn("bad.yaml:2", r.stderr)
         self.assertIn("batch_size", r.stderr)
 
-    def test_unimplemented_mode_is_a_config_error(self):
-        cfg = write_config(self.tmp, "train:\n  parallel: {mode: pipeline}\n")
+    def test_pipeline_stages_not_dividing_the_world_is_a_config_error(self):
+        # (dp and pipeline are implemented; tests/pipeline has their numerics.)
+        cfg = write_config(self.tmp, "train:\n  parallel: {mode: pipeline, stages: 2}\n")
         r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=60,
                            env=rank_env(0, 1, free_port()))
         self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("not implemented", r.stderr)
+        self.assertIn("does not divide the world size 1", r.stderr)
 
     @unittest.skipUnless(HAVE_LAUNCH, NO_LAUNCH)
     def test_launch_refuses_bad_train_value_before_starting_workers(self):
