@@ -154,7 +154,16 @@ class DdpStrategy : public ParallelStrategy {
         params_, buckets, limits, pg_, std::vector<bool>(params_.size(), false),
         static_cast<int64_t>(bucket_cap_bytes_), /*find_unused_parameters=*/false,
         /*gradient_as_bucket_view=*/false, names, static_cast<int64_t>(kFirstBucketBytes));
-    reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, ExchangeMaxBytes()));
+    // The hook only pays off when the last bucket qualifies for the exchange. Otherwise keep
+    // the reducer's default path, which is PyTorch DDP's exactly (it divides by the world size
+    // while copying gradients into the bucket, saving a pass over them).
+    size_t last_bucket_bytes = 0;
+    for (size_t index : buckets.back())
+      last_bucket_bytes +=
+          static_cast<size_t>(params_[index].numel() * params_[index].element_size());
+    const size_t exchange_max = ExchangeMaxBytes();
+    if (pg_->getSize() == 2 && last_bucket_bytes <= exchange_max)
+      reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, exchange_max));
     // Tensor hooks on every parameter record when backward produced its gradient; the last
     // one marks the end of gradient computation, against which bucket launch times are
     // compared to measure overlap.

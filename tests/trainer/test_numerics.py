@@ -136,6 +136,32 @@ class LocalSgdTest(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class ReproducibilityTest(unittest.TestCase):
+    def test_same_seed_same_world_is_bit_identical_other_seed_differs(self):
+        tmp = harness.tmpdir()
+        checksums = []
+        for name, seed in (("a", 11), ("b", 11), ("c", 12)):
+            out = os.path.join(tmp, name)
+            cfg = write_config(tmp, f"""
+train:
+  seed: {seed}
+  output_dir: {out}
+  model: {{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}}
+  data: {{type: synthetic, samples: 2048}}
+  batch_size: 16
+  max_steps: 15
+  optimizer: {{type: adamw, lr: 0.003}}
+  scheduler: {{type: cosine, warmup_steps: 3}}
+  max_grad_norm: 0.5
+  resume: never
+""", name + ".yaml")
+            run_ranks(cfg, 2, timeout=90)
+            checksums.append((final(out)["param_checksum"], final(out)["train_loss"]))
+        self.assertEqual(checksums[0], checksums[1])
+        self.assertNotEqual(checksums[0][0], checksums[2][0])
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
 class OverlapTest(unittest.TestCase):
     def test_buckets_are_all_reduced_while_backward_still_computes(self):
         tmp = harness.tmpdir()
