@@ -57,8 +57,7 @@ double TheoreticalBubble(int stages, int microbatches);
 // minimising the largest stage (every stage gets at least one layer). InvalidConfig, naming the
 // keys, when there are more stages than layers, or the explicit partition has the wrong length,
 // a non-positive entry, or does not sum to the number of layers.
-StatusOr<std::vector<int64_t>> PartitionLayers(const std::vector<int64_t>& layer_costs,
-                                               int stages,
+StatusOr<std::vector<int64_t>> PartitionLayers(const std::vector<int64_t>& layer_costs, int stages,
                                                const std::vector<int64_t>& explicit_partition);
 
 // Splits `batch` rows into `chunks` consecutive, non-empty chunks whose sizes differ by at most
