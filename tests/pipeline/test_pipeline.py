@@ -119,6 +119,32 @@ class PipelineNumericsTest(unittest.TestCase):
         self.assertEqual(len(params(out, 1)), 24 * 4 + 4)
         self.assertLess(rel_diff(pipeline_params(out, 2), ref)[0], 1e-5)
 
+    def test_transformer_blocks_two_stages_equal_single_process(self):
+        text = """
+train:
+  seed: 5
+  output_dir: {out}
+  model: {{type: transformer, vocab: bytes, d_model: 16, layers: 3, heads: 2, context: 16}}
+  data: {{type: text, path: /usr/share/common-licenses/GPL-3}}
+  eval_fraction: 0.0
+  batch_size: 6
+  max_steps: 10
+  optimizer: {{type: adam, lr: 0.003}}
+  checkpoint_every: 0
+  resume: never
+  parallel: {parallel}
+"""
+        ref_out, out = os.path.join(self.tmp, "lmref"), os.path.join(self.tmp, "lmpp")
+        ref_cfg = write_config(self.tmp, text.format(out=ref_out, parallel="{mode: none}"),
+                               "lmref.yaml")
+        cfg = write_config(self.tmp, text.format(out=out, parallel="{mode: pipeline, stages: 2, "
+                                                 "microbatches: 3, schedule: 1f1b}"), "lmpp.yaml")
+        run_ranks(ref_cfg, 1, ["--dump_params"], timeout=90)
+        run_ranks(cfg, 2, ["--dump_params"], timeout=90)
+        rel, worst = rel_diff(pipeline_params(out, 2), params(ref_out))
+        self.assertLess(rel, 1e-5, f"relative difference {rel:g} (max abs {worst:g})")
+        self.assertEqual(final(out)["pipeline"]["peak_live_microbatches"], [2, 1])
+
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
 class PipelineResumeTest(unittest.TestCase):
