@@ -77,7 +77,9 @@ const std::vector<FlagDef>& FlagTable() {
        {"rdzv_token"},
        kGroupNodes,
        "shared secret for the rendezvous (or env LAUNCH_RDZV_TOKEN)"},
-      {"rdzv_local_addr", {"rdzv_local_addr"}, kGroupNodes,
+      {"rdzv_local_addr",
+       {"rdzv_local_addr"},
+       kGroupNodes,
        "local address to reach the rendezvous from (multi-homed hosts)"},
       {"join_timeout", {"join_timeout"}, kGroupNodes, "seconds to wait for the machines (600)"},
       {"last_call_timeout",
@@ -175,7 +177,8 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
       "  launch [flags] CONFIG.yaml [-- extra trainer args]\n"
       "  launch [flags] -- PROGRAM [ARGS...]       (any program; .py runs under python3)\n"
       "  launch [flags] script.py [ARGS...]        (torchrun style)\n"
-      "  launch config | env | rdzv-server          (see `launch SUBCOMMAND --help`)\n\n"
+      "  launch config | env | rdzv-server          (see `launch SUBCOMMAND --help`)\n"
+      "  launch test [flags] [CONFIG.yaml]         distributed self-check with this config\n\n"
       "Precedence: flag > environment (LAUNCH_*, PET_*, SLURM_*, OMPI_*) > YAML > default.",
       "launch"};
   app.prefix_command();
@@ -435,6 +438,10 @@ int Main(int argc, char** argv) {
     if (args[0] == "env") return RunEnvCommand(sub_args);
     if (args[0] == "rdzv-server") return rendezvous::RunRendezvousServerCommand(argc - 1, argv + 1);
   }
+  // `launch test [flags] [CONFIG]`: the same job set-up, running the trainer's distributed
+  // self-check on at least 2 processes instead of the configured program.
+  bool self_test = !args.empty() && args[0] == "test";
+  if (self_test) args.erase(args.begin());
   LaunchConfig cfg;
   bool print_config = false, exit_now = false;
   Status s = ParseCommandLine(args, &cfg, &print_config, &exit_now);
@@ -444,6 +451,16 @@ int Main(int argc, char** argv) {
   }
   if (exit_now) return kExitOk;
   for (const auto& w : cfg.warnings) Warn(w);
+  if (self_test) {
+    if (!cfg.program.empty()) {
+      std::fprintf(stderr, "launch: error: `launch test` runs its own check; drop '%s'\n",
+                   Join(cfg.program, " ").c_str());
+      return kExitUsage;
+    }
+    cfg.program = {ExecutableDir() + "/train", "--self_test"};
+    cfg.no_python = true;
+    cfg.max_restarts = 0;
+  }
 
   // Several machines: main_process_port is the rendezvous endpoint's port (the workers' own
   // MASTER_PORT comes from the rendezvous), so it must not be picked at random.
@@ -451,6 +468,10 @@ int Main(int argc, char** argv) {
   if (multi_node && cfg.main_process_port <= 0) cfg.main_process_port = 29500;
   std::string bin_dir = ExecutableDir();
   StatusOr<Plan> plan = MakePlan(cfg, bin_dir);
+  if (self_test && plan.ok() && plan->nproc_per_node < 2 && !multi_node) {
+    cfg.nproc_per_node = "2";  // a collective check needs company
+    plan = MakePlan(cfg, bin_dir);
+  }
   if (print_config) {
     std::cout << config::FormatConfig(cfg);
     if (plan.ok()) {
@@ -491,8 +512,17 @@ int Main(int argc, char** argv) {
   if (!plan->log_root.empty())
     std::fprintf(stderr, "[launch] logs: %s/attempt_<k>/rank_<r>.{stdout,stderr}\n",
                  plan->log_root.c_str());
-  if (multi_node) return agent::RunElasticAgent(agent::MakeElasticAgentOptions(cfg, opts));
-  return agent::RunLocalAgent(opts);
+  int rc = multi_node ? agent::RunElasticAgent(agent::MakeElasticAgentOptions(cfg, opts))
+                      : agent::RunLocalAgent(opts);
+  if (self_test) {
+    if (rc == 0) {
+      std::printf("launch test: PASSED (%d process(es) on this machine%s)\n", plan->nproc_per_node,
+                  multi_node ? ", several machines" : "");
+    } else {
+      std::printf("launch test: FAILED (exit %d; the failing check is named above)\n", rc);
+    }
+  }
+  return rc;
 }
 
 }  // namespace launch::launcher

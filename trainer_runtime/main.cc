@@ -9,12 +9,14 @@
 
 #include "base/strings.h"
 #include "launcher/config_loader.h"
+#include "trainer_runtime/self_test.h"
 #include "trainer_runtime/trainer.h"
 
 namespace {
 
 constexpr const char* kUsage =
     "usage: train CONFIG.yaml [--output_dir DIR] [--max_steps N] [--dump_params]\n"
+    "       train --self_test   (the distributed self-check behind `launch test`)\n"
     "Runs the `train:` section of CONFIG.yaml on this rank (RANK, WORLD_SIZE, MASTER_ADDR,\n"
     "MASTER_PORT from the environment; start it with `launch CONFIG.yaml`).\n";
 
@@ -53,6 +55,9 @@ int main(int argc, char** argv) {
       if (!v || !launch::ParseInt64(v, &n) || n < 1)
         return Fail(launch::Status::InvalidArgument(arg + " needs a positive integer"));
       options.max_steps = n;
+    } else if (arg == "--self_test" || arg == "--self-test") {
+      launch::Status s = launch::trainer::RunSelfTest({});
+      return s.ok() ? 0 : Fail(s);
     } else if (arg == "--dump_params") {
       options.dump_params = true;
     } else if (launch::StartsWith(arg, "-")) {
