@@ -24,18 +24,22 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--bucket_cap_mb", type=float, default=25)
     ap.add_argument("--numel", type=int, default=0)
+    ap.add_argument("--sizes", default="", help="bucket sizes in floats, comma-separated")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     if a.mode == "allreduce":
-        cap = int(a.bucket_cap_mb * (1 << 20) / 4)
-        sizes = []
-        left = a.numel
-        while left > 0:
-            sizes.append(min(cap, left))
-            left -= sizes[-1]
+        if a.sizes:
+            sizes = [int(v) for v in a.sizes.split(",")]
+        else:
+            cap = int(a.bucket_cap_mb * (1 << 20) / 4)
+            sizes = []
+            left = a.numel
+            while left > 0:
+                sizes.append(min(cap, left))
+                left -= sizes[-1]
         bufs = [torch.randn(n) for n in sizes]
         for b in bufs:
             dist.all_reduce(b)
