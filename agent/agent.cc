@@ -9,33 +9,15 @@
 #include <optional>
 
 #include "agent/failure_report.h"
+#include "base/files.h"
+#include "base/log.h"
 #include "base/strings.h"
 
 namespace launch::agent {
 
 namespace asio = boost::asio;
 
-namespace {
-
-Status MakeDirs(const std::string& path) {
-  std::string cur;
-  for (const std::string& part : Split(path, '/')) {
-    cur += part;
-    cur += '/';
-    if (part.empty()) continue;
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-      return Status::FromErrno("cannot create log folder " + cur, errno);
-  }
-  return Status::Ok();
-}
-
-void Say(const std::string& msg) {
-  std::string line = "[launch] " + msg + "\n";
-  std::fwrite(line.data(), 1, line.size(), stderr);
-  std::fflush(stderr);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 int ExitCodeFor(const GroupResult& result) {
   if (result.failures.empty()) return 1;
@@ -64,15 +46,15 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
     signals.async_wait([&](boost::system::error_code ec, int signo) {
       if (ec) return;
       if (signo == SIGUSR1 || signo == SIGUSR2) {
-        Say("forwarding " + SignalName(signo) + " to the workers");
+        log::Info("forwarding " + SignalName(signo) + " to the workers");
         if (group) group->Signal(signo);
       } else if (interrupt_signal != 0) {
-        Say("second " + SignalName(signo) + ": killing the workers now");
+        log::Info("second " + SignalName(signo) + ": killing the workers now");
         if (group) group->Kill();
       } else {
         interrupt_signal = signo;
-        Say("received " + SignalName(signo) + ": stopping the workers (SIGKILL in " +
-            std::to_string(options.group.stop_grace.count() / 1000.0).substr(0, 4) + " s)");
+        log::Info("received " + SignalName(signo) + ": stopping the workers (SIGKILL in " +
+                  std::to_string(options.group.stop_grace.count() / 1000.0).substr(0, 4) + " s)");
         if (group) group->Stop(signo);
       }
       arm_signals();
@@ -88,7 +70,7 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
       spec.log_dir = options.log_root + "/attempt_" + std::to_string(attempt);
       Status s = MakeDirs(spec.log_dir);
       if (!s.ok()) {
-        Say("error: " + s.message());
+        log::Error(s.message());
         return 1;
       }
     }
@@ -96,7 +78,7 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
     group = make_group(io);
     Status started = group->Start(spec, [&](const GroupResult& r) { result = r; });
     if (!started.ok()) {
-      Say("error: " + started.message());
+      log::Error(started.message());
       return 1;
     }
     if (interrupt_signal != 0) group->Stop(interrupt_signal);
@@ -105,11 +87,11 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
     }
     group.reset();
     if (!result) {
-      Say("error: lost track of the workers");
+      log::Error("lost track of the workers");
       return 1;
     }
     if (interrupt_signal != 0) {
-      Say("workers stopped after " + SignalName(interrupt_signal));
+      log::Info("workers stopped after " + SignalName(interrupt_signal));
       return 128 + interrupt_signal;
     }
     if (result->outcome == GroupResult::Outcome::kSucceeded) return 0;
@@ -122,7 +104,8 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
     std::fwrite(report.data(), 1, report.size(), stderr);
     std::fflush(stderr);
     if (!will_restart) return ExitCodeFor(*result);
-    Say("restart " + std::to_string(attempt + 1) + " of " + std::to_string(options.max_restarts));
+    log::Info("restart " + std::to_string(attempt + 1) + " of " +
+              std::to_string(options.max_restarts));
   }
 }
 

@@ -10,6 +10,8 @@
 #include <optional>
 
 #include "agent/ports.h"
+#include "base/files.h"
+#include "base/log.h"
 #include "base/strings.h"
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
@@ -26,24 +28,6 @@ constexpr int kExitLost = 1;
 // How long the hosting agent keeps its server up after its own job ended, so every other agent
 // receives the final DONE/FAILED.
 constexpr std::chrono::milliseconds kServerDrainLimit{3000};
-
-void Say(const std::string& msg) {
-  std::string line = "[launch] " + msg + "\n";
-  std::fwrite(line.data(), 1, line.size(), stderr);
-  std::fflush(stderr);
-}
-
-Status MakeDirs(const std::string& path) {
-  std::string cur;
-  for (const std::string& part : Split(path, '/')) {
-    cur += part;
-    cur += '/';
-    if (part.empty()) continue;
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-      return Status::FromErrno("cannot create log folder " + cur, errno);
-  }
-  return Status::Ok();
-}
 
 std::string Hostname() {
   char buf[256] = {};
@@ -75,16 +59,16 @@ class ElasticAgent {
     ArmSignals();
     std::string where = rdzv::FormatEndpoint(options_.endpoint_host, options_.endpoint_port);
     if (options_.token.empty() && !IsLoopbackEndpoint())
-      Say("warning: the rendezvous endpoint " + where +
-          " is not on loopback and no rdzv_token is set; any host that reaches it can join");
+      log::Warn("the rendezvous endpoint " + where +
+                " is not on loopback and no rdzv_token is set; any host that reaches it can join");
     Status hosted = MaybeHostServer();
     if (!hosted.ok()) {
-      Say("error: " + hosted.message());
+      log::Error(hosted.message());
       return kExitSetup;
     }
     StatusOr<int> port = ReservePort();
     if (!port.ok()) {
-      Say("error: " + port.status().message());
+      log::Error(port.status().message());
       return kExitSetup;
     }
     rdzv::ClientOptions co;
@@ -156,7 +140,7 @@ class ElasticAgent {
     so.token = options_.token;
     so.default_heartbeat_timeout =
         std::chrono::milliseconds(static_cast<long long>(options_.heartbeat_timeout_s * 1000));
-    so.log = [](const std::string& line) { Say("rendezvous: " + line); };
+    so.log = [](const std::string& line) { log::Info("rendezvous: " + line); };
     auto server = rdzv::RendezvousServer::Create(io_, so);
     Status s = server->Listen();
     if (!s.ok()) {
@@ -166,7 +150,7 @@ class ElasticAgent {
       return Status::Ok();
     }
     server_ = server;
-    Say("hosting the rendezvous at " + rdzv::FormatEndpoint(listen_host, server_->port()));
+    log::Info("hosting the rendezvous at " + rdzv::FormatEndpoint(listen_host, server_->port()));
     return Status::Ok();
   }
 
@@ -182,14 +166,14 @@ class ElasticAgent {
     signals_.async_wait([this](const boost::system::error_code& ec, int signo) {
       if (ec) return;
       if (signo == SIGUSR1 || signo == SIGUSR2) {
-        Say("forwarding " + SignalName(signo) + " to the workers");
+        log::Info("forwarding " + SignalName(signo) + " to the workers");
         if (group_ && group_running_) group_->Signal(signo);
       } else if (interrupt_signal_ != 0) {
-        Say("second " + SignalName(signo) + ": killing the workers now");
+        log::Info("second " + SignalName(signo) + ": killing the workers now");
         if (group_ && group_running_) group_->Kill();
       } else {
         interrupt_signal_ = signo;
-        Say("received " + SignalName(signo) + ": stopping the workers and leaving the job");
+        log::Info("received " + SignalName(signo) + ": stopping the workers and leaving the job");
         if (client_) client_->Close();
         StopWorkersThen(After::kExit, 128 + signo, signo);
       }
@@ -216,7 +200,7 @@ class ElasticAgent {
     if (after == After::kRejoin) {
       StatusOr<int> port = ReservePort();
       if (!port.ok()) {
-        Say("error: " + port.status().message());
+        log::Error(port.status().message());
         client_->Close();
         Finish(kExitLost);
         return;
@@ -244,21 +228,21 @@ class ElasticAgent {
     if (!options_.local.log_root.empty()) {
       spec.log_dir = options_.local.log_root + "/attempt_" + std::to_string(a.round);
       Status s = MakeDirs(spec.log_dir);
-      if (!s.ok()) Say("warning: " + s.message() + "; no per-rank log files this round");
+      if (!s.ok()) log::Warn(s.message() + "; no per-rank log files this round");
       if (!s.ok()) spec.log_dir.clear();
     }
-    Say("round " + std::to_string(a.round) + ": node " + std::to_string(a.node_rank) + " of " +
-        std::to_string(a.num_nodes) + ", ranks " + std::to_string(a.rank_offset) + "-" +
-        std::to_string(a.rank_offset + a.local_world_size - 1) + " of " +
-        std::to_string(a.world_size) + ", master " +
-        rdzv::FormatEndpoint(a.master_addr, a.master_port));
+    log::Info("round " + std::to_string(a.round) + ": node " + std::to_string(a.node_rank) +
+              " of " + std::to_string(a.num_nodes) + ", ranks " + std::to_string(a.rank_offset) +
+              "-" + std::to_string(a.rank_offset + a.local_world_size - 1) + " of " +
+              std::to_string(a.world_size) + ", master " +
+              rdzv::FormatEndpoint(a.master_addr, a.master_port));
     group_ = make_group_(io_);
     int round = a.round;
     Status started =
         group_->Start(spec, [this, round](const GroupResult& r) { OnGroupDone(round, r); });
     if (!started.ok()) {
       group_running_ = false;
-      Say("error: " + started.message());
+      log::Error(started.message());
       rdzv::FailureReport report;
       report.round = round;
       report.reason = "could not start the workers: " + started.message();
@@ -276,7 +260,7 @@ class ElasticAgent {
     }
     if (finished_ || round != round_) return;
     if (result.outcome == GroupResult::Outcome::kSucceeded) {
-      Say("local workers finished; waiting for the other nodes");
+      log::Info("local workers finished; waiting for the other nodes");
       client_->ReportSuccess(round);
       return;
     }
@@ -290,8 +274,8 @@ class ElasticAgent {
     report.signal = first.status.signaled ? first.status.signal : 0;
     report.reason = first.status.ToString();
     report.stderr_tail = Join(first.stderr_tail, "\n");
-    Say("local worker rank " + std::to_string(first.rank) + " " + first.status.ToString() +
-        "; reported to the rendezvous");
+    log::Info("local worker rank " + std::to_string(first.rank) + " " + first.status.ToString() +
+              "; reported to the rendezvous");
     client_->ReportFailure(report);
   }
 
@@ -300,14 +284,14 @@ class ElasticAgent {
     std::string text = std::string(n.counts_as_restart ? "restarting" : "re-forming") +
                        " every node (round " + std::to_string(n.next_round) +
                        "): " + rdzv::SanitizeForTerminal(n.reason);
-    Say(text);
+    log::Info(text);
     if (n.report) PrintReport(*n.report);
     StopWorkersThen(After::kRejoin, 0);
   }
 
   void OnDone() {
     if (finished_) return;
-    Say("job done: every node finished");
+    log::Info("job done: every node finished");
     StopWorkersThen(After::kExit, 0);
   }
 
@@ -330,14 +314,14 @@ class ElasticAgent {
         code = kExitLost;
     }
     if (interrupt_signal_ != 0) return;  // our own leaving; the signal decides the exit code
-    Say("error: " + rdzv::SanitizeForTerminal(status.message()));
+    log::Error(rdzv::SanitizeForTerminal(status.message()));
     if (failure.report) PrintReport(*failure.report);
     StopWorkersThen(After::kExit, code);
   }
 
   void PrintReport(const rdzv::FailureReport& r) {
     std::string text = rdzv::FormatFailureReport(r);
-    for (const std::string& line : Split(text, '\n')) Say(line);
+    for (const std::string& line : Split(text, '\n')) log::Info(line);
   }
 
   void Finish(int code) {

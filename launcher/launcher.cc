@@ -13,6 +13,7 @@
 #include "agent/gpu.h"
 #include "agent/ports.h"
 #include "agent/subprocess.h"
+#include "base/log.h"
 #include "base/strings.h"
 #include "launcher/config_loader.h"
 #include "launcher/env_report.h"
@@ -145,7 +146,7 @@ std::string MakeRunId() {
   return std::string(buf) + "-" + std::to_string(getpid());
 }
 
-void Warn(const std::string& msg) { std::fprintf(stderr, "[launch] warning: %s\n", msg.c_str()); }
+void Warn(const std::string& msg) { log::Warn(msg); }
 
 }  // namespace
 
@@ -284,7 +285,7 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
     std::string fallback = DefaultConfigPath(env);
     if (!fallback.empty() && ::access(fallback.c_str(), R_OK) == 0) {
       config_file = fallback;
-      std::fprintf(stderr, "[launch] using config %s\n", fallback.c_str());
+      log::Info("using config " + fallback);
     }
   }
   if (!config_file.empty()) LAUNCH_RETURN_IF_ERROR(config::LoadYamlFile(config_file, cfg));
@@ -510,8 +511,7 @@ int Main(int argc, char** argv) {
   opts.max_restarts = cfg.max_restarts;
   opts.log_root = plan->log_root;
   if (!plan->log_root.empty())
-    std::fprintf(stderr, "[launch] logs: %s/attempt_<k>/rank_<r>.{stdout,stderr}\n",
-                 plan->log_root.c_str());
+    log::Info("logs: " + plan->log_root + "/attempt_<k>/rank_<r>.{stdout,stderr}");
   int rc = multi_node ? agent::RunElasticAgent(agent::MakeElasticAgentOptions(cfg, opts))
                       : agent::RunLocalAgent(opts);
   if (self_test) {
