@@ -63,8 +63,14 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::recv(std::vector<at::Tensor
 void CountingProcessGroup::RecordAllreduce(int64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   ++allreduce_count_;
+  ++recorded_count_;
   allreduce_bytes_ += bytes;
   launch_times_.push_back(Clock::now());
+}
+
+int64_t CountingProcessGroup::recorded_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return recorded_count_;
 }
 
 int64_t CountingProcessGroup::allreduce_count() const {

@@ -52,6 +52,8 @@ class CountingProcessGroup : public c10d::ProcessGroup {
 
   // Counters. Thread-safe: the Reducer launches all-reduces from the autograd engine.
   int64_t allreduce_count() const;
+  // How many of those went through RecordAllreduce (the two-rank exchange).
+  int64_t recorded_count() const;
   int64_t allreduce_bytes() const;
   // Launch times of all-reduces since the last TakeLaunchTimes() call.
   std::vector<Clock::time_point> TakeLaunchTimes();
@@ -61,6 +63,7 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   mutable std::mutex mu_;
   int64_t allreduce_count_ = 0;
   int64_t allreduce_bytes_ = 0;
+  int64_t recorded_count_ = 0;
   std::vector<Clock::time_point> launch_times_;
 };
 

@@ -424,6 +424,7 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
     << ",\n  \"world_size\": " << env_.world_size << ",\n  \"strategy\": \"" << strategy_->Name()
     << "\",\n  \"buckets\": " << strategy_->num_buckets()
     << ",\n  \"allreduces_total\": " << (pg_ ? pg_->allreduce_count() : 0)
+    << ",\n  \"pair_exchanges_total\": " << (pg_ ? pg_->recorded_count() : 0)
     << ",\n  \"samples_seen_per_rank\": " << state_.samples_seen
     << ",\n  \"steps_this_run\": " << steps_this_run_ << ",\n  \"wall_s\": " << Num(wall_s)
     << ",\n  \"loop_s\": " << Num(loop_s_) << "\n}\n";

@@ -42,10 +42,15 @@ class DdpNumericsTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
 
-    def check_ddp_equals_big_batch(self, optimizer):
-        ddp_cfg, ddp_out = config(self.tmp, "ddp", batch=8, optimizer=optimizer)
+    def check_ddp_equals_big_batch(self, optimizer, cap=25, env=None, min_buckets=1,
+                                   exchanged=True):
+        ddp_cfg, ddp_out = config(self.tmp, "ddp", batch=8, optimizer=optimizer, cap=cap)
         ref_cfg, ref_out = config(self.tmp, "ref", batch=16, optimizer=optimizer, mode="none")
-        run_ranks(ddp_cfg, 2, ["--dump_params"], timeout=90)
+        run_ranks(ddp_cfg, 2, ["--dump_params"], timeout=90, extra_env=env)
+        f = final(ddp_out)
+        self.assertGreaterEqual(f["buckets"], min_buckets)
+        # Which transport carried the last bucket of each step (see strategy.cc).
+        self.assertEqual(f["pair_exchanges_total"], 20 if exchanged else 0, f)
         run_ranks(ref_cfg, 1, ["--dump_params"], timeout=90)
         ddp0, ddp1, ref = params(ddp_out, 0), params(ddp_out, 1), params(ref_out, 0)
         self.assertEqual(ddp0, ddp1, "DDP replicas diverged")
@@ -62,6 +67,18 @@ class DdpNumericsTest(unittest.TestCase):
 
     def test_ddp_two_ranks_equals_one_process_on_concatenated_batch_adam(self):
         self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}")
+
+    def test_ddp_reducer_default_path_without_exchange_adam(self):
+        # The small model's only bucket normally takes the two-rank exchange (strategy.cc);
+        # with it disabled the Reducer's own all-reduce path must agree just as well.
+        self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}",
+                                        env={"LAUNCH_DDP_EXCHANGE_MAX_KB": "0"},
+                                        exchanged=False)
+
+    def test_ddp_many_buckets_sgd(self):
+        # ~1 KB buckets: several asynchronous all-reduces during backward plus the exchange.
+        self.check_ddp_equals_big_batch("{type: sgd, lr: 0.05, momentum: 0.9}", cap=0.001,
+                                        min_buckets=3)
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
