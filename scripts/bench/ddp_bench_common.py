@@ -26,7 +26,8 @@ def launch_cmd(launcher, nproc, program, args):
         launch = os.path.join(bin_dir(), "launch")
         if program.endswith(".yaml"):
             return [launch, "--nproc_per_node", str(nproc), program, "--", *args]
-        return [launch, "--nproc_per_node", str(nproc), "--", program, *args]
+        # Debian's interpreter: the python3 on PATH may lack torch.
+        return [launch, "--nproc_per_node", str(nproc), "--", "/usr/bin/python3", program, *args]
     cmd = ["/usr/bin/torchrun", "--standalone", "--nproc_per_node", str(nproc),
            "--redirects", "1", "--tee", "1", "--monitor_interval", "0.1"]
     if program.endswith(".yaml"):
