@@ -39,4 +39,9 @@ class Model {
 // TorchScript: loads `torchscript_path`; NotFound / InvalidConfig with the path on failure.
 StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg);
 
+// The configured optimizer (sgd | adam | adamw) over `params`; shared by the data-parallel loop
+// and the pipeline stages so both train with exactly the same update rule.
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
+                                                       std::vector<torch::Tensor> params);
+
 }  // namespace launch::trainer

@@ -274,27 +274,6 @@ StatusOr<std::unique_ptr<Model>> BuildStage(const config::TrainConfig& cfg, int 
   return part;
 }
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
-                                                       std::vector<torch::Tensor> params) {
-  using config::OptimizerType;
-  switch (c.type) {
-    case OptimizerType::kSgd:
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
-    case OptimizerType::kAdam:
-      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr)
-                                                              .betas({c.beta1, c.beta2})
-                                                              .eps(c.eps)
-                                                              .weight_decay(c.weight_decay));
-    case OptimizerType::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr)
-                                                               .betas({c.beta1, c.beta2})
-                                                               .eps(c.eps)
-                                                               .weight_decay(c.weight_decay));
-  }
-  return nullptr;
-}
-
 uint64_t Fnv(Model& model) {
   uint64_t h = 1469598103934665603ull;
   for (auto& [name, p] : model.NamedParameters()) {

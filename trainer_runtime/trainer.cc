@@ -78,26 +78,6 @@ std::string Eta(double seconds) {
   return buf;
 }
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
-                                                       std::vector<torch::Tensor> params) {
-  switch (c.type) {
-    case OptimizerType::kSgd:
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
-    case OptimizerType::kAdam:
-      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr)
-                                                              .betas({c.beta1, c.beta2})
-                                                              .eps(c.eps)
-                                                              .weight_decay(c.weight_decay));
-    case OptimizerType::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr)
-                                                               .betas({c.beta1, c.beta2})
-                                                               .eps(c.eps)
-                                                               .weight_decay(c.weight_decay));
-  }
-  return nullptr;
-}
-
 // FNV-1a over the raw bytes of every parameter: equal checksums mean bit-identical weights.
 std::string Checksum(Model& model) {
   uint64_t h = 1469598103934665603ull;
