@@ -22,6 +22,7 @@
 #include "trainer_runtime/checkpoint.h"
 #include "trainer_runtime/data.h"
 #include "trainer_runtime/env.h"
+#include "trainer_runtime/layers.h"
 #include "trainer_runtime/model.h"
 #include "trainer_runtime/pipeline_schedule.h"
 #include "trainer_runtime/process_group.h"
@@ -48,12 +49,6 @@ std::string Fixed(double v, int digits) {
   std::ostringstream o;
   o << std::fixed << std::setprecision(digits) << v;
   return o.str();
-}
-
-NamedTensors FromDict(const torch::OrderedDict<std::string, torch::Tensor>& dict) {
-  NamedTensors out;
-  for (const auto& item : dict) out.emplace_back(item.key(), item.value());
-  return out;
 }
 
 // --- Stage modules ------------------------------------------------------------------------------
@@ -88,42 +83,6 @@ class MlpStageImpl : public torch::nn::Module {
   std::vector<torch::nn::Linear> layers_;
 };
 TORCH_MODULE(MlpStage);
-
-// The transformer block of model.cc (pre-LayerNorm GPT block), same parameter names.
-class BlockImpl : public torch::nn::Module {
- public:
-  BlockImpl(int64_t d_model, int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {
-    ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
-    qkv_ = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
-    proj_ = register_module("proj", torch::nn::Linear(d_model, d_model));
-    ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
-    fc1_ = register_module("fc1", torch::nn::Linear(d_model, 4 * d_model));
-    fc2_ = register_module("fc2", torch::nn::Linear(4 * d_model, d_model));
-  }
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal_mask) {
-    const int64_t b = x.size(0), t = x.size(1), c = x.size(2), hd = c / heads_;
-    auto qkv = qkv_->forward(ln1_->forward(x)).view({b, t, 3, heads_, hd});
-    auto q = qkv.select(2, 0).transpose(1, 2);
-    auto k = qkv.select(2, 1).transpose(1, 2);
-    auto v = qkv.select(2, 2).transpose(1, 2);
-    auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    att = att.masked_fill(causal_mask, -std::numeric_limits<float>::infinity());
-    att = torch::softmax(att, -1);
-    if (dropout_ > 0) att = torch::dropout(att, dropout_, is_training());
-    auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
-    auto h = x + proj_->forward(y);
-    auto m = fc2_->forward(torch::gelu(fc1_->forward(ln2_->forward(h))));
-    if (dropout_ > 0) m = torch::dropout(m, dropout_, is_training());
-    return h + m;
-  }
-
- private:
-  int64_t heads_;
-  double dropout_;
-  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
-  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
-};
-TORCH_MODULE(Block);
 
 // Blocks [first, last); the first stage also embeds tokens, the last applies ln_f and the head.
 class TransformerStageImpl : public torch::nn::Module {
@@ -167,47 +126,6 @@ class TransformerStageImpl : public torch::nn::Module {
 };
 TORCH_MODULE(TransformerStage);
 
-template <typename Holder>
-class NativeStage : public Model {
- public:
-  explicit NativeStage(Holder module) : module_(std::move(module)) {}
-  torch::Tensor Forward(const torch::Tensor& input) override { return module_->forward(input); }
-  NamedTensors NamedParameters() override { return FromDict(module_->named_parameters()); }
-  NamedTensors NamedBuffers() override { return FromDict(module_->named_buffers()); }
-  void SetTraining(bool training) override { module_->train(training); }
-
- private:
-  Holder module_;
-};
-
-class ScriptStage : public Model {
- public:
-  explicit ScriptStage(torch::jit::Module module) : module_(std::move(module)) {}
-  torch::Tensor Forward(const torch::Tensor& input) override {
-    return module_.forward({input}).toTensor();
-  }
-  NamedTensors NamedParameters() override {
-    NamedTensors out;
-    for (const auto& item : module_.named_parameters(true)) out.emplace_back(item.name, item.value);
-    return out;
-  }
-  NamedTensors NamedBuffers() override {
-    NamedTensors out;
-    for (const auto& item : module_.named_buffers(true)) out.emplace_back(item.name, item.value);
-    return out;
-  }
-  void SetTraining(bool training) override {
-    if (training) {
-      module_.train();
-    } else {
-      module_.eval();
-    }
-  }
-
- private:
-  torch::jit::Module module_;
-};
-
 // Parameter count of each partitionable layer (the balancing cost).
 std::vector<int64_t> LayerCosts(const config::ModelConfig& m) {
   std::vector<int64_t> costs;
@@ -238,7 +156,7 @@ StatusOr<std::unique_ptr<Model>> BuildStage(const config::TrainConfig& cfg, int 
     try {
       torch::jit::Module module = torch::jit::load(path);
       module.train();
-      return std::unique_ptr<Model>(std::make_unique<ScriptStage>(std::move(module)));
+      return std::unique_ptr<Model>(std::make_unique<ScriptModel>(std::move(module)));
     } catch (const c10::Error& e) {
       return Status::InvalidConfig("train.model.torchscript[" + std::to_string(stage) +
                                    "]: cannot load '" + path + "': " + e.what_without_backtrace());
@@ -251,9 +169,9 @@ StatusOr<std::unique_ptr<Model>> BuildStage(const config::TrainConfig& cfg, int 
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Model> whole, CreateModel(m));
   std::unique_ptr<Model> part;
   if (m.type == ModelType::kMlp) {
-    part = std::make_unique<NativeStage<MlpStage>>(MlpStage(m.mlp_layers, first, last, m.dropout));
+    part = std::make_unique<NativeModel<MlpStage>>(MlpStage(m.mlp_layers, first, last, m.dropout));
   } else {
-    part = std::make_unique<NativeStage<TransformerStage>>(TransformerStage(m, first, last));
+    part = std::make_unique<NativeModel<TransformerStage>>(TransformerStage(m, first, last));
   }
   std::map<std::string, torch::Tensor> values;
   for (auto& [name, t] : whole->NamedParameters()) values[name] = t;
