@@ -23,6 +23,7 @@
 #include "trainer_runtime/data.h"
 #include "trainer_runtime/env.h"
 #include "trainer_runtime/layers.h"
+#include "trainer_runtime/loop_util.h"
 #include "trainer_runtime/model.h"
 #include "trainer_runtime/pipeline_schedule.h"
 #include "trainer_runtime/process_group.h"
@@ -35,21 +36,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using config::ModelType;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream o;
-  o << std::setprecision(17) << v;
-  return o.str();
-}
-
-std::string Fixed(double v, int digits) {
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(digits) << v;
-  return o.str();
-}
 
 // --- Stage modules ------------------------------------------------------------------------------
 // Parameter names equal the whole model's (model.cc), so a stage copies its slice by name and
@@ -218,10 +204,6 @@ double PeakRssMb() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || StartsWith(host, "127.") || host == "::1";
-}
-
 // The Gloo group of stage `stage` across the D pipeline replicas: a second client of the job's
 // TCPStore (rank 0 hosts it, or the agent), seen through a prefix per stage and restart.
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateStageGroup(
@@ -236,14 +218,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateStageGroup(
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         "launch_pp/" + std::to_string(env.restart_count) + "/stage" + std::to_string(stage), store);
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-    if (ifname && *ifname) {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    } else if (IsLoopback(env.master_addr)) {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    } else {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    }
+    options->devices.push_back(GlooDevice(env.master_addr));
     options->threads = 2;
     auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, replica, replicas, options);
     return c10::make_intrusive<CountingProcessGroup>(gloo);
@@ -449,22 +424,19 @@ Status PipelineTrainer::MaybeResume() {
   const std::string shard =
       dir + "/step" + std::to_string(step) + "/stage" + std::to_string(stage_) + ".pt";
   if (cfg_.resume == "auto" && env_.restart_count == 0 && step >= total_steps_) {
-    Log("train: " + dir + " is from a finished run (step " + std::to_string(step) +
-        "); starting a new run (set `resume: never` to always start fresh)");
+    Log(FinishedRunMessage(dir, step));
     return Status::Ok();
   }
   LAUNCH_ASSIGN_OR_RETURN(state_, LoadCheckpoint(shard, *model_, *optimizer_));
   if (state_.world_size != env_.world_size) {
-    Log("train: warning: checkpoint was written by " + std::to_string(state_.world_size) +
-        " processes, now " + std::to_string(env_.world_size) +
-        "; the data order after resuming differs from an uninterrupted run");
+    Log(WorldSizeChangedWarning(state_.world_size, env_.world_size));
     state_.batch_in_epoch = 0;
     ++state_.epoch;
   }
   // Dropout masks after a restart differ from an uninterrupted run's only through the RNG,
   // which the shard restored.
   Log("train: resumed all stages from " + dir + " at step " + std::to_string(state_.step) +
-      (env_.restart_count > 0 ? " (restart " + std::to_string(env_.restart_count) + ")" : ""));
+      RestartSuffix(env_.restart_count));
   return Status::Ok();
 }
 
@@ -789,19 +761,7 @@ Status PipelineTrainer::Run() {
   LAUNCH_RETURN_IF_ERROR(MakeDirs(cfg_.output_dir));
   if (is_main_) {
     const std::string metrics_path = cfg_.output_dir + "/metrics.jsonl";
-    std::string kept;
-    if (state_.step > 0) {
-      std::ifstream old(metrics_path);
-      std::string line;
-      while (std::getline(old, line)) {
-        const size_t at = line.find("\"step\": ");
-        if (at == std::string::npos) continue;
-        std::string digits;
-        for (size_t i = at + 8; i < line.size() && std::isdigit(line[i]); ++i) digits += line[i];
-        long long step = 0;
-        if (ParseInt64(digits, &step) && step <= state_.step) kept += line + "\n";
-      }
-    }
+    const std::string kept = MetricsHistoryUpTo(metrics_path, state_.step);
     metrics_.open(metrics_path, std::ios::trunc);
     if (!metrics_) return Status::IoError("cannot write " + metrics_path);
     metrics_ << kept;
@@ -874,9 +834,7 @@ Status RunPipelineTrainer(const config::TrainConfig& train, const TrainerOptions
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     const std::string where = "rank " + std::to_string(env->rank) + ", " + trainer.Phase() + ": ";
-    if (what.find("Connection closed by peer") != std::string::npos ||
-        what.find("Connection reset") != std::string::npos ||
-        what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos)
+    if (IsLostPeerError(what))
       return Status::PeerLost(where + "lost a peer during training: " + what);
     return Status::Internal(where + what);
   } catch (const std::exception& e) {

@@ -98,6 +98,13 @@ bool IsLoopback(const std::string& host) {
 
 }  // namespace
 
+std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr) {
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname && *ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (IsLoopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
     const DistEnv& env, std::chrono::milliseconds timeout) {
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
@@ -126,14 +133,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         "launch_pg/" + std::to_string(env.restart_count), store);
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-    if (ifname && *ifname) {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    } else if (IsLoopback(env.master_addr)) {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-    } else {
-      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    }
+    options->devices.push_back(GlooDevice(env.master_addr));
     // Gloo's worker threads run the collectives. PyTorch uses 2; LAUNCH_GLOO_THREADS overrides
     // (on a 2-core machine with 2 ranks, fewer threads can mean fewer context switches).
     options->threads = 2;

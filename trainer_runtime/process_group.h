@@ -13,13 +13,19 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "base/status.h"
 #include "trainer_runtime/env.h"
+
+namespace gloo::transport {
+class Device;
+}  // namespace gloo::transport
 
 namespace launch::trainer {
 
@@ -66,6 +72,11 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   int64_t recorded_count_ = 0;
   std::vector<Clock::time_point> launch_times_;
 };
+
+// The Gloo transport device for a group whose store is at `master_addr`: the interface named by
+// GLOO_SOCKET_IFNAME when set, 127.0.0.1 when the master is a loopback address, Gloo's default
+// device otherwise. Every group a worker builds (the job's, a pipeline stage's) picks it alike.
+std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr);
 
 // Connects to (rank 0: hosts) the store and builds the Gloo group; waits at most `timeout`
 // for all ranks. Errors name the store address and the rank:

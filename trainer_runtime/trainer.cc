@@ -17,6 +17,7 @@
 #include "trainer_runtime/checkpoint.h"
 #include "trainer_runtime/data.h"
 #include "trainer_runtime/env.h"
+#include "trainer_runtime/loop_util.h"
 #include "trainer_runtime/model.h"
 #include "trainer_runtime/pipeline.h"
 #include "trainer_runtime/process_group.h"
@@ -49,22 +50,6 @@ void InstallSignalHandlers() {
 
 using Clock = std::chrono::steady_clock;
 using config::OptimizerType;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string Fixed(double v, int digits) {
-  std::ostringstream o;
-  o << std::fixed << std::setprecision(digits) << v;
-  return o.str();
-}
-
-// JSON number: finite values with enough digits to round-trip, null otherwise.
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream o;
-  o << std::setprecision(17) << v;
-  return o.str();
-}
 
 std::string Eta(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--:--";
@@ -238,20 +223,17 @@ Status Trainer::MaybeResume() {
   if (!explicit_path && env_.restart_count == 0 && peek.step >= total_steps_) {
     // A finished run's checkpoint: running the same command again trains afresh rather than
     // silently doing nothing.
-    Log("train: " + path + " is from a finished run (step " + std::to_string(peek.step) +
-        "); starting a new run (set `resume: never` to always start fresh)");
+    Log(FinishedRunMessage(path, peek.step));
     return Status::Ok();
   }
   LAUNCH_ASSIGN_OR_RETURN(state_, LoadCheckpoint(path, *model_, *optimizer_));
   if (state_.world_size != env_.world_size) {
-    Log("train: warning: checkpoint was written by " + std::to_string(state_.world_size) +
-        " processes, now " + std::to_string(env_.world_size) +
-        "; the data order after resuming differs from an uninterrupted run");
+    Log(WorldSizeChangedWarning(state_.world_size, env_.world_size));
     state_.batch_in_epoch = 0;
     ++state_.epoch;
   }
   Log("train: resumed from " + path + " at step " + std::to_string(state_.step) +
-      (env_.restart_count > 0 ? " (restart " + std::to_string(env_.restart_count) + ")" : ""));
+      RestartSuffix(env_.restart_count));
   return Status::Ok();
 }
 
@@ -428,21 +410,8 @@ Status Trainer::Run() {
   LAUNCH_RETURN_IF_ERROR(MakeDirs(cfg_.output_dir));
   if (is_main_) {
     // Keep the history of the steps this run continues from; drop lines of redone steps.
-    std::string kept;
     const std::string metrics_path = cfg_.output_dir + "/metrics.jsonl";
-    if (state_.step > 0) {
-      std::ifstream old(metrics_path);
-      std::string line;
-      while (std::getline(old, line)) {
-        long long step = 0;
-        const size_t at = line.find("\"step\": ");
-        if (at != std::string::npos) {
-          std::string digits;
-          for (size_t i = at + 8; i < line.size() && std::isdigit(line[i]); ++i) digits += line[i];
-          if (ParseInt64(digits, &step) && step <= state_.step) kept += line + "\n";
-        }
-      }
-    }
+    const std::string kept = MetricsHistoryUpTo(metrics_path, state_.step);
     metrics_.open(metrics_path, std::ios::trunc);
     if (!metrics_) return Status::IoError("cannot write " + metrics_path);
     metrics_ << kept;
@@ -527,10 +496,7 @@ Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& option
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     const std::string where = "rank " + std::to_string(env->rank) + ", " + trainer.Phase() + ": ";
-    // Gloo reports a dead peer as a closed connection or a timeout.
-    if (what.find("Connection closed by peer") != std::string::npos ||
-        what.find("Connection reset") != std::string::npos ||
-        what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos)
+    if (IsLostPeerError(what))
       return Status::PeerLost(where + "lost a peer during training: " + what);
     return Status::Internal(where + what);
   } catch (const std::exception& e) {
