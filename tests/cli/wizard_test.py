@@ -174,6 +174,7 @@ class WizardTest(unittest.TestCase):
         s.send(ENTER)
         s.expect("Which devices should the workers use?")
         s.send(DOWN)
+        s.expect("> 2) NVIDIA GPUs")  # the key was read in raw mode before Ctrl-C arrives
         s.send(CTRL_C)
         s.expect("Interrupted; nothing was written.")
         s.expect("rc=130")
