@@ -389,17 +389,23 @@ Fields ToFields(const RestartNotice& m) {
   return f;
 }
 
+// The root-cause report that restart and failure notices may carry ("has_report" + "r_*").
+Status GetOptionalReport(const Fields& f, std::optional<FailureReport>* out) {
+  bool has_report = false;
+  LAUNCH_RETURN_IF_ERROR(GetBool(f, "has_report", &has_report));
+  if (has_report) {
+    LAUNCH_ASSIGN_OR_RETURN(FailureReport r, GetReport(f, "r_"));
+    *out = std::move(r);
+  }
+  return Status::Ok();
+}
+
 StatusOr<RestartNotice> ParseRestart(const Fields& f) {
   RestartNotice m;
   LAUNCH_RETURN_IF_ERROR(GetInt(f, "next_round", 0, 1 << 30, &m.next_round));
   LAUNCH_RETURN_IF_ERROR(GetBool(f, "counts", &m.counts_as_restart));
   LAUNCH_RETURN_IF_ERROR(GetString(f, "reason", kMaxShortString, &m.reason));
-  bool has_report = false;
-  LAUNCH_RETURN_IF_ERROR(GetBool(f, "has_report", &has_report));
-  if (has_report) {
-    LAUNCH_ASSIGN_OR_RETURN(FailureReport r, GetReport(f, "r_"));
-    m.report = std::move(r);
-  }
+  LAUNCH_RETURN_IF_ERROR(GetOptionalReport(f, &m.report));
   return m;
 }
 
@@ -415,12 +421,7 @@ StatusOr<JobFailure> ParseJobFailure(const Fields& f) {
   JobFailure m;
   LAUNCH_RETURN_IF_ERROR(GetString(f, "message", kMaxShortString * 4, &m.message));
   LAUNCH_RETURN_IF_ERROR(GetBool(f, "config_error", &m.config_error));
-  bool has_report = false;
-  LAUNCH_RETURN_IF_ERROR(GetBool(f, "has_report", &has_report));
-  if (has_report) {
-    LAUNCH_ASSIGN_OR_RETURN(FailureReport r, GetReport(f, "r_"));
-    m.report = std::move(r);
-  }
+  LAUNCH_RETURN_IF_ERROR(GetOptionalReport(f, &m.report));
   return m;
 }
 
