@@ -367,27 +367,6 @@ class ElasticAgent {
 
 }  // namespace
 
-ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& cfg,
-                                            const AgentOptions& local) {
-  ElasticAgentOptions o;
-  o.local = local;
-  o.endpoint_host = cfg.main_process_ip;
-  o.endpoint_port = cfg.main_process_port > 0 ? cfg.main_process_port : 29500;
-  o.token = cfg.rdzv_token;
-  o.run_id = cfg.run_id.empty() ? "default" : cfg.run_id;
-  o.min_nodes = cfg.min_nodes;
-  o.max_nodes = cfg.max_nodes;
-  o.node_rank = cfg.machine_rank;
-  o.max_restarts = cfg.max_restarts;
-  o.join_timeout_s = cfg.rdzv_conf.join_timeout_s;
-  o.last_call_timeout_s = cfg.rdzv_conf.last_call_timeout_s;
-  o.heartbeat_timeout_s = cfg.rdzv_conf.heartbeat_timeout_s;
-  o.local_address = cfg.rdzv_local_addr;
-  // What must agree across nodes beyond run_id, nnodes and max_restarts (compared one by one).
-  o.fingerprint = "role=" + cfg.role;
-  return o;
-}
-
 int RunElasticAgent(const ElasticAgentOptions& options) {
   asio::io_context io;
   return RunElasticAgent(options, io, [](asio::io_context& ctx) {

@@ -26,7 +26,6 @@
 #include <string>
 
 #include "agent/agent.h"
-#include "launcher/config.h"
 
 namespace launch::agent {
 
@@ -66,12 +65,5 @@ int RunElasticAgent(const ElasticAgentOptions& options);
 // REQUIRES: `io` is not running elsewhere.
 int RunElasticAgent(const ElasticAgentOptions& options, boost::asio::io_context& io,
                     const GroupFactory& make_group);
-
-// The multi-node options from the merged config and the single-node template `local` (which
-// the launcher builds as for one node). Endpoint = main_process_ip:main_process_port (29500
-// when unset), token = rdzv_token, run_id ("default" when unset), nnodes MIN:MAX, machine_rank,
-// max_restarts, rdzv_conf. The environment variable LAUNCH_RDZV_LOCAL_ADDR sets local_address.
-ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& cfg,
-                                            const AgentOptions& local);
 
 }  // namespace launch::agent

@@ -21,8 +21,9 @@
 #include <set>
 #include <sstream>
 
+#include "base/environment.h"
 #include "base/strings.h"
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 #include "launcher/scheduler_env.h"
 #include "launcher/wizard.h"
 
@@ -492,7 +493,7 @@ std::string ConfigSection(const std::string& given, const std::map<std::string, 
 }  // namespace
 
 std::string EnvReport(const std::string& config_file) {
-  std::map<std::string, std::string> env = config::CurrentEnvironment();
+  std::map<std::string, std::string> env = CurrentEnvironment();
   std::string self = SelfPath();
   std::string out = "# launch env: paste this into bug reports\n";
   out += Row("launch", std::string(LAUNCH_VERSION) + " (" + (self.empty() ? "?" : self) + ")");

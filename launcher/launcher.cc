@@ -13,9 +13,10 @@
 #include "agent/gpu.h"
 #include "agent/ports.h"
 #include "agent/subprocess.h"
+#include "base/environment.h"
 #include "base/log.h"
 #include "base/strings.h"
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 #include "launcher/env_report.h"
 #include "launcher/scheduler_env.h"
 #include "launcher/wizard.h"
@@ -148,6 +149,32 @@ std::string MakeRunId() {
 
 void Warn(const std::string& msg) { log::Warn(msg); }
 
+// The multi-node options from the merged config and the single-node template `local` (which
+// the launcher builds as for one node). Endpoint = main_process_ip:main_process_port (29500
+// when unset), token = rdzv_token, run_id ("default" when unset), nnodes MIN:MAX, machine_rank,
+// max_restarts, rdzv_conf. The environment variable LAUNCH_RDZV_LOCAL_ADDR sets local_address.
+agent::ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& cfg,
+                                                   const agent::AgentOptions& local) {
+  agent::ElasticAgentOptions o;
+  o.local = local;
+  o.endpoint_host = cfg.main_process_ip;
+  o.endpoint_port = cfg.main_process_port > 0 ? cfg.main_process_port : 29500;
+  o.token = cfg.rdzv_token;
+  o.run_id = cfg.run_id.empty() ? "default" : cfg.run_id;
+  o.min_nodes = cfg.min_nodes;
+  o.max_nodes = cfg.max_nodes;
+  o.node_rank = cfg.machine_rank;
+  o.max_restarts = cfg.max_restarts;
+  o.join_timeout_s = cfg.rdzv_conf.join_timeout_s;
+  o.last_call_timeout_s = cfg.rdzv_conf.last_call_timeout_s;
+  o.heartbeat_timeout_s = cfg.rdzv_conf.heartbeat_timeout_s;
+  o.local_address = cfg.rdzv_local_addr;
+  // What must agree across nodes beyond run_id, nnodes and max_restarts (compared one by one).
+  o.fingerprint = "role=" + cfg.role;
+  return o;
+}
+
+
 }  // namespace
 
 std::string ExecutableDir() {
@@ -279,7 +306,7 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   }
 
   // Layers: defaults (cfg as given) < YAML < environment < flags.
-  std::map<std::string, std::string> env = config::CurrentEnvironment();
+  std::map<std::string, std::string> env = CurrentEnvironment();
   if (config_file.empty()) {
     // Like accelerate: the wizard's file is used when nothing else is given, and we say so.
     std::string fallback = DefaultConfigPath(env);
@@ -493,7 +520,7 @@ int Main(int argc, char** argv) {
   agent::AgentOptions opts;
   agent::WorkerGroupSpec& g = opts.group;
   g.argv = plan->argv;
-  for (const auto& [k, v] : config::CurrentEnvironment()) g.base_env.push_back(k + "=" + v);
+  for (const auto& [k, v] : CurrentEnvironment()) g.base_env.push_back(k + "=" + v);
   g.extra_env = plan->extra_env;
   g.local_world_size = plan->nproc_per_node;
   g.world_size = plan->nproc_per_node;
@@ -512,7 +539,7 @@ int Main(int argc, char** argv) {
   opts.log_root = plan->log_root;
   if (!plan->log_root.empty())
     log::Info("logs: " + plan->log_root + "/attempt_<k>/rank_<r>.{stdout,stderr}");
-  int rc = multi_node ? agent::RunElasticAgent(agent::MakeElasticAgentOptions(cfg, opts))
+  int rc = multi_node ? agent::RunElasticAgent(MakeElasticAgentOptions(cfg, opts))
                       : agent::RunLocalAgent(opts);
   if (self_test) {
     if (rc == 0) {

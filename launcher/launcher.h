@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "launcher/config.h"
+#include "config/launch_config.h"
 
 namespace launch::launcher {
 

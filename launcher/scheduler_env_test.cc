@@ -2,7 +2,7 @@
 
 #include <doctest/doctest.h>
 
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 
 namespace launch::config {
 namespace {

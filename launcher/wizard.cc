@@ -16,8 +16,9 @@
 #include <iostream>
 #include <sstream>
 
+#include "base/environment.h"
 #include "base/strings.h"
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 #include "launcher/terminal.h"
 
 namespace launch::launcher {
@@ -507,7 +508,7 @@ std::string DefaultConfigPath(const std::map<std::string, std::string>& env) {
 }
 
 std::string DefaultConfigPath() {
-  std::map<std::string, std::string> env = config::CurrentEnvironment();
+  std::map<std::string, std::string> env = CurrentEnvironment();
   if (env["HOME"].empty()) {
     if (const struct passwd* pw = getpwuid(getuid())) env["HOME"] = pw->pw_dir;
   }

@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 #include "launcher/terminal.h"
 
 namespace launch::launcher {

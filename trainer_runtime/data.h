@@ -15,7 +15,7 @@
 #include <torch/torch.h>
 
 #include "base/status.h"
-#include "launcher/config.h"
+#include "config/train_config.h"
 
 namespace launch::trainer {
 

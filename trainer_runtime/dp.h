@@ -27,7 +27,7 @@
 #include <memory>
 
 #include "base/status.h"
-#include "launcher/config.h"
+#include "config/train_config.h"
 #include "trainer_runtime/model.h"
 #include "trainer_runtime/strategy.h"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "base/strings.h"
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 #include "trainer_runtime/self_test.h"
 #include "trainer_runtime/trainer.h"
 

@@ -16,8 +16,9 @@
 #include <map>
 #include <sstream>
 
+#include "base/environment.h"
 #include "base/strings.h"
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 #include "trainer_runtime/atomic_file.h"
 #include "trainer_runtime/checkpoint.h"
 #include "trainer_runtime/data.h"
@@ -826,7 +827,7 @@ Status PipelineTrainer::Run() {
 }  // namespace
 
 Status RunPipelineTrainer(const config::TrainConfig& train, const TrainerOptions& options) {
-  StatusOr<DistEnv> env = ParseDistEnv(config::CurrentEnvironment());
+  StatusOr<DistEnv> env = ParseDistEnv(CurrentEnvironment());
   if (!env.ok()) return env.status();
   PipelineTrainer trainer(train, options, *env);
   try {

@@ -34,7 +34,7 @@
 // rank's stage parameters to params_rank<R>.bin (concatenate stages 0..P-1 for the model).
 
 #include "base/status.h"
-#include "launcher/config.h"
+#include "config/train_config.h"
 #include "trainer_runtime/trainer.h"
 
 namespace launch::trainer {

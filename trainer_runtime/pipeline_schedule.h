@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "launcher/config.h"
+#include "config/train_config.h"
 
 namespace launch::trainer {
 

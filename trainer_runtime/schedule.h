@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "launcher/config.h"
+#include "config/train_config.h"
 
 namespace launch::trainer {
 

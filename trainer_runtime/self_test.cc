@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "launcher/config.h"
-#include "launcher/config_loader.h"
+#include "base/environment.h"
+#include "config/train_config.h"
 #include "trainer_runtime/model.h"
 #include "trainer_runtime/process_group.h"
 #include "trainer_runtime/strategy.h"
@@ -61,7 +61,7 @@ std::string Num(double v) {
 }  // namespace
 
 Status RunSelfTest(const SelfTestOptions& options) {
-  LAUNCH_ASSIGN_OR_RETURN(DistEnv env, ParseDistEnv(config::CurrentEnvironment()));
+  LAUNCH_ASSIGN_OR_RETURN(DistEnv env, ParseDistEnv(CurrentEnvironment()));
   const int rank = env.rank, world = env.world_size;
   Checker checker(rank, 7);
   c10::intrusive_ptr<CountingProcessGroup> pg;

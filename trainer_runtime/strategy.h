@@ -23,7 +23,7 @@
 
 #include <torch/torch.h>
 
-#include "launcher/config.h"
+#include "config/train_config.h"
 #include "trainer_runtime/model.h"
 #include "trainer_runtime/process_group.h"
 

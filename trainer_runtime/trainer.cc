@@ -11,8 +11,9 @@
 #include <iomanip>
 #include <sstream>
 
+#include "base/environment.h"
 #include "base/strings.h"
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 #include "trainer_runtime/atomic_file.h"
 #include "trainer_runtime/checkpoint.h"
 #include "trainer_runtime/data.h"
@@ -487,7 +488,7 @@ Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& option
   // Pipeline stages run their own loop (pipeline.h): the schedule replaces forward/backward.
   if (train.parallel.mode == config::ParallelMode::kPipeline)
     return RunPipelineTrainer(train, options);
-  StatusOr<DistEnv> env = ParseDistEnv(config::CurrentEnvironment());
+  StatusOr<DistEnv> env = ParseDistEnv(CurrentEnvironment());
   if (!env.ok()) return env.status();
   Trainer trainer(train, options, *env);
   InstallSignalHandlers();

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "launcher/config.h"
+#include "config/train_config.h"
 
 namespace launch::trainer {
 

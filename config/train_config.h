@@ -1,29 +1,17 @@
 #pragma once
 
-// The job description: one plain struct tree, filled in exactly one place (config_loader.cc)
-// from defaults, the YAML file, the environment and command-line flags, in that order of
-// increasing precedence:   flag > environment > YAML > default.
+// The trainer's configuration: the `train:` section of a job file, as plain structs with
+// documented defaults. Filled by config/loader.h (LoadTrainConfigFile, or as part of a whole
+// LaunchConfig), or set in code by a program that links the trainer runtime: both `train` and
+// user programs read the same struct, so a YAML section means the same thing to both.
 //
-// Every field states its default and meaning. No YAML or CLI types leak past the loader.
-// The trainer (trainer_runtime) reads the same structs, so one file describes a whole job.
+// No YAML types and no LibTorch here: this header sits below every module that uses it.
 
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
 namespace launch::config {
-
-// Where a value came from, for `launch --print_config`.
-struct Origin {
-  enum class Kind { kDefault, kFile, kEnvironment, kFlag, kDerived };
-  Kind kind = Kind::kDefault;
-  std::string detail;  // "train.yaml:12", "--nproc_per_node", "SLURM_NNODES", ...
-  std::string ToString() const;
-};
-
-// ---------------------------------------------------------------------------------------------
-// The built-in trainer (`train:` section).
 
 enum class ModelType { kMlp, kTransformer, kTorchScript };
 enum class DataType { kSynthetic, kCsv, kText };
@@ -116,74 +104,11 @@ struct TrainConfig {
   std::string mixed_precision = "no";  // copied from the top level: no | bf16
 };
 
-// ---------------------------------------------------------------------------------------------
-// Where the job runs (top-level keys; accelerate's names, torchrun's spellings as synonyms).
-
-enum class DistributedType { kAuto, kNo, kMultiCpu, kMultiGpu };
-
-// torchrun's --tee / --redirects: which streams of which local ranks go to files.
-// Bit 1 = stdout, bit 2 = stderr (so 3 = both), optionally per local rank ("0:1,1:3").
-struct StreamSpec {
-  int all = 0;                  // applies to ranks not in `per_rank`
-  std::map<int, int> per_rank;  // local rank -> mask
-  int For(int local_rank) const {
-    auto it = per_rank.find(local_rank);
-    return it == per_rank.end() ? all : it->second;
-  }
-};
-
-struct RdzvConf {
-  double join_timeout_s = 600;     // how long agents wait for the minimum number of nodes
-  double last_call_timeout_s = 1;  // after MIN nodes joined, wait this long for more (up to MAX)
-  double heartbeat_timeout_s = 5;  // an agent silent this long is declared lost
-};
-
-struct LaunchConfig {
-  std::string config_path;  // the YAML file in effect; empty when none
-
-  DistributedType distributed_type = DistributedType::kAuto;  // derived from hardware when auto
-  // Workers per node: "auto" (GPUs if any, else CPU slots), "gpu", "cpu" or a number.
-  // Derived from num_processes / num_machines when only num_processes is given.
-  std::string nproc_per_node = "auto";
-  int num_processes = 0;  // accelerate's meaning: total over all machines; 0 = unset
-  int min_nodes = 1;      // num_machines / nnodes ("2" or "MIN:MAX")
-  int max_nodes = 1;
-  int machine_rank = -1;                      // node rank; -1 = assigned by the rendezvous
-  std::string main_process_ip = "127.0.0.1";  // rendezvous endpoint host (MASTER_ADDR on 1 node)
-  int main_process_port = -1;  // -1 = default: a free port on one node, 29500 across nodes
-  std::string rdzv_token;      // shared secret (also env LAUNCH_RDZV_TOKEN)
-  // Local address the agent connects to the rendezvous from (multi-homed hosts; the tests use
-  // 127.0.0.2, 127.0.0.3, ... as stand-in nodes). Empty = chosen by the kernel.
-  std::string rdzv_local_addr;
-  RdzvConf rdzv_conf;
-  std::string run_id;  // empty = generated on one node, "default" across nodes
-  std::string role = "default";
-  int max_restarts = 0;         // whole-group restarts after a failure
-  std::string gpu_ids = "all";  // CUDA_VISIBLE_DEVICES for the workers ("all" = leave as is)
-  std::string mixed_precision = "no";
-  std::string log_dir;                  // per-rank log files under <log_dir>/<run_id>/attempt_<k>/
-  StreamSpec tee;                       // streams copied to files and still shown on the console
-  StreamSpec redirects;                 // streams sent to files only
-  std::vector<int> local_ranks_filter;  // console shows only these local ranks; empty = all
-  double stop_grace_s = 30;             // SIGTERM -> SIGKILL grace period for workers
-  std::string python = "python3";       // interpreter for .py programs and -m
-  bool no_python = false;               // run the program as given (torchrun --no_python)
-  bool run_module = false;              // -m: the program is a Python module
-  std::vector<std::string> program;     // after `--`, or the trainer command
-  std::vector<std::string> extra_args;  // after `--` when a CONFIG with train: is given
-
-  TrainConfig train;
-
-  std::map<std::string, Origin> origins;  // key path -> where its value came from
-  std::vector<std::string> warnings;      // e.g. accelerate keys with no meaning here
-};
-
 const char* ToString(ModelType v);
 const char* ToString(DataType v);
 const char* ToString(OptimizerType v);
 const char* ToString(SchedulerType v);
 const char* ToString(ParallelMode v);
 const char* ToString(PipelineSchedule v);
-const char* ToString(DistributedType v);
 
 }  // namespace launch::config

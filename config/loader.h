@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "launcher/config.h"
+#include "config/launch_config.h"
 
 namespace launch::config {
 
@@ -45,7 +45,5 @@ std::vector<std::string> TopLevelKeys();
 // `launch --print_config`: every key with its effective value and origin.
 std::string FormatConfig(const LaunchConfig& cfg);
 
-// Environment of this process as a map.
-std::map<std::string, std::string> CurrentEnvironment();
 
 }  // namespace launch::config

@@ -3,7 +3,7 @@
 #include <sstream>
 
 #include "base/strings.h"
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 
 namespace launch::config {
 namespace {

@@ -1,4 +1,4 @@
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include "launcher/config_loader.h"
+#include "config/loader.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -10,8 +10,6 @@
 #include <sstream>
 
 #include "base/strings.h"
-
-extern char** environ;
 
 namespace launch::config {
 namespace {
@@ -918,17 +916,6 @@ std::vector<std::string> TopLevelKeys() {
   std::vector<std::string> names;
   for (const KeyDef& def : TopLevelTable()) names.push_back(def.name);
   return names;
-}
-
-std::map<std::string, std::string> CurrentEnvironment() {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    std::string kv = *e;
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos) continue;
-    env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
-  return env;
 }
 
 const char* ToString(ModelType v) {
