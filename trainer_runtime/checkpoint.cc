@@ -40,8 +40,8 @@ StatusOr<std::unique_ptr<torch::serialize::InputArchive>> Open(const std::string
 
 }  // namespace
 
-Status SaveCheckpoint(const std::string& path, Model& model, torch::optim::Optimizer& optimizer,
-                      const TrainState& state) {
+Status SaveModelState(const std::string& path, const Model& model,
+                      torch::optim::Optimizer& optimizer) {
   std::ostringstream bytes;
   try {
     torch::serialize::OutputArchive archive;
@@ -50,8 +50,6 @@ Status SaveCheckpoint(const std::string& path, Model& model, torch::optim::Optim
     torch::serialize::OutputArchive opt;
     optimizer.save(opt);
     archive.write("optimizer", opt);
-    archive.write("meta", MetaTensor(state));
-    archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
     archive.save_to(bytes);
   } catch (const c10::Error& e) {
     return Status::IoError("serialising checkpoint: " + std::string(e.what_without_backtrace()));
@@ -59,25 +57,13 @@ Status SaveCheckpoint(const std::string& path, Model& model, torch::optim::Optim
   return WriteFileAtomically(path, bytes.str()).WithContext("checkpoint");
 }
 
-StatusOr<TrainState> PeekCheckpoint(const std::string& path) {
+Status LoadModelState(const std::string& path, const Model& model,
+                      torch::optim::Optimizer& optimizer) {
   LAUNCH_ASSIGN_OR_RETURN(auto archive, Open(path));
-  try {
-    torch::Tensor meta;
-    archive->read("meta", meta);
-    return FromMeta(meta);
-  } catch (const c10::Error& e) {
-    return Status::IoError("checkpoint '" + path +
-                           "' has no metadata: " + e.what_without_backtrace());
-  }
-}
-
-StatusOr<TrainState> LoadCheckpoint(const std::string& path, Model& model,
-                                    torch::optim::Optimizer& optimizer) {
-  LAUNCH_ASSIGN_OR_RETURN(auto archive, Open(path));
-  std::string current = "meta";
+  std::string current = "param";
   try {
     torch::NoGradGuard no_grad;
-    auto restore = [&](const std::string& key, torch::Tensor& dst) -> Status {
+    auto restore = [&](const std::string& key, const torch::Tensor& dst) -> Status {
       current = key;
       torch::Tensor src;
       archive->read(key, src);
@@ -85,7 +71,7 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, Model& model,
         return Status::InvalidConfig("checkpoint '" + path + "': " + key + " has shape " +
                                      c10::str(src.sizes()) + " but the model has " +
                                      c10::str(dst.sizes()) +
-                                     " (was it written by a different train.model?)");
+                                     " (was it written by a different model?)");
       dst.detach().copy_(src);
       return Status::Ok();
     };
@@ -97,19 +83,42 @@ StatusOr<TrainState> LoadCheckpoint(const std::string& path, Model& model,
     torch::serialize::InputArchive opt;
     archive->read("optimizer", opt);
     optimizer.load(opt);
-    current = "meta";
+    return Status::Ok();
+  } catch (const c10::Error& e) {
+    return Status::InvalidConfig(
+        "checkpoint '" + path + "': cannot restore " + current +
+        " (was it written by a different model or optimizer?): " + e.what_without_backtrace());
+  }
+}
+
+Status SaveRankState(const std::string& path, const TrainState& state) {
+  std::ostringstream bytes;
+  try {
+    torch::serialize::OutputArchive archive;
+    archive.write("meta", MetaTensor(state));
+    archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
+    archive.save_to(bytes);
+  } catch (const c10::Error& e) {
+    return Status::IoError("serialising checkpoint: " + std::string(e.what_without_backtrace()));
+  }
+  return WriteFileAtomically(path, bytes.str()).WithContext("checkpoint");
+}
+
+StatusOr<TrainState> LoadRankState(const std::string& path, bool restore_rng) {
+  LAUNCH_ASSIGN_OR_RETURN(auto archive, Open(path));
+  try {
     torch::Tensor meta;
     archive->read("meta", meta);
-    current = "rng";
-    torch::Tensor rng;
-    archive->read("rng", rng);
-    at::Generator generator = at::detail::getDefaultCPUGenerator();  // shares the state
-    generator.set_state(rng);
+    if (restore_rng) {
+      torch::Tensor rng;
+      archive->read("rng", rng);
+      at::Generator generator = at::detail::getDefaultCPUGenerator();  // shares the state
+      generator.set_state(rng);
+    }
     return FromMeta(meta);
   } catch (const c10::Error& e) {
-    return Status::InvalidConfig("checkpoint '" + path + "': cannot restore " + current +
-                                 " (was it written by a different train.model or optimizer?): " +
-                                 e.what_without_backtrace());
+    return Status::IoError("checkpoint '" + path +
+                           "' is incomplete: " + e.what_without_backtrace());
   }
 }
 

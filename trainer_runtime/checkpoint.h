@@ -1,9 +1,9 @@
 #pragma once
 
-// Training checkpoints: model parameters and buffers, optimizer state, the step count (the LR
-// schedule is a pure function of it), the data-loader position and the torch RNG state, in
-// one LibTorch archive written atomically (atomic_file.h): a kill mid-write leaves the last
-// good checkpoint intact.
+// Checkpoint files (LibTorch archives, each written atomically: atomic_file.h). A checkpoint is a
+// folder of them, committed as a whole by Accelerator::SaveState (accelerator.h): model files
+// with parameters, buffers and optimizer state, and one file per rank with the loop position
+// and that rank's RNG state.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
@@ -25,16 +25,20 @@ struct TrainState {
   int64_t world_size = 1;      // the world that wrote it (data positions depend on it)
 };
 
-// Rank 0 calls this; other ranks never write. Returns IoError with the path on failure.
-Status SaveCheckpoint(const std::string& path, Model& model, torch::optim::Optimizer& optimizer,
-                      const TrainState& state);
+// The model file of a checkpoint: parameters ("param/<name>"), buffers ("buffer/<name>") and
+// the optimizer's state. Written by one rank per distinct model state (Accelerator::SaveState
+// decides which). IoError with the path on failure.
+Status SaveModelState(const std::string& path, const Model& model,
+                      torch::optim::Optimizer& optimizer);
+// Restores what SaveModelState wrote. The model must have the same parameter names and shapes
+// (InvalidConfig naming the first mismatch).
+Status LoadModelState(const std::string& path, const Model& model,
+                      torch::optim::Optimizer& optimizer);
 
-// Reads only the TrainState (to decide whether to resume).
-StatusOr<TrainState> PeekCheckpoint(const std::string& path);
-
-// Restores model, optimizer and the global torch RNG from `path`. The model must have the same
-// parameter names and shapes as the one saved (InvalidConfig naming the first mismatch).
-StatusOr<TrainState> LoadCheckpoint(const std::string& path, Model& model,
-                                    torch::optim::Optimizer& optimizer);
+// The per-rank file: the loop position and this process's CPU generator state (each rank
+// draws its own dropout masks, so each restores its own).
+Status SaveRankState(const std::string& path, const TrainState& state);
+// Reads it back; restores the default CPU generator when `restore_rng`.
+StatusOr<TrainState> LoadRankState(const std::string& path, bool restore_rng);
 
 }  // namespace launch::trainer

@@ -120,23 +120,21 @@ class DpStrategy : public ParallelStrategy {
   void Finish(int64_t) override {}
   bool RunsForwardBackward() const override { return true; }
 
-  torch::Tensor ForwardBackward(
-      const torch::Tensor& x, const torch::Tensor& y,
-      const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& loss_fn,
-      double scale) override {
+  torch::Tensor ForwardBackward(const torch::Tensor& x, const torch::Tensor& y,
+                                const ChunkLossFn& chunk_loss, const CriterionFn& criterion,
+                                double scale) override {
     const int64_t batch = x.size(0);
     const int used = static_cast<int>(std::min<int64_t>(replicas_, batch));
     const auto chunks = SplitRows(batch, used);
     Replicate(used);
     std::vector<double> losses(static_cast<size_t>(used), 0.0);
     std::vector<torch::Tensor> outputs(static_cast<size_t>(used));
-    if (loss_in_replica_) {
+    if (loss_in_replica_ || !criterion) {
       pool_.Run([&](int k) {
         if (k >= used) return;
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
-        torch::Tensor loss =
-            loss_fn(models_[static_cast<size_t>(k)]->Forward(x.narrow(0, offset, rows)),
-                    y.narrow(0, offset, rows));
+        torch::Tensor loss = chunk_loss(*models_[static_cast<size_t>(k)], x.narrow(0, offset, rows),
+                                        y.narrow(0, offset, rows));
         const double weight = static_cast<double>(rows) / static_cast<double>(batch);
         (loss * (scale * weight)).backward();
         losses[static_cast<size_t>(k)] = loss.item<double>() * weight;
@@ -152,7 +150,7 @@ class DpStrategy : public ParallelStrategy {
       std::vector<torch::Tensor> detached;
       for (auto& o : outputs) detached.push_back(o.detach());
       torch::Tensor gathered = torch::cat(detached).requires_grad_(true);
-      torch::Tensor loss = loss_fn(gathered, y);
+      torch::Tensor loss = criterion(gathered, y);
       (loss * scale).backward();
       losses[0] = loss.item<double>();
       torch::Tensor grad = gathered.grad();
@@ -222,16 +220,25 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::Train
     return Status::InvalidConfig("train.batch_size " + std::to_string(cfg.batch_size) +
                                  " is smaller than train.parallel.replicas " + std::to_string(k) +
                                  "; every replica needs at least one row");
-  // Building replicas draws from the global RNG (their initial values are overwritten every
-  // step anyway): keep the loop's RNG stream (dropout masks) as it was.
+  // Cloning runs reset(), which draws from the global RNG (their initial values are overwritten
+  // every step anyway): keep the loop's RNG stream (dropout masks) as it was.
   auto generator = at::detail::getDefaultCPUGenerator();
   torch::Tensor rng_state = generator.get_state();
   std::vector<std::unique_ptr<Model>> extra;
   for (int i = 1; i < k; ++i) {
-    auto replica = CreateModel(cfg.model);
-    if (!replica.ok()) return replica.status();
-    (*replica)->SetTraining(true);
-    extra.push_back(std::move(*replica));
+    std::shared_ptr<torch::nn::Module> copy;
+    try {
+      copy = model->module().clone();
+    } catch (const c10::Error& e) {
+      generator.set_state(rng_state);
+      return Status::InvalidConfig(
+          "train.parallel.mode: dp copies the model onto its replicas with clone(), which this "
+          "module does not implement (derive it from torch::nn::Cloneable): " +
+          std::string(e.what_without_backtrace()));
+    }
+    auto replica = std::make_unique<Model>(std::move(copy));
+    replica->SetTraining(true);
+    extra.push_back(std::move(replica));
   }
   generator.set_state(rng_state);
   int threads = std::max(1, at::get_num_threads() / k);

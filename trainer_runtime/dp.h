@@ -33,9 +33,9 @@
 
 namespace launch::trainer {
 
-// Builds the DP strategy around `model` (replica 0; must outlive the strategy). Builds the
-// other K-1 replicas with CreateModel (the global torch RNG is left as it was). InvalidConfig
-// when replicas < 1.
+// Builds the DP strategy around `model` (replica 0; must outlive the strategy). The other K-1
+// replicas are model->module().clone() (the global torch RNG is left as it was).
+// InvalidConfig when replicas < 1 or the module cannot be cloned (not a torch::nn::Cloneable).
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::TrainConfig& cfg,
                                                              Model* model);
 

@@ -1,9 +1,9 @@
 #pragma once
 
 // Building blocks shared by the whole-model trainer (model.cc) and the pipeline stages
-// (pipeline.cc): the transformer block and the adapters from LibTorch modules to Model. One
-// definition keeps parameter names and maths identical, so a pipeline stage copies its slice of
-// the whole model by name and trains exactly like it.
+// (pipeline.cc): the transformer block. One definition keeps parameter names and maths
+// identical, so a pipeline stage copies its slice of the whole model by name and trains
+// exactly like it.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
@@ -12,18 +12,11 @@
 #include <string>
 #include <utility>
 
-#include <torch/script.h>
 #include <torch/torch.h>
 
 #include "trainer_runtime/model.h"
 
 namespace launch::trainer {
-
-inline NamedTensors FromDict(const torch::OrderedDict<std::string, torch::Tensor>& dict) {
-  NamedTensors out;
-  for (const auto& item : dict) out.emplace_back(item.key(), item.value());
-  return out;
-}
 
 // Causal transformer block (pre-LayerNorm GPT block).
 class BlockImpl : public torch::nn::Module {
@@ -60,51 +53,5 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
 };
 TORCH_MODULE(Block);
-
-// Adapts a torch::nn::Module holder (Mlp, Transformer) to Model.
-template <typename Holder>
-class NativeModel : public Model {
- public:
-  explicit NativeModel(Holder module) : module_(std::move(module)) {}
-  torch::Tensor Forward(const torch::Tensor& input) override { return module_->forward(input); }
-  NamedTensors NamedParameters() override { return FromDict(module_->named_parameters()); }
-  NamedTensors NamedBuffers() override { return FromDict(module_->named_buffers()); }
-  void SetTraining(bool training) override { module_->train(training); }
-
- private:
-  Holder module_;
-};
-
-// A TorchScript module (torch.jit.load) as a Model.
-class ScriptModel : public Model {
- public:
-  explicit ScriptModel(torch::jit::Module module) : module_(std::move(module)) {}
-  torch::Tensor Forward(const torch::Tensor& input) override {
-    return module_.forward({input}).toTensor();
-  }
-  NamedTensors NamedParameters() override {
-    NamedTensors out;
-    // The parameter_list iterator is not STL-compatible (PLATFORM.md): plain loop.
-    for (const auto& item : module_.named_parameters(/*recurse=*/true))
-      out.emplace_back(item.name, item.value);
-    return out;
-  }
-  NamedTensors NamedBuffers() override {
-    NamedTensors out;
-    for (const auto& item : module_.named_buffers(/*recurse=*/true))
-      out.emplace_back(item.name, item.value);
-    return out;
-  }
-  void SetTraining(bool training) override {
-    if (training) {
-      module_.train();
-    } else {
-      module_.eval();
-    }
-  }
-
- private:
-  torch::jit::Module module_;
-};
 
 }  // namespace launch::trainer

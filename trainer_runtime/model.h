@@ -1,8 +1,8 @@
 #pragma once
 
-// Models the trainer can train, behind one interface: a built-in MLP, a small causal
-// transformer language model (character/byte level) and any TorchScript module saved from
-// Python (torch.jit.script / torch.jit.trace; forward(x) -> logits).
+// The accelerator's view of a model (Model), the built-in models of `train` (an MLP, a small
+// causal transformer language model, and any TorchScript module saved from Python), and the
+// optimizer factory the YAML's `optimizer:` section describes.
 //
 // Internal to trainer_runtime (includes LibTorch). Not thread-safe: one training loop owns it.
 
@@ -14,30 +14,64 @@
 #include <torch/torch.h>
 
 #include "base/status.h"
-#include "launcher/config.h"
+#include "config/train_config.h"
 
 namespace launch::trainer {
 
 using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
-class Model {
+// A module that maps one tensor to one tensor: the built-in models, the TorchScript wrapper
+// and the pipeline stages of `train` implement it so the loop can call any of them.
+class TensorForward {
  public:
-  virtual ~Model() = default;
-  // Logits: [B, classes] for an MLP, [B, T, vocab] for a language model.
+  virtual ~TensorForward() = default;
   virtual torch::Tensor Forward(const torch::Tensor& input) = 0;
-  // In registration order, which is the forward order for the built-in models (DDP buckets
-  // gradients in reverse of this order). The tensors alias the model's own storage.
-  virtual NamedTensors NamedParameters() = 0;
-  virtual NamedTensors NamedBuffers() = 0;
-  virtual void SetTraining(bool training) = 0;
-
-  std::vector<torch::Tensor> Parameters();
 };
 
-// Builds the configured model. Parameters are initialised from the current global torch seed
-// (the trainer seeds it first), so every rank builds identical weights before the broadcast.
+// A torch::nn::Module as the parallel machinery sees it. Shares the module (the user keeps
+// theirs). What is trained, communicated and checkpointed is the same set everywhere:
+//   - parameters that require grad, in registration order (DDP buckets gradients in reverse of
+//     this order), each tensor once even when modules share it (tied weights): PyTorch DDP
+//     filters and de-duplicates the same way;
+//   - every buffer (running statistics), each once.
+class Model {
+ public:
+  explicit Model(std::shared_ptr<torch::nn::Module> module) : module_(std::move(module)) {}
+
+  torch::nn::Module& module() { return *module_; }
+  const std::shared_ptr<torch::nn::Module>& shared_module() const { return module_; }
+  NamedTensors NamedParameters() const;
+  NamedTensors NamedBuffers() const;
+  std::vector<torch::Tensor> Parameters() const;
+  void SetTraining(bool training) { module_->train(training); }
+  // Calls TensorForward::Forward. REQUIRES: the module implements TensorForward.
+  torch::Tensor Forward(const torch::Tensor& input);
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+};
+
+// Builds the configured built-in model (a Cloneable module implementing TensorForward).
+// Parameters are initialised from the current global torch seed (the trainer seeds it first),
+// so every rank builds identical weights before the broadcast.
 // TorchScript: loads `torchscript_path`; NotFound / InvalidConfig with the path on failure.
 StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg);
+
+// A TorchScript module (torch::jit::load) as a torch::nn::Module implementing TensorForward:
+// its parameters and buffers are registered under their dotted names with '.' -> '_'
+// (torch::nn::Module forbids dots), each tensor once, frozen parameters with requires_grad
+// false. clone() deep-copies the script module (dp replicas). NotFound / InvalidConfig naming
+// `key` (the YAML key) and the path.
+StatusOr<torch::nn::AnyModule> LoadScriptModule(const std::string& path, const std::string& key);
+
+// Pipeline stages of the built-in models. LayerCosts: parameter count of each partitionable
+// layer (the balancing cost for PartitionLayers). BuildStage: stage `stage` of `sizes` layers
+// each, built from the whole model made from cfg.seed so its initial weights equal a single
+// process's (parameter names equal the whole model's); a TorchScript list gives stage
+// `stage`'s file as is.
+std::vector<int64_t> LayerCosts(const config::ModelConfig& m);
+StatusOr<torch::nn::AnyModule> BuildStage(const config::TrainConfig& cfg, int stage,
+                                          const std::vector<int64_t>& sizes);
 
 // The configured optimizer (sgd | adam | adamw) over `params`; shared by the data-parallel loop
 // and the pipeline stages so both train with exactly the same update rule.

@@ -134,13 +134,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
         "launch_pg/" + std::to_string(env.restart_count), store);
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(GlooDevice(env.master_addr));
-    // Gloo's worker threads run the collectives. PyTorch uses 2; LAUNCH_GLOO_THREADS overrides
-    // (on a 2-core machine with 2 ranks, fewer threads can mean fewer context switches).
-    options->threads = 2;
-    if (const char* t = std::getenv("LAUNCH_GLOO_THREADS")) {
-      long long n = 0;
-      if (ParseInt64(t, &n) && n >= 1 && n <= 64) options->threads = static_cast<int>(n);
-    }
+    options->threads = GlooThreads();
     auto gloo =
         c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, options);
     return c10::make_intrusive<CountingProcessGroup>(gloo);
@@ -149,6 +143,16 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
                            std::to_string(env.world_size) + " ranks via store " + where +
                            " did not form within " + seconds + ": " + e.what());
   }
+}
+
+int GlooThreads() {
+  // Gloo's worker threads run the collectives. PyTorch uses 2; LAUNCH_GLOO_THREADS overrides
+  // (on a 2-core machine with 2 ranks, fewer threads can mean fewer context switches).
+  if (const char* t = std::getenv("LAUNCH_GLOO_THREADS")) {
+    long long n = 0;
+    if (ParseInt64(t, &n) && n >= 1 && n <= 64) return static_cast<int>(n);
+  }
+  return 2;
 }
 
 }  // namespace launch::trainer

@@ -52,6 +52,10 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
                                       int tag) override;
 
+  // The wrapped group, for control-plane collectives (signals, triggers, metrics) that are not
+  // part of a step's gradient communication and must not show in its counts.
+  c10d::ProcessGroup& inner() { return *inner_; }
+
   // Counts an all-reduce carried by other means (the two-rank exchange in strategy.cc), so
   // counts and launch times cover every gradient reduction whatever its transport.
   void RecordAllreduce(int64_t bytes);
@@ -77,6 +81,10 @@ class CountingProcessGroup : public c10d::ProcessGroup {
 // GLOO_SOCKET_IFNAME when set, 127.0.0.1 when the master is a loopback address, Gloo's default
 // device otherwise. Every group a worker builds (the job's, a pipeline stage's) picks it alike.
 std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr);
+
+// Gloo worker threads per group: 2 (PyTorch's choice), or LAUNCH_GLOO_THREADS. Every group a
+// worker builds uses it.
+int GlooThreads();
 
 // Connects to (rank 0: hosts) the store and builds the Gloo group; waits at most `timeout`
 // for all ranks. Errors name the store address and the rank:

@@ -1,16 +1,17 @@
 #pragma once
 
 // How replicas cooperate: the seam where a parallel strategy plugs into the training loop.
-// The loop (trainer.cc) owns model, optimizer and data and calls the strategy at fixed points
-// of every micro-batch and optimizer step; a strategy decides what, if anything, is
-// communicated there. Implementations:
+// The Accelerator (accelerator.h) owns model, optimizer and data cursor and calls the strategy
+// at fixed points of every micro-batch and optimizer step; a strategy decides what, if
+// anything, is communicated there. Implementations:
 //   none      each process trains alone (no communication at all);
 //   ddp       c10d::Reducer: gradients bucketed in reverse parameter order (small first
 //             bucket), each full bucket all-reduced asynchronously during backward, averaged
 //             over the world; no_sync = skipping prepare_for_backward;
 //   local_sgd no gradient communication; parameters averaged every K optimizer steps and
-//             once at the end.
-// DP (replicas in one process) and pipeline stages will be further implementations.
+//             once at the end;
+//   dp        replicas of the model on threads in this process (dp.h).
+// Pipeline stages are not a strategy: PipelineEngine (pipeline_engine.h) runs their schedule.
 //
 // Internal to trainer_runtime (includes LibTorch). Not thread-safe; one loop drives it. Methods
 // may throw c10::Error (a peer died, a collective timed out): the loop converts it to Status.
@@ -61,14 +62,20 @@ class ParallelStrategy {
   // Number of gradient buckets (ddp), 0 otherwise.
   virtual int64_t num_buckets() const { return 0; }
   // dp (dp.h): the strategy runs forward, loss and backward itself (replicas on threads). When
-  // true the loop calls ForwardBackward instead of Forward, Loss and backward().
+  // true the loop calls ForwardBackward instead of forward, loss and backward().
   virtual bool RunsForwardBackward() const { return false; }
+  // The mean loss of rows `x`, `y` computed with `replica` (a chunk of the batch).
+  using ChunkLossFn =
+      std::function<torch::Tensor(Model& replica, const torch::Tensor& x, const torch::Tensor& y)>;
+  // The mean loss of gathered outputs (DataParallel's gather-then-loss, loss_in_replica false).
+  using CriterionFn = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
   // Adds the gradient of `scale` x (mean loss over the batch) to the model's .grad and returns
-  // that mean loss as a detached scalar. `loss_fn(logits, targets)` is the mean loss of a chunk.
-  virtual torch::Tensor ForwardBackward(
-      const torch::Tensor& x, const torch::Tensor& y,
-      const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& loss_fn,
-      double scale) {
+  // that mean loss as a detached scalar. With parallel.loss_in_replica false and a non-null
+  // `criterion`, replica outputs (Model::Forward) are gathered and the loss computed once on
+  // them; otherwise every replica computes its chunk's loss with `chunk_loss`.
+  virtual torch::Tensor ForwardBackward(const torch::Tensor& x, const torch::Tensor& y,
+                                        const ChunkLossFn& chunk_loss, const CriterionFn& criterion,
+                                        double scale) {
     TORCH_CHECK(false, Name(), " does not run forward/backward itself");
   }
 
@@ -83,7 +90,7 @@ class ParallelStrategy {
 
 // Builds the strategy for `cfg` (parallel.mode and local_sgd_steps). `pg` may be null only
 // for a single process. `model` must outlive the strategy.
-// InvalidConfig for modes this trainer does not implement yet (dp, pipeline).
+// InvalidConfig for pipeline (not a strategy) and dp across processes.
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg);
 

@@ -3,14 +3,17 @@
 of live activation micro-batches per stage matches the schedule (1F1B: P - s <= P; GPipe: M);
 stages resume consistently; bad settings fail before anything trains."""
 
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trainer"))
 from trainer_helpers import (TRAIN, final, free_port, metrics, params, rank_env, rel_diff,
-                             run_ranks, write_config)
+                             run_ranks, start_ranks, wait_all, write_config)
 import harness
 
 BASE = """
@@ -155,15 +158,74 @@ class PipelineResumeTest(unittest.TestCase):
         run_ranks(ref_cfg, 2, ["--dump_params"], timeout=90)
         cfg, out = config(tmp, "split", 8, par, optimizer=ADAM, ckpt=3, resume="auto")
         run_ranks(cfg, 2, ["--max_steps", "4"], timeout=90)
-        with open(os.path.join(out, "checkpoints", "pipeline", "latest")) as f:
+        with open(os.path.join(out, "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), "4")
         # The second run (a restart as the agent would do it) continues from step 4.
         results = run_ranks(cfg, 2, ["--dump_params"], timeout=90, restart=1)
-        self.assertIn("resumed all stages", results[1][1])
+        self.assertIn("resumed from", results[1][1])
         got = final(out)
         self.assertEqual(got["steps_this_run"], 6)
         self.assertEqual(pipeline_params(out, 2), pipeline_params(ref_out, 2))
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, 11)))
+
+
+def last_step(out):
+    try:
+        m = metrics(out)
+        return m[-1]["step"] if m else 0
+    except (OSError, ValueError):
+        return 0
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class PipelineSignalTest(unittest.TestCase):
+    """The pipeline runs the same loop as every other mode: SIGUSR1 on any stage checkpoints and
+    training goes on; SIGTERM delivered to one stage only stops both at the same step with a
+    checkpoint (exit 143), and the next run resumes it and evaluates on schedule."""
+
+    def test_sigusr1_checkpoints_and_continues_sigterm_to_one_stage_stops_both(self):
+        tmp = harness.tmpdir()
+        par = "{mode: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}"
+        cfg, out = config(tmp, "sig", 8, par, steps=1000000, resume="auto")
+        with open(cfg) as f:
+            text = f.read().replace("eval_fraction: 0.0", "eval_fraction: 0.1")
+        with open(cfg, "w") as f:
+            f.write(text)
+        latest = os.path.join(out, "checkpoints", "latest")
+        procs, _ = start_ranks(cfg, 2)
+        try:
+            self.assertTrue(harness.wait_until(lambda: last_step(out) >= 20, 60),
+                            "the pipeline did not reach step 20")
+            self.assertFalse(os.path.exists(latest))
+            procs[0].send_signal(signal.SIGUSR1)  # the first stage, not the one that logs
+            self.assertTrue(harness.wait_until(lambda: os.path.exists(latest), 20),
+                            "SIGUSR1 wrote no checkpoint")
+            time.sleep(0.2)
+            self.assertEqual([p.poll() for p in procs], [None, None],
+                             "SIGUSR1 must not stop training")
+            procs[1].send_signal(signal.SIGTERM)  # only the last stage gets it
+            results = wait_all(procs, 60)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        for r, (rc, _, err) in enumerate(results):
+            self.assertEqual(rc, 143, f"rank {r}: {err}")
+            self.assertIn("stopped by SIGTERM", err)
+        self.assertIn("SIGUSR1: wrote", results[1][1])
+        self.assertFalse(os.path.exists(os.path.join(out, "final.json")))
+        with open(latest) as f:
+            stopped_at = int(f.read())
+        self.assertEqual(stopped_at, last_step(out))
+        # The next run resumes at that step on both stages and runs eval_every.
+        cfg2 = write_config(tmp, open(cfg).read().replace("resume: auto", "resume: auto\n"
+                                                          "  eval_every: 5"), "sig2.yaml")
+        results = run_ranks(cfg2, 2, ["--max_steps", str(stopped_at + 10)], timeout=90)
+        self.assertIn(f"resumed from {os.path.join(out, 'checkpoints')} at step {stopped_at}",
+                      results[1][1])
+        self.assertEqual(final(out)["steps_this_run"], 10)
+        self.assertRegex(results[1][1], r"eval at step \d+: loss \d+\.\d+ accuracy 0\.\d+")
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")

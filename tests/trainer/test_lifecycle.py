@@ -273,7 +273,7 @@ train:
   max_steps: {steps}
   checkpoint_every: 0
 """)
-        ckpt = os.path.join(out, "checkpoints", "latest.pt")
+        ckpt = os.path.join(out, "checkpoints", "latest")
         proc = subprocess.Popen([TRAIN, cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env=rank_env(0, 1, free_port()))
         try:
