@@ -1,0 +1,249 @@
+// A user's program on the public API only (accelerator.h, pipeline.h, sampler.h), for
+// tests/api/test_api.py: trains a small model of its own on a torch::data dataset of its own in
+// the mode given by flags, or (--reference) computes the same training with plain LibTorch in one
+// process. Both write the final parameters as raw float32 to --out (rank R appends .R).
+//
+//   api_check --mode ddp|local_sgd|dp|pipeline|none [--accum N] [--sync_each_batch]
+//             [--local_sgd K] [--schedule gpipe|1f1b] [--steps S] [--skew_init] --out FILE
+//   api_check --reference --world W [same flags] --out FILE
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "trainer_runtime/accelerator.h"
+#include "trainer_runtime/pipeline.h"
+#include "trainer_runtime/sampler.h"
+
+namespace {
+
+using launch::trainer::Accelerator;
+
+constexpr int64_t kSamples = 512, kFeatures = 6, kClasses = 3, kBatch = 8;
+constexpr uint64_t kSeed = 5;
+
+// The user's data: a torch::data::Dataset whose examples are stacked by the loader.
+class Blobs : public torch::data::datasets::Dataset<Blobs> {
+ public:
+  Blobs() {
+    auto gen = at::detail::createCPUGenerator(77);
+    x_ = torch::randn({kSamples, kFeatures}, gen);
+    y_ = torch::randint(0, kClasses, {kSamples}, gen);
+  }
+  torch::data::Example<> get(size_t i) override { return {x_[i], y_[i]}; }
+  c10::optional<size_t> size() const override { return kSamples; }
+  torch::Tensor x_, y_;
+};
+
+// The user's model: two layers, and a frozen embedding-like table that DDP must leave out.
+struct NetImpl : torch::nn::Cloneable<NetImpl> {
+  NetImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", torch::nn::Linear(kFeatures, 16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, kClasses));
+    frozen = register_parameter("frozen", torch::ones({kClasses}), /*requires_grad=*/false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc2->forward(torch::tanh(fc1->forward(x))) + frozen;
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::Tensor frozen;
+};
+TORCH_MODULE(Net);
+
+torch::nn::Sequential MakeSequential() {
+  return torch::nn::Sequential(torch::nn::Linear(kFeatures, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                               torch::nn::Linear(16, kClasses));
+}
+
+struct Flags {
+  std::string mode = "ddp", schedule = "1f1b", out;
+  int accum = 1, local_sgd = 0, steps = 12, world = 1;
+  bool sync_each_batch = false, skew_init = false, reference = false;
+};
+
+void WriteParams(const std::string& path, const std::vector<torch::Tensor>& params) {
+  std::ofstream f(path, std::ios::binary);
+  for (const auto& p : params) {
+    auto t = p.detach().to(torch::kFloat).contiguous();
+    f.write(static_cast<const char*>(t.data_ptr()), t.numel() * sizeof(float));
+  }
+}
+
+std::vector<torch::Tensor> Trainable(torch::nn::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : m.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+// Plain LibTorch, one process: what W ranks of the mode must compute together.
+int Reference(const Flags& f) {
+  Blobs data;
+  const int64_t w = f.world;
+  std::vector<int64_t> perm = launch::trainer::ShardedSampler::Permutation(kSamples, kSeed, 0);
+  auto rows = [&](int64_t micro, int64_t rank, int64_t ranks) {  // rank's rows of a micro-batch
+    std::vector<int64_t> r;
+    for (int64_t i = 0; i < kBatch; ++i) r.push_back(perm[(micro * kBatch + i) * ranks + rank]);
+    return torch::tensor(r, torch::kLong);
+  };
+  const bool pipeline = f.mode == "pipeline";
+  const int64_t replicas = f.local_sgd > 0 ? w : 1;
+  std::vector<torch::nn::Sequential> seqs;
+  std::vector<Net> nets;
+  std::vector<std::unique_ptr<torch::optim::SGD>> opts;
+  for (int64_t r = 0; r < replicas; ++r) {
+    torch::manual_seed(kSeed);
+    std::vector<torch::Tensor> params;
+    if (pipeline) {
+      seqs.push_back(MakeSequential());
+      params = Trainable(*seqs.back());
+    } else {
+      nets.push_back(Net());
+      params = Trainable(*nets.back());
+    }
+    opts.push_back(
+        std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9)));
+  }
+  const int64_t data_world = pipeline ? w / 2 : (f.mode == "dp" ? 1 : w);
+  int64_t micro = 0;
+  for (int step = 0; step < f.steps; ++step) {
+    for (int64_t r = 0; r < replicas; ++r) {
+      for (int a = 0; a < f.accum; ++a) {
+        // DDP / dp / pipeline: one replica sees the union of every rank's micro-batch.
+        torch::Tensor idx = replicas > 1 ? rows(micro + a, r, w) : torch::Tensor();
+        if (replicas == 1) {
+          std::vector<torch::Tensor> parts;
+          for (int64_t k = 0; k < data_world; ++k) parts.push_back(rows(micro + a, k, data_world));
+          idx = torch::stack(parts, 1).reshape({-1});
+        }
+        auto x = data.x_.index_select(0, idx), y = data.y_.index_select(0, idx);
+        auto logits = pipeline ? seqs[r]->forward(x) : nets[r]->forward(x);
+        (torch::nn::functional::cross_entropy(logits, y) / f.accum).backward();
+      }
+      opts[r]->step();
+      opts[r]->zero_grad();
+    }
+    micro += f.accum;
+    if (replicas > 1 && ((step + 1) % f.local_sgd == 0 || step + 1 == f.steps)) {
+      torch::NoGradGuard no_grad;
+      auto p0 = Trainable(*nets[0]);
+      for (size_t i = 0; i < p0.size(); ++i) {
+        torch::Tensor sum = torch::zeros_like(p0[i]);
+        for (int64_t r = 0; r < replicas; ++r) sum += Trainable(*nets[r])[i];
+        for (int64_t r = 0; r < replicas; ++r) Trainable(*nets[r])[i].copy_(sum / replicas);
+      }
+    }
+  }
+  WriteParams(f.out, pipeline ? Trainable(*seqs[0]) : Trainable(*nets[0]));
+  return 0;
+}
+
+int Distributed(const Flags& f) {
+  launch::config::TrainConfig options;
+  options.seed = kSeed;
+  options.gradient_accumulation_steps = f.accum;
+  options.sync_each_batch = f.sync_each_batch;
+  options.local_sgd_steps = f.local_sgd;
+  using Mode = launch::config::ParallelMode;
+  options.parallel.mode = f.mode == "none"       ? Mode::kNone
+                          : f.mode == "dp"       ? Mode::kDp
+                          : f.mode == "pipeline" ? Mode::kPipeline
+                                                 : Mode::kDdp;
+  options.parallel.replicas = 2;
+  options.parallel.stages = 2;
+  options.parallel.microbatches = 4;
+  options.parallel.schedule = f.schedule == "gpipe" ? launch::config::PipelineSchedule::kGPipe
+                                                    : launch::config::PipelineSchedule::k1F1B;
+  options.batch_size = kBatch;
+  auto created = Accelerator::Create(options);
+  if (!created.ok()) {
+    std::fprintf(stderr, "api_check: %s\n", created.status().message().c_str());
+    return 2;
+  }
+  Accelerator& accel = **created;
+  std::vector<torch::Tensor> params;
+  auto loss_fn = [](const torch::Tensor& out, const torch::Tensor& y) {
+    return torch::nn::functional::cross_entropy(out, y);
+  };
+  launch::Status prepared = launch::Status::Ok();
+  Net net{nullptr};
+  if (f.mode == "pipeline") {
+    torch::manual_seed(kSeed);
+    auto stage = launch::trainer::SequentialStage(MakeSequential(), {2, 3}, accel.stage_index());
+    if (!stage.ok()) return 2;
+    params = Trainable(*stage->ptr());
+    auto opt =
+        std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+    prepared = accel.PreparePipeline(*stage, opt);
+  } else {
+    // Ranks may start from different weights: Prepare broadcasts rank 0's.
+    torch::manual_seed(kSeed + (f.skew_init ? accel.rank() : 0));
+    net = Net();
+    params = Trainable(*net);
+    auto opt =
+        std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+    prepared = accel.Prepare(net.ptr(), opt);
+  }
+  if (!prepared.ok()) {
+    std::fprintf(stderr, "api_check: %s\n", prepared.message().c_str());
+    return 2;
+  }
+  auto loader = accel.PrepareDataLoader(Blobs(), kBatch);
+  int64_t allreduces = 0;
+  accel.TakeCommStats();
+  while (accel.step() < f.steps) {
+    auto batch = loader.Next();
+    accel.Accumulate();
+    if (f.mode == "pipeline") {
+      accel.PipelineForwardBackward(batch, loss_fn);
+    } else {
+      accel.ForwardBackwardAs<NetImpl>(batch, [&](NetImpl& m, const torch::data::Example<>& b) {
+        return loss_fn(m.forward(b.data), b.target);
+      });
+    }
+    accel.Step();
+    allreduces += accel.TakeCommStats().allreduces;
+  }
+  if (!accel.Finish().ok()) return 1;
+  WriteParams(f.out + "." + std::to_string(accel.rank()), params);
+  accel.Print("allreduces_per_step=" + std::to_string(static_cast<double>(allreduces) / f.steps));
+  accel.Barrier();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
+    if (a == "--mode")
+      f.mode = next();
+    else if (a == "--schedule")
+      f.schedule = next();
+    else if (a == "--out")
+      f.out = next();
+    else if (a == "--accum")
+      f.accum = std::stoi(next());
+    else if (a == "--local_sgd")
+      f.local_sgd = std::stoi(next());
+    else if (a == "--steps")
+      f.steps = std::stoi(next());
+    else if (a == "--world")
+      f.world = std::stoi(next());
+    else if (a == "--sync_each_batch")
+      f.sync_each_batch = true;
+    else if (a == "--skew_init")
+      f.skew_init = true;
+    else if (a == "--reference")
+      f.reference = true;
+    else {
+      std::fprintf(stderr, "api_check: unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
+  return f.reference ? Reference(f) : Distributed(f);
+}

@@ -1,0 +1,101 @@
+"""The public Accelerator API, driven by a user's own module and dataset (api_check.cc) under
+`launch`, against the same training written in plain LibTorch in one process (same data, same
+seed): ddp (with and without accumulation, sync_each_batch, world 2 and 3), Local SGD, dp and
+pipelines (GPipe, 1F1B, 2x2). Ranks that start from different weights end equal (Prepare
+broadcasts rank 0's), and no_sync really skips the all-reduce."""
+
+import array
+import math
+import os
+import subprocess
+import unittest
+
+import harness
+
+BIN = os.environ.get("LAUNCH_BIN_DIR", os.path.join(harness.REPO, "build", "bin"))
+CHECK = os.path.join(BIN, "api_check")
+LAUNCH = os.path.join(BIN, "launch")
+
+
+def floats(path):
+    a = array.array("f")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    return list(a)
+
+
+def rel_diff(a, b):
+    assert len(a) == len(b), (len(a), len(b))
+    num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    den = math.sqrt(sum(y * y for y in b)) or 1.0
+    return num / den
+
+
+@unittest.skipUnless(os.path.exists(CHECK) and os.path.exists(LAUNCH), "api_check not built")
+class AcceleratorMatchesSingleProcessTest(unittest.TestCase):
+    # The reference stays inside epoch 0: steps x accum x world x batch 8 <= 512 samples.
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def run_case(self, world, flags, stage_files=None):
+        """Runs the mode on `world` processes and the plain reference; returns the log."""
+        name = "_".join(f.strip("-") for f in flags) + f"_w{world}"
+        ref = os.path.join(self.tmp, name + ".ref")
+        r = subprocess.run([CHECK, "--reference", "--world", str(world), *flags, "--out", ref],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = os.path.join(self.tmp, name)
+        r = subprocess.run([LAUNCH, "--num_processes", str(world), "--", CHECK, *flags,
+                            "--out", out], capture_output=True, text=True, timeout=180)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        want = floats(ref)
+        if stage_files:  # pipeline: stages of the first pipeline, in order, make the model
+            got = sum((floats(f"{out}.{rank}") for rank in stage_files), [])
+            self.assertLess(rel_diff(got, want), 1e-5, name)
+            return r.stdout
+        first = floats(out + ".0")
+        self.assertLess(rel_diff(first, want), 1e-5, name)
+        for rank in range(1, world):
+            self.assertEqual(floats(f"{out}.{rank}"), first, f"{name}: rank {rank} != rank 0")
+        return r.stdout
+
+    def per_step(self, log):
+        for line in log.splitlines():
+            if "allreduces_per_step=" in line:
+                return float(line.split("allreduces_per_step=")[1])
+        self.fail("no allreduces_per_step line in:\n" + log)
+
+    def test_ddp_from_different_initial_weights_equals_one_process(self):
+        log = self.run_case(2, ["--mode", "ddp", "--skew_init"])
+        self.assertEqual(self.per_step(log), 1.0)
+
+    def test_ddp_three_ranks_default_reducer_path(self):
+        self.run_case(3, ["--mode", "ddp", "--accum", "2", "--steps", "8", "--skew_init"])
+
+    def test_accumulation_skips_the_allreduce_on_all_but_the_last_micro_batch(self):
+        log = self.run_case(2, ["--mode", "ddp", "--accum", "4", "--steps", "6"])
+        self.assertEqual(self.per_step(log), 1.0)
+
+    def test_sync_each_batch_allreduces_every_micro_batch_with_the_same_result(self):
+        log = self.run_case(2, ["--mode", "ddp", "--accum", "4", "--steps", "6",
+                                 "--sync_each_batch"])
+        self.assertEqual(self.per_step(log), 4.0)
+
+    def test_local_sgd_averages_every_k_steps_and_at_the_end(self):
+        # 10 steps, K = 3: averages after steps 3, 6, 9 and at the end (Finish).
+        self.run_case(2, ["--mode", "local_sgd", "--local_sgd", "3", "--steps", "10",
+                          "--skew_init"])
+
+    def test_dp_replicas_on_threads_equal_one_replica(self):
+        self.run_case(1, ["--mode", "dp", "--accum", "2"])
+
+    def test_pipeline_gpipe_two_stages(self):
+        self.run_case(2, ["--mode", "pipeline", "--schedule", "gpipe"], stage_files=[0, 1])
+
+    def test_pipeline_1f1b_two_stages_times_two_replicas_with_accumulation(self):
+        self.run_case(4, ["--mode", "pipeline", "--schedule", "1f1b", "--accum", "2"],
+                      stage_files=[0, 1])
+
+
+if __name__ == "__main__":
+    unittest.main()
