@@ -818,6 +818,14 @@ Status LoadYamlFile(const std::string& path, LaunchConfig* cfg) {
   return LoadYamlString(buf.str(), path, cfg);
 }
 
+StatusOr<TrainConfig> LoadTrainConfigFile(const std::string& path) {
+  LaunchConfig cfg;
+  LAUNCH_RETURN_IF_ERROR(LoadYamlFile(path, &cfg));
+  if (!cfg.train.present)
+    return Status::InvalidConfig(path + ": no `train:` section (see configs/quickstart.yaml)");
+  return cfg.train;
+}
+
 Status ApplySetting(const std::string& key, const std::string& value, const Origin& origin,
                     LaunchConfig* cfg) {
   const KeyDef* def = FindKey(key);

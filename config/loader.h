@@ -27,6 +27,11 @@ Status LoadYamlFile(const std::string& path, LaunchConfig* cfg);
 // Same for YAML text; `name` is used in messages in place of a file name.
 Status LoadYamlString(const std::string& text, const std::string& name, LaunchConfig* cfg);
 
+// The `train:` section of the YAML file at `path`, over TrainConfig's defaults: what a program
+// on the trainer runtime reads to take the same section `train` takes. InvalidConfig naming the
+// file and line of a bad key, or saying the file has no `train:` section.
+StatusOr<TrainConfig> LoadTrainConfigFile(const std::string& path);
+
 // Sets one top-level key (canonical name or synonym, e.g. "nnodes") from its string form.
 // Used for flags and environment variables; `origin` goes into cfg->origins and error messages.
 Status ApplySetting(const std::string& key, const std::string& value, const Origin& origin,

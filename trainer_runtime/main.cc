@@ -79,14 +79,10 @@ int main(int argc, char** argv) {
           "environment LAUNCH_INIT_TIMEOUT_S: expected seconds > 0, got '" + std::string(t) + "'"));
     options.init_timeout_s = v;
   }
-  launch::config::LaunchConfig cfg;
-  launch::Status status = launch::config::LoadYamlFile(config_path, &cfg);
-  if (!status.ok()) return Fail(status);
-  if (!cfg.train.present)
-    return Fail(launch::Status::InvalidConfig(
-        config_path +
-        ": no `train:` section (the trainer needs one; see configs/quickstart.yaml)"));
-  status = launch::trainer::RunTrainer(cfg.train, options);
+  launch::StatusOr<launch::config::TrainConfig> train =
+      launch::config::LoadTrainConfigFile(config_path);
+  if (!train.ok()) return Fail(train.status());
+  launch::Status status = launch::trainer::RunTrainer(*train, options);
   if (!status.ok()) return Fail(status);
   return 0;
 }
