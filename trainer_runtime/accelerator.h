@@ -376,7 +376,7 @@ class DistributedDataLoader {
      private:
       DistributedDataLoader* loader_;
       int64_t left_;
-      torch::data::Example<> current_;
+      mutable torch::data::Example<> current_;  // filled by operator!= (range-for asks it first)
     };
     EpochRange(DistributedDataLoader* loader, int64_t left) : loader_(loader), left_(left) {}
     Iterator begin() { return Iterator(loader_, left_); }
