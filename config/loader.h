@@ -50,5 +50,4 @@ std::vector<std::string> TopLevelKeys();
 // `launch --print_config`: every key with its effective value and origin.
 std::string FormatConfig(const LaunchConfig& cfg);
 
-
 }  // namespace launch::config

@@ -174,7 +174,6 @@ agent::ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& c
   return o;
 }
 
-
 }  // namespace
 
 std::string ExecutableDir() {
