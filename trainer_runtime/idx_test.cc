@@ -14,15 +14,7 @@
 
 #include "trainer_runtime/idx.h"
 
-// LibTorch pulls in glog, whose CHECK macros would shadow doctest's: doctest comes last.
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#include <doctest/doctest.h>
+#include "trainer_runtime/doctest_torch.h"  // last: after every torch header
 
 namespace launch::trainer {
 namespace {
