@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -95,9 +96,18 @@ std::string ParseEnum(const std::string& s, const EnumTable<E>& table, E* out) {
 
 const EnumTable<ModelType> kModelTypes = {{"mlp", ModelType::kMlp},
                                           {"transformer", ModelType::kTransformer},
+                                          {"cnn", ModelType::kCnn},
                                           {"torchscript", ModelType::kTorchScript}};
-const EnumTable<DataType> kDataTypes = {
-    {"synthetic", DataType::kSynthetic}, {"csv", DataType::kCsv}, {"text", DataType::kText}};
+const EnumTable<DataType> kDataTypes = {{"synthetic", DataType::kSynthetic},
+                                        {"csv", DataType::kCsv},
+                                        {"text", DataType::kText},
+                                        {"idx", DataType::kIdx}};
+const EnumTable<LossType> kLossTypes = {{"auto", LossType::kAuto},
+                                        {"cross_entropy", LossType::kCrossEntropy},
+                                        {"mse", LossType::kMse},
+                                        {"bce_with_logits", LossType::kBceWithLogits}};
+const EnumTable<SaveModel> kSaveModel = {
+    {"end", SaveModel::kEnd}, {"checkpoints", SaveModel::kCheckpoints}, {"never", SaveModel::kNever}};
 const EnumTable<OptimizerType> kOptimizers = {
     {"sgd", OptimizerType::kSgd}, {"adam", OptimizerType::kAdam}, {"adamw", OptimizerType::kAdamW}};
 const EnumTable<SchedulerType> kSchedulers = {{"constant", SchedulerType::kConstant},
@@ -605,12 +615,47 @@ Status LoadModel(const YamlContext& ctx, const YAML::Node& node, ModelConfig* m)
       return r.Error(node["heads"], "heads",
                      "d_model " + std::to_string(m->d_model) + " is not divisible by heads " +
                          std::to_string(m->heads));
+  } else if (m->type == ModelType::kCnn) {
+    LAUNCH_RETURN_IF_ERROR(r.GetList<int64_t>("channels", &m->cnn_channels, 1));
+    LAUNCH_RETURN_IF_ERROR(r.GetInRange<int64_t>("hidden", &m->cnn_hidden, 0, 1 << 24));
+    LAUNCH_RETURN_IF_ERROR(r.GetInRange<int64_t>("classes", &m->classes, 2, 1 << 24));
+    LAUNCH_RETURN_IF_ERROR(r.Get("batch_norm", &m->batch_norm));
+    LAUNCH_RETURN_IF_ERROR(r.GetList<int64_t>("input", &m->input_shape, 1));
+    LAUNCH_RETURN_IF_ERROR(r.GetInRange("dropout", &m->dropout, 0.0, 0.99));
+    if (m->cnn_channels.empty())
+      return r.Error(node["channels"], "channels", "needs at least one block, e.g. [16, 32]");
+    if (m->input_shape.size() != 3)
+      return r.Error(node["input"], "input", "expected [channels, height, width], e.g. [1, 28, 28]");
+    const int64_t shrink = int64_t{1} << std::min<size_t>(m->cnn_channels.size(), 30);
+    if (m->input_shape[1] < shrink || m->input_shape[2] < shrink)
+      return r.Error(node["channels"].IsDefined() ? node["channels"] : node, "channels",
+                     std::to_string(m->cnn_channels.size()) + " blocks halve a " +
+                         std::to_string(m->input_shape[1]) + "x" +
+                         std::to_string(m->input_shape[2]) +
+                         " image to nothing; use fewer blocks (each 2x2 pooling halves it)");
   } else {
     LAUNCH_RETURN_IF_ERROR(r.GetList<int64_t>("layers", &m->mlp_layers, 1));
     if (m->type == ModelType::kMlp && m->mlp_layers.size() < 2)
       return r.Error(node["layers"], "layers",
                      "an MLP needs at least an input and an output width, e.g. [32, 10]");
     LAUNCH_RETURN_IF_ERROR(r.GetInRange("dropout", &m->dropout, 0.0, 0.99));
+  }
+  if (m->type == ModelType::kTorchScript) {
+    LAUNCH_RETURN_IF_ERROR(r.GetList("inputs", &m->inputs, std::string()));
+    for (const std::string& field : m->inputs)
+      if (field != "input" && field != "target")
+        return r.Error(node["inputs"], "inputs",
+                       "'" + field + "' is not a batch field; fields are input, target");
+    if (m->inputs.empty())
+      return r.Error(node["inputs"], "inputs", "forward needs at least one input, e.g. [input]");
+    if (r.Has("outputs")) {
+      YAML::Node on = r.Raw("outputs");
+      LAUNCH_RETURN_IF_ERROR(RequireMap(ctx, on, "train.model.outputs"));
+      MapReader o(ctx, on, "train.model.outputs");
+      LAUNCH_RETURN_IF_ERROR(o.Get("logits", &m->output_logits));
+      LAUNCH_RETURN_IF_ERROR(o.Get("loss", &m->output_loss));
+      LAUNCH_RETURN_IF_ERROR(o.Finish());
+    }
   }
   if (m->type == ModelType::kTorchScript && m->torchscript_path.empty() &&
       m->torchscript_stages.empty())
@@ -628,10 +673,32 @@ Status LoadData(const YamlContext& ctx, const YAML::Node& node, DataConfig* d) {
   LAUNCH_RETURN_IF_ERROR(r.Get("path", &d->path));
   LAUNCH_RETURN_IF_ERROR(r.Get("label_column", &d->label_column));
   LAUNCH_RETURN_IF_ERROR(r.GetInRange<int64_t>("context", &d->context, 1, 1 << 20));
+  LAUNCH_RETURN_IF_ERROR(r.Get("shuffle", &d->shuffle));
+  if (d->type == DataType::kIdx) {
+    LAUNCH_RETURN_IF_ERROR(r.GetInRange("mean", &d->mean, -1e6, 1e6));
+    LAUNCH_RETURN_IF_ERROR(r.GetInRange("std", &d->std, 1e-9, 1e6));
+    if (r.Has("augment")) {
+      YAML::Node an = r.Raw("augment");
+      LAUNCH_RETURN_IF_ERROR(RequireMap(ctx, an, "train.data.augment"));
+      MapReader a(ctx, an, "train.data.augment");
+      LAUNCH_RETURN_IF_ERROR(a.GetInRange<int64_t>("crop_padding", &d->crop_padding, 0, 1024));
+      LAUNCH_RETURN_IF_ERROR(a.Get("flip", &d->flip));
+      LAUNCH_RETURN_IF_ERROR(a.Finish());
+    }
+    if (d->path.empty()) d->path = kFashionMnistDir;
+  }
   if ((d->type == DataType::kCsv || d->type == DataType::kText) && d->path.empty())
     return Status::InvalidConfig(ctx.Where(node) + ": train.data: type " + ToString(d->type) +
                                  " needs `path: FILE`");
-  if (!d->path.empty() && d->type != DataType::kSynthetic) {
+  if (d->type == DataType::kIdx) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(d->path, ec))
+      return r.Error(node["path"].IsDefined() ? node["path"] : node, "path",
+                     "'" + d->path + "' is not a directory of IDX files" +
+                         (d->path == kFashionMnistDir
+                              ? std::string(" (install Debian's dataset-fashion-mnist)")
+                              : std::string()));
+  } else if (!d->path.empty() && d->type != DataType::kSynthetic) {
     std::ifstream probe(d->path);
     if (!probe) return r.Error(node["path"], "path", "cannot read '" + d->path + "'");
   }
@@ -663,6 +730,7 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, TrainConfig* t)
     LAUNCH_RETURN_IF_ERROR(o.GetInRange("beta1", &oc.beta1, 0.0, 0.9999999));
     LAUNCH_RETURN_IF_ERROR(o.GetInRange("beta2", &oc.beta2, 0.0, 0.9999999));
     LAUNCH_RETURN_IF_ERROR(o.GetInRange("eps", &oc.eps, 1e-30, 1.0));
+    LAUNCH_RETURN_IF_ERROR(o.GetList("no_decay", &oc.no_decay, std::string()));
     LAUNCH_RETURN_IF_ERROR(o.Finish());
   } else {
     t->optimizer.weight_decay = 0.01;  // adamw default
@@ -677,6 +745,24 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, TrainConfig* t)
     LAUNCH_RETURN_IF_ERROR(s.GetInRange("min_lr_ratio", &t->scheduler.min_lr_ratio, 0.0, 1.0));
     LAUNCH_RETURN_IF_ERROR(s.Finish());
   }
+  if (r.Has("loss")) {
+    YAML::Node ln = r.Raw("loss");
+    LAUNCH_RETURN_IF_ERROR(RequireMap(ctx, ln, "train.loss"));
+    MapReader l(ctx, ln, "train.loss");
+    LossConfig& lc = t->loss;
+    LAUNCH_RETURN_IF_ERROR(l.GetEnum("type", kLossTypes, &lc.type));
+    LAUNCH_RETURN_IF_ERROR(l.GetInRange("label_smoothing", &lc.label_smoothing, 0.0, 1.0));
+    LAUNCH_RETURN_IF_ERROR(l.Get("ignore_index", &lc.ignore_index));
+    LAUNCH_RETURN_IF_ERROR(l.GetList("class_weights", &lc.class_weights, 0.0));
+    LAUNCH_RETURN_IF_ERROR(l.Finish());
+    const bool ce = lc.type == LossType::kAuto || lc.type == LossType::kCrossEntropy;
+    if (!ce && (lc.label_smoothing > 0 || !lc.class_weights.empty() || ln["ignore_index"].IsDefined()))
+      return l.Error(ln["type"], "type",
+                     std::string("label_smoothing, ignore_index and class_weights are "
+                                 "cross_entropy options, not ") +
+                         ToString(lc.type));
+  }
+  LAUNCH_RETURN_IF_ERROR(r.GetEnum("save_model", kSaveModel, &t->save_model));
   LAUNCH_RETURN_IF_ERROR(r.GetInRange("max_grad_norm", &t->max_grad_norm, 0.0, 1e9));
   if (r.Has("parallel")) {
     YAML::Node pn = r.Raw("parallel");
@@ -691,6 +777,7 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, TrainConfig* t)
     LAUNCH_RETURN_IF_ERROR(p.GetEnum("schedule", kSchedules, &pc.schedule));
     LAUNCH_RETURN_IF_ERROR(p.GetList<int64_t>("partition", &pc.partition, 1));
     LAUNCH_RETURN_IF_ERROR(p.Get("loss_in_replica", &pc.loss_in_replica));
+    LAUNCH_RETURN_IF_ERROR(p.Get("find_unused_parameters", &pc.find_unused_parameters));
     LAUNCH_RETURN_IF_ERROR(p.Finish());
     if (pc.mode == ParallelMode::kPipeline && pc.schedule == PipelineSchedule::k1F1B &&
         pc.microbatches < pc.stages)
@@ -717,6 +804,15 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, TrainConfig* t)
   if (t->model.type == ModelType::kTransformer && t->data.type != DataType::kText)
     return Status::InvalidConfig(ctx.Where(node) +
                                  ": train.model: a transformer needs `data: {type: text, ...}`");
+  if (t->parallel.mode == ParallelMode::kPipeline && t->model.type == ModelType::kCnn)
+    return Status::InvalidConfig(ctx.Where(node) +
+                                 ": train.model: pipeline mode splits mlp, transformer or a list "
+                                 "of TorchScript stages, not a cnn");
+  if (t->parallel.mode == ParallelMode::kPipeline &&
+      (t->model.inputs != std::vector<std::string>{"input"} || !t->model.output_loss.empty()))
+    return Status::InvalidConfig(ctx.Where(node) +
+                                 ": train.model: pipeline stages take one tensor and return one "
+                                 "tensor (no `inputs` or `outputs.loss`)");
   if (t->local_sgd_steps > 0 && t->parallel.mode == ParallelMode::kPipeline)
     return r.Error(node["local_sgd_steps"], "local_sgd_steps",
                    "Local SGD does not combine with pipeline mode");
@@ -926,78 +1022,24 @@ std::vector<std::string> TopLevelKeys() {
   return names;
 }
 
-const char* ToString(ModelType v) {
-  switch (v) {
-    case ModelType::kMlp:
-      return "mlp";
-    case ModelType::kTransformer:
-      return "transformer";
-    case ModelType::kTorchScript:
-      return "torchscript";
-  }
+// The names users write, from the same tables the parser reads.
+template <typename E>
+const char* NameOf(const EnumTable<E>& table, E v) {
+  for (const auto& [name, value] : table)
+    if (value == v) return name.c_str();
   return "?";
 }
-const char* ToString(DataType v) {
-  switch (v) {
-    case DataType::kSynthetic:
-      return "synthetic";
-    case DataType::kCsv:
-      return "csv";
-    case DataType::kText:
-      return "text";
-  }
-  return "?";
-}
-const char* ToString(OptimizerType v) {
-  switch (v) {
-    case OptimizerType::kSgd:
-      return "sgd";
-    case OptimizerType::kAdam:
-      return "adam";
-    case OptimizerType::kAdamW:
-      return "adamw";
-  }
-  return "?";
-}
-const char* ToString(SchedulerType v) {
-  switch (v) {
-    case SchedulerType::kConstant:
-      return "constant";
-    case SchedulerType::kLinear:
-      return "linear";
-    case SchedulerType::kCosine:
-      return "cosine";
-  }
-  return "?";
-}
-const char* ToString(ParallelMode v) {
-  switch (v) {
-    case ParallelMode::kNone:
-      return "none";
-    case ParallelMode::kDp:
-      return "dp";
-    case ParallelMode::kDdp:
-      return "ddp";
-    case ParallelMode::kPipeline:
-      return "pipeline";
-  }
-  return "?";
-}
-const char* ToString(PipelineSchedule v) {
-  return v == PipelineSchedule::kGPipe ? "gpipe" : "1f1b";
-}
+
+const char* ToString(ModelType v) { return NameOf(kModelTypes, v); }
+const char* ToString(DataType v) { return NameOf(kDataTypes, v); }
+const char* ToString(LossType v) { return NameOf(kLossTypes, v); }
+const char* ToString(SaveModel v) { return NameOf(kSaveModel, v); }
+const char* ToString(OptimizerType v) { return NameOf(kOptimizers, v); }
+const char* ToString(SchedulerType v) { return NameOf(kSchedulers, v); }
+const char* ToString(ParallelMode v) { return NameOf(kParallelModes, v); }
+const char* ToString(PipelineSchedule v) { return NameOf(kSchedules, v); }
 const char* ToString(DistributedType v) {
-  switch (v) {
-    case DistributedType::kAuto:
-      return "auto";
-    case DistributedType::kNo:
-      return "NO";
-    case DistributedType::kMultiCpu:
-      return "MULTI_CPU";
-    case DistributedType::kMultiGpu:
-      return "MULTI_GPU";
-  }
-  return "?";
+  return v == DistributedType::kAuto ? "auto" : NameOf(kDistributedTypes, v);
 }
 
 }  // namespace launch::config

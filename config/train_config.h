@@ -13,8 +13,13 @@
 
 namespace launch::config {
 
-enum class ModelType { kMlp, kTransformer, kTorchScript };
-enum class DataType { kSynthetic, kCsv, kText };
+// Where Debian's dataset-fashion-mnist package installs its four gzipped IDX files.
+inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
+
+enum class ModelType { kMlp, kTransformer, kCnn, kTorchScript };
+enum class DataType { kSynthetic, kCsv, kText, kIdx };
+enum class LossType { kAuto, kCrossEntropy, kMse, kBceWithLogits };
+enum class SaveModel { kEnd, kCheckpoints, kNever };
 enum class OptimizerType { kSgd, kAdam, kAdamW };
 enum class SchedulerType { kConstant, kLinear, kCosine };
 enum class ParallelMode { kNone, kDp, kDdp, kPipeline };
@@ -31,10 +36,36 @@ struct ModelConfig {
   int64_t heads = 4;
   int64_t context = 128;  // maximum sequence length
   double dropout = 0.0;
-  // torchscript: path of a module saved by torch.jit.save; forward(x) -> logits.
+  // cnn: one block per entry of `channels` (3x3 convolution without bias, batch norm, ReLU,
+  // 2x2 max pooling), then flatten, a `hidden`-wide Linear + ReLU + dropout (none when
+  // hidden is 0) and a Linear head with `classes` outputs. `input` is [C, H, W] of one image.
+  std::vector<int64_t> cnn_channels = {16, 32};
+  int64_t cnn_hidden = 128;
+  int64_t classes = 10;
+  bool batch_norm = true;
+  std::vector<int64_t> input_shape = {1, 28, 28};
+  // torchscript: path of a module saved by torch.jit.save.
   std::string torchscript_path;
   // pipeline with TorchScript: one module per stage, in order (overrides torchscript_path).
   std::vector<std::string> torchscript_stages;
+  // torchscript: the batch fields passed to forward, in order: `input` (the data) and/or
+  // `target` (the labels, for a model that computes its own loss).
+  std::vector<std::string> inputs = {"input"};
+  // torchscript: where the logits and the loss are in the output. A tensor output is the
+  // logits (a 0-dim tensor: the loss). A tuple: element `output_logits` (an index, default 0)
+  // and, when set, `output_loss`. A dict: keys `output_logits` (default "logits") and
+  // `output_loss` (default "loss"). A model that returns a loss trains on it.
+  std::string output_logits;
+  std::string output_loss;
+};
+
+struct LossConfig {
+  // auto: cross_entropy for class labels, mse for regression targets. A model that returns its
+  // own loss (see ModelConfig::output_loss) trains on that instead.
+  LossType type = LossType::kAuto;
+  double label_smoothing = 0.0;       // cross_entropy
+  int64_t ignore_index = -100;        // cross_entropy: targets equal to it do not count
+  std::vector<double> class_weights;  // cross_entropy: one weight per class; empty = equal
 };
 
 struct DataConfig {
@@ -48,6 +79,19 @@ struct DataConfig {
   std::string label_column = "label";
   // text: `context` bytes per sample, next-byte prediction (defaults to model.context).
   int64_t context = 0;
+  // idx: the directory of MNIST-format files (train-*-ubyte[.gz]; t10k-* when present are the
+  // evaluation set, otherwise eval_fraction of the training files is held out). Pixels become
+  // (byte / 255 - mean) / std; the defaults are Fashion-MNIST's training statistics.
+  double mean = 0.2860;
+  double std = 0.3530;
+  // idx: augmentation of training images, deterministic per (seed, epoch, rank, batch): a
+  // random crop after padding each side by `crop_padding` pixels, a horizontal flip with
+  // probability 1/2.
+  int64_t crop_padding = 0;
+  bool flip = false;
+  // Reshuffle the training samples every epoch (PyTorch's DistributedSampler order for the
+  // same seed); false = in file order.
+  bool shuffle = true;
 };
 
 struct OptimizerConfig {
@@ -58,6 +102,11 @@ struct OptimizerConfig {
   double beta1 = 0.9;         // adam, adamw
   double beta2 = 0.999;
   double eps = 1e-8;
+  // Parameters left out of weight decay: those whose name contains one of these strings; the
+  // entry `norm` also takes every parameter of a normalisation layer (BatchNorm, LayerNorm,
+  // GroupNorm, InstanceNorm), whatever its name. The default leaves out biases and
+  // normalisation weights as Hugging Face's Trainer does; [] decays every parameter.
+  std::vector<std::string> no_decay = {"bias", "norm"};
 };
 
 struct SchedulerConfig {
@@ -77,6 +126,9 @@ struct ParallelConfig {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   std::vector<int64_t> partition;  // pipeline: layers per stage; empty = balance by parameters
   bool loss_in_replica = true;     // dp: compute the loss inside each replica (scalar gather)
+  // ddp: find the parameters a forward did not use (PyTorch DDP's option of the same name), so
+  // a model with an unused head or branch trains; costs a graph walk per synchronised step.
+  bool find_unused_parameters = false;
 };
 
 struct TrainConfig {
@@ -85,6 +137,7 @@ struct TrainConfig {
   std::string output_dir = "runs/default";  // metrics.jsonl, final.json, checkpoints/
   ModelConfig model;
   DataConfig data;
+  LossConfig loss;
   double eval_fraction = 0.1;  // held-out share of the data set
   int64_t batch_size = 32;     // per process, per micro-batch
   int64_t max_steps = 0;       // optimizer steps; 0 = run `epochs` epochs
@@ -102,10 +155,17 @@ struct TrainConfig {
   int64_t log_every = 10;              // optimizer steps between plain log lines
   int64_t eval_every = 0;              // optimizer steps between evaluations; 0 = only at the end
   std::string mixed_precision = "no";  // copied from the top level: no | bf16
+  // The trained model, for PyTorch to load (output_dir/model.pt): a TorchScript model as
+  // itself with the trained weights (torch.jit.load), a built-in model as a dict of parameter
+  // and buffer names to tensors (torch.load). Written at the end, also at every checkpoint
+  // (checkpoints), or never.
+  SaveModel save_model = SaveModel::kEnd;
 };
 
 const char* ToString(ModelType v);
 const char* ToString(DataType v);
+const char* ToString(LossType v);
+const char* ToString(SaveModel v);
 const char* ToString(OptimizerType v);
 const char* ToString(SchedulerType v);
 const char* ToString(ParallelMode v);

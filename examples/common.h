@@ -90,10 +90,11 @@ double TestAccuracy(launch::trainer::Accelerator& accel, const launch::trainer::
   torch::Tensor mine =
       torch::arange(accel.data_parallel_rank(), n, accel.data_parallel_size(), torch::kInt64);
   torch::Tensor counts = torch::zeros({2}, torch::kInt64);  // correct, classified
+  const torch::Tensor images = test.images();  // normalised once (the file holds bytes)
   const int64_t chunk = 1000;  // rows per forward pass: bounds the activations' memory
   for (int64_t begin = 0; begin < mine.size(0); begin += chunk) {
     torch::Tensor rows = mine.slice(0, begin, begin + chunk);
-    torch::Tensor out = logits(test.images().index_select(0, rows));
+    torch::Tensor out = logits(images.index_select(0, rows));
     if (!out.defined()) continue;
     counts[0] += out.argmax(1).eq(test.labels().index_select(0, rows)).sum();
     counts[1] += rows.size(0);

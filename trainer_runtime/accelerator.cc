@@ -297,7 +297,12 @@ double Accelerator::learning_rate() const {
 
 Status Accelerator::Finish() {
   if (strategy_) strategy_->Finish(step_);
+  SyncBuffers();
   return Status::Ok();
+}
+
+void Accelerator::SyncBuffers() {
+  if (strategy_) strategy_->SyncBuffers();
 }
 
 // --- Across ranks ----------------------------------------------------------------------------

@@ -26,7 +26,10 @@
 //              Prepare; gradients go through c10d's Reducer (buckets in reverse parameter order,
 //              a small first bucket, each full bucket all-reduced during backward) and are
 //              averaged over the world; parameters with requires_grad false are left out, tied
-//              (shared) parameters count once;
+//              (shared) parameters count once; options.parallel.find_unused_parameters lets a
+//              forward leave parameters unused (PyTorch's option); rank 0's buffers (BatchNorm
+//              statistics) become every rank's before each forward that follows a synchronised
+//              one, as PyTorch's broadcast_buffers, and at Finish / SyncBuffers;
 //   local_sgd  (local_sgd_steps K > 0 with none or ddp) no gradient communication: each process
 //              steps its own replica and parameters are averaged every K optimizer steps and
 //              by Finish();
@@ -146,8 +149,9 @@ class Accelerator {
   // --- Data --------------------------------------------------------------------------------
   // Shards `dataset` (any torch::data dataset: a Dataset<Self, Example<>> whose examples are
   // stacked, or a BatchDataset whose get_batch returns an Example<>) over the data-parallel
-  // ranks with PyTorch DistributedSampler's arithmetic (sampler.h): deterministic per
-  // (options().seed, epoch), the same number of full batches on every rank. The loader's
+  // ranks exactly as PyTorch's DistributedSampler(seed=options().seed) does (sampler.h; in
+  // file order when options().data.shuffle is false), the same number of full batches on
+  // every rank (a last partial batch is dropped, as DataLoader(drop_last=True)). The loader's
   // position is part of SaveState/LoadState, and its epoch end closes an accumulation window.
   // The accelerator tracks the last loader prepared (one training loader).
   template <typename DatasetT>
@@ -213,9 +217,13 @@ class Accelerator {
   // Micro-batches in the last optimizer step, and samples this rank took from the loader.
   int64_t micro_batches_last_step() const { return micro_last_step_; }
   int64_t samples_seen() const { return samples_seen_; }
-  // Ends training: Local SGD's final average when steps were taken since the last one.
-  // COLLECTIVE.
+  // Ends training: Local SGD's final average when steps were taken since the last one, and
+  // SyncBuffers(). COLLECTIVE.
   Status Finish();
+  // ddp: every rank takes rank 0's buffers (running statistics), so evaluation and saved
+  // weights agree across ranks, as evaluating through PyTorch's DDP forward does. Call before
+  // an evaluation; nothing in other modes. COLLECTIVE.
+  void SyncBuffers();
 
   // --- Across ranks ------------------------------------------------------------------------
   // Sum over all ranks, in place; returns `t`. COLLECTIVE.
@@ -330,7 +338,8 @@ class DistributedDataLoader {
         dataset_(std::move(dataset)),
         batch_size_(batch_size),
         sampler_(static_cast<int64_t>(dataset_.size().value()), accel->data_parallel_rank(),
-                 accel->data_parallel_size(), batch_size, accel->options().seed),
+                 accel->data_parallel_size(), batch_size, accel->options().seed,
+                 accel->options().data.shuffle),
         cursor_(std::make_shared<LoaderCursor>()) {
     cursor_->batches_per_epoch = sampler_.batches_per_epoch();
     accel_->AttachCursor(cursor_);

@@ -12,31 +12,97 @@
 namespace launch::trainer {
 
 torch::Tensor Dataset::Inputs(const std::vector<int64_t>& indices) const {
-  return inputs.index_select(0, torch::tensor(indices, torch::kLong));
+  torch::Tensor rows = inputs.index_select(0, torch::tensor(indices, torch::kLong));
+  return rows.scalar_type() == torch::kUInt8 ? NormalizePixels(rows, pixels) : rows;
 }
 
 torch::Tensor Dataset::Targets(const std::vector<int64_t>& indices) const {
   return targets.index_select(0, torch::tensor(indices, torch::kLong));
 }
 
-torch::Tensor Loss(Task task, const torch::Tensor& logits, const torch::Tensor& targets) {
-  switch (task) {
-    case Task::kClassification:
-      return torch::nn::functional::cross_entropy(logits, targets);
-    case Task::kRegression:
-      return torch::mse_loss(logits, targets);
-    case Task::kLanguageModel:
-      return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                  targets.reshape({-1}));
+StatusOr<Criterion> Criterion::Create(Task task, const config::LossConfig& cfg) {
+  using config::LossType;
+  Criterion c;
+  c.task_ = task;
+  c.cfg_ = cfg;
+  c.type_ = cfg.type;
+  if (c.type_ == LossType::kAuto)
+    c.type_ = task == Task::kRegression ? LossType::kMse : LossType::kCrossEntropy;
+  if (task == Task::kRegression && c.type_ == LossType::kCrossEntropy)
+    return Status::InvalidConfig(
+        "train.loss.type: cross_entropy needs class labels, but the data are regression targets "
+        "(use mse)");
+  if (task == Task::kLanguageModel && c.type_ != LossType::kCrossEntropy)
+    return Status::InvalidConfig(std::string("train.loss.type: ") + config::ToString(c.type_) +
+                                 " does not apply to next-token prediction (use cross_entropy)");
+  if (!cfg.class_weights.empty())
+    c.class_weights_ = torch::tensor(cfg.class_weights, torch::kFloat32);
+  return c;
+}
+
+torch::Tensor Criterion::operator()(const torch::Tensor& logits,
+                                    const torch::Tensor& targets) const {
+  namespace F = torch::nn::functional;
+  using config::LossType;
+  switch (type_) {
+    case LossType::kAuto:
+    case LossType::kCrossEntropy: {
+      auto options = F::CrossEntropyFuncOptions()
+                         .ignore_index(cfg_.ignore_index)
+                         .label_smoothing(cfg_.label_smoothing);
+      if (class_weights_.defined()) {
+        TORCH_CHECK(class_weights_.size(0) == logits.size(-1), "train.loss.class_weights has ",
+                    class_weights_.size(0), " weights but the model gives ", logits.size(-1),
+                    " classes");
+        options.weight(class_weights_.to(logits.scalar_type()));
+      }
+      if (task_ == Task::kLanguageModel)
+        return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
+                                options);
+      return F::cross_entropy(logits, targets, options);
+    }
+    case LossType::kMse:
+      return torch::mse_loss(logits, targets.to(logits.scalar_type()).view_as(logits));
+    case LossType::kBceWithLogits: {
+      // Class labels become one-hot rows; float targets (multi-label) are taken as they are.
+      torch::Tensor y = targets.is_floating_point()
+                            ? targets.to(logits.scalar_type()).view_as(logits)
+                            : F::one_hot(targets, logits.size(-1)).to(logits.scalar_type());
+      return F::binary_cross_entropy_with_logits(logits, y);
+    }
   }
   return {};
 }
 
-std::pair<int64_t, int64_t> CountCorrect(Task task, const torch::Tensor& logits,
-                                         const torch::Tensor& targets) {
-  if (task == Task::kRegression) return {0, 0};
+std::pair<int64_t, int64_t> Criterion::CountCorrect(const torch::Tensor& logits,
+                                                    const torch::Tensor& targets) const {
+  if (task_ == Task::kRegression || targets.is_floating_point()) return {0, 0};
   auto pred = logits.argmax(-1);
-  return {pred.eq(targets).sum().item<int64_t>(), targets.numel()};
+  auto counted = targets.ne(cfg_.ignore_index);
+  return {pred.eq(targets).logical_and(counted).sum().item<int64_t>(),
+          counted.sum().item<int64_t>()};
+}
+
+torch::Tensor Augment(const Dataset& data, const torch::Tensor& images, uint64_t seed) {
+  const int64_t pad = data.crop_padding;
+  if ((pad == 0 && !data.flip) || images.dim() != 4) return images;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const int64_t b = images.size(0), h = images.size(2), w = images.size(3);
+  // Black after normalisation, as torchvision pads the image before normalising it.
+  const double black = (0.0 - data.pixels.mean) / data.pixels.std;
+  torch::Tensor padded =
+      pad > 0 ? torch::constant_pad_nd(images, {pad, pad, pad, pad}, black) : images;
+  torch::Tensor offsets = torch::randint(0, 2 * pad + 1, {b, 2}, gen, torch::kLong);
+  torch::Tensor flips = torch::randint(0, 2, {b}, gen, torch::kLong);
+  torch::Tensor out = torch::empty_like(images);
+  auto off = offsets.accessor<int64_t, 2>();
+  auto flip = flips.accessor<int64_t, 1>();
+  for (int64_t i = 0; i < b; ++i) {
+    torch::Tensor crop = padded[i].narrow(1, off[i][0], h).narrow(2, off[i][1], w);
+    if (data.flip && flip[i] == 1) crop = crop.flip({2});
+    out[i].copy_(crop);
+  }
+  return out;
 }
 
 namespace {
@@ -188,6 +254,71 @@ StatusOr<Dataset> Text(const config::TrainConfig& cfg) {
   return d;
 }
 
+StatusOr<Dataset> Idx(const config::TrainConfig& cfg) {
+  const std::string& dir = cfg.data.path;
+  const IdxOptions options{cfg.data.mean, cfg.data.std};
+  LAUNCH_ASSIGN_OR_RETURN(IdxDataset train, IdxDataset::Load(dir, IdxSplit::kTrain, options));
+  StatusOr<IdxDataset> test = IdxDataset::Load(dir, IdxSplit::kTest, options);
+  if (!test.ok() && test.status().code() != Status::Code::kNotFound) return test.status();
+  Dataset d;
+  d.task = Task::kClassification;
+  d.pixels = options;
+  d.crop_padding = cfg.data.crop_padding;
+  d.flip = cfg.data.flip;
+  const int64_t n_train = train.pixels().size(0);
+  if (test.ok()) {
+    if (!test->pixels().sizes().slice(1).equals(train.pixels().sizes().slice(1)))
+      return Status::InvalidConfig(dir + ": the t10k-* images are " +
+                                   std::to_string(test->pixels().size(2)) + "x" +
+                                   std::to_string(test->pixels().size(3)) + " but train-* are " +
+                                   std::to_string(train.pixels().size(2)) + "x" +
+                                   std::to_string(train.pixels().size(3)));
+    // One tensor for both splits: rows [0, n_train) train, the rest (the t10k files) evaluate.
+    d.inputs = torch::cat({train.pixels(), test->pixels()});
+    d.targets = torch::cat({train.labels(), test->labels()});
+    const int64_t n = d.inputs.size(0);
+    for (int64_t i = 0; i < n_train; ++i) d.train_indices.push_back(i);
+    for (int64_t i = n_train; i < n; ++i) d.eval_indices.push_back(i);
+  } else {
+    d.inputs = train.pixels();
+    d.targets = train.labels();
+  }
+  const auto& shape = d.inputs.sizes();
+  d.description = "idx " + dir + ": " + std::to_string(n_train) + " training images " +
+                  std::to_string(shape[2]) + "x" + std::to_string(shape[3]) +
+                  (test.ok() ? ", " + std::to_string(d.eval_indices.size()) + " test images"
+                             : std::string(", no t10k-* files (eval_fraction held out)"));
+  // The model must fit the images: a wrong width fails here, with the key to change, rather
+  // than as a shape error in the first forward.
+  const int64_t classes = d.targets.max().item<int64_t>() + 1;
+  const config::ModelConfig& m = cfg.model;
+  const int64_t pixels = shape[1] * shape[2] * shape[3];
+  if (m.type == config::ModelType::kMlp) {
+    if (m.mlp_layers.front() != pixels)
+      return Status::InvalidConfig("train.model.layers starts with " +
+                                   std::to_string(m.mlp_layers.front()) + " but the images have " +
+                                   std::to_string(pixels) + " pixels (" + dir + ")");
+    if (m.mlp_layers.back() < classes)
+      return Status::InvalidConfig("train.model.layers ends with " +
+                                   std::to_string(m.mlp_layers.back()) + " outputs but " + dir +
+                                   " has " + std::to_string(classes) + " classes");
+  } else if (m.type == config::ModelType::kCnn) {
+    if (!shape.slice(1).equals(m.input_shape))
+      return Status::InvalidConfig(
+          "train.model.input is [" + std::to_string(m.input_shape[0]) + ", " +
+          std::to_string(m.input_shape[1]) + ", " + std::to_string(m.input_shape[2]) +
+          "] but the images in " + dir + " are [" + std::to_string(shape[1]) + ", " +
+          std::to_string(shape[2]) + ", " + std::to_string(shape[3]) + "]");
+    if (m.classes < classes)
+      return Status::InvalidConfig("train.model.classes is " + std::to_string(m.classes) +
+                                   " but " + dir + " has " + std::to_string(classes) +
+                                   " classes");
+  } else if (m.type == config::ModelType::kTransformer) {
+    return Status::InvalidConfig("train.model: a transformer needs text data, not images");
+  }
+  return d;
+}
+
 }  // namespace
 
 StatusOr<Dataset> LoadDataset(const config::TrainConfig& cfg) {
@@ -203,6 +334,9 @@ StatusOr<Dataset> LoadDataset(const config::TrainConfig& cfg) {
       case config::DataType::kText:
         loaded = Text(cfg);
         break;
+      case config::DataType::kIdx:
+        loaded = Idx(cfg);
+        break;
     }
   } catch (const c10::Error& e) {
     return Status::Internal("loading train.data: " + std::string(e.what_without_backtrace()));
@@ -211,6 +345,10 @@ StatusOr<Dataset> LoadDataset(const config::TrainConfig& cfg) {
   Dataset d = std::move(loaded).value();
   if (d.task == Task::kLanguageModel && cfg.model.type == config::ModelType::kMlp)
     return Status::InvalidConfig("train.data: text data needs a transformer or TorchScript model");
+  if (cfg.model.type == config::ModelType::kCnn && d.inputs.dim() != 4)
+    return Status::InvalidConfig("train.model: a cnn needs images (`data: {type: idx}`), not " +
+                                 std::string(config::ToString(cfg.data.type)) + " data");
+  if (!d.train_indices.empty()) return d;  // the files name their evaluation split
   const int64_t n = d.inputs.size(0);
   // The split depends on the seed and the data only, never on the world size.
   std::vector<int64_t> perm = ShardedSampler::Permutation(n, cfg.seed ^ 0x5eedull, -1);

@@ -154,14 +154,8 @@ StatusOr<IdxDataset> IdxDataset::Load(const std::string& dir, IdxSplit split,
                                    std::to_string(images.size(0)) + " images but " + labels_name +
                                    " has " + std::to_string(labels.size(0)) + " labels");
     }
-    // [N, H, W] bytes -> [N, 1, H, W] floats: the channel dimension torch::nn::Conv2d expects.
-    torch::Tensor x = images.to(torch::kFloat32)
-                          .div_(255.0)
-                          .sub_(options.mean)
-                          .div_(options.std)
-                          .unsqueeze(1)
-                          .contiguous();
-    return IdxDataset(std::move(x), labels.to(torch::kInt64));
+    // [N, H, W] -> [N, 1, H, W]: the channel dimension torch::nn::Conv2d expects.
+    return IdxDataset(images.unsqueeze(1), labels.to(torch::kInt64), options);
   } catch (const c10::Error& e) {
     return Status::Internal(dir + ": loading IDX " + prefix +
                             " split: " + e.what_without_backtrace());
@@ -170,13 +164,22 @@ StatusOr<IdxDataset> IdxDataset::Load(const std::string& dir, IdxSplit split,
   }
 }
 
-IdxDataset::IdxDataset(torch::Tensor images, torch::Tensor labels)
-    : images_(std::move(images)), labels_(std::move(labels)) {
-  LAUNCH_CHECK(images_.dim() == 4 && images_.scalar_type() == torch::kFloat32,
-               "IdxDataset images must be float [N, 1, H, W]");
+torch::Tensor NormalizePixels(const torch::Tensor& bytes, const IdxOptions& options) {
+  return bytes.to(torch::kFloat32).div_(255.0).sub_(options.mean).div_(options.std);
+}
+
+IdxDataset::IdxDataset(torch::Tensor images, torch::Tensor labels, const IdxOptions& options)
+    : pixels_(std::move(images)), labels_(std::move(labels)), options_(options) {
+  LAUNCH_CHECK(pixels_.dim() == 4 && (pixels_.scalar_type() == torch::kFloat32 ||
+                                      pixels_.scalar_type() == torch::kUInt8),
+               "IdxDataset images must be uint8 or float [N, C, H, W]");
   LAUNCH_CHECK(labels_.dim() == 1 && labels_.scalar_type() == torch::kInt64,
                "IdxDataset labels must be int64 [N]");
-  LAUNCH_CHECK(images_.size(0) == labels_.size(0), "IdxDataset: images and labels differ in N");
+  LAUNCH_CHECK(pixels_.size(0) == labels_.size(0), "IdxDataset: images and labels differ in N");
+}
+
+torch::Tensor IdxDataset::images() const {
+  return pixels_.scalar_type() == torch::kUInt8 ? NormalizePixels(pixels_, options_) : pixels_;
 }
 
 torch::data::Example<> IdxDataset::get_batch(c10::ArrayRef<size_t> indices) {
@@ -184,9 +187,11 @@ torch::data::Example<> IdxDataset::get_batch(c10::ArrayRef<size_t> indices) {
   torch::Tensor index = torch::empty({static_cast<int64_t>(indices.size())}, torch::kInt64);
   int64_t* p = index.data_ptr<int64_t>();
   for (size_t i = 0; i < indices.size(); ++i) p[i] = static_cast<int64_t>(indices[i]);
-  return {images_.index_select(0, index), labels_.index_select(0, index)};
+  torch::Tensor x = pixels_.index_select(0, index);
+  if (x.scalar_type() == torch::kUInt8) x = NormalizePixels(x, options_);
+  return {x, labels_.index_select(0, index)};
 }
 
-c10::optional<size_t> IdxDataset::size() const { return static_cast<size_t>(images_.size(0)); }
+c10::optional<size_t> IdxDataset::size() const { return static_cast<size_t>(pixels_.size(0)); }
 
 }  // namespace launch::trainer

@@ -1,11 +1,16 @@
 #include "trainer_runtime/model.h"
 
 #include <torch/script.h>
+#include <torch/serialize.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 #include <unordered_set>
 
+#include "base/strings.h"
+#include "trainer_runtime/atomic_file.h"
 #include "trainer_runtime/layers.h"
 
 namespace launch::trainer {
@@ -60,6 +65,7 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl>, public TensorForward {
   }
   torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
   torch::Tensor forward(torch::Tensor x) {
+    if (x.dim() > 2) x = x.flatten(1);  // images [B, C, H, W] -> [B, C*H*W]
     for (size_t i = 0; i < layers_.size(); ++i) {
       x = layers_[i]->forward(x);
       if (i + 1 < layers_.size()) {
@@ -76,6 +82,56 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl>, public TensorForward {
   double dropout_;
 };
 TORCH_MODULE(Mlp);
+
+// --- CNN: [conv 3x3 -> batch norm -> ReLU -> max pool 2x2] per block, then a classifier. -------
+// Names follow PyTorch's usual spelling (conv1, bn1, ..., fc, head), so the state dict
+// SaveForPython writes loads into the same architecture written in Python.
+class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
+ public:
+  explicit CnnImpl(const config::ModelConfig& cfg) : cfg_(cfg) { reset(); }
+  void reset() override {
+    convs_.clear();
+    norms_.clear();
+    int64_t c = cfg_.input_shape[0], h = cfg_.input_shape[1], w = cfg_.input_shape[2];
+    for (size_t i = 0; i < cfg_.cnn_channels.size(); ++i) {
+      const int64_t out = cfg_.cnn_channels[i];
+      const std::string n = std::to_string(i + 1);
+      // A bias before batch norm is cancelled by its mean subtraction: leave it out.
+      convs_.push_back(register_module(
+          "conv" + n, torch::nn::Conv2d(torch::nn::Conv2dOptions(c, out, 3).padding(1).bias(
+                                            !cfg_.batch_norm))));
+      if (cfg_.batch_norm)
+        norms_.push_back(register_module("bn" + n, torch::nn::BatchNorm2d(out)));
+      c = out;
+      h /= 2;
+      w /= 2;
+    }
+    const int64_t flat = c * h * w;
+    fc_ = nullptr;
+    if (cfg_.cnn_hidden > 0) fc_ = register_module("fc", torch::nn::Linear(flat, cfg_.cnn_hidden));
+    head_ = register_module(
+        "head", torch::nn::Linear(cfg_.cnn_hidden > 0 ? cfg_.cnn_hidden : flat, cfg_.classes));
+  }
+  torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
+  torch::Tensor forward(torch::Tensor x) {
+    for (size_t i = 0; i < convs_.size(); ++i) {
+      x = convs_[i]->forward(x);
+      if (!norms_.empty()) x = norms_[i]->forward(x);
+      x = torch::max_pool2d(torch::relu(x), 2);
+    }
+    x = x.flatten(1);
+    if (fc_) x = torch::relu(fc_->forward(x));
+    if (cfg_.dropout > 0) x = torch::dropout(x, cfg_.dropout, is_training());
+    return head_->forward(x);
+  }
+
+ private:
+  config::ModelConfig cfg_;
+  std::vector<torch::nn::Conv2d> convs_;
+  std::vector<torch::nn::BatchNorm2d> norms_;
+  torch::nn::Linear fc_{nullptr}, head_{nullptr};
+};
+TORCH_MODULE(Cnn);
 
 class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public TensorForward {
  public:
@@ -119,6 +175,12 @@ class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public Ten
 };
 TORCH_MODULE(Transformer);
 
+// Whether a module type name (torch::nn's "torch::nn::BatchNorm2dImpl", TorchScript's
+// "__torch__.torch.nn.modules.batchnorm.BatchNorm2d") is a normalisation layer.
+bool IsNormType(const std::string& type) {
+  return type.find("Norm") != std::string::npos;
+}
+
 // A TorchScript module behind torch::nn::Module (see LoadScriptModule).
 class ScriptModuleImpl : public torch::nn::Module, public TensorForward {
  public:
@@ -133,9 +195,16 @@ class ScriptModuleImpl : public torch::nn::Module, public TensorForward {
       if (!seen.insert(item.value.unsafeGetTensorImpl()).second) continue;
       register_buffer(Flat(item.name), item.value);
     }
+    for (const auto& sub : script_.named_modules()) {
+      const auto type = sub.value.type()->name();
+      if (!type || !IsNormType(type->qualifiedName())) continue;
+      for (const auto& item : sub.value.named_parameters(/*recurse=*/false))
+        norm_parameters_.insert(Flat(sub.name.empty() ? item.name : sub.name + "." + item.name));
+    }
   }
-  torch::Tensor forward(const torch::Tensor& x) { return script_.forward({x}).toTensor(); }
+  torch::Tensor forward(const torch::Tensor& x) { return Output(Call({x}), "", "").logits; }
   torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
+  c10::IValue Call(std::vector<c10::IValue> args) { return script_.forward(std::move(args)); }
   void train(bool on) override {
     torch::nn::Module::train(on);
     script_.train(on);
@@ -146,6 +215,65 @@ class ScriptModuleImpl : public torch::nn::Module, public TensorForward {
     copy->train(is_training());
     return copy;
   }
+  bool InNormLayer(const std::string& flat_name) const {
+    return norm_parameters_.count(flat_name) > 0;
+  }
+  void Save(std::ostream& out) const { script_.save(out); }
+
+  // Reads logits and loss out of what forward returned (see ModelConfig::output_logits).
+  static ForwardOutput Output(const c10::IValue& out, const std::string& logits_at,
+                              const std::string& loss_at) {
+    ForwardOutput r;
+    if (out.isTensor()) {
+      const torch::Tensor& t = out.toTensor();
+      (t.dim() == 0 && logits_at.empty() ? r.loss : r.logits) = t;
+      return r;
+    }
+    if (out.isTuple() || out.isList()) {
+      std::vector<c10::IValue> items;
+      if (out.isTuple()) {
+        items = out.toTupleRef().elements().vec();
+      } else {
+        for (const c10::IValue& v : out.toListRef()) items.push_back(v);
+      }
+      auto pick = [&](const std::string& at, const char* what) -> torch::Tensor {
+        long long i = 0;
+        TORCH_CHECK(ParseInt64(at, &i) && i >= 0 && i < static_cast<int64_t>(items.size()),
+                    "train.model.outputs.", what, ": '", at, "' is not an index of the ",
+                    items.size(), "-element tuple the model returns");
+        TORCH_CHECK(items[static_cast<size_t>(i)].isTensor(), "train.model.outputs.", what,
+                    ": element ", i, " of the model's output is a ",
+                    items[static_cast<size_t>(i)].tagKind(), ", not a tensor");
+        return items[static_cast<size_t>(i)].toTensor();
+      };
+      r.logits = pick(logits_at.empty() ? "0" : logits_at, "logits");
+      if (!loss_at.empty()) r.loss = pick(loss_at, "loss");
+      return r;
+    }
+    if (out.isGenericDict()) {
+      std::vector<std::string> keys;
+      auto get = [&](const std::string& key) -> torch::Tensor {
+        for (const auto& entry : out.toGenericDict()) {
+          if (!entry.key().isString() || entry.key().toStringRef() != key) continue;
+          if (entry.value().isNone()) return {};
+          TORCH_CHECK(entry.value().isTensor(), "the model's output '", key, "' is a ",
+                      entry.value().tagKind(), ", not a tensor");
+          return entry.value().toTensor();
+        }
+        return {};
+      };
+      r.logits = get(logits_at.empty() ? "logits" : logits_at);
+      r.loss = get(loss_at.empty() ? "loss" : loss_at);
+      TORCH_CHECK(r.logits.defined() || r.loss.defined(), "the model returns a dict without '",
+                  logits_at.empty() ? "logits" : logits_at, "' or '",
+                  loss_at.empty() ? "loss" : loss_at,
+                  "' (set train.model.outputs: {logits: KEY, loss: KEY})");
+      return r;
+    }
+    TORCH_CHECK(false, "the model returns a ", out.tagKind(),
+                "; train reads a tensor, a tuple or a dict of tensors");
+    return r;
+  }
 
  private:
   static std::string Flat(std::string name) {
@@ -154,6 +282,7 @@ class ScriptModuleImpl : public torch::nn::Module, public TensorForward {
     return name;
   }
   torch::jit::Module script_;
+  std::unordered_set<std::string> norm_parameters_;
 };
 
 }  // namespace
@@ -177,6 +306,8 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg) {
       return std::make_unique<Model>(Mlp(cfg.mlp_layers, cfg.dropout).ptr());
     case config::ModelType::kTransformer:
       return std::make_unique<Model>(Transformer(cfg).ptr());
+    case config::ModelType::kCnn:
+      return std::make_unique<Model>(Cnn(cfg).ptr());
     case config::ModelType::kTorchScript: {
       if (cfg.torchscript_path.empty())
         return Status::InvalidConfig(
@@ -194,25 +325,126 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg) {
   return Status::Internal("unknown model type");
 }
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
-                                                       std::vector<torch::Tensor> params) {
+namespace {
+
+// One optimizer over two groups: `decay` with the options as configured, `plain` with
+// weight_decay 0 (PyTorch's param_groups, in that order; an empty group is left out).
+template <typename Opt, typename Options>
+std::unique_ptr<torch::optim::Optimizer> Build(std::vector<torch::Tensor> decay,
+                                               std::vector<torch::Tensor> plain,
+                                               const Options& options) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decay.empty()) groups.emplace_back(std::move(decay), std::make_unique<Options>(options));
+  if (!plain.empty()) {
+    auto no_decay = std::make_unique<Options>(options);
+    no_decay->weight_decay(0.0);
+    groups.emplace_back(std::move(plain), std::move(no_decay));
+  }
+  return std::make_unique<Opt>(std::move(groups), options);
+}
+
+std::unique_ptr<torch::optim::Optimizer> BuildGroups(const config::OptimizerConfig& c,
+                                                     std::vector<torch::Tensor> decay,
+                                                     std::vector<torch::Tensor> plain) {
   using config::OptimizerType;
+  namespace optim = torch::optim;
   switch (c.type) {
     case OptimizerType::kSgd:
-      return std::make_unique<torch::optim::SGD>(
-          params, torch::optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+      return Build<optim::SGD>(
+          std::move(decay), std::move(plain),
+          optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
     case OptimizerType::kAdam:
-      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(c.lr)
-                                                              .betas({c.beta1, c.beta2})
-                                                              .eps(c.eps)
-                                                              .weight_decay(c.weight_decay));
+      return Build<optim::Adam>(std::move(decay), std::move(plain),
+                                optim::AdamOptions(c.lr)
+                                    .betas({c.beta1, c.beta2})
+                                    .eps(c.eps)
+                                    .weight_decay(c.weight_decay));
     case OptimizerType::kAdamW:
-      return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(c.lr)
-                                                               .betas({c.beta1, c.beta2})
-                                                               .eps(c.eps)
-                                                               .weight_decay(c.weight_decay));
+      return Build<optim::AdamW>(std::move(decay), std::move(plain),
+                                 optim::AdamWOptions(c.lr)
+                                     .betas({c.beta1, c.beta2})
+                                     .eps(c.eps)
+                                     .weight_decay(c.weight_decay));
   }
   return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
+                                                       std::vector<torch::Tensor> params) {
+  return BuildGroups(c, std::move(params), {});
+}
+
+std::vector<std::string> NoDecayParameters(const config::OptimizerConfig& c, const Model& model) {
+  std::vector<std::string> out;
+  const bool norm = std::find(c.no_decay.begin(), c.no_decay.end(), "norm") != c.no_decay.end();
+  for (const auto& [name, p] : model.NamedParameters()) {
+    bool excluded = norm && model.InNormLayer(name);
+    for (const std::string& pattern : c.no_decay)
+      excluded = excluded || name.find(pattern) != std::string::npos;
+    if (excluded) out.push_back(name);
+  }
+  return out;
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
+                                                       const Model& model) {
+  const std::vector<std::string> excluded = NoDecayParameters(c, model);
+  const std::unordered_set<std::string> plain_names(excluded.begin(), excluded.end());
+  std::vector<torch::Tensor> decay, plain;
+  for (const auto& [name, p] : model.NamedParameters())
+    (plain_names.count(name) ? plain : decay).push_back(p);
+  return BuildGroups(c, std::move(decay), std::move(plain));
+}
+
+bool Model::InNormLayer(const std::string& name) const {
+  if (const auto* script = dynamic_cast<const ScriptModuleImpl*>(module_.get()))
+    return script->InNormLayer(name);
+  for (const auto& item : module_->named_modules()) {
+    if (!IsNormType(item.value()->name())) continue;
+    for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
+      if ((item.key().empty() ? param.key() : item.key() + "." + param.key()) == name) return true;
+    }
+  }
+  return false;
+}
+
+ForwardOutput RunForward(torch::nn::Module& module, const torch::data::Example<>& batch,
+                         const config::ModelConfig& cfg) {
+  if (auto* script = dynamic_cast<ScriptModuleImpl*>(&module)) {
+    std::vector<c10::IValue> args;
+    for (const std::string& field : cfg.inputs)
+      args.emplace_back(field == "target" ? batch.target : batch.data);
+    return ScriptModuleImpl::Output(script->Call(std::move(args)), cfg.output_logits,
+                                    cfg.output_loss);
+  }
+  auto* f = dynamic_cast<TensorForward*>(&module);
+  TORCH_CHECK(f != nullptr, "this module has no one-tensor forward (TensorForward)");
+  return {f->Forward(batch.data), torch::Tensor()};
+}
+
+Status SaveForPython(const Model& model, const std::string& path) {
+  std::string bytes;
+  try {
+    if (const auto* script = dynamic_cast<const ScriptModuleImpl*>(&model.module())) {
+      std::ostringstream out;
+      script->Save(out);
+      bytes = out.str();
+    } else {
+      // Every name, tied and frozen parameters included, as PyTorch's state_dict lists them.
+      c10::Dict<std::string, torch::Tensor> state;
+      for (const auto& item : model.module().named_parameters(/*recurse=*/true))
+        state.insert(item.key(), item.value().detach());
+      for (const auto& item : model.module().named_buffers(/*recurse=*/true))
+        state.insert(item.key(), item.value().detach());
+      std::vector<char> data = torch::pickle_save(c10::IValue(state));
+      bytes.assign(data.begin(), data.end());
+    }
+  } catch (const c10::Error& e) {
+    return Status::IoError("writing " + path + ": " + e.what_without_backtrace());
+  }
+  return WriteFileAtomically(path, bytes);
 }
 
 }  // namespace launch::trainer

@@ -212,27 +212,28 @@ double PipelineEngine::AllReduceGradients(double loss) {
   comm_ms_ = 0;
   if (!stage_pg_) return loss;
   const auto start = Clock::now();
-  // One flat all-reduce per step over this stage's replicas (per-call latency dominates on
-  // Gloo); the loss rides along so every replica logs the mean.
+  // Flat all-reduces over this stage's replicas (one per dtype: per-call latency dominates on
+  // Gloo). A parameter without a gradient sends zeros and a 0 in `used`; when no replica used
+  // it, its gradient stays undefined afterwards, so the optimizer skips it (no weight decay),
+  // as PyTorch DDP leaves globally unused parameters. The loss rides along so every replica
+  // logs the mean.
   std::vector<torch::Tensor> params = model_->Parameters();
-  std::vector<torch::Tensor> flat_parts;
-  for (auto& p : params) {
+  std::vector<torch::Tensor> tensors;
+  torch::Tensor extras = torch::zeros({static_cast<int64_t>(params.size()) + 1}, torch::kFloat);
+  auto used = extras.accessor<float, 1>();
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor& p = params[i];
+    used[static_cast<int64_t>(i)] = p.grad().defined() ? 1.0f : 0.0f;
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    flat_parts.push_back(p.grad().reshape({-1}));
+    tensors.push_back(p.grad());
   }
-  flat_parts.push_back(
-      torch::full({1}, loss, params.empty() ? torch::kFloat : params[0].scalar_type()));
-  std::vector<at::Tensor> flat = {torch::cat(flat_parts)};
-  stage_pg_->allreduce(flat, c10d::AllreduceOptions())->wait();
-  flat[0].div_(replicas_);
-  int64_t offset = 0;
-  for (auto& p : params) {
-    const int64_t k = p.numel();
-    p.mutable_grad().copy_(flat[0].narrow(0, offset, k).view_as(p));
-    offset += k;
-  }
+  used[static_cast<int64_t>(params.size())] = static_cast<float>(loss);
+  tensors.push_back(extras);
+  AllReduceFlat(*stage_pg_, tensors, replicas_);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (used[static_cast<int64_t>(i)] == 0.0f) params[i].mutable_grad() = torch::Tensor();
   comm_ms_ = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  return flat[0][offset].item<double>();
+  return used[static_cast<int64_t>(params.size())];
 }
 
 double PipelineEngine::ClipGradNorm(double max_norm) {

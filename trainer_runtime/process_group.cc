@@ -1,5 +1,7 @@
 #include "trainer_runtime/process_group.h"
 
+#include <algorithm>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -153,6 +155,34 @@ int GlooThreads() {
     if (ParseInt64(t, &n) && n >= 1 && n <= 64) return static_cast<int>(n);
   }
   return 2;
+}
+
+void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensors,
+                   int64_t divisor) {
+  std::vector<std::pair<c10::ScalarType, std::vector<size_t>>> groups;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == tensors[i].scalar_type(); });
+    if (it == groups.end()) {
+      groups.push_back({tensors[i].scalar_type(), {}});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(i);
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [dtype, members] : groups) {
+    std::vector<at::Tensor> parts;
+    for (size_t i : members) parts.push_back(tensors[i].detach().reshape({-1}));
+    std::vector<at::Tensor> flat = {at::cat(parts)};
+    pg.allreduce(flat, c10d::AllreduceOptions())->wait();
+    if (divisor != 1) flat[0].div_(divisor);
+    int64_t offset = 0;
+    for (size_t i : members) {
+      const int64_t n = tensors[i].numel();
+      tensors[i].detach().copy_(flat[0].narrow(0, offset, n).view_as(tensors[i]));
+      offset += n;
+    }
+  }
 }
 
 }  // namespace launch::trainer

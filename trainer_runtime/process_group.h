@@ -82,6 +82,14 @@ class CountingProcessGroup : public c10d::ProcessGroup {
 // device otherwise. Every group a worker builds (the job's, a pipeline stage's) picks it alike.
 std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr);
 
+// Sum-all-reduces `tensors` in place over `pg`, then divides them by `divisor`: one flat
+// all-reduce per dtype (Gloo's per-call latency dominates small tensors; a model may mix
+// dtypes), groups in order of first appearance so every rank builds the same calls.
+// COLLECTIVE: every rank passes tensors of the same dtypes and sizes, in the same order.
+// Throws c10::Error when a peer fails.
+void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensors,
+                   int64_t divisor);
+
 // Gloo worker threads per group: 2 (PyTorch's choice), or LAUNCH_GLOO_THREADS. Every group a
 // worker builds uses it.
 int GlooThreads();

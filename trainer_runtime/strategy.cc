@@ -124,10 +124,11 @@ class NoneStrategy : public ParallelStrategy {
 class DdpStrategy : public ParallelStrategy {
  public:
   DdpStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, double bucket_cap_mb,
-              bool sync_each_batch)
+              bool sync_each_batch, bool find_unused_parameters)
       : model_(model),
         bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
-        sync_each_batch_(sync_each_batch) {
+        sync_each_batch_(sync_each_batch),
+        find_unused_(find_unused_parameters) {
     pg_ = std::move(pg);
   }
 
@@ -152,7 +153,7 @@ class DdpStrategy : public ParallelStrategy {
     for (auto& [name, p] : model_->NamedParameters()) names[i++] = name;
     reducer_ = std::make_unique<c10d::Reducer>(
         params_, buckets, limits, pg_, std::vector<bool>(params_.size(), false),
-        static_cast<int64_t>(bucket_cap_bytes_), /*find_unused_parameters=*/false,
+        static_cast<int64_t>(bucket_cap_bytes_), find_unused_,
         /*gradient_as_bucket_view=*/false, names, static_cast<int64_t>(kFirstBucketBytes));
     // The hook only pays off when the last bucket qualifies for the exchange. Otherwise keep
     // the reducer's default path, which is PyTorch DDP's exactly (it divides by the world size
@@ -185,19 +186,28 @@ class DdpStrategy : public ParallelStrategy {
     // reducer rebuilds its buckets in the observed gradient-ready order (a collective: every
     // rank reaches it at the same micro-batch); later calls are no-ops.
     reducer_->rebuild_buckets();
-    if (!model_->NamedBuffers().empty() && sync) {
-      // DDP semantics: rank 0's buffers (e.g. running statistics) win each synchronised step.
-      auto start = Clock::now();
-      std::vector<at::Tensor> buffers;
-      for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b.detach());
-      torch::NoGradGuard no_grad;
-      c10d::broadcast_coalesced(pg_, buffers, kBroadcastBucketBytes, 0);
-      stats_.blocking_comm_ms += MsSince(start);
-    }
+    // PyTorch DDP (broadcast_buffers=True) makes rank 0's buffers (running statistics) every
+    // rank's before a forward that follows a synchronised one: the first micro-batch of each
+    // accumulation window, every micro-batch without accumulation.
+    if (previous_forward_synced_) SyncBuffers();
+    previous_forward_synced_ = sync;
+  }
+
+  void SyncBuffers() override {
+    if (model_->NamedBuffers().empty()) return;
+    auto start = Clock::now();
+    std::vector<at::Tensor> buffers;
+    for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b.detach());
+    torch::NoGradGuard no_grad;
+    c10d::broadcast_coalesced(pg_, buffers, kBroadcastBucketBytes, 0);
+    stats_.blocking_comm_ms += MsSince(start);
   }
 
   void BeforeBackward(const torch::Tensor& loss, bool sync) override {
     pg_->TakeLaunchTimes();  // forget launches outside this backward
+    // With find_unused_parameters the reducer walks the graph back from the loss and marks the
+    // parameters it does not reach ready at once (their gradients stay undefined when no rank
+    // used them, as in PyTorch); without it, such a parameter stalls the reduction.
     if (sync) reducer_->prepare_for_backward({loss});
     // Not calling prepare_for_backward is no_sync: the reducer's hooks see
     // expect_autograd_hooks_ false and leave the gradients to accumulate locally.
@@ -229,6 +239,8 @@ class DdpStrategy : public ParallelStrategy {
   Model* model_;
   size_t bucket_cap_bytes_;
   bool sync_each_batch_;
+  bool find_unused_;
+  bool previous_forward_synced_ = true;  // the first forward broadcasts, as PyTorch's does
   std::vector<at::Tensor> params_;
   std::unique_ptr<c10d::Reducer> reducer_;
   int64_t num_buckets_ = 0;
@@ -264,19 +276,8 @@ class LocalSgdStrategy : public ParallelStrategy {
     if (!pg_) return;
     auto start = Clock::now();
     torch::NoGradGuard no_grad;
-    std::vector<at::Tensor> params = model_->Parameters();
-    // One flat all-reduce for all parameters: per-call latency dominates on Gloo.
-    std::vector<at::Tensor> flat_views;
-    for (auto& p : params) flat_views.push_back(p.detach().reshape({-1}));
-    std::vector<at::Tensor> flat = {torch::cat(flat_views)};
-    pg_->allreduce(flat, c10d::AllreduceOptions())->wait();
-    flat[0].div_(pg_->getSize());
-    int64_t offset = 0;
-    for (auto& p : params) {
-      const int64_t n = p.numel();
-      p.detach().copy_(flat[0].narrow(0, offset, n).view_as(p));
-      offset += n;
-    }
+    // One flat all-reduce per dtype: per-call latency dominates on Gloo.
+    AllReduceFlat(*pg_, model_->Parameters(), pg_->getSize());
     stats_.blocking_comm_ms += MsSince(start);
   }
 
@@ -320,7 +321,8 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     return std::unique_ptr<ParallelStrategy>(std::move(none));
   }
   return std::unique_ptr<ParallelStrategy>(std::make_unique<DdpStrategy>(
-      model, std::move(pg), cfg.parallel.bucket_cap_mb, cfg.sync_each_batch));
+      model, std::move(pg), cfg.parallel.bucket_cap_mb, cfg.sync_each_batch,
+      cfg.parallel.find_unused_parameters));
 }
 
 void AllReduceSum(const c10::intrusive_ptr<CountingProcessGroup>& pg, torch::Tensor& values) {

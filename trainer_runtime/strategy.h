@@ -59,6 +59,9 @@ class ParallelStrategy {
   virtual void AfterOptimizerStep(int64_t steps_done) = 0;
   // After the last step (Local SGD's final average).
   virtual void Finish(int64_t steps_done) = 0;
+  // ddp: makes rank 0's buffers every rank's (before evaluating or saving, as a forward
+  // through PyTorch's DDP would). COLLECTIVE in ddp; nothing in other strategies.
+  virtual void SyncBuffers() {}
   // Number of gradient buckets (ddp), 0 otherwise.
   virtual int64_t num_buckets() const { return 0; }
   // dp (dp.h): the strategy runs forward, loss and backward itself (replicas on threads). When

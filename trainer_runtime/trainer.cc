@@ -110,12 +110,21 @@ class Trainer {
                           int64_t samples);
   Status WriteFinal(double train_loss, double eval_loss, double eval_acc, double wall_s);
   Status DumpParams();
+  Status SaveModel();
   void Report(double loss, double samples_per_s, double comm_ms);
   std::string CheckpointDir() const {
     return cfg_.resume != "auto" && cfg_.resume != "never" ? cfg_.resume
                                                            : cfg_.output_dir + "/checkpoints";
   }
   std::string WriteDir() const { return cfg_.output_dir + "/checkpoints"; }
+  // Seed of the augmentation of this rank's batch `batch` of epoch `epoch`.
+  uint64_t AugmentSeed(int64_t epoch, int64_t batch) const {
+    uint64_t h = cfg_.seed * 0x9E3779B97F4A7C15ull;
+    for (uint64_t v : {static_cast<uint64_t>(epoch), static_cast<uint64_t>(batch),
+                       static_cast<uint64_t>(accel_->data_parallel_rank())})
+      h = (h ^ (v + 0x632BE59BD9B4E019ull)) * 0xBF58476D1CE4E5B9ull;
+    return h;
+  }
 
   config::TrainConfig cfg_;
   TrainerOptions opts_;
@@ -123,6 +132,7 @@ class Trainer {
   bool pipeline_ = false;
   bool tty_ = false;
   Dataset data_;
+  Criterion criterion_;
   std::optional<DistributedDataLoader<TrainRows>> loader_;
   std::vector<int64_t> partition_;
   int64_t total_steps_ = 0;
@@ -167,6 +177,7 @@ Status Trainer::Prepare() {
 
   phase_ = "loading data";
   LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
+  LAUNCH_ASSIGN_OR_RETURN(criterion_, Criterion::Create(data_.task, cfg_.loss));
   loader_.emplace(accel_->PrepareDataLoader(TrainRows(&data_), cfg_.batch_size));
   const int64_t per_epoch = loader_->batches_per_epoch();
   if (per_epoch == 0)
@@ -237,12 +248,12 @@ Status Trainer::PrepareReplica() {
   torch::manual_seed(cfg_.seed);
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(cfg_.model));
   auto optimizer =
-      std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, model->Parameters()));
+      std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, *model));
   // Different dropout masks per rank, reproducible per (seed, rank).
   torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
-  const Task task = data_.task;
-  accel_->SetDpCriterion([task](const torch::Tensor& logits, const torch::Tensor& y) {
-    return Loss(task, logits, y);
+  const Criterion criterion = criterion_;
+  accel_->SetDpCriterion([criterion](const torch::Tensor& logits, const torch::Tensor& y) {
+    return criterion(logits, y);
   });
   phase_ = "broadcasting parameters";
   return accel_->Prepare(model->shared_module(), optimizer);
@@ -252,8 +263,7 @@ Status Trainer::PreparePipelineStage() {
   LAUNCH_ASSIGN_OR_RETURN(torch::nn::AnyModule stage,
                           BuildStage(cfg_, accel_->stage_index(), partition_));
   Model view(stage.ptr());
-  auto optimizer =
-      std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, view.Parameters()));
+  auto optimizer = std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, view));
   torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
   return accel_->PreparePipeline(stage, optimizer);
 }
@@ -291,22 +301,27 @@ Status Trainer::MaybeResume() {
 }
 
 void Trainer::TrainStep() {
-  const Task task = data_.task;
   double loss_sum = 0;
   int64_t micro = 0;
   do {
     phase_ = "forward";
+    // The batch's place in the data order seeds its augmentation: exact again after a resume.
+    const LoaderCursor at = loader_->cursor();
     torch::data::Example<> batch = loader_->Next();
+    if (data_.crop_padding > 0 || data_.flip)
+      batch.data = Augment(data_, batch.data, AugmentSeed(at.epoch, at.batch));
     accel_->Accumulate();
     if (pipeline_) {
       torch::Tensor loss = accel_->PipelineForwardBackward(
-          batch,
-          [task](const torch::Tensor& out, const torch::Tensor& y) { return Loss(task, out, y); });
+          batch, [this](const torch::Tensor& out, const torch::Tensor& y) {
+            return criterion_(out, y);
+          });
       if (loss.defined()) loss_sum += loss.item<double>();
     } else {
       torch::Tensor loss = accel_->ForwardBackward(
-          batch, [task](torch::nn::Module& m, const torch::data::Example<>& b) {
-            return Loss(task, dynamic_cast<TensorForward&>(m).Forward(b.data), b.target);
+          batch, [this](torch::nn::Module& m, const torch::data::Example<>& b) {
+            ForwardOutput out = RunForward(m, b, cfg_.model);
+            return out.loss.defined() ? out.loss : criterion_(out.logits, b.target);
           });
       loss_sum += loss.item<double>();
     }
@@ -333,16 +348,22 @@ void Trainer::Evaluate(double* loss, double* accuracy) {
         mine.begin() + static_cast<std::ptrdiff_t>(start),
         mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), start + chunk)));
     const bool first = !pipeline_ || accel_->pipeline()->first();
-    torch::Tensor logits =
-        pipeline_ ? accel_->PipelineForward(first ? data_.Inputs(rows) : torch::Tensor())
-                  : model->Forward(data_.Inputs(rows));
-    if (!logits.defined()) continue;  // a pipeline stage before the last
-    auto y = data_.Targets(rows);
-    loss_sum += Loss(data_.task, logits, y).item<double>() * static_cast<double>(rows.size());
+    ForwardOutput out;
+    torch::Tensor y = data_.Targets(rows);
+    if (pipeline_) {
+      out.logits = accel_->PipelineForward(first ? data_.Inputs(rows) : torch::Tensor());
+      if (!out.logits.defined()) continue;  // a pipeline stage before the last
+    } else {
+      out = RunForward(model->module(), {data_.Inputs(rows), y}, cfg_.model);
+    }
+    torch::Tensor loss = out.loss.defined() ? out.loss : criterion_(out.logits, y);
+    loss_sum += loss.item<double>() * static_cast<double>(rows.size());
     weight += static_cast<double>(rows.size());
-    auto [c, p] = CountCorrect(data_.task, logits, y);
-    correct += static_cast<double>(c);
-    predictions += static_cast<double>(p);
+    if (out.logits.defined()) {
+      auto [c, p] = criterion_.CountCorrect(out.logits, y);
+      correct += static_cast<double>(c);
+      predictions += static_cast<double>(p);
+    }
   }
   model->SetTraining(true);
   // Weighted by sample counts, so the average over ranks equals the average over the split.
@@ -475,6 +496,19 @@ Status Trainer::DumpParams() {
       cfg_.output_dir + "/params_rank" + std::to_string(accel_->rank()) + ".bin", bytes);
 }
 
+// output_dir/model.pt for PyTorch (SaveForPython), by rank 0; in pipeline mode each stage's
+// first replica writes model_stage<S>.pt.
+Status Trainer::SaveModel() {
+  std::string name = "model.pt";
+  if (pipeline_) {
+    if (accel_->pipeline()->replica() != 0) return Status::Ok();
+    name = "model_stage" + std::to_string(accel_->pipeline()->stage()) + ".pt";
+  } else if (!accel_->IsMainProcess()) {
+    return Status::Ok();
+  }
+  return SaveForPython(*accel_->model(), cfg_.output_dir + "/" + name);
+}
+
 Status Trainer::Run() {
   const auto wall_start = Clock::now();
   LAUNCH_RETURN_IF_ERROR(Prepare());
@@ -509,6 +543,7 @@ Status Trainer::Run() {
     Report(last_loss_, ema_samples_per_s_, comm.blocking_comm_ms);
     const int64_t step = accel_->step();
     if (cfg_.eval_every > 0 && step % cfg_.eval_every == 0 && step < total_steps_) {
+      accel_->SyncBuffers();
       double el = 0, ea = 0;
       Evaluate(&el, &ea);
       accel_->Print("eval at step " + std::to_string(step) + ": loss " + Fixed(el, 4) +
@@ -520,6 +555,10 @@ Status Trainer::Run() {
     const bool scheduled = cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0;
     if ((scheduled && step < total_steps_) || signal.checkpoint) {
       LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
+      if (cfg_.save_model == config::SaveModel::kCheckpoints) {
+        accel_->SyncBuffers();  // what the file holds is what every rank would evaluate
+        LAUNCH_RETURN_IF_ERROR(SaveModel());
+      }
       if (signal.checkpoint)
         accel_->Print("train: " + SignalName(signal.signal) + ": wrote " + WriteDir() +
                       " at step " + std::to_string(step));
@@ -541,6 +580,7 @@ Status Trainer::Run() {
                                         : accel_->Mean(std::isnan(last_loss_) ? 0.0 : last_loss_);
   }
   LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
+  if (cfg_.save_model != config::SaveModel::kNever) LAUNCH_RETURN_IF_ERROR(SaveModel());
   if (opts_.dump_params) LAUNCH_RETURN_IF_ERROR(DumpParams());
   const double wall_s = Seconds(Clock::now() - wall_start);
   LAUNCH_RETURN_IF_ERROR(WriteFinal(train_loss, eval_loss, eval_acc, wall_s));
