@@ -163,6 +163,76 @@ TEST_CASE("TrainSectionDefaultsAndValues") {
   CHECK(ts.train.model.torchscript_path == "m.pt");
 }
 
+TEST_CASE("ImageDataCnnLossAndOutputKeys") {
+  LaunchConfig cfg;
+  REQUIRE(Load("train:\n"
+               "  model: {type: cnn, channels: [8, 16, 32], hidden: 0, classes: 4}\n"
+               "  data: {type: idx, augment: {crop_padding: 2, flip: true}, shuffle: false}\n"
+               "  loss: {type: cross_entropy, label_smoothing: 0.1, class_weights: [1, 2, 1, 1]}\n"
+               "  optimizer: {no_decay: [bias]}\n"
+               "  parallel: {mode: ddp, find_unused_parameters: true}\n"
+               "  save_model: checkpoints\n",
+               &cfg)
+              .ok());
+  const TrainConfig& t = cfg.train;
+  CHECK(t.model.type == ModelType::kCnn);
+  CHECK(t.model.cnn_channels == std::vector<int64_t>{8, 16, 32});
+  CHECK(t.model.cnn_hidden == 0);
+  CHECK(t.data.type == DataType::kIdx);
+  CHECK(t.data.path == kFashionMnistDir);  // the default directory
+  CHECK(t.data.crop_padding == 2);
+  CHECK(t.data.flip);
+  CHECK_FALSE(t.data.shuffle);
+  CHECK(t.loss.label_smoothing == 0.1);
+  CHECK(t.loss.class_weights.size() == 4);
+  CHECK(t.optimizer.no_decay == std::vector<std::string>{"bias"});
+  CHECK(t.parallel.find_unused_parameters);
+  CHECK(t.save_model == SaveModel::kCheckpoints);
+  CHECK(TrainConfig().optimizer.no_decay == std::vector<std::string>{"bias", "norm"});
+
+  LaunchConfig ts;
+  REQUIRE(Load("train:\n  model: {torchscript: m.pt, inputs: [input, target], outputs: {logits: 1, "
+               "loss: 0}}\n",
+               &ts)
+              .ok());
+  CHECK(ts.train.model.inputs == std::vector<std::string>{"input", "target"});
+  CHECK(ts.train.model.output_logits == "1");
+  CHECK(ts.train.model.output_loss == "0");
+}
+
+TEST_CASE("BadImageModelAndLossKeysAreNamed") {
+  // A fresh config per case: a failed load leaves what it had read.
+  auto error = [](const std::string& yaml) {
+    LaunchConfig cfg;
+    return Load(yaml, &cfg).message();
+  };
+  CHECK(error("train:\n  model: {torchscript: m.pt, inputs: [input, mask]}\n") ==
+        "train.yaml:2: train.model.inputs: 'mask' is not a batch field; fields are input, target");
+  CHECK(error("train:\n  model: {torchscript: m.pt, outputs: {logit: 0}}\n") ==
+        "train.yaml:2: train.model.outputs.logit: unknown key (did you mean 'logits'?)");
+  CHECK(error("train:\n  model: {type: cnn, input: [28, 28]}\n") ==
+        "train.yaml:2: train.model.input: expected [channels, height, width], e.g. [1, 28, 28]");
+  CHECK(error("train:\n  model: {type: cnn, channels: [4, 4, 4, 4, 4, 4]}\n")
+            .find("train.model.channels: 6 blocks halve a 28x28 image to nothing") !=
+        std::string::npos);
+  CHECK(error("train:\n  model: {type: mlp, channels: [4]}\n") ==
+        "train.yaml:2: train.model.channels: unknown key");
+  CHECK(error("train:\n  loss: {type: mse, label_smoothing: 0.1}\n") ==
+        "train.yaml:2: train.loss.type: label_smoothing, ignore_index and class_weights are "
+        "cross_entropy options, not mse");
+  CHECK(error("train:\n  loss: {type: hinge}\n").find(
+            "train.loss.type: 'hinge' is not one of auto, cross_entropy, mse, bce_with_logits") !=
+        std::string::npos);
+  CHECK(error("train:\n  data: {type: idx, path: /nonexistent}\n") ==
+        "train.yaml:2: train.data.path: '/nonexistent' is not a directory of IDX files");
+  CHECK(error("train:\n  model: {type: cnn}\n  parallel: {mode: pipeline, stages: 2}\n")
+            .find("pipeline mode splits mlp, transformer or a list of TorchScript stages, not a "
+                  "cnn") != std::string::npos);
+  CHECK(error("train:\n  save_model: always\n").find(
+            "train.save_model: 'always' is not one of end, checkpoints, never") !=
+        std::string::npos);
+}
+
 TEST_CASE("MissingDataFileIsAnError") {
   LaunchConfig cfg;
   Status s = Load("train:\n  data: {type: csv, path: /nonexistent.csv}\n", &cfg);

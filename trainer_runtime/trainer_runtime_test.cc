@@ -16,6 +16,8 @@
 #include "trainer_runtime/sampler.h"
 #include "trainer_runtime/schedule.h"
 
+#include <torch/script.h>
+
 #include "trainer_runtime/doctest_torch.h"  // last: after every torch header
 
 namespace launch::trainer {
@@ -250,6 +252,144 @@ TEST_CASE("CheckpointRoundTripRestoresModelOptimizerAndPosition") {
   Status mismatch = LoadModelState(dir + "/ck.pt", **c, opt_c);
   REQUIRE_FALSE(mismatch.ok());
   CHECK(mismatch.message().find("param/fc0.weight") != std::string::npos);
+}
+
+TEST_CASE("NoDecayLeavesOutBiasesAndNormalisationLayers") {
+  config::ModelConfig m;
+  m.type = config::ModelType::kCnn;
+  m.cnn_channels = {4, 8};
+  m.cnn_hidden = 16;
+  auto model = CreateModel(m);
+  REQUIRE(model.ok());
+  config::OptimizerConfig opt;  // default no_decay: [bias, norm]
+  const std::vector<std::string> expected = {"bn1.weight", "bn1.bias", "bn2.weight",
+                                             "bn2.bias",   "fc.bias",  "head.bias"};
+  CHECK(NoDecayParameters(opt, **model) == expected);
+  opt.no_decay = {"bias"};  // names only: the BatchNorm weights decay again
+  CHECK(NoDecayParameters(opt, **model).size() == 4);
+  opt.no_decay = {};
+  CHECK(NoDecayParameters(opt, **model).empty());
+  // The groups reach the optimizer: decay first, weight_decay 0 for the rest.
+  opt = config::OptimizerConfig();
+  opt.weight_decay = 0.05;
+  auto optimizer = MakeOptimizer(opt, **model);
+  REQUIRE(optimizer->param_groups().size() == 2);
+  CHECK(optimizer->param_groups()[0].params().size() == 4);  // conv1, conv2, fc, head weights
+  CHECK(static_cast<torch::optim::AdamWOptions&>(optimizer->param_groups()[1].options())
+            .weight_decay() == 0.0);
+  CHECK(static_cast<torch::optim::AdamWOptions&>(optimizer->param_groups()[0].options())
+            .weight_decay() == 0.05);
+}
+
+TEST_CASE("NoDecayFindsNormalisationLayersOfATorchScriptModuleByType") {
+  // A scripted module's submodules keep their Python class names: a LayerNorm called "final"
+  // is still a normalisation layer, whatever its parameters are named.
+  torch::jit::Module norm(c10::QualifiedName("__torch__.torch.nn.modules.normalization.LayerNorm"));
+  norm.register_parameter("weight", torch::ones({3}).requires_grad_(), false);
+  torch::jit::Module linear(c10::QualifiedName("__torch__.torch.nn.modules.linear.Linear"));
+  linear.register_parameter("weight", torch::ones({3, 3}).requires_grad_(), false);
+  linear.register_parameter("bias", torch::zeros({3}).requires_grad_(), false);
+  torch::jit::Module root(c10::QualifiedName("__torch__.Net"));
+  root.register_module("final", norm);
+  root.register_module("proj", linear);
+  const std::string path = TempDir() + "/net.pt";
+  root.save(path);
+  auto loaded = LoadScriptModule(path, "test");
+  REQUIRE(loaded.ok());
+  Model model(loaded->ptr());
+  CHECK(NoDecayParameters(config::OptimizerConfig(), model) ==
+        std::vector<std::string>{"final_weight", "proj_bias"});
+}
+
+TEST_CASE("CriterionOptionsMatchTheirFormulas") {
+  torch::manual_seed(3);
+  auto logits = torch::randn({6, 4});
+  auto y = torch::tensor({0, 1, 2, 3, 1, -100}, torch::kLong);
+  auto logp = torch::log_softmax(logits, -1);
+  config::LossConfig cfg;
+  // ignore_index: the last row does not count, in the loss or in the accuracy.
+  auto plain = Criterion::Create(Task::kClassification, cfg);
+  REQUIRE(plain.ok());
+  double nll = 0;
+  for (int i = 0; i < 5; ++i) nll -= logp[i][y[i].item<int64_t>()].item<double>();
+  CHECK((*plain)(logits, y).item<double>() == doctest::Approx(nll / 5));
+  auto [correct, counted] = plain->CountCorrect(logits, y);
+  CHECK(counted == 5);
+  CHECK(correct == logits.slice(0, 0, 5).argmax(-1).eq(y.slice(0, 0, 5)).sum().item<int64_t>());
+  // Label smoothing eps: (1 - eps) * nll + eps * mean over classes of -log p.
+  cfg.label_smoothing = 0.2;
+  double smooth = 0;
+  for (int i = 0; i < 5; ++i)
+    smooth += 0.8 * -logp[i][y[i].item<int64_t>()].item<double>() +
+              0.2 * -logp[i].mean().item<double>();
+  CHECK((*Criterion::Create(Task::kClassification, cfg))(logits, y).item<double>() ==
+        doctest::Approx(smooth / 5));
+  // Class weights: a weighted mean of the per-row losses.
+  cfg = config::LossConfig();
+  cfg.class_weights = {1, 3, 1, 2};
+  double num = 0, den = 0;
+  for (int i = 0; i < 5; ++i) {
+    const double w = cfg.class_weights[static_cast<size_t>(y[i].item<int64_t>())];
+    num += w * -logp[i][y[i].item<int64_t>()].item<double>();
+    den += w;
+  }
+  CHECK((*Criterion::Create(Task::kClassification, cfg))(logits, y).item<double>() ==
+        doctest::Approx(num / den));
+  // BCE with logits on class labels: one-hot targets.
+  cfg = config::LossConfig();
+  cfg.type = config::LossType::kBceWithLogits;
+  auto labels = torch::tensor({2, 0}, torch::kLong);
+  auto two = logits.slice(0, 0, 2);
+  auto onehot = torch::zeros({2, 4});
+  onehot[0][2] = 1;
+  onehot[1][0] = 1;
+  auto expected = -(onehot * torch::log_sigmoid(two) + (1 - onehot) * torch::log_sigmoid(-two));
+  CHECK((*Criterion::Create(Task::kClassification, cfg))(two, labels).item<double>() ==
+        doctest::Approx(expected.mean().item<double>()));
+  // A choice that does not fit the task is refused with the key named.
+  cfg.type = config::LossType::kCrossEntropy;
+  CHECK(Criterion::Create(Task::kRegression, cfg).status().message().find("train.loss.type") == 0);
+}
+
+TEST_CASE("AugmentIsDeterministicPerSeedAndCropsAndFlips") {
+  Dataset d;
+  d.pixels = IdxOptions{0.0, 1.0};  // black pads as 0
+  d.crop_padding = 1;
+  d.flip = true;
+  auto images = torch::arange(2 * 3 * 3, torch::kFloat).add_(1).view({2, 1, 3, 3});
+  auto a = Augment(d, images, 11), b = Augment(d, images, 11);
+  CHECK(a.equal(b));
+  bool differs = false;
+  for (uint64_t seed = 12; seed < 20 && !differs; ++seed) differs = !Augment(d, images, seed).equal(a);
+  CHECK(differs);
+  // Each output is a window of the zero-padded (possibly mirrored) input.
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    auto out = Augment(d, images, seed);
+    for (int64_t i = 0; i < 2; ++i) {
+      auto padded = torch::constant_pad_nd(images[i], {1, 1, 1, 1}, 0.0);
+      bool found = false;
+      for (int64_t dy = 0; dy <= 2 && !found; ++dy)
+        for (int64_t dx = 0; dx <= 2 && !found; ++dx) {
+          auto crop = padded.narrow(1, dy, 3).narrow(2, dx, 3);
+          found = crop.equal(out[i]) || crop.flip({2}).equal(out[i]);
+        }
+      CHECK(found);
+    }
+  }
+  d.crop_padding = 0;
+  d.flip = false;
+  CHECK(Augment(d, images, 5).equal(images));  // nothing configured: unchanged
+}
+
+TEST_CASE("SamplerOrderIsPyTorchsRandperm") {
+  // DistributedSampler(seed=s) after set_epoch(e) draws torch.randperm(n) from a generator
+  // seeded with s + e; LibTorch's randperm is the same code.
+  at::Generator gen = at::detail::createCPUGenerator(7 + 2);
+  auto expected = torch::randperm(50, gen, torch::kLong);
+  auto perm = ShardedSampler::Permutation(50, 7, 2);
+  for (int64_t i = 0; i < 50; ++i) CHECK(perm[static_cast<size_t>(i)] == expected[i].item<int64_t>());
+  ShardedSampler ordered(10, 1, 2, 2, 7, /*shuffle=*/false);
+  CHECK(ordered.Batch(0, 0) == std::vector<int64_t>{1, 3});
 }
 
 }  // namespace

@@ -43,13 +43,13 @@ def run(cmd, timeout=600):
     return r
 
 
-def train(launcher, nproc, yaml_text, extra=()):
+def train(launcher, nproc, yaml_text, extra=(), timeout=600):
     """Runs `train` on a config; returns final.json plus the metrics lines."""
     d = tempfile.mkdtemp(prefix="bench-")
     cfg = os.path.join(d, "cfg.yaml")
     with open(cfg, "w") as f:
         f.write(yaml_text.replace("OUT", os.path.join(d, "out")))
-    run(launch_cmd(launcher, nproc, cfg, list(extra)))
+    run(launch_cmd(launcher, nproc, cfg, list(extra)), timeout=timeout)
     with open(os.path.join(d, "out", "final.json")) as f:
         fin = json.load(f)
     with open(os.path.join(d, "out", "metrics.jsonl")) as f:
@@ -64,6 +64,25 @@ def torch_worker(launcher, nproc, args):
                    [*args, "--out", out]))
     with open(out) as f:
         return json.load(f)
+
+
+def python_worker(launcher, nproc, script, args, timeout=600):
+    """Runs scripts/bench/`script` on `nproc` ranks with --out; returns what rank 0 wrote there."""
+    d = tempfile.mkdtemp(prefix="bench-")
+    out = os.path.join(d, "result.json")
+    run(launch_cmd(launcher, nproc, os.path.join(os.path.dirname(__file__), script),
+                   [*args, "--out", out]), timeout=timeout)
+    with open(out) as f:
+        return json.load(f)
+
+
+def load_line():
+    """The 1/5/15-minute load average, with a warning when other work may skew the timings."""
+    one, five, fifteen = os.getloadavg()
+    line = f"load average: {one:.2f}, {five:.2f}, {fifteen:.2f}"
+    if one > 0.5:
+        line += " (WARNING: load > 0.5, timings may be skewed by other work)"
+    return line
 
 
 def mlp_yaml(hidden, steps, batch=64, mode="ddp", accum=1, sync_each=False, local_sgd=0,
