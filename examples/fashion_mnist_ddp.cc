@@ -15,7 +15,8 @@
 // Flags: --epochs E (1), --accumulate N (2), --max_steps S (stop after S optimizer steps; 0 =
 // no limit), --data DIR (the IDX files; Debian's dataset-fashion-mnist by default),
 // --config FILE.yaml (read the options from the file's `train:` section instead of the ones
-// set in code below; --accumulate and --epochs still win).
+// set in code below; --accumulate and --epochs still win), --save PATH (write the trained
+// weights for PyTorch: torch.load(PATH) gives the state dict).
 // The last line printed is `test_accuracy=0.XXXX`.
 
 #include <chrono>
@@ -150,6 +151,9 @@ Status Run(int argc, char** argv) {
   net->eval();
   double accuracy = examples::TestAccuracy(
       *accel, test, [&](const torch::Tensor& images) { return net->forward(images); });
+  // 7. The trained weights for PyTorch: torch.load(PATH) in Python gives the state dict.
+  const std::string save = flags.Get("save", "");
+  if (!save.empty()) LAUNCH_RETURN_IF_ERROR(accel->SaveForPython(save));
   accel->Print(examples::AccuracyLine(accuracy));
   return Status::Ok();
 }

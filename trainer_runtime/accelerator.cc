@@ -305,6 +305,15 @@ void Accelerator::SyncBuffers() {
   if (strategy_) strategy_->SyncBuffers();
 }
 
+Status Accelerator::SaveForPython(const std::string& path) {
+  if (!model_ || pipeline_)
+    return Status::InvalidArgument(
+        "SaveForPython: needs a model prepared with Prepare (a pipeline stage writes its own "
+        "module: trainer::SaveForPython in model.h)");
+  SyncBuffers();
+  return IsMainProcess() ? ::launch::trainer::SaveForPython(*model_, path) : Status::Ok();
+}
+
 // --- Across ranks ----------------------------------------------------------------------------
 
 torch::Tensor& Accelerator::AllReduceSum(torch::Tensor& t) {

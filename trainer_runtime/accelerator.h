@@ -259,6 +259,12 @@ class Accelerator {
   StatusOr<bool> LoadState(const std::string& dir);
   // The step dir/latest names, or NotFound. Not collective.
   static StatusOr<int64_t> LatestStep(const std::string& dir);
+  // Writes the prepared model for PyTorch in Python to `path` (rank 0 writes, atomically): a
+  // TorchScript module as itself with its current weights (torch.jit.load), any other module as
+  // a dict of parameter and buffer names to tensors (torch.load, then load_state_dict into the
+  // same architecture in Python). ddp first makes rank 0's buffers every rank's. Not in
+  // pipeline mode (InvalidArgument). IoError naming the path. COLLECTIVE.
+  Status SaveForPython(const std::string& path);
 
   // --- Internal, for `train` and tests -----------------------------------------------------
   // All-reduces issued since the last call (communication per optimizer step), the time the

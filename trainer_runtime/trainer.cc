@@ -228,6 +228,10 @@ Status Trainer::Prepare() {
     std::vector<std::string> widths;
     for (int64_t w : cfg_.model.mlp_layers) widths.push_back(std::to_string(w));
     shape = " " + Join(widths, "-");
+  } else if (cfg_.model.type == config::ModelType::kCnn) {
+    std::vector<std::string> channels;
+    for (int64_t c : cfg_.model.cnn_channels) channels.push_back(std::to_string(c));
+    shape = " channels " + Join(channels, ",") + " hidden " + std::to_string(cfg_.model.cnn_hidden);
   }
   const int64_t buckets = accel_->num_buckets();
   accel_->Print(
@@ -497,16 +501,15 @@ Status Trainer::DumpParams() {
 }
 
 // output_dir/model.pt for PyTorch (SaveForPython), by rank 0; in pipeline mode each stage's
-// first replica writes model_stage<S>.pt.
+// first replica writes model_stage<S>.pt. COLLECTIVE (ddp: rank 0's buffers first).
 Status Trainer::SaveModel() {
   std::string name = "model.pt";
   if (pipeline_) {
     if (accel_->pipeline()->replica() != 0) return Status::Ok();
     name = "model_stage" + std::to_string(accel_->pipeline()->stage()) + ".pt";
-  } else if (!accel_->IsMainProcess()) {
-    return Status::Ok();
+    return SaveForPython(*accel_->model(), cfg_.output_dir + "/" + name);
   }
-  return SaveForPython(*accel_->model(), cfg_.output_dir + "/" + name);
+  return accel_->SaveForPython(cfg_.output_dir + "/" + name);
 }
 
 Status Trainer::Run() {
@@ -555,10 +558,7 @@ Status Trainer::Run() {
     const bool scheduled = cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0;
     if ((scheduled && step < total_steps_) || signal.checkpoint) {
       LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
-      if (cfg_.save_model == config::SaveModel::kCheckpoints) {
-        accel_->SyncBuffers();  // what the file holds is what every rank would evaluate
-        LAUNCH_RETURN_IF_ERROR(SaveModel());
-      }
+      if (cfg_.save_model == config::SaveModel::kCheckpoints) LAUNCH_RETURN_IF_ERROR(SaveModel());
       if (signal.checkpoint)
         accel_->Print("train: " + SignalName(signal.signal) + ": wrote " + WriteDir() +
                       " at step " + std::to_string(step));

@@ -102,12 +102,20 @@ class ExamplesOutOfTreeTest(unittest.TestCase):
             f.write("train:\n  batch_size: 32\n  gradient_accumulation_steps: 1\n"
                     "  max_steps: 40\n  optimizer: {type: adam, lr: 0.002}\n")
         # One process, started directly: without the torchrun environment it trains alone.
-        r = harness.run([self.example("fashion_mnist_ddp"), "--config", config], timeout=300)
+        weights = os.path.join(harness.tmpdir(), "net.pt")
+        r = harness.run([self.example("fashion_mnist_ddp"), "--config", config,
+                         "--save", weights], timeout=300)
         self.assertEqual(r.returncode, 0, describe(r))
         self.assertIn("accumulating 1 micro-batch", r.stdout)
         accuracy = last_accuracy(r)
         self.assertIsNotNone(accuracy, describe(r))
         self.assertGreater(accuracy, 0.3, describe(r))
+        # Accelerator::SaveForPython: PyTorch reads the trained weights by parameter name.
+        check = ("import sys, torch; sd = torch.load(sys.argv[1]); "
+                 "print(sorted(k for k, v in sd.items() if isinstance(v, torch.Tensor)))")
+        loaded = harness.run([harness.SYSTEM_PYTHON, "-c", check, weights], timeout=120)
+        self.assertEqual(loaded.returncode, 0, describe(loaded))
+        self.assertIn("'conv1.weight'", loaded.stdout)
 
     def test_local_sgd_short_run(self):
         r = self.launch_example("local_sgd", "--local_sgd_steps", "8", "--max_steps", "150")

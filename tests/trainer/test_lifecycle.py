@@ -108,7 +108,7 @@ class ConfigErrorTest(unittest.TestCase):
 class ShippedConfigsTest(unittest.TestCase):
     def test_every_shipped_config_trains_two_steps(self):
         tmp = harness.tmpdir()
-        for name in ("quickstart", "ddp", "accumulate", "local_sgd", "lm"):
+        for name in ("quickstart", "synthetic", "ddp", "accumulate", "local_sgd", "lm"):
             out = os.path.join(tmp, name)
             r = subprocess.run([TRAIN, f"configs/{name}.yaml", "--max_steps", "2",
                                 "--output_dir", out], capture_output=True, text=True,
@@ -304,22 +304,23 @@ train:
 
 @unittest.skipUnless(HAVE_LAUNCH and os.path.exists(TRAIN), NO_LAUNCH)
 class ReadmeCommandTest(unittest.TestCase):
-    def test_quickstart_trains_two_processes_and_loss_falls(self):
+    def test_quickstart_trains_a_cnn_on_fashion_mnist_to_090(self):
+        # The README's main job as written: real data, real model, the accuracy it promises.
+        # Same seed and world size give bit-identical runs, so 0.90 is not a matter of luck.
         out = os.path.join(harness.tmpdir(), "quickstart")
-        start = time.monotonic()
         r = harness.launch("--num_processes", "2", "configs/quickstart.yaml", "--",
-                           "--output_dir", out, timeout=240, cwd=harness.REPO)
-        elapsed = time.monotonic() - start
+                           "--output_dir", out, timeout=400, cwd=harness.REPO)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         m = metrics(out)
         f = final(out)
         self.assertEqual(f["world_size"], 2)
         self.assertEqual(f["steps"], len(m))
+        self.assertEqual(f["steps"], 3 * (60000 // 2 // 64))  # 3 epochs of 60,000 images
         first = sum(x["loss"] for x in m[:20]) / 20
-        self.assertLess(f["eval_loss"], first - 0.5, (first, f))
-        self.assertLess(f["eval_loss"], f["loss_floor"] + 0.3, f)
-        self.assertLess(elapsed, 120)
-
+        self.assertGreater(first, 1.5)
+        self.assertLess(f["eval_loss"], 0.35, f)
+        self.assertGreaterEqual(f["eval_accuracy"], 0.90, f)
+        self.assertTrue(os.path.exists(os.path.join(out, "model.pt")))
 
 if __name__ == "__main__":
     unittest.main()

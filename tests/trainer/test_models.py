@@ -24,6 +24,22 @@ m.eval()  # saved in eval mode on purpose: the trainer must switch it to trainin
 m.save(sys.argv[1])
 """
 
+# One float64 parameter among float32 ones: every flat all-reduce (Local SGD's average, DDP's
+# buckets) must handle a model that mixes dtypes.
+MIXED_DTYPE_MODULE = r"""
+import sys, torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 32)
+        self.b = torch.nn.Linear(32, 3)
+        self.scale = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x))) * self.scale.float()
+torch.manual_seed(0)
+torch.jit.script(Net()).save(sys.argv[1])
+"""
+
 
 def write_csv(path, rows=1200):
     # Label = which of three linear scores is largest: learnable, not trivially separable.
@@ -75,6 +91,33 @@ train:
         n = int(subprocess.run([harness.SYSTEM_PYTHON, "-c", check], capture_output=True,
                                text=True, timeout=120, check=True).stdout)
         self.assertEqual(len(params(out)), n)
+
+    def test_mixed_dtype_parameters_train_under_local_sgd_and_ddp(self):
+        pt = os.path.join(self.tmp, "mixed.pt")
+        exporter = write_config(self.tmp, MIXED_DTYPE_MODULE, "export_mixed.py")
+        subprocess.run([harness.SYSTEM_PYTHON, exporter, pt], check=True, timeout=120)
+        csv = os.path.join(self.tmp, "d.csv")
+        write_csv(csv, rows=600)
+        for name, extra in (("local_sgd", "local_sgd_steps: 3"), ("ddp", "")):
+            out = os.path.join(self.tmp, name)
+            cfg = write_config(self.tmp, f"""
+train:
+  output_dir: {out}
+  model: {{torchscript: {pt}}}
+  data: {{type: csv, path: {csv}, label_column: label}}
+  batch_size: 16
+  max_steps: 20
+  optimizer: {{type: adam, lr: 0.01}}
+  resume: never
+  {extra}
+""", name + ".yaml")
+            run_ranks(cfg, 2, ["--dump_params"], timeout=120)
+            # Local SGD's final average (or DDP's averaged gradients) leaves equal replicas,
+            # the float64 parameter included, and it trained.
+            p0, p1 = params(out, 0), params(out, 1)
+            self.assertEqual(p0, p1, name)
+            self.assertNotEqual(p0[-3:], [1.0, 1.0, 1.0], name)
+            self.assertEqual(final(out)["strategy"], name)
 
     def test_character_transformer_learns_text(self):
         out = os.path.join(self.tmp, "lm")

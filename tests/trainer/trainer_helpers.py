@@ -1,9 +1,10 @@
 """Helpers for the trainer's multi-process tests: write a config, start N ranks of `train` with
 the torchrun environment (RANK, WORLD_SIZE, MASTER_ADDR, ...), wait with a hard timeout, and read
-metrics.jsonl / final.json / parameter dumps."""
+metrics.jsonl / final.json / parameter dumps; write tiny MNIST-format (IDX) data sets."""
 
 import json
 import os
+import random
 import socket
 import struct
 import subprocess
@@ -101,3 +102,40 @@ def rel_diff(a, b):
     num = sum((x - y) ** 2 for x, y in zip(a, b)) ** 0.5
     den = sum(y * y for y in b) ** 0.5
     return num / den, max(abs(x - y) for x, y in zip(a, b))
+
+
+def write_idx(path, magic, dims, payload):
+    """An uncompressed IDX file: big-endian magic (2051 images, 2049 labels), the dimensions,
+    then the unsigned bytes of `payload`."""
+    with open(path, "wb") as f:
+        f.write(struct.pack(f">i{len(dims)}i", magic, *dims))
+        f.write(bytes(payload))
+
+
+IDX_CLASSES = 4  # write_split's labels: one per quadrant
+
+
+def write_split(directory, prefix, n, seed, side=8):
+    """`prefix`-images-idx3-ubyte and `prefix`-labels-idx1-ubyte in `directory` ("train" or
+    "t10k"): n side x side images of noise with one quadrant brightened; label = the brightest
+    quadrant by pixel sum (IDX_CLASSES classes). The brightening is weak on purpose: two epochs
+    reach roughly 50-90% eval accuracy, not 100%, so comparing final.json's accuracy with the
+    exported module's can catch a difference."""
+    assert side % 2 == 0, side
+    rng = random.Random(seed)
+    half = side // 2
+    pixels, labels = bytearray(), bytearray()
+    for _ in range(n):
+        img = [rng.randint(0, 110) for _ in range(side * side)]
+        q = rng.randrange(IDX_CLASSES)
+        for r in range(half):
+            for c in range(half):
+                i = ((q // 2) * half + r) * side + (q % 2) * half + c
+                img[i] = min(255, img[i] + rng.randint(0, 40))
+        sums = [sum(img[((k // 2) * half + r) * side + (k % 2) * half + c]
+                    for r in range(half) for c in range(half)) for k in range(IDX_CLASSES)]
+        pixels += bytes(img)
+        labels.append(sums.index(max(sums)))
+    write_idx(os.path.join(directory, f"{prefix}-images-idx3-ubyte"), 2051, (n, side, side),
+              pixels)
+    write_idx(os.path.join(directory, f"{prefix}-labels-idx1-ubyte"), 2049, (n,), labels)
