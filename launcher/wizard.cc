@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -151,6 +152,13 @@ std::string CheckReadableFile(const std::string& path) {
   return "";
 }
 
+std::string CheckDirectory(const std::string& path) {
+  if (path.empty()) return "a folder is needed";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return "'" + path + "' is not a folder";
+  return "";
+}
+
 std::string CheckHost(const std::string& host) {
   if (host.empty()) return "the address of the main machine is needed (an IP or a host name)";
   for (char c : host)
@@ -255,13 +263,14 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
       a->train,
       p.Confirm("Also set up the built-in trainer (model, data, parallel mode)?", a->train));
   if (!a->train) return Status::Ok();
-  const std::vector<std::string> models = {"mlp", "transformer", "torchscript"};
-  LAUNCH_ASSIGN_OR_RETURN(int model,
-                          p.Choose("Which model?",
-                                   {"MLP (a multi-layer perceptron)",
-                                    "Transformer (a character-level language model on text)",
-                                    "TorchScript module (a .pt file saved with torch.jit.save)"},
-                                   IndexOf(models, a->model)));
+  const std::vector<std::string> models = {"mlp", "cnn", "transformer", "torchscript"};
+  LAUNCH_ASSIGN_OR_RETURN(
+      int model, p.Choose("Which model?",
+                          {"MLP (a multi-layer perceptron)",
+                           "CNN (a convolutional net for images, e.g. Fashion-MNIST)",
+                           "Transformer (a character-level language model on text)",
+                           "TorchScript module (a .pt file saved with torch.jit.save)"},
+                          IndexOf(models, a->model)));
   a->model = models[static_cast<size_t>(model)];
   if (a->model == "torchscript") {
     LAUNCH_ASSIGN_OR_RETURN(a->torchscript_path, p.Ask("Path of the TorchScript file?",
@@ -270,6 +279,14 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
   }
   if (a->model == "transformer") {
     a->data = "text";
+  } else if (a->model == "cnn") {
+    a->data = "idx";
+    if (a->data_path.empty()) a->data_path = config::kFashionMnistDir;
+    LAUNCH_ASSIGN_OR_RETURN(
+        a->data_path,
+        p.Ask("Folder of the MNIST-format image files (train-*, t10k-*)?", a->data_path,
+              CheckDirectory));
+    a->data_path = AbsolutePath(a->data_path);
   } else {
     LAUNCH_ASSIGN_OR_RETURN(int data,
                             p.Choose("Which training data?",
@@ -278,7 +295,7 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
                                      a->data == "csv" ? 1 : 0));
     a->data = data == 0 ? "synthetic" : "csv";
   }
-  if (a->data != "synthetic") {
+  if (a->data == "csv" || a->data == "text") {
     LAUNCH_ASSIGN_OR_RETURN(a->data_path, p.Ask(a->data == "text" ? "Path of the text corpus?"
                                                                   : "Path of the CSV file?",
                                                 a->data_path, CheckReadableFile));
@@ -628,6 +645,9 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   if (a.model == "transformer") {
     y << "  model: {type: transformer, vocab: bytes, d_model: 128, layers: 4, heads: 4, "
          "context: 128}\n";
+  } else if (a.model == "cnn") {
+    y << "  model: {type: cnn, channels: [16, 32], hidden: 128, dropout: 0.25}   # conv/BN/pool "
+         "blocks, classifier\n";
   } else if (a.model == "torchscript") {
     y << "  model: {torchscript: " << YamlString(a.torchscript_path) << "}\n";
   } else {
@@ -639,6 +659,9 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   if (a.data == "synthetic") {
     y << "  data: {type: synthetic, samples: 20000}   # a fixed teacher network: known loss "
          "floor\n";
+  } else if (a.data == "idx") {
+    y << "  data: {type: idx, path: " << YamlString(a.data_path)
+      << "}   # t10k-* files: the evaluation set\n";
   } else if (a.data == "csv") {
     y << "  data: {type: csv, path: " << YamlString(a.data_path)
       << ", label_column: " << YamlString(a.label_column) << "}\n";

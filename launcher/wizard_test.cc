@@ -146,6 +146,15 @@ TEST_CASE("TrainerAnswersRenderEveryMode") {
   CHECK(text.train.model.type == config::ModelType::kTransformer);
   CHECK(text.train.data.type == config::DataType::kText);
   CHECK(text.train.parallel.mode == config::ParallelMode::kDp);
+
+  a.model = "cnn";
+  a.data = "idx";
+  a.data_path = dir;  // a folder (the loader checks it is one)
+  a.parallel_mode = "ddp";
+  LaunchConfig images = LoadRendered(a);
+  CHECK(images.train.model.type == config::ModelType::kCnn);
+  CHECK(images.train.data.type == config::DataType::kIdx);
+  CHECK(images.train.data.path == dir);
 }
 
 TEST_CASE("LoadAnswersReadsBackWhatWasWritten") {
