@@ -106,8 +106,9 @@ const EnumTable<LossType> kLossTypes = {{"auto", LossType::kAuto},
                                         {"cross_entropy", LossType::kCrossEntropy},
                                         {"mse", LossType::kMse},
                                         {"bce_with_logits", LossType::kBceWithLogits}};
-const EnumTable<SaveModel> kSaveModel = {
-    {"end", SaveModel::kEnd}, {"checkpoints", SaveModel::kCheckpoints}, {"never", SaveModel::kNever}};
+const EnumTable<SaveModel> kSaveModel = {{"end", SaveModel::kEnd},
+                                         {"checkpoints", SaveModel::kCheckpoints},
+                                         {"never", SaveModel::kNever}};
 const EnumTable<OptimizerType> kOptimizers = {
     {"sgd", OptimizerType::kSgd}, {"adam", OptimizerType::kAdam}, {"adamw", OptimizerType::kAdamW}};
 const EnumTable<SchedulerType> kSchedulers = {{"constant", SchedulerType::kConstant},
@@ -625,7 +626,8 @@ Status LoadModel(const YamlContext& ctx, const YAML::Node& node, ModelConfig* m)
     if (m->cnn_channels.empty())
       return r.Error(node["channels"], "channels", "needs at least one block, e.g. [16, 32]");
     if (m->input_shape.size() != 3)
-      return r.Error(node["input"], "input", "expected [channels, height, width], e.g. [1, 28, 28]");
+      return r.Error(node["input"], "input",
+                     "expected [channels, height, width], e.g. [1, 28, 28]");
     const int64_t shrink = int64_t{1} << std::min<size_t>(m->cnn_channels.size(), 30);
     if (m->input_shape[1] < shrink || m->input_shape[2] < shrink)
       return r.Error(node["channels"].IsDefined() ? node["channels"] : node, "channels",
@@ -756,7 +758,8 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, TrainConfig* t)
     LAUNCH_RETURN_IF_ERROR(l.GetList("class_weights", &lc.class_weights, 0.0));
     LAUNCH_RETURN_IF_ERROR(l.Finish());
     const bool ce = lc.type == LossType::kAuto || lc.type == LossType::kCrossEntropy;
-    if (!ce && (lc.label_smoothing > 0 || !lc.class_weights.empty() || ln["ignore_index"].IsDefined()))
+    if (!ce &&
+        (lc.label_smoothing > 0 || !lc.class_weights.empty() || ln["ignore_index"].IsDefined()))
       return l.Error(ln["type"], "type",
                      std::string("label_smoothing, ignore_index and class_weights are "
                                  "cross_entropy options, not ") +

@@ -220,16 +220,18 @@ TEST_CASE("BadImageModelAndLossKeysAreNamed") {
   CHECK(error("train:\n  loss: {type: mse, label_smoothing: 0.1}\n") ==
         "train.yaml:2: train.loss.type: label_smoothing, ignore_index and class_weights are "
         "cross_entropy options, not mse");
-  CHECK(error("train:\n  loss: {type: hinge}\n").find(
-            "train.loss.type: 'hinge' is not one of auto, cross_entropy, mse, bce_with_logits") !=
-        std::string::npos);
+  CHECK(
+      error("train:\n  loss: {type: hinge}\n")
+          .find(
+              "train.loss.type: 'hinge' is not one of auto, cross_entropy, mse, bce_with_logits") !=
+      std::string::npos);
   CHECK(error("train:\n  data: {type: idx, path: /nonexistent}\n") ==
         "train.yaml:2: train.data.path: '/nonexistent' is not a directory of IDX files");
   CHECK(error("train:\n  model: {type: cnn}\n  parallel: {mode: pipeline, stages: 2}\n")
             .find("pipeline mode splits mlp, transformer or a list of TorchScript stages, not a "
                   "cnn") != std::string::npos);
-  CHECK(error("train:\n  save_model: always\n").find(
-            "train.save_model: 'always' is not one of end, checkpoints, never") !=
+  CHECK(error("train:\n  save_model: always\n")
+            .find("train.save_model: 'always' is not one of end, checkpoints, never") !=
         std::string::npos);
 }
 

@@ -65,7 +65,8 @@ TORCH_MODULE(Net);
 Status Run(int argc, char** argv) {
   LAUNCH_ASSIGN_OR_RETURN(
       examples::Flags flags,
-      examples::Flags::Parse(argc, argv, {"epochs", "accumulate", "max_steps", "data", "config", "save"}));
+      examples::Flags::Parse(argc, argv,
+                             {"epochs", "accumulate", "max_steps", "data", "config", "save"}));
 
   // 1. Options: the same struct `train` fills from a job file's `train:` section, so a YAML
   //    file means the same thing here. Set in code, or read from --config.

@@ -264,13 +264,13 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
       p.Confirm("Also set up the built-in trainer (model, data, parallel mode)?", a->train));
   if (!a->train) return Status::Ok();
   const std::vector<std::string> models = {"mlp", "cnn", "transformer", "torchscript"};
-  LAUNCH_ASSIGN_OR_RETURN(
-      int model, p.Choose("Which model?",
-                          {"MLP (a multi-layer perceptron)",
-                           "CNN (a convolutional net for images, e.g. Fashion-MNIST)",
-                           "Transformer (a character-level language model on text)",
-                           "TorchScript module (a .pt file saved with torch.jit.save)"},
-                          IndexOf(models, a->model)));
+  LAUNCH_ASSIGN_OR_RETURN(int model,
+                          p.Choose("Which model?",
+                                   {"MLP (a multi-layer perceptron)",
+                                    "CNN (a convolutional net for images, e.g. Fashion-MNIST)",
+                                    "Transformer (a character-level language model on text)",
+                                    "TorchScript module (a .pt file saved with torch.jit.save)"},
+                                   IndexOf(models, a->model)));
   a->model = models[static_cast<size_t>(model)];
   if (a->model == "torchscript") {
     LAUNCH_ASSIGN_OR_RETURN(a->torchscript_path, p.Ask("Path of the TorchScript file?",
@@ -282,10 +282,9 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
   } else if (a->model == "cnn") {
     a->data = "idx";
     if (a->data_path.empty()) a->data_path = config::kFashionMnistDir;
-    LAUNCH_ASSIGN_OR_RETURN(
-        a->data_path,
-        p.Ask("Folder of the MNIST-format image files (train-*, t10k-*)?", a->data_path,
-              CheckDirectory));
+    LAUNCH_ASSIGN_OR_RETURN(a->data_path,
+                            p.Ask("Folder of the MNIST-format image files (train-*, t10k-*)?",
+                                  a->data_path, CheckDirectory));
     a->data_path = AbsolutePath(a->data_path);
   } else {
     LAUNCH_ASSIGN_OR_RETURN(int data,

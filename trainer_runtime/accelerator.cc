@@ -303,6 +303,7 @@ Status Accelerator::Finish() {
 
 void Accelerator::SyncBuffers() {
   if (strategy_) strategy_->SyncBuffers();
+  if (pipeline_) pipeline_->SyncBuffers();
 }
 
 Status Accelerator::SaveForPython(const std::string& path) {

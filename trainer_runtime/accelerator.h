@@ -221,8 +221,9 @@ class Accelerator {
   // SyncBuffers(). COLLECTIVE.
   Status Finish();
   // ddp: every rank takes rank 0's buffers (running statistics), so evaluation and saved
-  // weights agree across ranks, as evaluating through PyTorch's DDP forward does. Call before
-  // an evaluation; nothing in other modes. COLLECTIVE.
+  // weights agree across ranks, as evaluating through PyTorch's DDP forward does; pipeline:
+  // each stage takes its first replica's. Call before an evaluation; nothing in other modes.
+  // COLLECTIVE.
   void SyncBuffers();
 
   // --- Across ranks ------------------------------------------------------------------------

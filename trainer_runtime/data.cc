@@ -268,11 +268,10 @@ StatusOr<Dataset> Idx(const config::TrainConfig& cfg) {
   const int64_t n_train = train.pixels().size(0);
   if (test.ok()) {
     if (!test->pixels().sizes().slice(1).equals(train.pixels().sizes().slice(1)))
-      return Status::InvalidConfig(dir + ": the t10k-* images are " +
-                                   std::to_string(test->pixels().size(2)) + "x" +
-                                   std::to_string(test->pixels().size(3)) + " but train-* are " +
-                                   std::to_string(train.pixels().size(2)) + "x" +
-                                   std::to_string(train.pixels().size(3)));
+      return Status::InvalidConfig(
+          dir + ": the t10k-* images are " + std::to_string(test->pixels().size(2)) + "x" +
+          std::to_string(test->pixels().size(3)) + " but train-* are " +
+          std::to_string(train.pixels().size(2)) + "x" + std::to_string(train.pixels().size(3)));
     // One tensor for both splits: rows [0, n_train) train, the rest (the t10k files) evaluate.
     d.inputs = torch::cat({train.pixels(), test->pixels()});
     d.targets = torch::cat({train.labels(), test->labels()});
@@ -310,9 +309,8 @@ StatusOr<Dataset> Idx(const config::TrainConfig& cfg) {
           "] but the images in " + dir + " are [" + std::to_string(shape[1]) + ", " +
           std::to_string(shape[2]) + ", " + std::to_string(shape[3]) + "]");
     if (m.classes < classes)
-      return Status::InvalidConfig("train.model.classes is " + std::to_string(m.classes) +
-                                   " but " + dir + " has " + std::to_string(classes) +
-                                   " classes");
+      return Status::InvalidConfig("train.model.classes is " + std::to_string(m.classes) + " but " +
+                                   dir + " has " + std::to_string(classes) + " classes");
   } else if (m.type == config::ModelType::kTransformer) {
     return Status::InvalidConfig("train.model: a transformer needs text data, not images");
   }

@@ -98,10 +98,9 @@ class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
       const std::string n = std::to_string(i + 1);
       // A bias before batch norm is cancelled by its mean subtraction: leave it out.
       convs_.push_back(register_module(
-          "conv" + n, torch::nn::Conv2d(torch::nn::Conv2dOptions(c, out, 3).padding(1).bias(
-                                            !cfg_.batch_norm))));
-      if (cfg_.batch_norm)
-        norms_.push_back(register_module("bn" + n, torch::nn::BatchNorm2d(out)));
+          "conv" + n, torch::nn::Conv2d(
+                          torch::nn::Conv2dOptions(c, out, 3).padding(1).bias(!cfg_.batch_norm))));
+      if (cfg_.batch_norm) norms_.push_back(register_module("bn" + n, torch::nn::BatchNorm2d(out)));
       c = out;
       h /= 2;
       w /= 2;
@@ -177,9 +176,7 @@ TORCH_MODULE(Transformer);
 
 // Whether a module type name (torch::nn's "torch::nn::BatchNorm2dImpl", TorchScript's
 // "__torch__.torch.nn.modules.batchnorm.BatchNorm2d") is a normalisation layer.
-bool IsNormType(const std::string& type) {
-  return type.find("Norm") != std::string::npos;
-}
+bool IsNormType(const std::string& type) { return type.find("Norm") != std::string::npos; }
 
 // A TorchScript module behind torch::nn::Module (see LoadScriptModule).
 class ScriptModuleImpl : public torch::nn::Module, public TensorForward {

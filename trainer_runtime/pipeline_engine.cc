@@ -143,6 +143,8 @@ void PipelineEngine::WaitSends() {
 
 double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tensor& y,
                                        int64_t batch, const LossFn& loss_fn, double scale) {
+  if (gradients_synced_) SyncBuffers();
+  gradients_synced_ = false;
   const auto chunks = SplitRows(batch, cfg_.parallel.microbatches);
   struct Live {
     torch::Tensor input;   // requires grad on every stage but the first
@@ -208,7 +210,15 @@ double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tens
   return loss_sum;
 }
 
+void PipelineEngine::SyncBuffers() {
+  if (!stage_pg_ || model_->NamedBuffers().empty()) return;
+  std::vector<at::Tensor> buffers;
+  for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b);
+  BroadcastFromRank0(stage_pg_, std::move(buffers));
+}
+
 double PipelineEngine::AllReduceGradients(double loss) {
+  gradients_synced_ = true;
   comm_ms_ = 0;
   if (!stage_pg_) return loss;
   const auto start = Clock::now();

@@ -62,12 +62,17 @@ class PipelineEngine {
 
   // One pass of the schedule over `x` (first stage) / `y` (last stage) with `rows` rows: every
   // micro-batch forward and backward. Returns the batch's mean loss on the last stage, 0
-  // elsewhere.
+  // elsewhere. With pipeline replicas, a pass that follows a gradient all-reduce first makes
+  // replica 0's buffers this stage's (SyncBuffers), as DDP's broadcast_buffers does.
   double ForwardBackward(const torch::Tensor& x, const torch::Tensor& y, int64_t rows,
                          const LossFn& loss_fn, double scale);
-  // Averages this stage's gradients over the pipeline replicas (one flat all-reduce; missing
-  // gradients count as zero) and `loss` along with them; returns the replicas' mean loss.
+  // Averages this stage's gradients over the pipeline replicas (one flat all-reduce per dtype;
+  // a gradient no replica produced stays undefined) and `loss` along with them; returns the
+  // replicas' mean loss.
   double AllReduceGradients(double loss);
+  // This stage's buffers (running statistics) become replica 0's. COLLECTIVE over the stage's
+  // replicas; nothing with one replica.
+  void SyncBuffers();
   // Clips by the norm over every stage's gradients; returns the norm. COLLECTIVE (world).
   double ClipGradNorm(double max_norm);
   // Inference through the pipeline: the last stage's output for `inputs` (read on the first
@@ -105,6 +110,7 @@ class PipelineEngine {
   int stages_ = 1, stage_ = 0, replicas_ = 1, replica_ = 0;
   c10::intrusive_ptr<CountingProcessGroup> pg_;        // the world: p2p between stages
   c10::intrusive_ptr<CountingProcessGroup> stage_pg_;  // this stage across replicas (D > 1)
+  bool gradients_synced_ = true;  // the last pass ended in AllReduceGradients (or none ran)
   std::shared_ptr<Model> model_;
   ForwardFn forward_;
   std::vector<PipeOp> ops_;

@@ -1,5 +1,7 @@
 #include "trainer_runtime/process_group.h"
 
+#include <torch/csrc/distributed/c10d/comm.hpp>
+
 #include <algorithm>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -183,6 +185,16 @@ void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensor
       offset += n;
     }
   }
+}
+
+void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+                        std::vector<at::Tensor> tensors) {
+  if (tensors.empty()) return;
+  // One buffer of up to 250 MB per call: a model's parameters usually go in one broadcast.
+  constexpr size_t kBucketBytes = 250u << 20;
+  at::NoGradGuard no_grad;
+  for (auto& t : tensors) t = t.detach();
+  c10d::broadcast_coalesced(pg, tensors, kBucketBytes, /*rank=*/0);
 }
 
 }  // namespace launch::trainer

@@ -87,8 +87,12 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_
 // dtypes), groups in order of first appearance so every rank builds the same calls.
 // COLLECTIVE: every rank passes tensors of the same dtypes and sizes, in the same order.
 // Throws c10::Error when a peer fails.
-void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensors,
-                   int64_t divisor);
+void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int64_t divisor);
+
+// Makes `tensors` (in place) equal to the group's rank 0's, packed into as few broadcasts as
+// their total size allows (c10d::broadcast_coalesced; mixed dtypes are fine). COLLECTIVE.
+void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+                        std::vector<at::Tensor> tensors);
 
 // Gloo worker threads per group: 2 (PyTorch's choice), or LAUNCH_GLOO_THREADS. Every group a
 // worker builds uses it.

@@ -20,19 +20,15 @@ double MsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// broadcast_coalesced packs tensors into buffers of this size: one or a few broadcasts.
-constexpr size_t kBroadcastBucketBytes = 250u << 20;
 // PyTorch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES): small, so communication
 // starts as soon as the last layers' gradients exist.
 constexpr size_t kFirstBucketBytes = 1u << 20;
 
 void BroadcastModel(const c10::intrusive_ptr<CountingProcessGroup>& pg, Model* model) {
   std::vector<at::Tensor> tensors;
-  for (auto& [name, p] : model->NamedParameters()) tensors.push_back(p.detach());
-  for (auto& [name, b] : model->NamedBuffers()) tensors.push_back(b.detach());
-  if (tensors.empty()) return;
-  torch::NoGradGuard no_grad;
-  c10d::broadcast_coalesced(pg, tensors, kBroadcastBucketBytes, /*rank=*/0);
+  for (auto& [name, p] : model->NamedParameters()) tensors.push_back(p);
+  for (auto& [name, b] : model->NamedBuffers()) tensors.push_back(b);
+  BroadcastFromRank0(pg, std::move(tensors));
 }
 
 // --- DDP communication hook ------------------------------------------------------------------
@@ -197,9 +193,8 @@ class DdpStrategy : public ParallelStrategy {
     if (model_->NamedBuffers().empty()) return;
     auto start = Clock::now();
     std::vector<at::Tensor> buffers;
-    for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b.detach());
-    torch::NoGradGuard no_grad;
-    c10d::broadcast_coalesced(pg_, buffers, kBroadcastBucketBytes, 0);
+    for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b);
+    BroadcastFromRank0(pg_, std::move(buffers));
     stats_.blocking_comm_ms += MsSince(start);
   }
 
@@ -320,9 +315,9 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     auto none = std::make_unique<NoneStrategy>();
     return std::unique_ptr<ParallelStrategy>(std::move(none));
   }
-  return std::unique_ptr<ParallelStrategy>(std::make_unique<DdpStrategy>(
-      model, std::move(pg), cfg.parallel.bucket_cap_mb, cfg.sync_each_batch,
-      cfg.parallel.find_unused_parameters));
+  return std::unique_ptr<ParallelStrategy>(
+      std::make_unique<DdpStrategy>(model, std::move(pg), cfg.parallel.bucket_cap_mb,
+                                    cfg.sync_each_batch, cfg.parallel.find_unused_parameters));
 }
 
 void AllReduceSum(const c10::intrusive_ptr<CountingProcessGroup>& pg, torch::Tensor& values) {

@@ -251,8 +251,7 @@ Status Trainer::PrepareReplica() {
   // Same seed on every rank: identical initial weights even before the broadcast.
   torch::manual_seed(cfg_.seed);
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(cfg_.model));
-  auto optimizer =
-      std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, *model));
+  auto optimizer = std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, *model));
   // Different dropout masks per rank, reproducible per (seed, rank).
   torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
   const Criterion criterion = criterion_;
@@ -317,9 +316,8 @@ void Trainer::TrainStep() {
     accel_->Accumulate();
     if (pipeline_) {
       torch::Tensor loss = accel_->PipelineForwardBackward(
-          batch, [this](const torch::Tensor& out, const torch::Tensor& y) {
-            return criterion_(out, y);
-          });
+          batch,
+          [this](const torch::Tensor& out, const torch::Tensor& y) { return criterion_(out, y); });
       if (loss.defined()) loss_sum += loss.item<double>();
     } else {
       torch::Tensor loss = accel_->ForwardBackward(

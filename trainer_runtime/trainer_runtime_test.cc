@@ -320,8 +320,8 @@ TEST_CASE("CriterionOptionsMatchTheirFormulas") {
   cfg.label_smoothing = 0.2;
   double smooth = 0;
   for (int i = 0; i < 5; ++i)
-    smooth += 0.8 * -logp[i][y[i].item<int64_t>()].item<double>() +
-              0.2 * -logp[i].mean().item<double>();
+    smooth +=
+        0.8 * -logp[i][y[i].item<int64_t>()].item<double>() + 0.2 * -logp[i].mean().item<double>();
   CHECK((*Criterion::Create(Task::kClassification, cfg))(logits, y).item<double>() ==
         doctest::Approx(smooth / 5));
   // Class weights: a weighted mean of the per-row losses.
@@ -360,7 +360,8 @@ TEST_CASE("AugmentIsDeterministicPerSeedAndCropsAndFlips") {
   auto a = Augment(d, images, 11), b = Augment(d, images, 11);
   CHECK(a.equal(b));
   bool differs = false;
-  for (uint64_t seed = 12; seed < 20 && !differs; ++seed) differs = !Augment(d, images, seed).equal(a);
+  for (uint64_t seed = 12; seed < 20 && !differs; ++seed)
+    differs = !Augment(d, images, seed).equal(a);
   CHECK(differs);
   // Each output is a window of the zero-padded (possibly mirrored) input.
   for (uint64_t seed = 0; seed < 8; ++seed) {
@@ -387,7 +388,8 @@ TEST_CASE("SamplerOrderIsPyTorchsRandperm") {
   at::Generator gen = at::detail::createCPUGenerator(7 + 2);
   auto expected = torch::randperm(50, gen, torch::kLong);
   auto perm = ShardedSampler::Permutation(50, 7, 2);
-  for (int64_t i = 0; i < 50; ++i) CHECK(perm[static_cast<size_t>(i)] == expected[i].item<int64_t>());
+  for (int64_t i = 0; i < 50; ++i)
+    CHECK(perm[static_cast<size_t>(i)] == expected[i].item<int64_t>());
   ShardedSampler ordered(10, 1, 2, 2, 7, /*shuffle=*/false);
   CHECK(ordered.Batch(0, 0) == std::vector<int64_t>{1, 3});
 }

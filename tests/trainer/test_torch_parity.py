@@ -197,6 +197,11 @@ MODELS = {
     "batchnorm": {"buffers": ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"],
                   "inert": ["conv.bias"]},
     "running_center": {"buffers": ["center"]},
+    # The same model as a one-stage pipeline with two replicas (one micro-batch): the pipeline
+    # engine's gradient all-reduce and buffer broadcast must equal DDP's.
+    "pipeline_replicas": {"buffers": ["center"], "file": "running_center",
+                          "parallel": "{mode: pipeline, stages: 1, microbatches: 1}",
+                          "exported": "model_stage0.pt"},
 }
 
 JOB = """distributed_type: MULTI_CPU
@@ -210,7 +215,7 @@ train:
   epochs: {epochs}
   optimizer: {{type: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.0}}
   scheduler: {{type: constant}}
-  parallel: {{mode: ddp{unused}}}
+  parallel: {parallel}
   checkpoint_every: 0
 """
 
@@ -233,10 +238,14 @@ class TorchScriptDdpParityTest(unittest.TestCase):
 
     def run_ours(self, name, model, opts):
         out = os.path.join(self.tmp, name + "-ours")
+        # A pipeline takes a list of TorchScript stages (here, one).
+        pipeline = "pipeline" in opts.get("parallel", "")
         cfg = write_config(self.tmp, JOB.format(
-            seed=SEED, out=out, model=model, data=self.data, batch=BATCH, epochs=EPOCHS,
+            seed=SEED, out=out, model=f"[{model}]" if pipeline else model, data=self.data,
+            batch=BATCH, epochs=EPOCHS,
             inputs=", inputs: [input, target]" if opts.get("pass_target") else "",
-            unused=", find_unused_parameters: true" if opts.get("find_unused") else ""),
+            parallel=opts.get("parallel", "{mode: ddp" + (
+                ", find_unused_parameters: true}" if opts.get("find_unused") else "}"))),
             name + ".yaml")
         r = harness.launch(cfg, timeout=RUN_TIMEOUT)
         self.assertEqual(r.returncode, 0, f"train on {name}:\n{r.stdout}{r.stderr}")
@@ -258,7 +267,8 @@ class TorchScriptDdpParityTest(unittest.TestCase):
         return ref
 
     def compare(self, model, out, ref, opts):
-        spec = {"here": HERE, "initial": model, "ours": os.path.join(out, "model.pt"),
+        spec = {"here": HERE, "initial": model,
+                "ours": os.path.join(out, opts.get("exported", "model.pt")),
                 "ref": ref, "data": self.data, "pass_target": bool(opts.get("pass_target")),
                 "tied": opts.get("tied")}
         r = harness.run([harness.SYSTEM_PYTHON, "-c", COMPARE, json.dumps(spec)],
@@ -268,7 +278,7 @@ class TorchScriptDdpParityTest(unittest.TestCase):
 
     def check(self, name):
         opts = MODELS[name]
-        model = os.path.join(self.models, name + ".pt")
+        model = os.path.join(self.models, opts.get("file", name) + ".pt")
         out = self.run_ours(name, model, opts)
         ref = self.run_reference(name, model, opts)
         f = final(out)
@@ -323,6 +333,9 @@ class TorchScriptDdpParityTest(unittest.TestCase):
 
     def test_buffers_broadcast_before_each_forward(self):
         self.check("running_center")
+
+    def test_pipeline_replicas_average_gradients_and_broadcast_buffers_as_ddp(self):
+        self.check("pipeline_replicas")
 
 
 if __name__ == "__main__":
