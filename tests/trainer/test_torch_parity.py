@@ -5,7 +5,10 @@ torch.nn.parallel.DistributedDataParallel over Gloo), then compares the trained 
 tensor by tensor. The models cover the forward conventions the trainer accepts (logits in a
 tuple, in a dict, the model's own loss with `inputs: [input, target]`) and the DDP cases that
 differ from a plain MLP: frozen parameters plus a head never used (find_unused_parameters), a
-Parameter shared by two layers, and BatchNorm buffers."""
+Parameter shared by two layers, BatchNorm buffers, a buffer the training forward reads (which
+shows whether rank 0's buffers reach rank 1 before each forward), and the same through a
+one-stage, two-replica pipeline. Frozen/unused and tied models are also compared with one
+PyTorch process on the concatenated batch."""
 
 import json
 import os
@@ -189,9 +192,10 @@ MODELS = {
     "tuple": {},
     "dict": {},
     "own_loss": {"pass_target": True},
-    "frozen_unused": {"find_unused": True, "frozen": ["stem.weight", "stem.bias"],
+    "frozen_unused": {"find_unused": True, "single_process": True,
+                      "frozen": ["stem.weight", "stem.bias"],
                       "unused": ["aux.weight", "aux.bias"]},
-    "tied": {"tied": ["a.weight", "b.weight"]},
+    "tied": {"tied": ["a.weight", "b.weight"], "single_process": True},
     # conv.bias feeds BatchNorm, which subtracts each channel's batch mean: its gradient is zero
     # up to rounding, so it need not move (it is still compared with PyTorch's).
     "batchnorm": {"buffers": ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"],
@@ -251,16 +255,18 @@ class TorchScriptDdpParityTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, f"train on {name}:\n{r.stdout}{r.stderr}")
         return out
 
-    def run_reference(self, name, model, opts):
-        ref = os.path.join(self.tmp, name + "-ref.pt")
+    def run_reference(self, name, model, opts, processes=2):
+        ref = os.path.join(self.tmp, f"{name}-ref{processes}.pt")
+        batch = BATCH * 2 // processes  # the same global batch
         args = ["--model", model, "--data", self.data, "--out", ref, "--seed", str(SEED),
-                "--epochs", str(EPOCHS), "--batch_size", str(BATCH), "--lr", "0.05",
+                "--epochs", str(EPOCHS), "--batch_size", str(batch), "--lr", "0.05",
                 "--momentum", "0.9", "--mean", "0.5", "--std", "0.25"]
         if opts.get("pass_target"):
             args.append("--pass_target")
         if opts.get("find_unused"):
             args.append("--find_unused_parameters")
-        r = harness.launch("--nproc_per_node", "2", "--python", harness.SYSTEM_PYTHON, REFERENCE,
+        r = harness.launch("--nproc_per_node", str(processes), "--python", harness.SYSTEM_PYTHON,
+                           REFERENCE,
                            *args, timeout=RUN_TIMEOUT)
         self.assertEqual(r.returncode, 0, f"PyTorch reference on {name}:\n{r.stdout}{r.stderr}")
         self.assertIn(f"[rank 0]: steps={STEPS}", r.stdout)
@@ -309,6 +315,14 @@ class TorchScriptDdpParityTest(unittest.TestCase):
         if opts.get("tied"):
             self.assertTrue(rep["tied_shared"], "the exported module untied " +
                             " and ".join(opts["tied"]))
+
+        # And a single PyTorch process on the concatenated batch (DistributedSampler with one
+        # replica visits the same samples per global batch): the same weights.
+        if opts.get("single_process"):
+            single = self.compare(model, out, self.run_reference(name, model, opts, 1), opts)
+            differ = {n: single["max_abs_diff"][n] for n, ok in single["ours_vs_ref"].items()
+                      if not ok}
+            self.assertEqual(differ, {}, "differ from one PyTorch process (max |ours - ref|)")
 
         # final.json's evaluation is the exported module's accuracy on the t10k files.
         self.assertAlmostEqual(f["eval_accuracy"], rep["eval_accuracy"], delta=1e-6)
