@@ -802,6 +802,7 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, TrainConfig* t)
   LAUNCH_RETURN_IF_ERROR(
       r.GetInRange<int64_t>("checkpoint_every", &t->checkpoint_every, 0, int64_t(1) << 40));
   LAUNCH_RETURN_IF_ERROR(r.Get("resume", &t->resume));
+  LAUNCH_RETURN_IF_ERROR(r.Get("resume_allow_changes", &t->resume_allow_changes));
   LAUNCH_RETURN_IF_ERROR(r.GetInRange<int64_t>("log_every", &t->log_every, 1, int64_t(1) << 40));
   LAUNCH_RETURN_IF_ERROR(r.GetInRange<int64_t>("eval_every", &t->eval_every, 0, int64_t(1) << 40));
   if (t->model.type == ModelType::kTransformer && t->data.type != DataType::kText)

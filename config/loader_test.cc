@@ -235,6 +235,30 @@ TEST_CASE("BadImageModelAndLossKeysAreNamed") {
         std::string::npos);
 }
 
+TEST_CASE("TrajectorySettingsNameWhatShapesARunOnly") {
+  LaunchConfig cfg;
+  REQUIRE(Load("train:\n  output_dir: a\n  batch_size: 16\n  model: {type: cnn}\n"
+               "  data: {type: idx}\n  resume_allow_changes: true\n",
+               &cfg)
+              .ok());
+  CHECK(cfg.train.resume_allow_changes);
+  auto settings = TrajectorySettings(cfg.train);
+  auto value = [&](const std::string& key) -> std::string {
+    for (const auto& [k, v] : settings)
+      if (k == key) return v;
+    return "(absent)";
+  };
+  CHECK(value("train.batch_size") == "16");
+  CHECK(value("train.model.channels") == "[16, 32]");
+  CHECK(value("train.data.augment") == "{crop_padding: 0, flip: false}");
+  CHECK(value("train.optimizer.no_decay") == "[bias, norm]");
+  CHECK(value("train.model.layers") == "(absent)");  // an MLP key, not this model's
+  CHECK(value("train.output_dir") == "(absent)");    // where outputs go changes no weights
+  CHECK(value("train.max_steps") == "(absent)");     // added by the program when it matters
+  // The same settings, in the same order, every time: ranks and restarts compare them.
+  CHECK(settings == TrajectorySettings(cfg.train));
+}
+
 TEST_CASE("MissingDataFileIsAnError") {
   LaunchConfig cfg;
   Status s = Load("train:\n  data: {type: csv, path: /nonexistent.csv}\n", &cfg);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace launch::config {
@@ -160,7 +161,18 @@ struct TrainConfig {
   // and buffer names to tensors (torch.load). Written at the end, also at every checkpoint
   // (checkpoints), or never.
   SaveModel save_model = SaveModel::kEnd;
+  // Resume from a checkpoint written with other TrajectorySettings (they are listed, and the
+  // run continues with the new ones). Without it such a resume is refused, and a fresh run
+  // sets the other run's checkpoint aside instead of continuing it.
+  bool resume_allow_changes = false;
 };
+
+// The settings that change a run's trajectory (weights, data order, LR), as (YAML key, value)
+// pairs in a fixed order: a checkpoint records them, and resuming compares them. Keys of the
+// configured model and data type only. Output, logging and checkpoint cadence are not among
+// them; max_steps and epochs are not either (a program adds the LR schedule's length when its
+// schedule depends on it).
+std::vector<std::pair<std::string, std::string>> TrajectorySettings(const TrainConfig& t);
 
 const char* ToString(ModelType v);
 const char* ToString(DataType v);

@@ -41,6 +41,10 @@ extern "C" void OnSignal(int signo) {
 
 bool IsStop(int signo) { return signo == SIGTERM || signo == SIGINT; }
 
+// The run settings a checkpoint was written with (Accelerator::AddRunSetting), "key: value"
+// per line: small, and readable by whoever wonders why a resume was refused.
+constexpr const char* kRunFile = "run.txt";
+
 std::string StepDir(const std::string& dir, int64_t step) {
   return dir + "/step" + std::to_string(step);
 }
@@ -72,7 +76,7 @@ void RemoveOtherSteps(const std::string& dir, int64_t keep) {
 }  // namespace
 
 Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
-    : options_(options), env_(env) {
+    : options_(options), env_(env), run_settings_(config::TrajectorySettings(options)) {
   data_world_ = env_.world_size;
   data_rank_ = env_.rank;
   if (options_.parallel.mode == ParallelMode::kPipeline && options_.parallel.stages >= 1) {
@@ -407,6 +411,11 @@ Status Accelerator::SaveState(const std::string& dir) {
   state.samples_seen = samples_seen_;
   state.world_size = world_size();
   Status status = MakeDirs(step_dir);
+  if (status.ok() && rank() == 0) {
+    std::string run;
+    for (const auto& [key, value] : run_settings_) run += key + ": " + value + "\n";
+    status = WriteFileAtomically(step_dir + "/" + kRunFile, run);
+  }
   if (status.ok() && WritesModelFile())
     status = SaveModelState(step_dir + "/" + ModelFileName(), *model_, *optimizer_);
   if (status.ok())
@@ -424,6 +433,40 @@ Status Accelerator::SaveState(const std::string& dir) {
   }
   Barrier();  // nobody reads `latest` before it is written
   return Status::Ok();
+}
+
+void Accelerator::AddRunSetting(const std::string& key, const std::string& value) {
+  run_settings_.emplace_back(key, value);
+}
+
+std::vector<std::string> Accelerator::ChangedSettings(const std::string& dir) const {
+  std::vector<std::string> changes;
+  StatusOr<int64_t> latest = LatestStep(dir);
+  if (!latest.ok()) return changes;
+  StatusOr<std::string> text = ReadFile(StepDir(dir, *latest) + "/" + kRunFile);
+  if (!text.ok()) return changes;
+  std::vector<std::pair<std::string, std::string>> recorded;
+  for (const std::string& line : Split(*text, '\n')) {
+    const size_t colon = line.find(": ");
+    if (colon != std::string::npos)
+      recorded.emplace_back(line.substr(0, colon), line.substr(colon + 2));
+  }
+  auto find = [](const auto& list, const std::string& key) -> const std::string* {
+    for (const auto& [k, v] : list)
+      if (k == key) return &v;
+    return nullptr;
+  };
+  for (const auto& [key, value] : run_settings_) {
+    const std::string* old = find(recorded, key);
+    if (!old) {
+      changes.push_back(key + ": (not set) -> " + value);
+    } else if (*old != value) {
+      changes.push_back(key + ": " + *old + " -> " + value);
+    }
+  }
+  for (const auto& [key, value] : recorded)
+    if (!find(run_settings_, key)) changes.push_back(key + ": " + value + " -> (not set)");
+  return changes;
 }
 
 StatusOr<int64_t> Accelerator::LatestStep(const std::string& dir) {
@@ -459,6 +502,18 @@ StatusOr<bool> Accelerator::LoadState(const std::string& dir) {
                             std::to_string(highest) +
                             " (is the output folder on a file system every node shares?)");
   if (mine < 0) return false;
+  // Every rank reads the same run.txt and holds the same settings, so all decide alike.
+  const std::vector<std::string> changes = ChangedSettings(dir);
+  if (!changes.empty() && !options_.resume_allow_changes)
+    return Status::InvalidConfig(
+        "the checkpoint in " + dir + " (step " + std::to_string(mine) +
+        ") was written with other settings: " + Join(changes, "; ") +
+        ". Resume with the settings it was written with, start a new run (another output_dir "
+        "or `resume: never`), or set `train.resume_allow_changes: true` to continue with the "
+        "new settings");
+  if (!changes.empty())
+    Print("train: resuming step " + std::to_string(mine) +
+          " with changed settings: " + Join(changes, "; "));
   const std::string step_dir = StepDir(dir, mine);
   std::string rank_file = step_dir + "/rank" + std::to_string(rank()) + ".pt";
   const bool own_rng = ReadFile(rank_file).ok();

@@ -256,10 +256,21 @@ class Accelerator {
   // Restores what SaveState wrote under `dir` (the step named by dir/latest). Returns false when
   // there is none. Every rank loads its own RNG state; ranks agree on the step or fail with
   // Internal naming both. A different world size restarts the data order at the next epoch
-  // (warned). InvalidConfig when the model or optimizer does not match. COLLECTIVE.
+  // (warned). InvalidConfig when the model or optimizer does not match, or when the checkpoint
+  // was written with other run settings (ChangedSettings, each named) unless
+  // options().resume_allow_changes (then they are printed). COLLECTIVE.
   StatusOr<bool> LoadState(const std::string& dir);
   // The step dir/latest names, or NotFound. Not collective.
   static StatusOr<int64_t> LatestStep(const std::string& dir);
+
+  // A run's identity: the settings a checkpoint records (SaveState writes them to
+  // step<N>/run.txt) and a resume must match. Initially config::TrajectorySettings(options());
+  // a program adds what else shapes its trajectory, e.g. the length of a decaying LR schedule.
+  void AddRunSetting(const std::string& key, const std::string& value);
+  // The recorded settings of the checkpoint in `dir` that differ from this run's, as
+  // "key: old -> new" (also keys only one side has); empty when they match, when there is no
+  // checkpoint, or when it predates run.txt. Not collective.
+  std::vector<std::string> ChangedSettings(const std::string& dir) const;
   // Writes the prepared model for PyTorch in Python to `path` (rank 0 writes, atomically): a
   // TorchScript module as itself with its current weights (torch.jit.load), any other module as
   // a dict of parameter and buffer names to tensors (torch.load, then load_state_dict into the
@@ -332,6 +343,7 @@ class Accelerator {
   int64_t samples_seen_ = 0;
   bool trigger_ = false;
   std::optional<LoaderCursor> restored_cursor_;  // LoadState before PrepareDataLoader
+  std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting
 };
 
 // A data loader over this rank's shard (Accelerator::PrepareDataLoader). Batches are taken on

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <optional>
@@ -199,6 +200,10 @@ Status Trainer::Prepare() {
   const int64_t total = total_steps_;
   accel_->SetLrSchedule(
       [sched, base_lr, total](int64_t step) { return LearningRate(sched, base_lr, step, total); });
+  // A decaying schedule's learning rates depend on its length: part of the run's identity.
+  if (sched.type != config::SchedulerType::kConstant)
+    accel_->AddRunSetting("train.max_steps/epochs (LR schedule length in steps)",
+                          std::to_string(total_steps_));
   LAUNCH_RETURN_IF_ERROR(MaybeResume());
 
   int64_t num_params = 0;
@@ -289,6 +294,29 @@ Status Trainer::MaybeResume() {
     accel_->Barrier();  // every rank has seen `latest` before it goes
     if (accel_->rank() == 0) std::remove((dir + "/latest").c_str());
     accel_->Barrier();
+    return Status::Ok();
+  }
+  const std::vector<std::string> changes = accel_->ChangedSettings(dir);
+  if (latest.ok() && !explicit_path && accel_->env().restart_count == 0 && !changes.empty() &&
+      !cfg_.resume_allow_changes) {
+    // Another run's checkpoint (other settings) in this output_dir: a fresh run neither
+    // continues it nor destroys it. Restarts of this run (restart_count > 0) never get here:
+    // for them a mismatch is an error (LoadState).
+    std::string aside = dir + ".set-aside-step" + std::to_string(*latest);
+    for (int i = 2; std::ifstream(aside + "/latest"); ++i)
+      aside = dir + ".set-aside-step" + std::to_string(*latest) + "-" + std::to_string(i);
+    accel_->Barrier();  // every rank has compared before the folder moves
+    if (accel_->rank() == 0) {
+      std::error_code ec;
+      std::filesystem::rename(dir, aside, ec);
+      if (ec) return Status::IoError("moving " + dir + " to " + aside + ": " + ec.message());
+    }
+    accel_->Barrier();
+    accel_->Print("train: " + dir + " holds a checkpoint (step " + std::to_string(*latest) +
+                  ") of a run with other settings (" + Join(changes, "; ") + "); moved it to " +
+                  aside +
+                  " and starting a new run (set `train.resume_allow_changes: true` to "
+                  "continue it instead)");
     return Status::Ok();
   }
   LAUNCH_ASSIGN_OR_RETURN(bool resumed, accel_->LoadState(dir));

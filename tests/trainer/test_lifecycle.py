@@ -132,6 +132,89 @@ class ProcessGroupInitTest(unittest.TestCase):
         self.assertLess(time.monotonic() - start, 30)
 
 
+IDENTITY_CONFIG = """
+train:
+  seed: 5
+  output_dir: {out}
+  model: {{type: mlp, layers: [16, 32, 4]}}
+  data: {{type: synthetic, samples: 2000}}
+  batch_size: {batch}
+  max_steps: {steps}
+  optimizer: {{type: sgd, lr: 0.05}}
+  scheduler: {{type: {schedule}}}
+  checkpoint_every: 10
+  resume: {resume}
+  resume_allow_changes: {allow}
+"""
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class RunIdentityTest(unittest.TestCase):
+    """A checkpoint records the settings that shape the run (step<N>/run.txt); a resume with
+    other ones is refused naming each change, and a fresh run sets another run's checkpoint
+    aside instead of continuing it."""
+
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+        self.out = os.path.join(self.tmp, "out")
+
+    def train(self, batch=16, steps=30, schedule="constant", resume="auto", allow="false",
+              restart=0, args=()):
+        cfg = write_config(self.tmp, IDENTITY_CONFIG.format(
+            out=self.out, batch=batch, steps=steps, schedule=schedule, resume=resume,
+            allow=allow), "identity.yaml")
+        return subprocess.run([TRAIN, cfg, *args], capture_output=True, text=True, timeout=120,
+                              env=rank_env(0, 1, free_port(), restart=restart))
+
+    def interrupted_run(self, **kw):
+        # Stops at step 10 with a checkpoint there: an unfinished run of 30 steps.
+        r = self.train(args=("--max_steps", "10"), **kw)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.out, "checkpoints", "step10", "run.txt")) as f:
+            self.assertIn("train.batch_size: 16\n", f.read())
+
+    def test_unchanged_settings_resume(self):
+        self.interrupted_run()
+        r = self.train()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("resumed from", r.stdout)
+        self.assertEqual(final(self.out)["steps_this_run"], 20)
+
+    def test_fresh_run_with_other_settings_sets_the_checkpoint_aside(self):
+        self.interrupted_run()
+        r = self.train(batch=32)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("train.batch_size: 16 -> 32", r.stdout)
+        self.assertEqual(final(self.out)["steps_this_run"], 30, "continued a foreign checkpoint")
+        aside = os.path.join(self.tmp, "out", "checkpoints.set-aside-step10")
+        self.assertTrue(os.path.exists(os.path.join(aside, "latest")), r.stdout)
+
+    def test_restart_or_explicit_resume_with_other_settings_is_refused(self):
+        self.interrupted_run()
+        ckpt = os.path.join(self.out, "checkpoints")
+        for kw in ({"restart": 1}, {"resume": ckpt}):
+            r = self.train(batch=32, **kw)
+            self.assertEqual(r.returncode, 2, (kw, r.stdout, r.stderr))
+            self.assertIn("train.batch_size: 16 -> 32", r.stderr)
+            self.assertIn("resume_allow_changes", r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(ckpt, "latest")), "the checkpoint was lost")
+
+    def test_opting_in_resumes_with_the_new_settings(self):
+        self.interrupted_run()
+        r = self.train(batch=32, allow="true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("with changed settings: train.batch_size: 16 -> 32", r.stdout)
+        self.assertEqual(final(self.out)["steps_this_run"], 20)
+
+    def test_a_decaying_schedule_makes_its_length_part_of_the_identity(self):
+        # --max_steps 10 made the interrupted run's cosine schedule 10 steps long; continuing
+        # it as a 50-step schedule would change every learning rate after step 10.
+        self.interrupted_run(schedule="cosine")
+        r = self.train(schedule="cosine", steps=50, restart=1)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("LR schedule length in steps): 10 -> 50", r.stderr)
+
+
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
 class ResumeTest(unittest.TestCase):
     STEPS = 600
