@@ -1,0 +1,186 @@
+"""Chaos: a job of three stand-in nodes (127.0.0.1-3 with 1, 2 and 1 workers) trains a CNN with
+dropout and BatchNorm under DDP, checkpointing every few steps, and is disturbed at times drawn
+from a seed printed in the log: several SIGKILLs of a random worker (the agents restart every
+node from the last checkpoint) and one SIGTERM of the whole job (every rank checkpoints at the
+same step and stops), after which the job is started again. It must end with exit 0 on every
+node, parameters bit-identical to an undisturbed run of the same config, every step exactly once
+in metrics.jsonl, and no process of the job alive.
+
+CHAOS_SEED picks the seed (default: one fixed seed, the one CI runs); CHAOS_SEEDS=N runs N seeds
+from it."""
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+import unittest
+
+from trainer_helpers import LAUNCH, TRAIN, final, metrics, write_config, write_split
+import harness
+
+STEPS = 1200
+JOB = """
+train:
+  seed: 13
+  output_dir: {out}
+  model: {{type: cnn, channels: [4, 8], hidden: 16, classes: 4, input: [1, 8, 8], dropout: 0.3}}
+  data: {{type: idx, path: {data}, mean: 0.235, std: 0.135}}
+  batch_size: 8
+  max_steps: {steps}
+  optimizer: {{type: adamw, lr: 3.0e-3}}
+  scheduler: {{type: cosine, warmup_steps: 20}}
+  parallel: {{mode: ddp}}
+  checkpoint_every: 25
+  log_every: 200
+"""
+WORKERS = (1, 2, 1)  # per stand-in node: world size 4
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_worker(pid):
+    """Whether `pid` runs the `train` program (the agents run `launch`)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0")[0]
+    except OSError:
+        return False
+    return os.path.basename(argv0) == b"train"
+
+
+def last_step(out):
+    try:
+        m = metrics(out)
+    except (OSError, ValueError):
+        return 0
+    return m[-1]["step"] if m else 0
+
+
+@unittest.skipUnless(os.path.exists(TRAIN) and os.path.exists(LAUNCH), "train/launch not built")
+class ChaosTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = harness.tmpdir()
+        cls.data = os.path.join(cls.tmp, "idx")
+        os.makedirs(cls.data)
+        write_split(cls.data, "train", 512, seed=21)
+        write_split(cls.data, "t10k", 64, seed=22)
+        # The undisturbed reference: the same four ranks on one node (a rank's data and its
+        # place in the all-reduce depend on its rank only, not on which node runs it).
+        out = os.path.join(cls.tmp, "reference")
+        cfg = write_config(cls.tmp, JOB.format(out=out, data=cls.data, steps=STEPS), "ref.yaml")
+        r = harness.launch("--nproc_per_node", str(sum(WORKERS)), cfg, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        cls.reference = final(out)
+
+    def start_job(self, cfg, port, marker, logs):
+        """One agent per stand-in node; returns the Popen objects."""
+        agents = []
+        for i, nproc in enumerate(WORKERS):
+            env = dict(os.environ, LAUNCH_RDZV_LOCAL_ADDR=f"127.0.0.{i + 1}",
+                       LAUNCH_TEST_MARKER=marker)
+            with open(os.path.join(self.tmp, f"{logs}-node{i}.log"), "a") as log:
+                agents.append(subprocess.Popen(
+                    [LAUNCH, "--nnodes", "3", "--node_rank", str(i), "--nproc_per_node",
+                     str(nproc), "--main_process_ip", "127.0.0.1", "--main_process_port",
+                     str(port), "--max_restarts", "20", cfg],
+                    stdout=log, stderr=subprocess.STDOUT, env=env))
+        return agents
+
+    def wait_agents(self, agents, timeout):
+        deadline = time.monotonic() + timeout
+        codes = []
+        for a in agents:
+            try:
+                codes.append(a.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                for b in agents:
+                    b.kill()
+                raise AssertionError(f"the job did not end within {timeout} s:\n{self.logs()}")
+        return codes
+
+    def logs(self):
+        text = ""
+        for name in sorted(os.listdir(self.tmp)):
+            if name.endswith(".log"):
+                with open(os.path.join(self.tmp, name)) as f:
+                    text += f"--- {name}\n{f.read()[-3000:]}"
+        return text
+
+    def wait_progress(self, out, beyond, timeout=90):
+        ok = harness.wait_until(lambda: last_step(out) >= beyond, timeout, interval=0.05)
+        self.assertTrue(ok, f"no progress past step {beyond}:\n{self.logs()}")
+
+    def run_chaos(self, seed):
+        print(f"chaos seed {seed}", flush=True)
+        rng = random.Random(seed)
+        out = os.path.join(self.tmp, f"chaos{seed}")
+        cfg = write_config(self.tmp, JOB.format(out=out, data=self.data, steps=STEPS),
+                           f"chaos{seed}.yaml")
+        marker = harness.unique_marker("chaos")
+        port = free_port()
+        agents = self.start_job(cfg, port, marker, f"seed{seed}-a")
+        try:
+            self.wait_progress(out, 5)
+            kills = 0
+            for _ in range(3):
+                time.sleep(rng.uniform(0.2, 1.5))
+                workers = [p for p in harness.pids_with_marker(marker) if is_worker(p)]
+                if not workers or last_step(out) >= STEPS - 50:
+                    break
+                before = last_step(out)
+                restarts = self.logs().count("restarting every node")
+                os.kill(rng.choice(sorted(workers)), signal.SIGKILL)
+                t0 = time.monotonic()
+                kills += 1
+                # Every node restarts its workers, which resume and train past the kill.
+                self.assertTrue(harness.wait_until(
+                    lambda: self.logs().count("restarting every node") > restarts, 60, 0.05),
+                    self.logs())
+                self.wait_progress(out, before + 1)
+                print(f"  SIGKILL at step {before}: training past it again after "
+                      f"{time.monotonic() - t0:.2f} s", flush=True)
+                self.wait_progress(out, before + 10)
+            self.assertGreaterEqual(kills, 2, "the run ended before the chaos did")
+            time.sleep(rng.uniform(0.2, 1.0))
+            for a in agents:
+                a.send_signal(signal.SIGTERM)
+            self.wait_agents(agents, 60)
+            self.assertTrue(os.path.exists(os.path.join(out, "checkpoints", "latest")))
+            self.assertLess(last_step(out), STEPS, "the SIGTERM came after the end")
+            agents = self.start_job(cfg, port, marker, f"seed{seed}-b")
+            codes = self.wait_agents(agents, 240)
+            self.assertEqual(codes, [0, 0, 0], self.logs())
+        finally:
+            for a in agents:
+                if a.poll() is None:
+                    a.kill()
+                    a.wait()
+            gone = harness.wait_until(lambda: not harness.pids_with_marker(marker), 15)
+            self.assertTrue(gone, f"processes of the job outlived it: "
+                                  f"{harness.pids_with_marker(marker)}")
+        got = final(out)
+        self.assertLess(got["steps_this_run"], STEPS, "the second start did not resume")
+        self.assertEqual(got["param_checksum"], self.reference["param_checksum"],
+                         f"seed {seed}:\n{self.logs()}")
+        self.assertEqual(got["eval_loss"], self.reference["eval_loss"])
+        steps = [m["step"] for m in metrics(out)]
+        self.assertEqual(steps, list(range(1, STEPS + 1)), "a step missing or counted twice")
+        log = self.logs()
+        self.assertGreaterEqual(log.count("restarting every node"), kills, log)
+
+    def test_random_worker_kills_and_a_job_restart_end_bit_identical(self):
+        first = int(os.environ.get("CHAOS_SEED", "20261122"))
+        for seed in range(first, first + int(os.environ.get("CHAOS_SEEDS", "1"))):
+            with self.subTest(seed=seed):
+                self.run_chaos(seed)
+
+
+if __name__ == "__main__":
+    unittest.main()
