@@ -582,14 +582,19 @@ Status Trainer::Run() {
     phase_ = "checkpoint";
     const SignalRequest signal = accel_->PollSignals();
     const bool scheduled = cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0;
-    if ((scheduled && step < total_steps_) || signal.checkpoint) {
+    // At the last step the run's own end writes the checkpoint (and final.json) below.
+    const bool last = step >= total_steps_;
+    if ((scheduled || signal.checkpoint) && !last) {
       LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
       if (cfg_.save_model == config::SaveModel::kCheckpoints) LAUNCH_RETURN_IF_ERROR(SaveModel());
       if (signal.checkpoint)
         accel_->Print("train: " + SignalName(signal.signal) + ": wrote " + WriteDir() +
                       " at step " + std::to_string(step));
     }
-    if (signal.stop)
+    if (signal.stop && last)
+      accel_->Print("train: " + SignalName(signal.signal) +
+                    " at the last step: finishing the run (checkpoint and final.json)");
+    if (signal.stop && !last)
       return Status::Interrupted("stopped by " + SignalName(signal.signal) + " at step " +
                                  std::to_string(step) +
                                  "; checkpoint written, the next run resumes");

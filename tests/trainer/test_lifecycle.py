@@ -216,6 +216,37 @@ class RunIdentityTest(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class LastStepSignalTest(unittest.TestCase):
+    def test_sigterm_during_the_last_step_still_finishes_the_run(self):
+        # One slow step (~1-3 s of matrix products): the SIGTERM arrives while it runs, so the
+        # stop is seen at the last step boundary, where stopping would lose nothing but
+        # final.json and model.pt.
+        tmp = harness.tmpdir()
+        out = os.path.join(tmp, "out")
+        cfg = write_config(tmp, f"""
+train:
+  output_dir: {out}
+  model: {{type: mlp, layers: [1024, 4096, 4096, 10]}}
+  data: {{type: synthetic, samples: 1100}}
+  eval_fraction: 0.05
+  batch_size: 512
+  max_steps: 1
+  optimizer: {{type: sgd, lr: 0.01}}
+""")
+        proc = subprocess.Popen([TRAIN, cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=rank_env(0, 1, free_port()))
+        line = proc.stdout.readline()  # the banner: setup is done, the step starts
+        self.assertIn("train: 1 process(es)", line)
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertIn("SIGTERM at the last step: finishing the run", rest)
+        self.assertEqual(final(out)["steps"], 1)
+        self.assertTrue(os.path.exists(os.path.join(out, "model.pt")))
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
 class ResumeTest(unittest.TestCase):
     STEPS = 600
 
