@@ -238,6 +238,11 @@ class ElasticAgent {
               rdzv::FormatEndpoint(a.master_addr, a.master_port));
     group_ = make_group_(io_);
     int round = a.round;
+    reported_round_ = -1;
+    // Report the first failure as soon as it is known, before the siblings are stopped (that
+    // can take stop_grace): the server takes the earliest failure of the round as the root
+    // cause, and only reports it has received count.
+    group_->OnFirstFailure([this, round](const WorkerExit& first) { Report(round, first); });
     Status started =
         group_->Start(spec, [this, round](const GroupResult& r) { OnGroupDone(round, r); });
     if (!started.ok()) {
@@ -264,8 +269,14 @@ class ElasticAgent {
       client_->ReportSuccess(round);
       return;
     }
-    if (result.failures.empty()) return;  // stopped without a failure of its own
-    const WorkerExit& first = result.failures.front();
+    if (result.failures.empty()) return;     // stopped without a failure of its own
+    Report(round, result.failures.front());  // unless OnFirstFailure already did
+  }
+
+  // Sends the round's failure report once.
+  void Report(int round, const WorkerExit& first) {
+    if (finished_ || round != round_ || reported_round_ == round) return;
+    reported_round_ = round;
     rdzv::FailureReport report;
     report.round = round;
     report.global_rank = first.rank;
@@ -274,6 +285,9 @@ class ElasticAgent {
     report.signal = first.status.signaled ? first.status.signal : 0;
     report.reason = first.status.ToString();
     report.stderr_tail = Join(first.stderr_tail, "\n");
+    report.time_us =
+        std::chrono::duration_cast<std::chrono::microseconds>(first.time.time_since_epoch())
+            .count();
     log::Info("local worker rank " + std::to_string(first.rank) + " " + first.status.ToString() +
               "; reported to the rendezvous");
     client_->ReportFailure(report);
@@ -360,6 +374,7 @@ class ElasticAgent {
   bool group_running_ = false;
   After after_stop_ = After::kNothing;
   int round_ = -1;
+  int reported_round_ = -1;  // the round whose failure this agent has reported
   int interrupt_signal_ = 0;
   bool finished_ = false;
   int exit_code_ = 1;

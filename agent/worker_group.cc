@@ -71,7 +71,7 @@ std::map<std::string, std::string> ContractEnvironment(const WorkerGroupSpec& s,
 
 class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl> {
  public:
-  explicit Impl(asio::io_context& io) : io_(io), kill_timer_(io) {}
+  explicit Impl(asio::io_context& io) : io_(io), kill_timer_(io), first_failure_timer_(io) {}
 
   struct Stream {
     explicit Stream(asio::io_context& io) : pipe(io) {}
@@ -223,6 +223,26 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     boost::system::error_code ignored;
     s->pipe.close(ignored);
     s->open = false;
+    if (w == first_failed_) MaybeFireFirstFailure();
+  }
+
+  void SetFirstFailure(std::function<void(const WorkerExit&)> fn) {
+    on_first_failure_ = std::move(fn);
+  }
+
+  void MaybeFireFirstFailure() {
+    if (first_failed_ && !first_failed_->out.open && !first_failed_->err.open) FireFirstFailure();
+  }
+
+  void FireFirstFailure() {
+    if (!first_failed_ || first_failure_fired_ || result_.failures.empty()) return;
+    first_failure_fired_ = true;
+    first_failure_timer_.cancel();
+    WorkerExit e = result_.failures.front();
+    const auto lines = first_failed_->tail.Lines();
+    e.stderr_tail.assign(lines.begin(), lines.end());
+    auto cb = on_first_failure_;
+    if (cb) cb(e);
   }
 
   void WaitExit(Worker* w) {
@@ -261,6 +281,15 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       result_.failures.push_back(e);
       if (first) {
         failed_ = true;
+        first_failed_ = w;
+        // Its output normally drains within milliseconds (its process group was just killed);
+        // a pipe held open by an escaped daemon must not delay the report for long.
+        first_failure_timer_.expires_after(std::chrono::seconds(1));
+        auto self = shared_from_this();
+        first_failure_timer_.async_wait([this, self](boost::system::error_code ec) {
+          if (!ec) FireFirstFailure();
+        });
+        MaybeFireFirstFailure();
         StopInternal(SIGTERM);
       }
     }
@@ -359,8 +388,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       w->out.open = w->err.open = false;
     }
     kill_timer_.cancel();
+    first_failure_timer_.cancel();
     finished_ = true;
     on_done_ = nullptr;
+    on_first_failure_ = nullptr;
   }
 
   bool running() const { return live_ > 0; }
@@ -374,6 +405,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
  private:
   asio::io_context& io_;
   asio::steady_timer kill_timer_;
+  asio::steady_timer first_failure_timer_;
+  std::function<void(const WorkerExit&)> on_first_failure_;
+  Worker* first_failed_ = nullptr;  // the first worker that failed on its own
+  bool first_failure_fired_ = false;
   WorkerGroupSpec spec_;
   std::function<void(const GroupResult&)> on_done_;
   std::vector<std::unique_ptr<Worker>> workers_;
@@ -396,6 +431,9 @@ Status WorkerGroup::Start(const WorkerGroupSpec& spec,
 void WorkerGroup::Signal(int signo) { impl_->Signal(signo); }
 void WorkerGroup::Stop(int signo) { impl_->Stop(signo); }
 void WorkerGroup::Kill() { impl_->Kill(); }
+void WorkerGroup::OnFirstFailure(std::function<void(const WorkerExit&)> fn) {
+  impl_->SetFirstFailure(std::move(fn));
+}
 bool WorkerGroup::running() const { return impl_->running(); }
 std::vector<pid_t> WorkerGroup::pids() const { return impl_->pids(); }
 

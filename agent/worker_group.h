@@ -98,6 +98,11 @@ class GroupSupervisor {
   virtual void Stop(int signo) = 0;
   // SIGKILL to every live worker now (a second Ctrl-C).
   virtual void Kill() = 0;
+  // `fn` runs once, on the io_context, as soon as the first worker that failed on its own has
+  // exited and its output is drained (at most 1 s after it exited), with its exit and stderr
+  // tail: before its siblings are stopped, so the failure can be reported while they still
+  // run. Call before Start. The default implementation never calls it.
+  virtual void OnFirstFailure(std::function<void(const WorkerExit&)> fn) {}
 };
 
 class WorkerGroup : public GroupSupervisor {
@@ -112,6 +117,7 @@ class WorkerGroup : public GroupSupervisor {
   void Signal(int signo) override;
   void Stop(int signo = 15 /* SIGTERM */) override;
   void Kill() override;
+  void OnFirstFailure(std::function<void(const WorkerExit&)> fn) override;
 
   bool running() const;
   std::vector<pid_t> pids() const;  // live workers

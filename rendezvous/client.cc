@@ -172,6 +172,7 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
       }
       welcomed_ = true;
       conn_->SetReadTimeout(HeartbeatTimeout());
+      options_.join.clock_us = WallClockMicros();  // the server measures our clock offset
       conn_->Send(MessageType::kJoin, ToFields(options_.join));
       ArmHeartbeat();
       return;
@@ -245,6 +246,7 @@ void RendezvousClient::ArmHeartbeat() {
 void RendezvousClient::Rejoin(int master_port) {
   if (finished_ || !conn_ || !welcomed_) return;
   if (master_port > 0) options_.join.master_port = master_port;
+  options_.join.clock_us = WallClockMicros();
   conn_->Send(MessageType::kJoin, ToFields(options_.join));
 }
 

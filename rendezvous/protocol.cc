@@ -1,5 +1,7 @@
 #include "rendezvous/protocol.h"
 
+#include <chrono>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
@@ -62,6 +64,17 @@ Status GetInt(const Fields& f, const std::string& key, long long lo, long long h
   return Status::Ok();
 }
 
+// An optional 64-bit count (microseconds since the epoch); absent = 0, as older agents send.
+Status GetMicros(const Fields& f, const std::string& key, int64_t* out) {
+  auto it = f.find(key);
+  if (it == f.end()) return Status::Ok();
+  long long v = 0;
+  if (it->second.size() > 24 || !ParseInt64(it->second, &v) || v < 0)
+    return Status::ProtocolError("field '" + key + "' is not a non-negative integer");
+  *out = v;
+  return Status::Ok();
+}
+
 Status GetSeconds(const Fields& f, const std::string& key, double* out) {
   auto it = f.find(key);
   if (it == f.end()) return Missing(key);
@@ -101,6 +114,7 @@ void PutReport(const FailureReport& r, const std::string& prefix, Fields* f) {
   std::string tail = r.stderr_tail;
   if (tail.size() > kMaxStderrTail) tail = tail.substr(tail.size() - kMaxStderrTail);
   (*f)[prefix + "stderr_tail"] = tail;
+  (*f)[prefix + "time_us"] = std::to_string(r.time_us);
 }
 
 StatusOr<FailureReport> GetReport(const Fields& f, const std::string& prefix) {
@@ -115,6 +129,7 @@ StatusOr<FailureReport> GetReport(const Fields& f, const std::string& prefix) {
   LAUNCH_RETURN_IF_ERROR(GetInt(f, prefix + "signal", 0, 128, &r.signal));
   LAUNCH_RETURN_IF_ERROR(GetString(f, prefix + "reason", kMaxShortString, &r.reason));
   LAUNCH_RETURN_IF_ERROR(GetString(f, prefix + "stderr_tail", kMaxStderrTail, &r.stderr_tail));
+  LAUNCH_RETURN_IF_ERROR(GetMicros(f, prefix + "time_us", &r.time_us));
   return r;
 }
 
@@ -280,7 +295,8 @@ Fields ToFields(const JoinRequest& m) {
           {"max_restarts", std::to_string(m.max_restarts)},
           {"join_timeout", SecondsString(m.join_timeout_s)},
           {"last_call_timeout", SecondsString(m.last_call_timeout_s)},
-          {"heartbeat_timeout", SecondsString(m.heartbeat_timeout_s)}};
+          {"heartbeat_timeout", SecondsString(m.heartbeat_timeout_s)},
+          {"clock_us", std::to_string(m.clock_us)}};
 }
 
 StatusOr<JoinRequest> ParseJoin(const Fields& f) {
@@ -298,6 +314,7 @@ StatusOr<JoinRequest> ParseJoin(const Fields& f) {
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "join_timeout", &m.join_timeout_s));
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "last_call_timeout", &m.last_call_timeout_s));
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "heartbeat_timeout", &m.heartbeat_timeout_s));
+  LAUNCH_RETURN_IF_ERROR(GetMicros(f, "clock_us", &m.clock_us));
   if (!IsPrintable(m.run_id) || !IsPrintable(m.hostname))
     return Status::ProtocolError("fields 'run_id' and 'hostname' must be printable text");
   if (m.heartbeat_timeout_s < 0.05 || m.join_timeout_s < 0.05)
@@ -517,6 +534,12 @@ std::string FormatFailureReport(const FailureReport& r) {
     }
   }
   return line;
+}
+
+int64_t WallClockMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 }  // namespace launch::rendezvous

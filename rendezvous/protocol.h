@@ -119,7 +119,11 @@ struct JoinRequest {
   double join_timeout_s = 600;
   double last_call_timeout_s = 1;
   double heartbeat_timeout_s = 5;
+  int64_t clock_us = 0;  // the agent's wall clock when it sent the JOIN (0: not sent)
 };
+
+// Microseconds since the epoch on this machine's wall clock (FailureReport::time_us).
+int64_t WallClockMicros();
 
 struct NodeInfo {
   int node_rank = 0;
@@ -156,6 +160,10 @@ struct FailureReport {
   int signal = 0;           // 0 when it exited
   std::string reason;       // one line: "exited with code 3", "node lost: connection closed"
   std::string stderr_tail;  // last lines of the worker's stderr, '\n'-separated (<= 16 KiB)
+  // When the failure happened, in microseconds of the reporting node's wall clock since the
+  // epoch (0: unknown). The server corrects it by the node's clock offset measured at JOIN and
+  // takes the earliest failure of a round as its root cause.
+  int64_t time_us = 0;
 };
 
 struct RestartNotice {

@@ -32,7 +32,17 @@ struct RendezvousServer::Session {
   bool in_round = false;
   int node_rank = -1;
   bool succeeded = false;
+  // Server wall clock minus the agent's, measured at its last JOIN (one-way: the message's
+  // transit time is in it, milliseconds at most on a cluster network).
+  int64_t clock_offset_us = 0;
 };
+
+namespace {
+// How long after a round's first failure report the server waits for an earlier one: longer
+// than an agent needs to report (drain the failed worker's output, one message) once it has
+// reaped a worker, shorter than anyone waits for a restart.
+constexpr std::chrono::milliseconds kRootCauseWindow{300};
+}  // namespace
 
 std::shared_ptr<RendezvousServer> RendezvousServer::Create(boost::asio::io_context& io,
                                                            ServerOptions options) {
@@ -45,7 +55,8 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, ServerOptions op
       acceptor_(io),
       join_timer_(io),
       last_call_timer_(io),
-      heartbeat_timer_(io) {}
+      heartbeat_timer_(io),
+      decision_timer_(io) {}
 
 RendezvousServer::~RendezvousServer() { Stop(); }
 
@@ -80,6 +91,7 @@ void RendezvousServer::Stop() {
   join_timer_.cancel();
   last_call_timer_.cancel();
   heartbeat_timer_.cancel();
+  decision_timer_.cancel();
   for (auto& [id, s] : sessions_) s->conn->Detach();
   sessions_.clear();
 }
@@ -244,6 +256,7 @@ void RendezvousServer::Refuse(Session& s, const std::string& message, bool confi
 
 void RendezvousServer::HandleJoin(Session& s, JoinRequest join) {
   s.hostname = join.hostname;
+  if (join.clock_us > 0) s.clock_offset_us = WallClockMicros() - join.clock_us;
   if (state_ == JobState::kDone || state_ == JobState::kFailed) {
     Refuse(s, "the job on this rendezvous has already finished", false);
     return;
@@ -452,6 +465,7 @@ void RendezvousServer::CloseRound() {
   }
   state_ = JobState::kRunning;
   round_failed_ = false;
+  pending_failure_.reset();
   auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::steady_clock::now() - round_started_);
   Log("round " + std::to_string(round_) + " closed: " + std::to_string(n) + " nodes, world size " +
@@ -497,8 +511,39 @@ void RendezvousServer::HandleReport(Session& s, FailureReport report) {
         SanitizeForTerminal(report.reason));
     return;
   }
+  const int64_t at = report.time_us > 0 ? report.time_us + s.clock_offset_us : WallClockMicros();
+  ConsiderFailure("worker failure on " + Describe(s), report, at);
+}
+
+void RendezvousServer::ConsiderFailure(const std::string& reason, const FailureReport& report,
+                                       int64_t at_us) {
+  if (pending_failure_) {
+    if (at_us >= pending_failure_->at_us) {
+      Log("later failure in round " + std::to_string(round_) + ": " + reason + ": " +
+          SanitizeForTerminal(report.reason));
+      return;
+    }
+    Log("earlier failure in round " + std::to_string(round_) + " (by " +
+        std::to_string((pending_failure_->at_us - at_us) / 1000) + " ms): " + reason);
+    pending_failure_ = PendingFailure{reason, report, at_us};
+    return;
+  }
+  pending_failure_ = PendingFailure{reason, report, at_us};
+  const uint64_t generation = timer_generation_;
+  decision_timer_.expires_after(kRootCauseWindow);
+  decision_timer_.async_wait(
+      [self = shared_from_this(), generation](const boost::system::error_code& ec) {
+        if (ec || self->stopped_ || generation != self->timer_generation_) return;
+        self->DecideFailure();
+      });
+}
+
+void RendezvousServer::DecideFailure() {
+  if (!pending_failure_ || state_ != JobState::kRunning || round_failed_) return;
+  PendingFailure root = std::move(*pending_failure_);
+  pending_failure_.reset();
   round_failed_ = true;
-  AfterFailure("worker failure on " + Describe(s), report);
+  AfterFailure(root.reason, root.report);
 }
 
 void RendezvousServer::HandleSucceeded(Session& s, int round) {
@@ -522,8 +567,8 @@ void RendezvousServer::OnClosed(uint64_t id, const Status& why) {
     r.host = s->hostname;
     r.node_rank = s->node_rank;
     r.reason = "node lost (" + how + ")";
-    round_failed_ = true;
-    AfterFailure("lost node " + std::to_string(s->node_rank) + " (" + Describe(*s) + ")", r);
+    ConsiderFailure("lost node " + std::to_string(s->node_rank) + " (" + Describe(*s) + ")", r,
+                    WallClockMicros());
   } else if (state_ == JobState::kRunning && s->in_round) {
     Log("lost " + Describe(*s) + " after the round's failure: " + why.ToString());
   } else if (state_ == JobState::kWaiting && s->participant) {

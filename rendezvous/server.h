@@ -18,7 +18,12 @@
 //    this server saw its connection, MASTER_PORT = the free port node 0 reserved and sent.
 //  * Liveness. Every frame read has a deadline of heartbeat_timeout (agents send heartbeats at
 //    a quarter of it); EOF (an agent killed by SIGKILL) is seen at once.
-//  * Failures. The first failure report of a round (or a lost node) is the root cause, relayed
+//  * Failures. The root cause of a round is its earliest failure by time, not the first report
+//    to arrive: a report carries the failure's wall-clock time (corrected by the node's clock
+//    offset measured at JOIN; a lost node counts from when the server saw it go), and the
+//    server decides kRootCauseWindow after the first report, taking the earliest one received
+//    by then (agents report a failure as soon as the worker's output is drained, before its
+//    siblings stop, so a collateral failure elsewhere cannot overtake it). It is relayed
 //    verbatim to every agent. While restarts remain and >= MIN nodes are left, a new round
 //    starts (RESTART to all); otherwise FAILED to all. A node joining a running job below MAX
 //    starts a new round without spending a restart (scale-up).
@@ -106,6 +111,10 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   void CloseRound();
   void OnJoinTimeout();
   void AfterFailure(const std::string& reason, const FailureReport& report);
+  // A failure of the running round, at `at_us` on the server's clock: a candidate root cause
+  // until DecideFailure (kRootCauseWindow after the first one).
+  void ConsiderFailure(const std::string& reason, const FailureReport& report, int64_t at_us);
+  void DecideFailure();
   void StartNewRound(bool counts_as_restart, const std::string& reason,
                      const std::optional<FailureReport>& report);
   void FailJob(const std::string& message, bool config_error,
@@ -125,6 +134,7 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   boost::asio::steady_timer join_timer_;
   boost::asio::steady_timer last_call_timer_;
   boost::asio::steady_timer heartbeat_timer_;
+  boost::asio::steady_timer decision_timer_;
   int bound_port_ = 0;
   bool stopped_ = false;
   std::function<void()> on_idle_;
@@ -140,6 +150,12 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   int restarts_used_ = 0;
   bool last_call_armed_ = false;
   bool round_failed_ = false;  // the running round already has its root cause
+  struct PendingFailure {
+    std::string reason;
+    FailureReport report;
+    int64_t at_us = 0;  // server clock
+  };
+  std::optional<PendingFailure> pending_failure_;  // earliest failure of the running round
   std::chrono::steady_clock::time_point round_started_;
   uint64_t timer_generation_ = 0;  // invalidates join/last-call timers of older rounds
 };

@@ -210,6 +210,34 @@ TEST_CASE("FailureWithNoRestartsLeftFailsEveryNodeWithTheSameReport") {
   CHECK(FormatFailureReport(*a.failure->report) == FormatFailureReport(*b.failure->report));
 }
 
+TEST_CASE("TheEarliestFailureIsTheRootCauseEvenWhenItsReportArrivesSecond") {
+  Harness h;
+  Recorder& a = h.AddClient(Join(2, 2, 0));
+  Recorder& b = h.AddClient(Join(2, 2, 1));
+  REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
+  const int64_t now = WallClockMicros();
+  FailureReport collateral;
+  collateral.global_rank = 1;
+  collateral.exit_code = 7;
+  collateral.reason = "exited with code 7";
+  collateral.time_us = now;
+  FailureReport root;
+  root.global_rank = 0;
+  root.exit_code = 3;
+  root.reason = "exited with code 3";
+  root.time_us = now - 500000;  // half a second earlier, reported later
+  b.client->ReportFailure(collateral);
+  a.client->ReportFailure(root);
+  REQUIRE(RunUntil(h.io, [&] { return a.finished() && b.finished(); }));
+  for (Recorder* x : {&a, &b}) {
+    REQUIRE(x->failure.has_value());
+    REQUIRE(x->failure->report.has_value());
+    CHECK(x->failure->report->exit_code == 3);
+    CHECK(x->failure->report->global_rank == 0);
+    CHECK(x->failure->report->time_us == root.time_us);
+  }
+}
+
 TEST_CASE("LostAgentStartsANewRoundAtMinNodes") {
   Harness h;
   JoinRequest j = Join(2, 3, -1);

@@ -27,7 +27,7 @@ class Node:
     """One `launch` agent; output (stdout+stderr) goes to a file to avoid pipe stalls."""
 
     def __init__(self, index, port, nnodes, nproc=2, rank=None, extra=(), worker_args=(),
-                 env=None, marker=None, tmp=None, endpoint=None):
+                 env=None, marker=None, tmp=None, endpoint=None, program=None):
         self.addr = f"127.0.0.{index + 1}"
         self.log_path = os.path.join(tmp, f"node{index}.log")
         where = (["--rdzv_endpoint", endpoint] if endpoint else
@@ -36,7 +36,7 @@ class Node:
                 *where, *extra]
         if rank is not None:
             args += ["--node_rank", str(rank)]
-        args += ["--", harness.SYSTEM_PYTHON, WORKER, *worker_args]
+        args += ["--", *(program or [harness.SYSTEM_PYTHON, WORKER, *worker_args])]
         full_env = dict(os.environ)
         if not endpoint:
             full_env["LAUNCH_RDZV_LOCAL_ADDR"] = self.addr
@@ -266,6 +266,24 @@ class MultiNodeTest(unittest.TestCase):
         for n in (a, b):
             self.assertIn("simulated failure (code 7)", n.output())  # the stderr tail travelled
             self.assertIn("no restarts left", n.output())
+
+    def test_root_cause_is_the_earliest_failure_not_the_first_report(self):
+        # Node 0's local rank 0 fails first (t=0.5 s), but its sibling takes 2 s to honour
+        # SIGTERM; node 1's worker fails later (t=1 s, as a peer's collateral failure would).
+        # The root cause on every node is node 0's, with its exit code and its stderr.
+        first = ('if [ "$LOCAL_RANK" = 0 ]; then sleep 0.5; echo "REAL ROOT CAUSE" >&2; exit 3; '
+                 'else trap "sleep 2; exit 143" TERM; while :; do sleep 0.1; done; fi')
+        later = 'sleep 1; echo "collateral: lost a peer" >&2; exit 7'
+        a = self.start(0, 2, rank=0, nproc=2, program=["sh", "-c", first])
+        b = self.start(1, 2, rank=1, nproc=1, program=["sh", "-c", later])
+        self.assertEqual(self.wait_all([a, b], 30), [3, 3], a.output() + b.output())
+        for n in (a, b):
+            out = n.output()
+            root = [l for l in out.splitlines() if "root cause:" in l]
+            self.assertEqual(len(root), 1, out)
+            self.assertIn("rank 0", root[0])
+            self.assertIn("code 3", root[0])
+            self.assertIn("REAL ROOT CAUSE", out)
 
     def test_sigkill_of_an_agent_reforms_the_survivors_at_min(self):
         wa = ["--pid-dir", self.tmp, "--sleep-try", "0:60"]
