@@ -498,6 +498,13 @@ void RendezvousServer::OnJoinTimeout() {
                         std::to_string(spec_->min_nodes) + " nodes joined (" + Join(present, ", ") +
                         "); missing " + std::to_string(spec_->min_nodes - joined) +
                         " node(s), unclaimed node ranks: " + Join(unclaimed, ", ");
+  if (round_ > 0) {
+    // A restart round that never re-formed: no replacement for a lost node arrived. The job
+    // ends with the failure that started the round as its root cause.
+    FailJob("job failed: " + last_restart_reason_ + "; no replacement node joined: " + message,
+            /*config_error=*/false, last_restart_report_);
+    return;
+  }
   FailJob(message, /*config_error=*/true, std::nullopt);
 }
 
@@ -579,21 +586,30 @@ void RendezvousServer::OnClosed(uint64_t id, const Status& why) {
 }
 
 void RendezvousServer::AfterFailure(const std::string& reason, const FailureReport& report) {
-  size_t left = CountParticipants();
-  if (restarts_used_ < spec_->max_restarts && left >= static_cast<size_t>(spec_->min_nodes)) {
+  const size_t left = CountParticipants();
+  const size_t min = static_cast<size_t>(spec_->min_nodes);
+  if (restarts_used_ < spec_->max_restarts) {
     ++restarts_used_;
+    // Below MIN the new round waits, up to join_timeout, for replacement agents (a restarted
+    // machine, or another one taking the lost node's rank), as torchrun's dynamic rendezvous
+    // waits for its join timeout; OnJoinTimeout ends the job with this failure if none comes.
+    const std::string wait =
+        left >= min
+            ? std::string()
+            : "; " + std::to_string(left) + " node(s) left, waiting up to " +
+                  std::to_string(static_cast<long long>(spec_->join_timeout_s)) +
+                  " s (join_timeout) for " + std::to_string(min - left) + " replacement node(s)";
+    last_restart_reason_ = reason;
+    last_restart_report_ = report;
     StartNewRound(/*counts_as_restart=*/true,
                   reason + "; restart " + std::to_string(restarts_used_) + " of " +
-                      std::to_string(spec_->max_restarts),
+                      std::to_string(spec_->max_restarts) + wait,
                   report);
     return;
   }
-  std::string why =
-      restarts_used_ >= spec_->max_restarts
-          ? "no restarts left (max_restarts " + std::to_string(spec_->max_restarts) + ")"
-          : std::to_string(left) + " node(s) left, below the minimum of " +
-                std::to_string(spec_->min_nodes);
-  FailJob("job failed: " + reason + "; " + why, /*config_error=*/false, report);
+  FailJob("job failed: " + reason + "; no restarts left (max_restarts " +
+              std::to_string(spec_->max_restarts) + ")",
+          /*config_error=*/false, report);
 }
 
 void RendezvousServer::StartNewRound(bool counts_as_restart, const std::string& reason,

@@ -24,9 +24,11 @@
 //    server decides kRootCauseWindow after the first report, taking the earliest one received
 //    by then (agents report a failure as soon as the worker's output is drained, before its
 //    siblings stop, so a collateral failure elsewhere cannot overtake it). It is relayed
-//    verbatim to every agent. While restarts remain and >= MIN nodes are left, a new round
-//    starts (RESTART to all); otherwise FAILED to all. A node joining a running job below MAX
-//    starts a new round without spending a restart (scale-up).
+//    verbatim to every agent. While restarts remain, a new round starts (RESTART to all);
+//    with fewer than MIN nodes left it waits up to join_timeout for replacement agents (a
+//    restarted machine, or another one taking the lost node rank) and fails with the root
+//    cause if none comes. Without restarts left: FAILED to all. A node joining a running job below
+//    MAX starts a new round without spending a restart (scale-up).
 //  * Success: DONE to every agent as soon as every node of the round reported success.
 //  * After a job ends and every agent has gone, the server forgets it and serves the next one.
 //
@@ -156,6 +158,8 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
     int64_t at_us = 0;  // server clock
   };
   std::optional<PendingFailure> pending_failure_;  // earliest failure of the running round
+  std::string last_restart_reason_;                // what started the latest restart round
+  std::optional<FailureReport> last_restart_report_;
   std::chrono::steady_clock::time_point round_started_;
   uint64_t timer_generation_ = 0;  // invalidates join/last-call timers of older rounds
 };

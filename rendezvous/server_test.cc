@@ -269,17 +269,43 @@ TEST_CASE("LostAgentStartsANewRoundAtMinNodes") {
   CHECK(Contains(rs[0]->restarts.back().report->reason, "node lost"));
 }
 
-TEST_CASE("LostAgentBelowMinFailsTheSurvivors") {
+TEST_CASE("LostAgentBelowMinFailsTheSurvivorsWhenNoReplacementComes") {
   Harness h;
   JoinRequest j = Join(2, 2, -1);
   j.max_restarts = 5;
+  j.join_timeout_s = 0.5;
   Recorder& a = h.AddClient(j);
   Recorder& b = h.AddClient(j);
   REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
   b.client->Close();
   REQUIRE(RunUntil(h.io, [&] { return a.finished(); }));
   REQUIRE(a.failed.has_value());
-  CHECK(Contains(a.failed->message(), "below the minimum of 2"));
+  CHECK(Contains(a.failed->message(), "no replacement node joined"));
+  REQUIRE(a.restarts.size() == 1);  // the survivor was told to wait
+  CHECK(Contains(a.restarts[0].reason, "waiting up to"));
+  REQUIRE(a.failure->report.has_value());  // the root cause travels with the failure
+  CHECK(Contains(a.failure->report->reason, "node lost"));
+}
+
+TEST_CASE("LostAgentBelowMinIsReplacedByANewAgentAndTheJobGoesOn") {
+  Harness h;
+  JoinRequest j = Join(2, 2, -1);
+  j.max_restarts = 5;
+  Recorder& a = h.AddClient(j);
+  Recorder& b = h.AddClient(j);
+  REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
+  const int lost_rank = b.assignments[0].node_rank;
+  b.client->Close();
+  REQUIRE(RunUntil(h.io, [&] { return a.restarts.size() == 1; }));
+  JoinRequest replacement = j;
+  replacement.node_rank = lost_rank;  // takes the lost node's place
+  Recorder& c = h.AddClient(replacement);
+  REQUIRE(RunUntil(h.io, [&] { return a.assignments.size() == 2 && !c.assignments.empty(); }));
+  CHECK(c.assignments[0].node_rank == lost_rank);
+  CHECK(c.assignments[0].restart_count == 1);
+  a.client->ReportSuccess(1);
+  c.client->ReportSuccess(1);
+  REQUIRE(RunUntil(h.io, [&] { return a.done && c.done; }));
 }
 
 TEST_CASE("LateNodeScalesUpWithoutSpendingARestart") {
