@@ -1,8 +1,10 @@
 """Chaos: a job of three stand-in nodes (127.0.0.1-3 with 1, 2 and 1 workers) trains a CNN with
 dropout and BatchNorm under DDP, checkpointing every few steps, and is disturbed at times drawn
 from a seed printed in the log: several SIGKILLs of a random worker (the agents restart every
-node from the last checkpoint) and one SIGTERM of the whole job (every rank checkpoints at the
-same step and stops), after which the job is started again. It must end with exit 0 on every
+node from the last checkpoint), a SIGKILL of one node's agent (the other nodes wait for a
+replacement; a new agent takes the same node rank and the job resumes) and one SIGTERM of the
+whole job (every rank checkpoints at the same step and stops), after which the job is started
+again. It must end with exit 0 on every
 node, parameters bit-identical to an undisturbed run of the same config, every step exactly once
 in metrics.jsonl, and no process of the job alive.
 
@@ -11,6 +13,7 @@ from it."""
 
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -79,19 +82,20 @@ class ChaosTest(unittest.TestCase):
         assert r.returncode == 0, r.stdout + r.stderr
         cls.reference = final(out)
 
+    def start_agent(self, i, cfg, port, marker, logs):
+        """The agent of stand-in node i (127.0.0.<i+1>, node rank i)."""
+        env = dict(os.environ, LAUNCH_RDZV_LOCAL_ADDR=f"127.0.0.{i + 1}",
+                   LAUNCH_TEST_MARKER=marker)
+        with open(os.path.join(self.tmp, f"{logs}-node{i}.log"), "a") as log:
+            return subprocess.Popen(
+                [LAUNCH, "--nnodes", "3", "--node_rank", str(i), "--nproc_per_node",
+                 str(WORKERS[i]), "--main_process_ip", "127.0.0.1", "--main_process_port",
+                 str(port), "--max_restarts", "20", cfg],
+                stdout=log, stderr=subprocess.STDOUT, env=env)
+
     def start_job(self, cfg, port, marker, logs):
         """One agent per stand-in node; returns the Popen objects."""
-        agents = []
-        for i, nproc in enumerate(WORKERS):
-            env = dict(os.environ, LAUNCH_RDZV_LOCAL_ADDR=f"127.0.0.{i + 1}",
-                       LAUNCH_TEST_MARKER=marker)
-            with open(os.path.join(self.tmp, f"{logs}-node{i}.log"), "a") as log:
-                agents.append(subprocess.Popen(
-                    [LAUNCH, "--nnodes", "3", "--node_rank", str(i), "--nproc_per_node",
-                     str(nproc), "--main_process_ip", "127.0.0.1", "--main_process_port",
-                     str(port), "--max_restarts", "20", cfg],
-                    stdout=log, stderr=subprocess.STDOUT, env=env))
-        return agents
+        return [self.start_agent(i, cfg, port, marker, logs) for i in range(len(WORKERS))]
 
     def wait_agents(self, agents, timeout):
         deadline = time.monotonic() + timeout
@@ -112,6 +116,10 @@ class ChaosTest(unittest.TestCase):
                 with open(os.path.join(self.tmp, name)) as f:
                     text += f"--- {name}\n{f.read()[-3000:]}"
         return text
+
+    def rounds_formed(self):
+        """Rounds the agents have been assigned so far, summed over the nodes."""
+        return len(re.findall(r"round \d+: node \d+ of", self.logs()))
 
     def wait_progress(self, out, beyond, timeout=90):
         ok = harness.wait_until(lambda: last_step(out) >= beyond, timeout, interval=0.05)
@@ -135,19 +143,37 @@ class ChaosTest(unittest.TestCase):
                 if not workers or last_step(out) >= STEPS - 50:
                     break
                 before = last_step(out)
-                restarts = self.logs().count("restarting every node")
+                rounds = self.rounds_formed()
                 os.kill(rng.choice(sorted(workers)), signal.SIGKILL)
                 t0 = time.monotonic()
                 kills += 1
-                # Every node restarts its workers, which resume and train past the kill.
+                # Every node restarts its workers (a new round), which resume and train on.
                 self.assertTrue(harness.wait_until(
-                    lambda: self.logs().count("restarting every node") > restarts, 60, 0.05),
-                    self.logs())
-                self.wait_progress(out, before + 1)
-                print(f"  SIGKILL at step {before}: training past it again after "
-                      f"{time.monotonic() - t0:.2f} s", flush=True)
+                    lambda: self.rounds_formed() >= rounds + len(WORKERS), 60, 0.05), self.logs())
+                print(f"  SIGKILL of a worker at step {before}: workers restarted on every node "
+                      f"after {time.monotonic() - t0:.2f} s", flush=True)
                 self.wait_progress(out, before + 10)
             self.assertGreaterEqual(kills, 2, "the run ended before the chaos did")
+            # SIGKILL the agent of a node that does not host the rendezvous: the survivors
+            # wait for a replacement, which takes the same node rank, and the job resumes.
+            time.sleep(rng.uniform(0.2, 1.0))
+            victim = rng.choice([1, 2])
+            waits = self.logs().count("replacement node")
+            before = last_step(out)
+            agents[victim].send_signal(signal.SIGKILL)
+            agents[victim].wait()
+            self.assertTrue(harness.wait_until(
+                lambda: self.logs().count("replacement node") > waits, 30, 0.05), self.logs())
+            rounds = self.rounds_formed()
+            t0 = time.monotonic()
+            agents[victim] = self.start_agent(victim, cfg, port, marker, f"seed{seed}-a")
+            self.assertTrue(harness.wait_until(
+                lambda: self.rounds_formed() >= rounds + len(WORKERS), 60, 0.05), self.logs())
+            print(f"  SIGKILL of node {victim}'s agent at step {before}: the replacement agent "
+                  f"joined and every node runs workers again after "
+                  f"{time.monotonic() - t0:.2f} s", flush=True)
+            self.wait_progress(out, before + 10)
+            self.assertLess(last_step(out), STEPS - 20, "the run ended before the chaos did")
             time.sleep(rng.uniform(0.2, 1.0))
             for a in agents:
                 a.send_signal(signal.SIGTERM)
