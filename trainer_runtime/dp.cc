@@ -1,5 +1,6 @@
 #include "trainer_runtime/dp.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <dlfcn.h>
 
 #include <condition_variable>
@@ -98,6 +99,48 @@ class ReplicaPool {
   std::exception_ptr error_;
 };
 
+// Random numbers for replicas on threads. LibTorch has one CPU generator per process, and
+// replica threads drawing from it concurrently (dropout) would interleave differently on every
+// run. So each replica's forward pass runs alone (ForwardScope: one at a time, backward passes
+// still in parallel) with the generator seeded for (call, replica); the call's base seed is one
+// draw from the process's stream, which is checkpointed per rank, so runs and resumed runs draw
+// the same masks. After the call the process's stream continues as if only that one draw had
+// been made.
+class ReplicaRandom {
+ public:
+  // Before the replicas run: draws the call's base seed.
+  void BeginCall() {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    base_ = at::check_generator<at::CPUGeneratorImpl>(gen)->random64();
+    after_draw_ = gen.get_state();
+  }
+  // After the replicas: the process's stream as right after BeginCall's draw.
+  void EndCall() {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(after_draw_);
+  }
+  // Held by replica k around its forward pass (and the loss).
+  class ForwardScope {
+   public:
+    ForwardScope(ReplicaRandom* r, int k) : lock_(r->mu_) {
+      at::Generator gen = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> g(gen.mutex());
+      gen.set_current_seed((r->base_ ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(k + 1))) *
+                           0xBF58476D1CE4E5B9ull);
+    }
+
+   private:
+    std::lock_guard<std::mutex> lock_;
+  };
+
+ private:
+  std::mutex mu_;
+  uint64_t base_ = 0;
+  at::Tensor after_draw_;
+};
+
 class DpStrategy : public ParallelStrategy {
  public:
   DpStrategy(Model* model, std::vector<std::unique_ptr<Model>> extra, bool loss_in_replica,
@@ -127,14 +170,19 @@ class DpStrategy : public ParallelStrategy {
     const int used = static_cast<int>(std::min<int64_t>(replicas_, batch));
     const auto chunks = SplitRows(batch, used);
     Replicate(used);
+    random_.BeginCall();
     std::vector<double> losses(static_cast<size_t>(used), 0.0);
     std::vector<torch::Tensor> outputs(static_cast<size_t>(used));
     if (loss_in_replica_ || !criterion) {
       pool_.Run([&](int k) {
         if (k >= used) return;
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
-        torch::Tensor loss = chunk_loss(*models_[static_cast<size_t>(k)], x.narrow(0, offset, rows),
-                                        y.narrow(0, offset, rows));
+        torch::Tensor loss;
+        {
+          ReplicaRandom::ForwardScope scope(&random_, k);
+          loss = chunk_loss(*models_[static_cast<size_t>(k)], x.narrow(0, offset, rows),
+                            y.narrow(0, offset, rows));
+        }
         const double weight = static_cast<double>(rows) / static_cast<double>(batch);
         (loss * (scale * weight)).backward();
         losses[static_cast<size_t>(k)] = loss.item<double>() * weight;
@@ -143,6 +191,7 @@ class DpStrategy : public ParallelStrategy {
       pool_.Run([&](int k) {
         if (k >= used) return;
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
+        ReplicaRandom::ForwardScope scope(&random_, k);
         outputs[static_cast<size_t>(k)] =
             models_[static_cast<size_t>(k)]->Forward(x.narrow(0, offset, rows));
       });
@@ -161,6 +210,7 @@ class DpStrategy : public ParallelStrategy {
                                   {grad.narrow(0, offset, rows)});
       });
     }
+    random_.EndCall();
     Reduce(used);
     double total = 0;
     for (double l : losses) total += l;
@@ -206,6 +256,7 @@ class DpStrategy : public ParallelStrategy {
   std::vector<std::unique_ptr<Model>> extra_;
   std::vector<Model*> models_;
   ReplicaPool pool_;
+  ReplicaRandom random_;
 };
 
 }  // namespace
