@@ -129,6 +129,7 @@ std::vector<std::pair<std::string, std::string>> TrajectorySettings(const TrainC
   if (p.mode == ParallelMode::kDp) {
     add("parallel.replicas", std::to_string(p.replicas));
     add("parallel.loss_in_replica", Bool(p.loss_in_replica));
+    add("parallel.dp_seeded_replicas", Bool(p.dp_seeded_replicas));
   }
   if (p.mode == ParallelMode::kPipeline) {
     add("parallel.stages", std::to_string(p.stages));

@@ -781,6 +781,7 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, TrainConfig* t)
     LAUNCH_RETURN_IF_ERROR(p.GetList<int64_t>("partition", &pc.partition, 1));
     LAUNCH_RETURN_IF_ERROR(p.Get("loss_in_replica", &pc.loss_in_replica));
     LAUNCH_RETURN_IF_ERROR(p.Get("find_unused_parameters", &pc.find_unused_parameters));
+    LAUNCH_RETURN_IF_ERROR(p.Get("dp_seeded_replicas", &pc.dp_seeded_replicas));
     LAUNCH_RETURN_IF_ERROR(p.Finish());
     if (pc.mode == ParallelMode::kPipeline && pc.schedule == PipelineSchedule::k1F1B &&
         pc.microbatches < pc.stages)

@@ -130,6 +130,11 @@ struct ParallelConfig {
   // ddp: find the parameters a forward did not use (PyTorch DDP's option of the same name), so
   // a model with an unused head or branch trains; costs a graph walk per synchronised step.
   bool find_unused_parameters = false;
+  // dp: each replica's forward pass runs alone, drawing from its own seeded random stream, so
+  // dropout is reproducible and resumes exactly (backward passes still run in parallel).
+  // false runs the forwards concurrently: faster, for models that draw no random numbers.
+  // `train` turns it off itself for built-in models without dropout.
+  bool dp_seeded_replicas = true;
 };
 
 struct TrainConfig {

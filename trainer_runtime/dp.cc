@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "base/strings.h"
@@ -144,9 +145,10 @@ class ReplicaRandom {
 class DpStrategy : public ParallelStrategy {
  public:
   DpStrategy(Model* model, std::vector<std::unique_ptr<Model>> extra, bool loss_in_replica,
-             int threads_per_replica)
+             int threads_per_replica, bool seeded)
       : replicas_(static_cast<int>(extra.size()) + 1),
         loss_in_replica_(loss_in_replica),
+        seeded_(seeded),
         extra_(std::move(extra)),
         pool_(replicas_, threads_per_replica) {
     models_.push_back(model);
@@ -170,7 +172,7 @@ class DpStrategy : public ParallelStrategy {
     const int used = static_cast<int>(std::min<int64_t>(replicas_, batch));
     const auto chunks = SplitRows(batch, used);
     Replicate(used);
-    random_.BeginCall();
+    if (seeded_) random_.BeginCall();
     std::vector<double> losses(static_cast<size_t>(used), 0.0);
     std::vector<torch::Tensor> outputs(static_cast<size_t>(used));
     if (loss_in_replica_ || !criterion) {
@@ -179,7 +181,8 @@ class DpStrategy : public ParallelStrategy {
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
         torch::Tensor loss;
         {
-          ReplicaRandom::ForwardScope scope(&random_, k);
+          std::optional<ReplicaRandom::ForwardScope> scope;
+          if (seeded_) scope.emplace(&random_, k);
           loss = chunk_loss(*models_[static_cast<size_t>(k)], x.narrow(0, offset, rows),
                             y.narrow(0, offset, rows));
         }
@@ -191,7 +194,8 @@ class DpStrategy : public ParallelStrategy {
       pool_.Run([&](int k) {
         if (k >= used) return;
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
-        ReplicaRandom::ForwardScope scope(&random_, k);
+        std::optional<ReplicaRandom::ForwardScope> scope;
+        if (seeded_) scope.emplace(&random_, k);
         outputs[static_cast<size_t>(k)] =
             models_[static_cast<size_t>(k)]->Forward(x.narrow(0, offset, rows));
       });
@@ -210,7 +214,7 @@ class DpStrategy : public ParallelStrategy {
                                   {grad.narrow(0, offset, rows)});
       });
     }
-    random_.EndCall();
+    if (seeded_) random_.EndCall();
     Reduce(used);
     double total = 0;
     for (double l : losses) total += l;
@@ -253,6 +257,7 @@ class DpStrategy : public ParallelStrategy {
 
   int replicas_;
   bool loss_in_replica_;
+  bool seeded_;  // parallel.dp_seeded_replicas
   std::vector<std::unique_ptr<Model>> extra_;
   std::vector<Model*> models_;
   ReplicaPool pool_;
@@ -298,7 +303,8 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::Train
     if (ParseInt64(v, &n) && n >= 1 && n <= 256) threads = static_cast<int>(n);
   }
   return std::unique_ptr<ParallelStrategy>(
-      std::make_unique<DpStrategy>(model, std::move(extra), cfg.parallel.loss_in_replica, threads));
+      std::make_unique<DpStrategy>(model, std::move(extra), cfg.parallel.loss_in_replica, threads,
+                                   cfg.parallel.dp_seeded_replicas));
 }
 
 }  // namespace launch::trainer

@@ -169,6 +169,10 @@ Status Trainer::Prepare() {
       return Status::InvalidConfig(
           "train.parallel.partition does not apply to a list of TorchScript stages");
   }
+  // A built-in model draws random numbers only for dropout: without it, DP replicas need no
+  // seeded streams and run their forward passes concurrently (same results, faster).
+  if (cfg_.model.type != config::ModelType::kTorchScript && cfg_.model.dropout == 0)
+    cfg_.parallel.dp_seeded_replicas = false;
   phase_ = "joining the process group";
   LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
   tty_ = accel_->IsMainProcess() && ::isatty(STDOUT_FILENO);
