@@ -106,15 +106,18 @@ class ChaosTest(unittest.TestCase):
             except subprocess.TimeoutExpired:
                 for b in agents:
                     b.kill()
-                raise AssertionError(f"the job did not end within {timeout} s:\n{self.logs()}")
+                raise AssertionError(
+                    f"the job did not end within {timeout} s:\n{self.logs(3000)}")
         return codes
 
-    def logs(self):
+    def logs(self, tail=None):
+        """Every node log of the test so far (each cut to its last `tail` characters)."""
         text = ""
         for name in sorted(os.listdir(self.tmp)):
             if name.endswith(".log"):
                 with open(os.path.join(self.tmp, name)) as f:
-                    text += f"--- {name}\n{f.read()[-3000:]}"
+                    body = f.read()
+                text += f"--- {name}\n{body[-tail:] if tail else body}"
         return text
 
     def rounds_formed(self):
@@ -123,7 +126,7 @@ class ChaosTest(unittest.TestCase):
 
     def wait_progress(self, out, beyond, timeout=90):
         ok = harness.wait_until(lambda: last_step(out) >= beyond, timeout, interval=0.05)
-        self.assertTrue(ok, f"no progress past step {beyond}:\n{self.logs()}")
+        self.assertTrue(ok, f"no progress past step {beyond}:\n{self.logs(3000)}")
 
     def run_chaos(self, seed):
         print(f"chaos seed {seed}", flush=True)
@@ -149,7 +152,8 @@ class ChaosTest(unittest.TestCase):
                 kills += 1
                 # Every node restarts its workers (a new round), which resume and train on.
                 self.assertTrue(harness.wait_until(
-                    lambda: self.rounds_formed() >= rounds + len(WORKERS), 60, 0.05), self.logs())
+                    lambda: self.rounds_formed() >= rounds + len(WORKERS), 60, 0.05),
+                    self.logs(3000))
                 print(f"  SIGKILL of a worker at step {before}: workers restarted on every node "
                       f"after {time.monotonic() - t0:.2f} s", flush=True)
                 self.wait_progress(out, before + 10)
@@ -163,12 +167,14 @@ class ChaosTest(unittest.TestCase):
             agents[victim].send_signal(signal.SIGKILL)
             agents[victim].wait()
             self.assertTrue(harness.wait_until(
-                lambda: self.logs().count("replacement node") > waits, 30, 0.05), self.logs())
+                lambda: self.logs().count("replacement node") > waits, 30, 0.05),
+                self.logs(3000))
             rounds = self.rounds_formed()
             t0 = time.monotonic()
             agents[victim] = self.start_agent(victim, cfg, port, marker, f"seed{seed}-a")
             self.assertTrue(harness.wait_until(
-                lambda: self.rounds_formed() >= rounds + len(WORKERS), 60, 0.05), self.logs())
+                lambda: self.rounds_formed() >= rounds + len(WORKERS), 60, 0.05),
+                self.logs(3000))
             print(f"  SIGKILL of node {victim}'s agent at step {before}: the replacement agent "
                   f"joined and every node runs workers again after "
                   f"{time.monotonic() - t0:.2f} s", flush=True)
@@ -182,7 +188,7 @@ class ChaosTest(unittest.TestCase):
             self.assertLess(last_step(out), STEPS, "the SIGTERM came after the end")
             agents = self.start_job(cfg, port, marker, f"seed{seed}-b")
             codes = self.wait_agents(agents, 240)
-            self.assertEqual(codes, [0, 0, 0], self.logs())
+            self.assertEqual(codes, [0, 0, 0], self.logs(3000))
         finally:
             for a in agents:
                 if a.poll() is None:
@@ -194,7 +200,7 @@ class ChaosTest(unittest.TestCase):
         got = final(out)
         self.assertLess(got["steps_this_run"], STEPS, "the second start did not resume")
         self.assertEqual(got["param_checksum"], self.reference["param_checksum"],
-                         f"seed {seed}:\n{self.logs()}")
+                         f"seed {seed}:\n{self.logs(3000)}")
         self.assertEqual(got["eval_loss"], self.reference["eval_loss"])
         steps = [m["step"] for m in metrics(out)]
         self.assertEqual(steps, list(range(1, STEPS + 1)), "a step missing or counted twice")
