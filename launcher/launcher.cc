@@ -382,11 +382,13 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   std::vector<std::string> argv;
   if (!cfg.program.empty()) {
     const std::string& prog = cfg.program[0];
+    // `-u`, as torchrun passes: a worker's stdout is a pipe to the agent, so without it
+    // Python would buffer print() output until the worker exits.
     if (cfg.run_module) {
-      argv = {cfg.python, "-m"};
+      argv = {cfg.python, "-u", "-m"};
       argv.insert(argv.end(), cfg.program.begin(), cfg.program.end());
     } else if (!cfg.no_python && EndsWith(ToLower(prog), ".py")) {
-      argv = {cfg.python};
+      argv = {cfg.python, "-u"};
       argv.insert(argv.end(), cfg.program.begin(), cfg.program.end());
     } else {
       argv = cfg.program;

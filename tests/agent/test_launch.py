@@ -100,6 +100,29 @@ class EnvironmentContract(unittest.TestCase):
         self.assertIn("[rank 0]: usage:", r.stdout)
 
 
+    def test_python_worker_output_arrives_while_it_runs(self):
+        # Users' machines do not export PYTHONUNBUFFERED (this one does): without it a
+        # worker's print() into the agent's pipe would wait for the worker's exit, unless the
+        # interpreter runs with -u as torchrun starts it.
+        d = tmpdir()
+        for name, args in (("script", ["late.py"]), ("module", ["-m", "late"])):
+            with open(os.path.join(d, "late.py"), "w") as f:
+                f.write("import time; print('first line', flush=False); time.sleep(4)\n")
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+            env["PYTHONPATH"] = d
+            start = time.monotonic()
+            p = subprocess.Popen([LAUNCH, "--nproc_per_node", "1", "--python", SYSTEM_PYTHON,
+                                  *args], cwd=d, env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            try:
+                line = p.stdout.readline()
+                arrived = time.monotonic() - start
+            finally:
+                p.wait(timeout=30)
+            self.assertIn("first line", line, name)
+            self.assertLess(arrived, 3, f"{name}: the line came with the worker's exit")
+
+
 class Failures(unittest.TestCase):
     def test_exit_code_and_report_of_first_failure(self):
         marker = unique_marker()
