@@ -353,13 +353,41 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   return Status::Ok();
 }
 
+// The GPUs CUDA would show the workers: NVML's count, limited to the devices an inherited
+// CUDA_VISIBLE_DEVICES lists (CUDA stops at the first entry that is not an index or a GPU-/MIG-
+// UUID, so "" and "-1" hide every GPU), as torch.cuda.device_count() counts under torchrun.
+int VisibleGpus(int nvml) {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) return nvml;
+  int listed = 0;
+  for (std::string item : Split(visible, ',')) {
+    item = Trim(item);
+    const bool index = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
+    if (!index && !StartsWith(item, "GPU-") && !StartsWith(item, "MIG-")) break;
+    ++listed;
+  }
+  return std::min(nvml, listed);
+}
+
 StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   Plan plan;
   // Worker count on this node.
   bool force_cpu = cfg.distributed_type == config::DistributedType::kMultiCpu;
-  int gpus = force_cpu ? 0 : agent::CountGpus();
+  int gpus = force_cpu ? 0 : VisibleGpus(agent::CountGpus());
   if (cfg.gpu_ids != "all" && gpus > 0) gpus = static_cast<int>(Split(cfg.gpu_ids, ',').size());
   const std::string& spec = cfg.nproc_per_node;
+  if (spec == "gpu" && gpus == 0) {
+    // torchrun refuses too: one worker per GPU of none is not a CPU job.
+    auto origin = cfg.origins.find("nproc_per_node");
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return Status::InvalidConfig(
+        (origin == cfg.origins.end() ? std::string("nproc_per_node") : origin->second.ToString()) +
+        ": nproc_per_node gpu: no GPU is visible" +
+        (force_cpu ? std::string(" (distributed_type is MULTI_CPU)")
+         : visible ? " (CUDA_VISIBLE_DEVICES='" + std::string(visible) + "')"
+                   : std::string(" (NVML finds none)")) +
+        "; give a number of workers, `cpu` or `auto`");
+  }
   if (spec == "auto" || spec == "gpu") {
     if (gpus > 0) {
       plan.nproc_per_node = gpus;

@@ -123,6 +123,26 @@ class EnvironmentContract(unittest.TestCase):
             self.assertLess(arrived, 3, f"{name}: the line came with the worker's exit")
 
 
+    def test_gpu_worker_count_follows_cuda_visible_devices_and_refuses_none(self):
+        fake = os.path.abspath(os.path.join(os.path.dirname(LAUNCH), "..", "fake_nvml"))
+        if not os.path.exists(os.path.join(fake, "libnvidia-ml.so.1")):
+            self.skipTest("the fake libnvidia-ml.so.1 (two GPUs) is not built")
+        base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        base["LD_LIBRARY_PATH"] = fake
+        cmd = ["--nproc_per_node", "gpu", "--", "/bin/sh", "-c", "echo worker $LOCAL_RANK"]
+        for visible, workers in ((None, 2), ("1", 1), ("0,1", 2), ("GPU-abc,7", 2)):
+            env = dict(base) if visible is None else dict(base, CUDA_VISIBLE_DEVICES=visible)
+            r = launch(*cmd, env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.count("worker "), workers, (visible, r.stdout))
+        # No GPU visible: an error naming the flag, as torchrun's, not silent CPU workers.
+        for env in (dict(base, CUDA_VISIBLE_DEVICES="-1"), dict(base, CUDA_VISIBLE_DEVICES=""),
+                    {k: v for k, v in base.items() if k != "LD_LIBRARY_PATH"}):
+            r = launch(*cmd, env=env)
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn("--nproc_per_node: nproc_per_node gpu: no GPU is visible", r.stderr)
+
+
 class Failures(unittest.TestCase):
     def test_exit_code_and_report_of_first_failure(self):
         marker = unique_marker()
