@@ -307,11 +307,13 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   // Layers: defaults (cfg as given) < YAML < environment < flags.
   std::map<std::string, std::string> env = CurrentEnvironment();
   if (config_file.empty()) {
-    // Like accelerate: the wizard's file is used when nothing else is given, and we say so.
-    std::string fallback = DefaultConfigPath(env);
-    if (!fallback.empty() && ::access(fallback.c_str(), R_OK) == 0) {
+    // Like accelerate: the wizard's file (ours, else accelerate's) is used when nothing else
+    // is given, and we say which.
+    for (const std::string& fallback : DefaultConfigCandidates(env)) {
+      if (::access(fallback.c_str(), R_OK) != 0) continue;
       config_file = fallback;
       log::Info("using config " + fallback);
+      break;
     }
   }
   if (!config_file.empty()) LAUNCH_RETURN_IF_ERROR(config::LoadYamlFile(config_file, cfg));

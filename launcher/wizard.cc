@@ -523,6 +523,36 @@ std::string DefaultConfigPath(const std::map<std::string, std::string>& env) {
   return home + "/.config/launch/default_config.yaml";
 }
 
+std::vector<std::string> DefaultConfigCandidates(const std::map<std::string, std::string>& env) {
+  auto get = [&](const char* name) {
+    auto it = env.find(name);
+    return it == env.end() ? std::string() : it->second;
+  };
+  std::vector<std::string> out;
+  const std::string ours = DefaultConfigPath(env);
+  if (!ours.empty()) out.push_back(ours);
+  // accelerate's own rule (commands/config/config_args.py): HF_HOME, else
+  // $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface; then accelerate/.
+  std::string home = get("HOME");
+  if (EndsWith(home, "/")) home.pop_back();
+  std::string hf = get("HF_HOME");
+  if (hf.empty()) {
+    const std::string cache = get("XDG_CACHE_HOME");
+    if (!cache.empty()) {
+      hf = cache + "/huggingface";
+    } else if (!home.empty()) {
+      hf = home + "/.cache/huggingface";
+    }
+  } else if (StartsWith(hf, "~/") && !home.empty()) {
+    hf = home + hf.substr(1);
+  }
+  if (!hf.empty()) {
+    out.push_back(hf + "/accelerate/default_config.yaml");
+    out.push_back(hf + "/accelerate/default_config.json");
+  }
+  return out;
+}
+
 std::string DefaultConfigPath() {
   std::map<std::string, std::string> env = CurrentEnvironment();
   if (env["HOME"].empty()) {

@@ -27,6 +27,11 @@ namespace launch::launcher {
 std::string DefaultConfigPath();
 // Same, reading the variables from `env` (for tests).
 std::string DefaultConfigPath(const std::map<std::string, std::string>& env);
+// Where `launch` looks for a config when none is given, in order: our own default file, then
+// accelerate's (`$HF_HOME/accelerate/`, else `$XDG_CACHE_HOME/huggingface/accelerate/`, else
+// `~/.cache/huggingface/accelerate/`; default_config.yaml, then the older default_config.json),
+// so an accelerate user's `accelerate config` file is used as it is. Empty entries are left out.
+std::vector<std::string> DefaultConfigCandidates(const std::map<std::string, std::string>& env);
 
 // Runs `launch config ...`; `args` are the arguments after "config". Returns the exit code:
 // 0 written, 1 not written (file exists without --force, I/O error), 2 usage error or no

@@ -236,6 +236,20 @@ TEST_CASE("DefaultConfigPathFollowsXdgThenHome") {
   CHECK(DefaultConfigPath(std::map<std::string, std::string>{}).empty());
 }
 
+TEST_CASE("DefaultConfigCandidatesAreOursThenAcceleratesInItsOrder") {
+  using V = std::vector<std::string>;
+  CHECK(DefaultConfigCandidates({{"HOME", "/home/u"}}) ==
+        V{"/home/u/.config/launch/default_config.yaml",
+          "/home/u/.cache/huggingface/accelerate/default_config.yaml",
+          "/home/u/.cache/huggingface/accelerate/default_config.json"});
+  CHECK(DefaultConfigCandidates({{"HOME", "/home/u"}, {"XDG_CACHE_HOME", "/c"}})[1] ==
+        "/c/huggingface/accelerate/default_config.yaml");
+  CHECK(DefaultConfigCandidates(
+            {{"HOME", "/home/u"}, {"XDG_CACHE_HOME", "/c"}, {"HF_HOME", "~/hf"}})[1] ==
+        "/home/u/hf/accelerate/default_config.yaml");
+  CHECK(DefaultConfigCandidates(std::map<std::string, std::string>{}).empty());
+}
+
 TEST_CASE("WriteFileAtomicallyCreatesParentsAndReplaces") {
   std::string dir = TempDir();
   std::string path = dir + "/a/b/config.yaml";

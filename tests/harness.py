@@ -17,6 +17,8 @@ SYSTEM_PYTHON = "/usr/bin/python3"
 # Tests never read the user's ~/.config/launch/default_config.yaml.
 _ISOLATED_CONFIG_HOME = tempfile.mkdtemp(prefix="launch-test-xdg-")
 os.environ.setdefault("XDG_CONFIG_HOME", _ISOLATED_CONFIG_HOME)
+# ... nor accelerate's (launch falls back to $HF_HOME/accelerate/default_config.yaml).
+os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="launch-test-hf-"))
 
 
 def run(args, timeout=120, env=None, cwd=None, input=None):

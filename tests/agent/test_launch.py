@@ -143,6 +143,32 @@ class EnvironmentContract(unittest.TestCase):
             self.assertIn("--nproc_per_node: nproc_per_node gpu: no GPU is visible", r.stderr)
 
 
+    def test_accelerate_default_config_is_found_and_named(self):
+        # What `accelerate config` writes, where accelerate keeps it: used when no config is
+        # given and launch has none of its own, and the log says which file it is.
+        hf = tmpdir()
+        path = os.path.join(hf, "accelerate", "default_config.yaml")
+        os.makedirs(os.path.dirname(path))
+        with open(path, "w") as f:
+            f.write("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n"
+                    "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 2\n"
+                    "machine_rank: 0\nmain_training_function: main\nuse_cpu: true\n")
+        cmd = ["--", "/bin/sh", "-c", "echo world $WORLD_SIZE"]
+        r = launch(*cmd, env={"HF_HOME": hf})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"using config {path}", r.stdout + r.stderr)
+        self.assertEqual(r.stdout.count("world 2"), 2, r.stdout)
+        # Without HF_HOME: $XDG_CACHE_HOME/huggingface, as accelerate looks.
+        cache = tmpdir()
+        os.makedirs(os.path.join(cache, "huggingface"))
+        os.rename(os.path.join(hf, "accelerate"), os.path.join(cache, "huggingface", "accelerate"))
+        r = launch(*cmd, env={"HF_HOME": None, "XDG_CACHE_HOME": cache})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(os.path.join(cache, "huggingface", "accelerate", "default_config.yaml"),
+                      r.stdout + r.stderr)
+        self.assertEqual(r.stdout.count("world 2"), 2, r.stdout)
+
+
 class Failures(unittest.TestCase):
     def test_exit_code_and_report_of_first_failure(self):
         marker = unique_marker()
