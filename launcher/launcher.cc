@@ -484,8 +484,10 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   if (cfg.gpu_ids != "all") plan.extra_env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids;
   if (force_cpu && cfg.origins.count("distributed_type") + cfg.origins.count("use_cpu") > 0)
     plan.extra_env["CUDA_VISIBLE_DEVICES"] = "";
-  if (cfg.mixed_precision != "no")
-    plan.extra_env["ACCELERATE_MIXED_PRECISION"] = cfg.mixed_precision;
+  // What `accelerate launch` exports for these settings (accelerate's utils/launch.py), so a
+  // script's Accelerator() sees the file's choices as it would under accelerate.
+  plan.extra_env["ACCELERATE_MIXED_PRECISION"] = cfg.mixed_precision;
+  plan.extra_env["ACCELERATE_USE_CPU"] = force_cpu ? "True" : "False";
   return plan;
 }
 

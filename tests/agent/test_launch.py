@@ -153,11 +153,13 @@ class EnvironmentContract(unittest.TestCase):
             f.write("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n"
                     "mixed_precision: 'no'\nnum_machines: 1\nnum_processes: 2\n"
                     "machine_rank: 0\nmain_training_function: main\nuse_cpu: true\n")
-        cmd = ["--", "/bin/sh", "-c", "echo world $WORLD_SIZE"]
+        cmd = ["--", "/bin/sh", "-c",
+               "echo world $WORLD_SIZE $ACCELERATE_USE_CPU $ACCELERATE_MIXED_PRECISION"]
         r = launch(*cmd, env={"HF_HOME": hf})
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn(f"using config {path}", r.stdout + r.stderr)
-        self.assertEqual(r.stdout.count("world 2"), 2, r.stdout)
+        # The environment accelerate's launcher would export for this file.
+        self.assertEqual(r.stdout.count("world 2 True no"), 2, r.stdout)
         # Without HF_HOME: $XDG_CACHE_HOME/huggingface, as accelerate looks.
         cache = tmpdir()
         os.makedirs(os.path.join(cache, "huggingface"))
