@@ -4,8 +4,13 @@ namespace launch::agent {
 
 void LineBuffer::Feed(std::string_view data, std::string_view prefix, std::string* out) {
   while (!data.empty()) {
-    size_t nl = data.find('\n');
-    if (nl == std::string_view::npos) {
+    if (after_cr_ && partial_.empty() && data.front() == '\n') {
+      out->push_back('\n');  // the rest of a "\r\n" split between two reads
+      data.remove_prefix(1);
+    }
+    after_cr_ = false;
+    size_t end = data.find_first_of("\r\n");
+    if (end == std::string_view::npos) {
       partial_.append(data);
       while (partial_.size() >= max_line_) {
         out->append(prefix);
@@ -15,11 +20,18 @@ void LineBuffer::Feed(std::string_view data, std::string_view prefix, std::strin
       }
       return;
     }
+    if (data[end] == '\r' && end + 1 < data.size() && data[end + 1] == '\n') ++end;  // "\r\n"
+    if (end == 0 && data[0] == '\r' && partial_.empty()) {
+      data.remove_prefix(1);  // a redraw's leading '\r' with nothing before it: nothing to show
+      after_cr_ = true;
+      continue;
+    }
     out->append(prefix);
     out->append(partial_);
-    out->append(data.substr(0, nl + 1));
+    out->append(data.substr(0, end + 1));
     partial_.clear();
-    data.remove_prefix(nl + 1);
+    after_cr_ = data[end] == '\r';
+    data.remove_prefix(end + 1);
   }
 }
 

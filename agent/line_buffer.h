@@ -1,7 +1,10 @@
 #pragma once
 
 // Splits a byte stream into whole lines, so that output of different workers can be merged
-// without tearing: only complete lines ever leave the buffer.
+// without tearing: only complete lines ever leave the buffer. A line ends at '\n' or at '\r'
+// (a progress bar that redraws itself, as tqdm does, ends each redraw with '\r' and no '\n'):
+// each redraw leaves at once, prefixed and ending in its '\r', so a terminal shows it in place
+// while the worker runs; "\r\n" is one line end.
 
 #include <deque>
 #include <string>
@@ -15,8 +18,8 @@ class LineBuffer {
   // worker that writes megabytes without a newline).
   explicit LineBuffer(size_t max_line = 1 << 20) : max_line_(max_line) {}
 
-  // Appends `data`; appends every completed line, each prefixed by `prefix` and ending in '\n',
-  // to `*out`.
+  // Appends `data`; appends every completed line, each prefixed by `prefix` and ending in its
+  // '\n' or '\r', to `*out`.
   void Feed(std::string_view data, std::string_view prefix, std::string* out);
   // Appends the unterminated rest (if any) as a final line with a '\n' added.
   void Flush(std::string_view prefix, std::string* out);
@@ -25,6 +28,7 @@ class LineBuffer {
  private:
   size_t max_line_;
   std::string partial_;
+  bool after_cr_ = false;  // the last line left ended in '\r' (a '\n' next completes "\r\n")
 };
 
 // Keeps the last `capacity` lines seen (for the failure report's stderr tail).

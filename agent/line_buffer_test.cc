@@ -19,6 +19,22 @@ TEST_CASE("OnlyWholeLinesLeaveTheBuffer") {
   CHECK(b.empty());
 }
 
+TEST_CASE("CarriageReturnRedrawsLeaveAtOnceAndCrLfIsOneLineEnd") {
+  LineBuffer b;
+  std::string out;
+  b.Feed("\r 10%", "[r0]: ", &out);
+  CHECK(out.empty());  // the leading '\r' ends nothing: the line was empty
+  b.Feed("|##  |\r 20%|###", "[r0]: ", &out);
+  CHECK(out == "[r0]:  10%|##  |\r");
+  out.clear();
+  b.Feed(" |\r\ndone\r", "[r0]: ", &out);
+  CHECK(out == "[r0]:  20%|### |\r\n[r0]: done\r");
+  out.clear();
+  b.Feed("\nnext\n", "[r0]: ", &out);  // "\r" then "\n" in the next read: one line end
+  CHECK(out == "\n[r0]: next\n");
+  CHECK(b.empty());
+}
+
 TEST_CASE("OverlongLinesAreSplitAtTheCap") {
   LineBuffer b(4);
   std::string out;

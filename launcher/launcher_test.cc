@@ -69,7 +69,8 @@ TEST_CASE("PlanResolvesPythonScriptsAndWorkerCount") {
   StatusOr<Plan> plan = MakePlan(p.cfg, "/nonexistent");
   REQUIRE(plan.ok());
   CHECK(plan->nproc_per_node == 3);
-  CHECK(plan->argv == std::vector<std::string>{"/bin/sh", "x.py", "arg"});
+  // -u: unbuffered, as torchrun runs Python workers.
+  CHECK(plan->argv == std::vector<std::string>{"/bin/sh", "-u", "x.py", "arg"});
   CHECK(plan->master_port > 0);
   CHECK(plan->extra_env.count("OMP_NUM_THREADS") + (std::getenv("OMP_NUM_THREADS") ? 1 : 0) >= 1);
 }

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -122,6 +123,39 @@ class EnvironmentContract(unittest.TestCase):
             self.assertIn("first line", line, name)
             self.assertLess(arrived, 3, f"{name}: the line came with the worker's exit")
 
+
+    def test_carriage_return_progress_is_shown_while_the_worker_runs(self):
+        # A tqdm-style bar: redraws that end in '\r' and no newline until the end. Each redraw
+        # must reach the console while the worker runs, not when it prints its last newline.
+        d = tmpdir()
+        script = os.path.join(d, "bar.py")
+        with open(script, "w") as f:
+            f.write("import sys, time\n"
+                    "for i in range(3):\n"
+                    "    sys.stderr.write(f'\\rprogress {i}')\n"
+                    "    sys.stderr.flush()\n"
+                    "    time.sleep(1.5)\n"
+                    "sys.stderr.write('\\n')\n")
+        start = time.monotonic()
+        p = subprocess.Popen([LAUNCH, "--nproc_per_node", "1", "--python", SYSTEM_PYTHON, script],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        seen, shown_at = b"", None
+        try:
+            while time.monotonic() - start < 10 and shown_at is None:
+                ready, _, _ = select.select([p.stderr], [], [], 0.1)
+                if ready:
+                    chunk = os.read(p.stderr.fileno(), 4096)
+                    if not chunk:
+                        break
+                    seen += chunk
+                    if b"progress 0\r" in seen:
+                        shown_at = time.monotonic() - start
+            still_running = p.poll() is None
+        finally:
+            p.wait(timeout=30)
+        self.assertIsNotNone(shown_at, seen)
+        self.assertTrue(still_running, "the redraw came only with the worker's exit")
+        self.assertIn(b"[rank 0]: progress 0\r", seen)
 
     def test_gpu_worker_count_follows_cuda_visible_devices_and_refuses_none(self):
         fake = os.path.abspath(os.path.join(os.path.dirname(LAUNCH), "..", "fake_nvml"))
