@@ -176,6 +176,7 @@ std::string FormatConfig(const LaunchConfig& c) {
   line("redirects", StreamSpecText(c.redirects));
   line("local_ranks_filter", c.local_ranks_filter.empty() ? "" : ListText(c.local_ranks_filter));
   line("stop_grace", Num(c.stop_grace_s));
+  line("python", c.python);
   if (!c.program.empty()) out << "program: " << Join(c.program, " ") << "\n";
   if (c.train.present) {
     const TrainConfig& t = c.train;

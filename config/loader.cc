@@ -942,6 +942,11 @@ Status ApplySetting(const std::string& key, const std::string& value, const Orig
 }
 
 Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchConfig* cfg) {
+  // torchrun runs Python workers with PYTHON_EXEC when set; LAUNCH_PYTHON (below) still wins.
+  auto exec = env.find("PYTHON_EXEC");
+  if (exec != env.end() && !exec->second.empty())
+    LAUNCH_RETURN_IF_ERROR(ApplySetting("python", exec->second,
+                                        Origin{Origin::Kind::kEnvironment, "PYTHON_EXEC"}, cfg));
   for (const KeyDef& def : TopLevelTable()) {
     std::vector<std::string> names = {def.name};
     names.insert(names.end(), def.synonyms.begin(), def.synonyms.end());

@@ -124,6 +124,21 @@ class EnvironmentContract(unittest.TestCase):
             self.assertLess(arrived, 3, f"{name}: the line came with the worker's exit")
 
 
+    def test_python_exec_chooses_the_interpreter_as_in_torchrun(self):
+        d = tmpdir()
+        script = os.path.join(d, "x.py")
+        with open(script, "w") as f:
+            f.write("print('never run')\n")
+        # /bin/echo as the "interpreter" shows exactly what the worker was started with.
+        r = launch("--nproc_per_node", "1", script, env={"PYTHON_EXEC": "/bin/echo"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"[rank 0]: -u {script}", r.stdout)
+        r = launch("--print_config", script, env={"PYTHON_EXEC": "/bin/echo"})
+        self.assertRegex(r.stdout, r"python: /bin/echo\s+# environment PYTHON_EXEC")
+        r = launch("--nproc_per_node", "1", "--python", SYSTEM_PYTHON, script,
+                   env={"PYTHON_EXEC": "/bin/echo"})
+        self.assertIn("[rank 0]: never run", r.stdout)  # the flag outranks the environment
+
     def test_carriage_return_progress_is_shown_while_the_worker_runs(self):
         # A tqdm-style bar: redraws that end in '\r' and no newline until the end. Each redraw
         # must reach the console while the worker runs, not when it prints its last newline.
