@@ -95,11 +95,11 @@ const std::vector<FlagDef>& FlagTable() {
       {"role", {"role"}, kGroupNodes, "worker role name (ROLE_NAME)"},
       {"log_dir", {"log_dir"}, kGroupLogs, "per-rank log files under DIR/RUN_ID/attempt_K/"},
       {"tee",
-       {"tee"},
+       {"tee", "t"},
        kGroupLogs,
        "copy streams to log files too: 1 stdout, 2 stderr, 3 both, or 0:1,1:3 per local rank"},
       {"redirects",
-       {"redirects"},
+       {"redirects", "r"},
        kGroupLogs,
        "send streams to log files only (same values as --tee)"},
       {"local_ranks_filter",
@@ -120,6 +120,7 @@ const std::vector<FlagDef>& FlagTable() {
 }
 
 std::string BothSpellings(const std::string& underscore) {
+  if (underscore.size() == 1) return "-" + underscore;  // torchrun's short forms: -r, -t
   std::string dash = underscore;
   std::replace(dash.begin(), dash.end(), '_', '-');
   return dash == underscore ? "--" + underscore : "--" + underscore + ",--" + dash;
@@ -259,7 +260,9 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
     storage.push_back(std::make_unique<std::string>());
     CLI::Option* opt = app.add_option(Join(spellings, ","), *storage.back(), f.help);
     opt->group(f.group)->type_name("");
-    flag_values.push_back({&f, {opt, Join(f.names, "/--")}});
+    std::vector<std::string> shown;  // how origins name the flag: "--redirects/-r"
+    for (const std::string& name : f.names) shown.push_back((name.size() == 1 ? "-" : "--") + name);
+    flag_values.push_back({&f, {opt, Join(shown, "/")}});
   }
 
   std::vector<std::string> reversed(before.rbegin(), before.rend());
@@ -323,8 +326,8 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
     CLI::Option* opt = opt_name.first;
     if (opt->count() == 0) continue;
     std::string value = opt->as<std::string>();
-    LAUNCH_RETURN_IF_ERROR(config::ApplySetting(
-        def->key, value, Origin{Origin::Kind::kFlag, "--" + opt_name.second}, cfg));
+    LAUNCH_RETURN_IF_ERROR(
+        config::ApplySetting(def->key, value, Origin{Origin::Kind::kFlag, opt_name.second}, cfg));
   }
   for (const std::string& item : rdzv_conf) {
     for (const std::string& kv : Split(item, ',')) {

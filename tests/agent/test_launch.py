@@ -124,6 +124,12 @@ class EnvironmentContract(unittest.TestCase):
             self.assertLess(arrived, 3, f"{name}: the line came with the worker's exit")
 
 
+    def test_torchrun_short_forms_of_redirects_and_tee(self):
+        r = launch("-r", "3", "-t", "1", "--print_config", "--", "/bin/true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"redirects: 3\s+# flag --redirects/-r")
+        self.assertRegex(r.stdout, r"tee: 1\s+# flag --tee/-t")
+
     def test_python_exec_chooses_the_interpreter_as_in_torchrun(self):
         d = tmpdir()
         script = os.path.join(d, "x.py")
