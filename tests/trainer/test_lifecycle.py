@@ -234,12 +234,10 @@ class DpDropoutTest(unittest.TestCase):
     """Replica threads draw dropout masks from their own seeded stream (dp.cc ReplicaRandom):
     DP with dropout is reproducible, and a resumed run matches an undisturbed one."""
 
-    def run_dp(self, out, args=()):
-        tmp = harness.tmpdir()
-        cfg = write_config(tmp, DP_DROPOUT_CONFIG.format(out=out), "dp.yaml")
-        r = subprocess.run([TRAIN, cfg, *args], capture_output=True, text=True, timeout=120,
-                           env=rank_env(0, 1, free_port()))
-        self.assertEqual(r.returncode, 0, r.stderr)
+    def run_dp(self, out, args=(), dropout="0.3"):
+        cfg = write_config(harness.tmpdir(), DP_DROPOUT_CONFIG.format(out=out).replace(
+            "dropout: 0.3", f"dropout: {dropout}"), "dp.yaml")
+        run_ranks(cfg, 1, args)
         return final(out)
 
     def test_dp_with_dropout_is_reproducible_and_resumes_exactly(self):
@@ -252,14 +250,8 @@ class DpDropoutTest(unittest.TestCase):
         self.assertEqual(c["steps_this_run"], 20)
         self.assertEqual(c["param_checksum"], a["param_checksum"], "the resumed run differs")
         # Dropout is really drawn: without it the weights differ.
-        plain = harness.tmpdir()
-        cfg = write_config(plain, DP_DROPOUT_CONFIG.format(out=os.path.join(plain, "o")).replace(
-            "dropout: 0.3", "dropout: 0.0"), "plain.yaml")
-        r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=120,
-                           env=rank_env(0, 1, free_port()))
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertNotEqual(final(os.path.join(plain, "o"))["param_checksum"],
-                            a["param_checksum"])
+        plain = self.run_dp(os.path.join(tmp, "plain"), dropout="0.0")
+        self.assertNotEqual(plain["param_checksum"], a["param_checksum"])
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
