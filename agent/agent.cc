@@ -36,6 +36,7 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
                   const GroupFactory& make_group) {
   // Installed before any worker exists, so no signal can slip between spawn and handling.
   asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+  signals.add(SIGQUIT);  // torchrun stops on it too
   signals.add(SIGUSR1);
   signals.add(SIGUSR2);
   std::signal(SIGPIPE, SIG_IGN);

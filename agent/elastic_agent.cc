@@ -50,6 +50,7 @@ class ElasticAgent {
         make_group_(make_group),
         signals_(io_, SIGINT, SIGTERM, SIGHUP),
         drain_timer_(io_) {
+    signals_.add(SIGQUIT);  // torchrun stops on it too
     signals_.add(SIGUSR1);
     signals_.add(SIGUSR2);
   }
@@ -285,6 +286,8 @@ class ElasticAgent {
     report.signal = first.status.signaled ? first.status.signal : 0;
     report.reason = first.status.ToString();
     report.stderr_tail = Join(first.stderr_tail, "\n");
+    if (!first.error_message.empty())  // its TORCHELASTIC_ERROR_FILE says more than stderr
+      report.stderr_tail = "error: " + first.error_message + "\n" + first.error_traceback;
     report.time_us =
         std::chrono::duration_cast<std::chrono::microseconds>(first.time.time_since_epoch())
             .count();

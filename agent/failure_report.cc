@@ -3,6 +3,8 @@
 #include <ctime>
 #include <sstream>
 
+#include "base/strings.h"
+
 namespace launch::agent {
 
 std::string FormatTime(std::chrono::system_clock::time_point t) {
@@ -30,7 +32,15 @@ std::string FormatFailureReport(const GroupResult& result, const ReportContext& 
   o << "root cause: rank " << root.rank << " (local_rank " << root.local_rank << ", pid "
     << root.pid << host << ") " << root.status.ToString() << " at " << FormatTime(root.time)
     << "\n";
-  if (root.stderr_tail.empty()) {
+  if (!root.error_message.empty()) {
+    // What the program itself recorded (torch's @record): the exception and its traceback.
+    o << "  error: " << root.error_message << "\n";
+    if (!root.error_traceback.empty()) {
+      o << "  traceback (from " << root.error_file << "):\n";
+      for (const auto& line : Split(root.error_traceback, '\n'))
+        if (!line.empty()) o << "    " << line << "\n";
+    }
+  } else if (root.stderr_tail.empty()) {
     o << "  (no stderr output)\n";
   } else {
     o << "  last " << root.stderr_tail.size() << " line(s) of its stderr:\n";

@@ -11,10 +11,15 @@
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
 #include <set>
 
+#include "agent/error_file.h"
 #include "agent/line_buffer.h"
 #include "agent/subprocess.h"
+#include "base/log.h"
 #include "base/strings.h"
 
 namespace launch::agent {
@@ -96,10 +101,13 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     WorkerExit exit;
   };
 
+  ~Impl() { RemoveErrorDir(); }
+
   Status Start(const WorkerGroupSpec& spec, std::function<void(const GroupResult&)> on_done) {
     LAUNCH_CHECK(workers_.empty(), "WorkerGroup::Start called twice");
     spec_ = spec;
     on_done_ = std::move(on_done);
+    if (spec.error_files) MakeErrorDir();
     for (int lr = 0; lr < spec.local_world_size; ++lr) {
       Status s = StartOne(lr);
       if (!s.ok()) {
@@ -130,6 +138,20 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     }
     for (const auto& [k, v] : spec_.extra_env) env_map[k] = v;
     for (const auto& [k, v] : ContractEnvironment(spec_, local_rank)) env_map[k] = v;
+    if (spec_.virtual_local_rank && spec_.gpu_workers) {
+      // The device LOCAL_RANK would have picked, as the only one the worker sees.
+      auto visible = env_map.find("CUDA_VISIBLE_DEVICES");
+      std::vector<std::string> ids;
+      if (visible != env_map.end()) ids = Split(visible->second, ',');
+      env_map["CUDA_VISIBLE_DEVICES"] =
+          local_rank < static_cast<int>(ids.size()) ? Trim(ids[local_rank])
+                                                    : std::to_string(local_rank);
+    }
+    if (!error_dir_.empty()) {
+      w->exit.error_file = error_dir_ + "/rank_" + std::to_string(w->rank) + ".error.json";
+      ::unlink(w->exit.error_file.c_str());  // a previous attempt's must not be read as this one's
+      env_map["TORCHELASTIC_ERROR_FILE"] = w->exit.error_file;
+    }
     SpawnRequest req;
     req.argv = spec_.argv;
     req.exec_shim = spec_.exec_shim;
@@ -275,6 +297,12 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     e.status = ExitStatus::FromWaitStatus(st);
     e.time = std::chrono::system_clock::now();
     e.stopped_by_agent = stopping_;
+    if (!e.status.success() && !e.error_file.empty()) {
+      if (std::optional<WorkerError> err = ReadErrorFile(e.error_file)) {
+        e.error_message = err->message;
+        e.error_traceback = err->traceback;
+      }
+    }
     result_.exits.push_back(e);
     if (!e.status.success()) {
       bool first = result_.failures.empty() && !stopping_;
@@ -366,6 +394,32 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     Signal(SIGKILL);
   }
 
+  void MakeErrorDir() {
+    if (!spec_.log_dir.empty()) {
+      error_dir_ = spec_.log_dir;
+      return;
+    }
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/launch-errors.XXXXXX";
+    std::vector<char> buf(templ.begin(), templ.end());
+    buf.push_back('\0');
+    if (::mkdtemp(buf.data()) == nullptr) {  // 0700; without it workers get no error file
+      log::Warn("no TORCHELASTIC_ERROR_FILE for the workers: mkdtemp " + templ + ": " +
+                std::strerror(errno));
+      return;
+    }
+    error_dir_ = buf.data();
+    own_error_dir_ = true;
+  }
+
+  void RemoveErrorDir() {
+    if (!own_error_dir_) return;
+    for (auto& w : workers_)
+      if (!w->exit.error_file.empty()) ::unlink(w->exit.error_file.c_str());
+    ::rmdir(error_dir_.c_str());
+    own_error_dir_ = false;
+  }
+
   // Synchronous cleanup for error paths and the destructor.
   void KillAndReapAll() {
     for (auto& w : workers_) {
@@ -420,6 +474,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   bool kill_armed_ = false;
   bool drain_deadline_armed_ = false;
   bool finished_ = false;
+  std::string error_dir_;  // where the workers' TORCHELASTIC_ERROR_FILEs go; empty = none
+  bool own_error_dir_ = false;
 };
 
 WorkerGroup::WorkerGroup(asio::io_context& io) : impl_(std::make_shared<Impl>(io)) {}

@@ -55,6 +55,14 @@ struct WorkerGroupSpec {
   std::vector<int> file_streams;     // per local rank; missing entries mean 0
   std::vector<int> console_streams;  // per local rank; missing entries mean kStdout | kStderr
   std::chrono::milliseconds stop_grace{30000};
+  // torchrun's error-file contract (error_file.h): each worker gets TORCHELASTIC_ERROR_FILE, in
+  // log_dir when one is set (rank_<r>.error.json, kept), else in a private directory under
+  // $TMPDIR removed with the group; a failed worker's file is read into its WorkerExit.
+  bool error_files = true;
+  // torchrun --virtual_local_rank: LOCAL_RANK=0 for every worker and, with gpu_workers, its
+  // CUDA_VISIBLE_DEVICES narrowed to the one device its local rank selects.
+  bool virtual_local_rank = false;
+  bool gpu_workers = false;
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;
   size_t stderr_tail_lines = 20;
@@ -68,6 +76,10 @@ struct WorkerExit {
   std::chrono::system_clock::time_point time;
   bool stopped_by_agent = false;  // it ended after the agent had signalled it
   std::vector<std::string> stderr_tail;
+  // From its TORCHELASTIC_ERROR_FILE when it failed and wrote one (see error_file.h).
+  std::string error_file;
+  std::string error_message;    // "ValueError: boom"; empty = no error file
+  std::string error_traceback;  // the Python traceback, may be empty
 };
 
 struct GroupResult {

@@ -4,9 +4,9 @@
 
 #include "base/strings.h"
 #include "config/loader.h"
+#include "config/value_text.h"
 
 namespace launch::config {
-namespace {
 
 std::string StreamSpecText(const StreamSpec& s) {
   if (s.per_rank.empty()) return std::to_string(s.all);
@@ -16,17 +16,6 @@ std::string StreamSpecText(const StreamSpec& s) {
   return Join(parts, ",");
 }
 
-template <typename T>
-std::string ListText(const std::vector<T>& v) {
-  std::vector<std::string> parts;
-  for (const auto& x : v) {
-    std::ostringstream o;
-    o << x;
-    parts.push_back(o.str());
-  }
-  return "[" + Join(parts, ", ") + "]";
-}
-
 std::string Num(double v) {
   std::ostringstream o;
   o << v;
@@ -34,8 +23,6 @@ std::string Num(double v) {
 }
 
 std::string Bool(bool v) { return v ? "true" : "false"; }
-
-}  // namespace
 
 std::vector<std::pair<std::string, std::string>> TrajectorySettings(const TrainConfig& t) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -153,30 +140,7 @@ std::string FormatConfig(const LaunchConfig& c) {
   };
   out << "# effective configuration (" << (c.config_path.empty() ? "no config file" : c.config_path)
       << "); precedence: flag > environment > YAML > default\n";
-  line("distributed_type", ToString(c.distributed_type));
-  line("num_processes", c.num_processes ? std::to_string(c.num_processes) : "");
-  line("nproc_per_node", c.nproc_per_node);
-  line("num_machines", c.min_nodes == c.max_nodes
-                           ? std::to_string(c.min_nodes)
-                           : std::to_string(c.min_nodes) + ":" + std::to_string(c.max_nodes));
-  line("machine_rank", c.machine_rank < 0 ? "" : std::to_string(c.machine_rank));
-  line("main_process_ip", c.main_process_ip);
-  line("main_process_port", c.main_process_port < 0 ? "" : std::to_string(c.main_process_port));
-  line("rdzv_token", c.rdzv_token.empty() ? "" : "(set, hidden)");
-  line("rdzv_conf.join_timeout", Num(c.rdzv_conf.join_timeout_s));
-  line("rdzv_conf.last_call_timeout", Num(c.rdzv_conf.last_call_timeout_s));
-  line("rdzv_conf.heartbeat_timeout", Num(c.rdzv_conf.heartbeat_timeout_s));
-  line("run_id", c.run_id);
-  line("role", c.role);
-  line("max_restarts", std::to_string(c.max_restarts));
-  line("gpu_ids", c.gpu_ids);
-  line("mixed_precision", c.mixed_precision);
-  line("log_dir", c.log_dir);
-  line("tee", StreamSpecText(c.tee));
-  line("redirects", StreamSpecText(c.redirects));
-  line("local_ranks_filter", c.local_ranks_filter.empty() ? "" : ListText(c.local_ranks_filter));
-  line("stop_grace", Num(c.stop_grace_s));
-  line("python", c.python);
+  for (const auto& [key, value] : ShownSettings(c)) line(key, value);
   if (!c.program.empty()) out << "program: " << Join(c.program, " ") << "\n";
   if (c.train.present) {
     const TrainConfig& t = c.train;

