@@ -18,6 +18,7 @@
 #include "base/log.h"
 #include "base/strings.h"
 #include "config/loader.h"
+#include "launcher/accelerate_env.h"
 #include "launcher/env_report.h"
 #include "launcher/scheduler_env.h"
 #include "launcher/wizard.h"
@@ -308,8 +309,9 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
     plan.nproc_per_node = static_cast<int>(n);
     plan.device_kind = gpus > 0 ? "gpu" : "cpu";
   }
-  if (cfg.distributed_type == config::DistributedType::kMultiGpu && gpus == 0)
-    Warn("distributed_type is MULTI_GPU but no GPU was found; running CPU workers");
+  if (config::WantsGpus(cfg.distributed_type) && gpus == 0)
+    Warn(std::string("distributed_type is ") + config::ToString(cfg.distributed_type) +
+         " but no GPU was found; running CPU workers");
 
   // The program.
   std::vector<std::string> argv;
@@ -387,10 +389,11 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   if (cfg.gpu_ids != "all") plan.extra_env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids;
   if (force_cpu && cfg.origins.count("distributed_type") + cfg.origins.count("use_cpu") > 0)
     plan.extra_env["CUDA_VISIBLE_DEVICES"] = "";
-  // What `accelerate launch` exports for these settings (accelerate's utils/launch.py), so a
-  // script's Accelerator() sees the file's choices as it would under accelerate.
-  plan.extra_env["ACCELERATE_MIXED_PRECISION"] = cfg.mixed_precision;
-  plan.extra_env["ACCELERATE_USE_CPU"] = force_cpu ? "True" : "False";
+  // What `accelerate launch` exports for these settings, so a script's Accelerator() sees
+  // the configured choices as it would under accelerate.
+  StatusOr<std::map<std::string, std::string>> acc = AccelerateEnv(cfg, plan.device_kind != "gpu");
+  if (!acc.ok()) return acc.status();
+  for (const auto& [k, v] : *acc) plan.extra_env[k] = v;
   return plan;
 }
 

@@ -203,7 +203,7 @@ Status ApplySlurm(const std::map<std::string, std::string>& env, LaunchConfig* c
     if (!gpus_var.empty() && (count = CountFrom(Get(env, gpus_var))) > 0) {
       var = gpus_var;
     } else if (!cpus_var.empty() && (count = CountFrom(Get(env, cpus_var))) > 0 &&
-               cfg->distributed_type != DistributedType::kMultiGpu) {
+               !WantsGpus(cfg->distributed_type)) {
       var = cpus_var;
     }
     if (!var.empty())

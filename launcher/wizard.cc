@@ -570,7 +570,7 @@ StatusOr<ConfigAnswers> LoadAnswers(const std::string& path) {
   } else if (c.main_process_port > 0) {
     a.where = Where::kSlurm;  // the wizard's SLURM file leaves the machines to SLURM
   }
-  a.use_gpu = c.distributed_type == config::DistributedType::kMultiGpu;
+  a.use_gpu = config::WantsGpus(c.distributed_type);
   a.num_machines = c.max_nodes;
   a.machine_rank = std::max(0, c.machine_rank);
   a.main_process_ip = c.main_process_ip;
