@@ -57,7 +57,7 @@ std::map<std::string, std::string> ContractEnvironment(const WorkerGroupSpec& s,
   std::map<std::string, std::string> env;
   int rank = s.rank_offset + local_rank;
   env["RANK"] = std::to_string(rank);
-  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["LOCAL_RANK"] = s.virtual_local_rank ? "0" : std::to_string(local_rank);
   env["WORLD_SIZE"] = std::to_string(s.world_size);
   env["LOCAL_WORLD_SIZE"] = std::to_string(s.local_world_size);
   env["GROUP_RANK"] = std::to_string(s.group_rank);
