@@ -57,11 +57,18 @@ std::map<std::string, std::string> ContractEnvironment(const WorkerGroupSpec& s,
   std::map<std::string, std::string> env;
   int rank = s.rank_offset + local_rank;
   env["RANK"] = std::to_string(rank);
-  env["LOCAL_RANK"] = s.virtual_local_rank ? "0" : std::to_string(local_rank);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
   env["WORLD_SIZE"] = std::to_string(s.world_size);
   env["LOCAL_WORLD_SIZE"] = std::to_string(s.local_world_size);
   env["GROUP_RANK"] = std::to_string(s.group_rank);
   env["GROUP_WORLD_SIZE"] = std::to_string(s.group_world_size);
+  if (s.node_view.local_rank >= 0) {
+    env["LOCAL_RANK"] = std::to_string(s.node_view.local_rank + local_rank);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(s.node_view.local_world_size);
+    env["GROUP_RANK"] = std::to_string(s.node_view.node_rank);
+    env["GROUP_WORLD_SIZE"] = std::to_string(s.node_view.num_nodes);
+  }
+  if (s.virtual_local_rank) env["LOCAL_RANK"] = "0";
   env["ROLE_RANK"] = std::to_string(rank);
   env["ROLE_NAME"] = s.role;
   env["ROLE_WORLD_SIZE"] = std::to_string(s.world_size);
@@ -143,9 +150,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       auto visible = env_map.find("CUDA_VISIBLE_DEVICES");
       std::vector<std::string> ids;
       if (visible != env_map.end()) ids = Split(visible->second, ',');
+      const int device = spec_.node_view.local_rank >= 0 ? spec_.node_view.local_rank + local_rank
+                                                         : local_rank;
       env_map["CUDA_VISIBLE_DEVICES"] =
-          local_rank < static_cast<int>(ids.size()) ? Trim(ids[local_rank])
-                                                    : std::to_string(local_rank);
+          device < static_cast<int>(ids.size()) ? Trim(ids[device]) : std::to_string(device);
     }
     if (!error_dir_.empty()) {
       w->exit.error_file = error_dir_ + "/rank_" + std::to_string(w->rank) + ".error.json";

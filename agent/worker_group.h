@@ -63,6 +63,15 @@ struct WorkerGroupSpec {
   // CUDA_VISIBLE_DEVICES narrowed to the one device its local rank selects.
   bool virtual_local_rank = false;
   bool gpu_workers = false;
+  // When this agent is one of several on a node, one task each (SLURM's --ntasks-per-node=G):
+  // what the worker's LOCAL_RANK (of its single worker), LOCAL_WORLD_SIZE, GROUP_RANK and
+  // GROUP_WORLD_SIZE say, so they describe the node. local_rank < 0: derived as usual.
+  struct NodeView {
+    int local_rank = -1;
+    int local_world_size = 0;
+    int node_rank = 0;
+    int num_nodes = 0;
+  } node_view;
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;
   size_t stderr_tail_lines = 20;

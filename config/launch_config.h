@@ -107,6 +107,17 @@ struct LaunchConfig {
   // ...): named together in one warning.
   std::vector<std::string> no_effect;
 
+  // One worker per SLURM task (`srun --ntasks-per-node=G launch ...`, Lightning's layout): this
+  // launch is one of the node's G tasks and starts one worker, whose LOCAL_RANK,
+  // LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE describe the node (SLURM_LOCALID, tasks on
+  // the node, SLURM_NODEID, nodes). local_rank < 0: off (one launch per node, the usual layout).
+  struct TaskLayout {
+    int local_rank = -1;
+    int local_world_size = 0;
+    int node_rank = 0;
+    int num_nodes = 0;
+  } task_layout;
+
   TrainConfig train;
 
   std::map<std::string, Origin> origins;  // key path -> where its value came from

@@ -490,7 +490,8 @@ const std::vector<KeyDef>& TopLevelTable() {
             return err;
           })
           .Flag({"cpu"}, kGroupProcs, "CPU workers even where GPUs exist (accelerate --cpu)")
-          .Switch(),
+          .Switch()
+          .Records({"use_cpu", "distributed_type"}),
       Key("num_processes",
           [](const std::string& s, LaunchConfig* c) {
             int v = 0;
@@ -1465,6 +1466,12 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchCon
   if (exec != env.end() && !exec->second.empty())
     LAUNCH_RETURN_IF_ERROR(ApplySetting("python", exec->second,
                                         Origin{Origin::Kind::kEnvironment, "PYTHON_EXEC"}, cfg));
+  // torchrun's --shutdown_timeout falls back to this; LAUNCH_STOP_GRACE (below) still wins.
+  auto shutdown = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  if (shutdown != env.end() && !shutdown->second.empty())
+    LAUNCH_RETURN_IF_ERROR(
+        ApplySetting("stop_grace", shutdown->second,
+                     Origin{Origin::Kind::kEnvironment, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"}, cfg));
   for (const KeyDef& def : TopLevelTable()) {
     if ((def.places & kEnv) == 0) continue;
     // LAUNCH_* is ours; PET_* is what torchrun reads for its flags (PET_NPROC_PER_NODE, ...).

@@ -236,7 +236,6 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   }
   if (!config_file.empty()) LAUNCH_RETURN_IF_ERROR(config::LoadYamlFile(config_file, cfg));
   LAUNCH_RETURN_IF_ERROR(config::ApplyEnvironment(env, cfg));
-  LAUNCH_RETURN_IF_ERROR(config::ApplySchedulerEnvironment(env, cfg));
   for (const Given& g : given) {
     if (g.option->count() == 0) continue;
     Origin origin{Origin::Kind::kFlag, g.shown};
@@ -244,15 +243,19 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
     if (value.empty()) value = g.option->as<std::string>();
     LAUNCH_RETURN_IF_ERROR(config::ApplySetting(g.setting.key, value, origin, cfg));
   }
+  // The scheduler's values go under flags and LAUNCH_* variables (it only fills keys nothing
+  // above the YAML set); applied last so that it sees what they asked for (--cpu).
+  LAUNCH_RETURN_IF_ERROR(config::ApplySchedulerEnvironment(env, cfg));
   auto flag_given = [&](const std::string& key) {
-    auto it = cfg->origins.find(key);
-    return it != cfg->origins.end() && it->second.kind == Origin::Kind::kFlag;
+    for (const Given& g : given)
+      if (g.setting.key == key && g.option->count() > 0) return true;
+    return false;
   };
   // The combinations torchrun and accelerate refuse.
   if (cfg->no_python && (cfg->run_module || cfg->run_path))
     return Status::InvalidConfig(std::string(cfg->run_module ? "-m/--module" : "--run_path") +
                                  " runs the program with Python; it cannot go with --no_python");
-  if (flag_given("use_cpu") && flag_given("distributed_type"))  // --multi_gpu sets the latter
+  if (flag_given("use_cpu") && flag_given("distributed_type"))  // --cpu, --multi_gpu
     return Status::InvalidConfig("--cpu and --multi_gpu ask for different workers; give one");
   LAUNCH_RETURN_IF_ERROR(config::Validate(cfg));
   *print_config = print;
@@ -309,6 +312,15 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
     plan.nproc_per_node = static_cast<int>(n);
     plan.device_kind = gpus > 0 ? "gpu" : "cpu";
   }
+  if (cfg.task_layout.local_rank >= 0 && plan.nproc_per_node != 1)
+    return Status::InvalidConfig(
+        "SLURM runs " + std::to_string(cfg.task_layout.local_world_size) +
+        " tasks on this node, one worker each; nproc_per_node " +
+        std::to_string(plan.nproc_per_node) + " (" +
+        (cfg.origins.count("nproc_per_node") ? cfg.origins.at("nproc_per_node").ToString()
+                                             : std::string("default")) +
+        ") would start that many per task: drop it, or run one task per node "
+        "(srun --ntasks-per-node=1) for several workers per launch");
   if (config::WantsGpus(cfg.distributed_type) && gpus == 0)
     Warn(std::string("distributed_type is ") + config::ToString(cfg.distributed_type) +
          " but no GPU was found; running CPU workers");
@@ -387,6 +399,13 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   if (plan.nproc_per_node > 1 && (omp == nullptr || *omp == '\0'))
     plan.extra_env["OMP_NUM_THREADS"] = "1";  // N workers x all cores each would thrash
   if (cfg.gpu_ids != "all") plan.extra_env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids;
+  // As torchrun: NCCL errors abort the process group instead of hanging it (the default from
+  // torch 2.2 on; torch 1.13 reads the older name).
+  if (plan.device_kind == "gpu" && std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr &&
+      std::getenv("NCCL_ASYNC_ERROR_HANDLING") == nullptr) {
+    plan.extra_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+    plan.extra_env["NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  }
   if (force_cpu && cfg.origins.count("distributed_type") + cfg.origins.count("use_cpu") > 0)
     plan.extra_env["CUDA_VISIBLE_DEVICES"] = "";
   // What `accelerate launch` exports for these settings, so a script's Accelerator() sees
@@ -443,9 +462,14 @@ int Main(int argc, char** argv) {
     std::cout << config::FormatConfig(cfg);
     if (plan.ok()) {
       std::cout << "# plan: " << plan->nproc_per_node << " " << plan->device_kind
-                << " worker(s) on this machine, MASTER_ADDR=" << plan->master_addr
-                << " MASTER_PORT=" << plan->master_port << "\n# command: " << Join(plan->argv, " ")
-                << "\n";
+                << " worker(s) on this machine, "
+                << (multi_node ? "rendezvous at " + plan->master_addr + ":" +
+                                     std::to_string(plan->master_port) +
+                                     " (the workers' MASTER_ADDR/MASTER_PORT: node 0's address "
+                                     "and a free port there, from the rendezvous)"
+                               : "MASTER_ADDR=" + plan->master_addr +
+                                     " MASTER_PORT=" + std::to_string(plan->master_port))
+                << "\n# command: " << Join(plan->argv, " ") << "\n";
     } else {
       std::cout << "# plan: not runnable as is: " << plan.status().message() << "\n";
     }
@@ -475,6 +499,10 @@ int Main(int argc, char** argv) {
   g.console_streams = plan->console_streams;
   g.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.stop_grace_s * 1000));
   g.virtual_local_rank = cfg.virtual_local_rank;
+  g.node_view.local_rank = cfg.task_layout.local_rank;
+  g.node_view.local_world_size = cfg.task_layout.local_world_size;
+  g.node_view.node_rank = cfg.task_layout.node_rank;
+  g.node_view.num_nodes = cfg.task_layout.num_nodes;
   g.gpu_workers = plan->device_kind == "gpu";
   opts.max_restarts = cfg.max_restarts;
   opts.log_root = plan->log_root;

@@ -154,7 +154,34 @@ Status ApplyMpi(const std::map<std::string, std::string>& env, LaunchConfig* cfg
   return Status::Ok();
 }
 
+// SLURM's per-node task counts: "2(x3),1" -> {2, 2, 2, 1}.
+StatusOr<std::vector<long long>> ExpandTaskCounts(const std::string& text) {
+  std::vector<long long> counts;
+  for (const std::string& raw : Split(text, ',')) {
+    std::string item = Trim(raw);
+    long long n = 0, times = 1;
+    size_t paren = item.find("(x");
+    if (paren != std::string::npos) {
+      if (item.back() != ')' || !ParseInt64(item.substr(paren + 2, item.size() - paren - 3), &times))
+        return Status::InvalidArgument("cannot read '" + text + "'");
+      item = item.substr(0, paren);
+    }
+    if (!ParseInt64(item, &n) || n < 1 || times < 1 || times > 100000)
+      return Status::InvalidArgument("cannot read '" + text + "'");
+    counts.insert(counts.end(), static_cast<size_t>(times), n);
+  }
+  return counts;
+}
+
 Status ApplySlurm(const std::map<std::string, std::string>& env, LaunchConfig* cfg) {
+  // One run id per job, the same on every node and different for every job (no two jobs on a
+  // shared head node can join each other's rendezvous by accident).
+  std::string job_var = FirstSet(env, {"SLURM_JOB_ID", "SLURM_JOBID"});
+  long long job_id = -1;
+  ParseInt64(Get(env, job_var), &job_id);
+  if (Unset(*cfg, "run_id"))
+    LAUNCH_RETURN_IF_ERROR(ApplySetting("run_id", "slurm-" + Get(env, job_var),
+                                        Origin{Origin::Kind::kEnvironment, job_var}, cfg));
   long long job_nodes = 0;
   ParseInt64(Get(env, FirstSet(env, {"SLURM_JOB_NUM_NODES", "SLURM_NNODES"})), &job_nodes);
   if (Get(env, "SLURM_STEP_ID").empty()) {
@@ -172,14 +199,48 @@ Status ApplySlurm(const std::map<std::string, std::string>& env, LaunchConfig* c
   long long tasks = 0, nodes = 0;
   ParseInt64(Get(env, tasks_var), &tasks);
   ParseInt64(Get(env, nodes_var), &nodes);
-  if (tasks > 0 && nodes > 0 && tasks > nodes)
-    cfg->warnings.push_back("SLURM runs " + std::to_string(tasks) + " launch tasks on " +
-                            std::to_string(nodes) +
-                            " nodes: each task is treated as one machine; the usual layout is "
-                            "one launch per node (srun --ntasks-per-node=1)");
   LAUNCH_RETURN_IF_ERROR(SetFrom(env, machines_var, "num_machines", cfg));
   LAUNCH_RETURN_IF_ERROR(
       SetFrom(env, FirstSet(env, {"SLURM_PROCID", "SLURM_NODEID"}), "machine_rank", cfg));
+  // Several launches: the rendezvous port is derived from the job id, as Lightning does (15000
+  // + the id's last 4 digits: below Linux's ephemeral range, and jobs on one head node differ).
+  if (tasks > 1 && job_id >= 0 && Unset(*cfg, "main_process_port"))
+    LAUNCH_RETURN_IF_ERROR(ApplySetting("main_process_port", std::to_string(15000 + job_id % 10000),
+                                        Origin{Origin::Kind::kDerived, "15000 + " + job_var +
+                                                                           " % 10000"},
+                                        cfg));
+
+  bool per_task = tasks > 0 && nodes > 0 && tasks > nodes;
+  if (per_task) {
+    // Lightning's layout (srun --ntasks-per-node=G): each task is one worker. Its LOCAL_RANK is
+    // SLURM_LOCALID and LOCAL_WORLD_SIZE the node's task count, not G workers per task (G^2).
+    long long local_id = -1, node_id = -1;
+    if (!ParseInt64(Get(env, "SLURM_LOCALID"), &local_id) ||
+        !ParseInt64(Get(env, "SLURM_NODEID"), &node_id))
+      return Status::InvalidConfig("environment " + tasks_var + "=" + std::to_string(tasks) +
+                                   " on " + std::to_string(nodes) +
+                                   " nodes, but SLURM_LOCALID / SLURM_NODEID are not set");
+    std::string per_node_var =
+        FirstSet(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"});
+    long long on_node = tasks / nodes;
+    if (!per_node_var.empty()) {
+      StatusOr<std::vector<long long>> counts = ExpandTaskCounts(Get(env, per_node_var));
+      if (!counts.ok())
+        return Status::InvalidConfig("environment " + per_node_var + ": " +
+                                     counts.status().message());
+      if (node_id < static_cast<long long>(counts->size())) on_node = (*counts)[node_id];
+    }
+    cfg->task_layout.local_rank = static_cast<int>(local_id);
+    cfg->task_layout.local_world_size = static_cast<int>(on_node);
+    cfg->task_layout.node_rank = static_cast<int>(node_id);
+    cfg->task_layout.num_nodes = static_cast<int>(nodes);
+    if (Unset(*cfg, "nproc_per_node") && Unset(*cfg, "num_processes"))
+      LAUNCH_RETURN_IF_ERROR(ApplySetting(
+          "nproc_per_node", "1",
+          Origin{Origin::Kind::kDerived, "one worker per SLURM task: " + tasks_var + " > " +
+                                             nodes_var},
+          cfg));
+  }
 
   std::string list_var =
       FirstSet(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
@@ -195,20 +256,26 @@ Status ApplySlurm(const std::map<std::string, std::string>& env, LaunchConfig* c
 
   // Processes per node from the allocation, only when no count was given anywhere: a
   // num_processes from the YAML must not be overridden by an environment-level nproc_per_node.
-  if (Unset(*cfg, "nproc_per_node") && Unset(*cfg, "num_processes")) {
+  // GPUs allocated through GRES count; without GRES a node may still have GPUs (whole-node
+  // allocations), so only a CPU job takes the CPU count, anything else counts visible GPUs.
+  if (!per_task && Unset(*cfg, "nproc_per_node") && Unset(*cfg, "num_processes")) {
     std::string gpus_var = FirstSet(env, {"SLURM_GPUS_ON_NODE"});
     std::string cpus_var = FirstSet(env, {"SLURM_CPUS_ON_NODE"});
-    std::string var;
     long long count = 0;
     if (!gpus_var.empty() && (count = CountFrom(Get(env, gpus_var))) > 0) {
-      var = gpus_var;
-    } else if (!cpus_var.empty() && (count = CountFrom(Get(env, cpus_var))) > 0 &&
-               !WantsGpus(cfg->distributed_type)) {
-      var = cpus_var;
-    }
-    if (!var.empty())
       LAUNCH_RETURN_IF_ERROR(ApplySetting("nproc_per_node", std::to_string(count),
-                                          Origin{Origin::Kind::kEnvironment, var}, cfg));
+                                          Origin{Origin::Kind::kEnvironment, gpus_var}, cfg));
+    } else if (cfg->distributed_type == DistributedType::kMultiCpu) {
+      if (!cpus_var.empty() && (count = CountFrom(Get(env, cpus_var))) > 0)
+        LAUNCH_RETURN_IF_ERROR(ApplySetting("nproc_per_node", std::to_string(count),
+                                            Origin{Origin::Kind::kEnvironment, cpus_var}, cfg));
+    } else {
+      LAUNCH_RETURN_IF_ERROR(ApplySetting(
+          "nproc_per_node", "auto",
+          Origin{Origin::Kind::kDerived, "SLURM allocated no GPUs through GRES: the GPUs this "
+                                         "node shows, else one per allocated CPU"},
+          cfg));
+    }
   }
   return Status::Ok();
 }

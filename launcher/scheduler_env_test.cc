@@ -92,11 +92,35 @@ TEST_CASE("SlurmStepFillsMachinesRankAndHeadNode") {
   CHECK(cfg.origins["num_machines"].ToString() == "environment SLURM_STEP_NUM_TASKS");
   CHECK(cfg.origins["machine_rank"].ToString() == "environment SLURM_PROCID");
   CHECK(cfg.origins["main_process_ip"].ToString() == "environment SLURM_STEP_NODELIST");
-  // No process count anywhere: the CPUs SLURM gave this node.
-  CHECK(cfg.nproc_per_node == "8");
-  CHECK(cfg.origins["nproc_per_node"].ToString() == "environment SLURM_CPUS_ON_NODE");
+  // One run id per job; a rendezvous port per job (15000 + the id's last 4 digits).
+  CHECK(cfg.run_id == "slurm-42");
+  CHECK(cfg.origins["run_id"].ToString() == "environment SLURM_JOB_ID");
+  CHECK(cfg.main_process_port == 15042);
+  // No process count anywhere and no GPUs through GRES: a GPU node allocated without --gres
+  // still counts its GPUs (auto), it does not get one worker per CPU.
+  CHECK(cfg.nproc_per_node == "auto");
+  CHECK(cfg.origins["nproc_per_node"].ToString().find("SLURM allocated no GPUs") !=
+        std::string::npos);
   CHECK(cfg.warnings.empty());
   REQUIRE(Validate(&cfg).ok());
+}
+
+TEST_CASE("SlurmCpuJobsTakeTheAllocatedCpus") {
+  LaunchConfig cfg;
+  REQUIRE(ApplySetting("use_cpu", "true", Origin{Origin::Kind::kFlag, "--cpu"}, &cfg).ok());
+  REQUIRE(ApplySchedulerEnvironment(SlurmStep(1), &cfg).ok());
+  CHECK(cfg.nproc_per_node == "8");
+  CHECK(cfg.origins["nproc_per_node"].ToString() == "environment SLURM_CPUS_ON_NODE");
+}
+
+TEST_CASE("SlurmEndpointFromLaunchVariableWinsOverTheNodeList") {
+  // The review's issue 15: the endpoint's host and port keep their origin.
+  LaunchConfig cfg;
+  REQUIRE(ApplyEnvironment({{"LAUNCH_RDZV_ENDPOINT", "login5:29400"}}, &cfg).ok());
+  REQUIRE(ApplySchedulerEnvironment(SlurmStep(1), &cfg).ok());
+  CHECK(cfg.main_process_ip == "login5");
+  CHECK(cfg.main_process_port == 29400);
+  CHECK(cfg.origins["main_process_ip"].ToString() == "environment LAUNCH_RDZV_ENDPOINT");
 }
 
 TEST_CASE("SlurmGpusOnNodeGiveProcessesPerNode") {
@@ -152,15 +176,33 @@ TEST_CASE("SlurmBatchScriptWithoutSrunOnlyWarns") {
   CHECK(cfg.warnings[0].find("srun --ntasks-per-node=1") != std::string::npos);
 }
 
-TEST_CASE("SlurmSeveralTasksPerNodeWarns") {
+TEST_CASE("SlurmOneTaskPerGpuRunsOneWorkerPerTask") {
+  // srun -N2 --ntasks-per-node=4: task 6 is local task 2 on node 1.
   LaunchConfig cfg;
-  Env env = SlurmStep(3);
-  env["SLURM_NTASKS"] = env["SLURM_STEP_NUM_TASKS"] = "4";
+  Env env = SlurmStep(1);
+  env["SLURM_NTASKS"] = env["SLURM_STEP_NUM_TASKS"] = "8";
+  env["SLURM_PROCID"] = "6";
+  env["SLURM_LOCALID"] = "2";
+  env["SLURM_STEP_TASKS_PER_NODE"] = "4(x2)";
+  env["SLURM_GPUS_ON_NODE"] = "4";
   REQUIRE(ApplySchedulerEnvironment(env, &cfg).ok());
-  CHECK(cfg.min_nodes == 4);
-  CHECK(cfg.machine_rank == 3);
-  REQUIRE(cfg.warnings.size() == 1);
-  CHECK(cfg.warnings[0].find("each task is treated as one machine") != std::string::npos);
+  CHECK(cfg.min_nodes == 8);
+  CHECK(cfg.machine_rank == 6);
+  CHECK(cfg.nproc_per_node == "1");  // not 4 per task (16 on the node)
+  CHECK(cfg.task_layout.local_rank == 2);
+  CHECK(cfg.task_layout.local_world_size == 4);
+  CHECK(cfg.task_layout.node_rank == 1);
+  CHECK(cfg.task_layout.num_nodes == 2);
+  CHECK(cfg.warnings.empty());
+  // Uneven nodes: this node's own count.
+  env["SLURM_STEP_TASKS_PER_NODE"] = "5,3";
+  LaunchConfig uneven;
+  REQUIRE(ApplySchedulerEnvironment(env, &uneven).ok());
+  CHECK(uneven.task_layout.local_world_size == 3);
+  env["SLURM_STEP_TASKS_PER_NODE"] = "4(x";
+  LaunchConfig bad;
+  CHECK(ApplySchedulerEnvironment(env, &bad).message().find("SLURM_STEP_TASKS_PER_NODE") !=
+        std::string::npos);
 }
 
 TEST_CASE("SlurmBadNodeListNamesTheVariable") {

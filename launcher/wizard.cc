@@ -346,9 +346,11 @@ const char kUsage[] =
     "usage: launch config [--config_file FILE]\n"
     "       launch config default [--config_file FILE] [--force]\n"
     "\n"
-    "Asks a few questions and writes the job's YAML (accelerate's keys; `launch` and\n"
-    "`accelerate launch` both read it). `launch config default` writes a sensible config for\n"
-    "this machine without questions and never overwrites an existing file unless --force.\n"
+    "Asks a few questions and writes the job's YAML: accelerate's key names where accelerate\n"
+    "has one, plus launch's own (nproc_per_node, max_restarts, train:), which `accelerate\n"
+    "launch` refuses. launch itself also reads accelerate's own config files. `launch config\n"
+    "default` writes a sensible config for this machine without questions and never\n"
+    "overwrites an existing file unless --force.\n"
     "\n"
     "  --config_file FILE   where to write (default: $XDG_CONFIG_HOME/launch/default_config.yaml\n"
     "                       or ~/.config/launch/default_config.yaml, used by `launch` when no\n"
@@ -607,9 +609,10 @@ StatusOr<ConfigAnswers> LoadAnswers(const std::string& path) {
 std::string RenderConfigYaml(const ConfigAnswers& a) {
   std::ostringstream y;
   y << "# launch configuration, written by `launch config` on " << Today() << ".\n"
-    << "# Keys carry accelerate's names where accelerate has one (launch reads accelerate's\n"
-    << "# default_config.yaml files as well); nproc_per_node, max_restarts, rdzv_token and\n"
-    << "# train: are launch's own.\n"
+    << "# Keys carry accelerate's names where accelerate has one; nproc_per_node, max_restarts,\n"
+    << "# rdzv_token and train: are launch's own, so `accelerate launch` (which refuses unknown\n"
+    << "# keys) does not read this file. launch reads accelerate's default_config.yaml when it has\n"
+    << "# no file of its own.\n"
     << "# When launching: command-line flag > environment (SLURM, MPI, LAUNCH_*) > this file.\n"
     << "# `launch --print_config` shows every value in effect and where it came from.\n\n";
   y << Line("", "distributed_type", a.use_gpu ? "MULTI_GPU" : "MULTI_CPU",

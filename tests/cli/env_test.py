@@ -84,11 +84,14 @@ class EnvReportTest(unittest.TestCase):
     def test_given_config_and_bad_config(self):
         good = os.path.join(self.dir, "job.yaml")
         with open(good, "w") as f:
-            f.write("num_processes: 2\nmixed_precision: bf16\ncompute_environment: LOCAL_MACHINE\n")
+            f.write("num_processes: 2\nmixed_precision: bf16\ncompute_environment: LOCAL_MACHINE\n"
+                    "downcast_bf16: true\n")
         out = self.report("--config_file", good)
         self.assertIn(f"{good} (given on the command line)", out)
         self.assertRegex(out, r"mixed_precision: bf16\s+# " + re.escape(good) + ":2")
-        self.assertIn("warning: " + good + ": these accelerate keys have no effect", out)
+        # Only a setting away from accelerate's default is named (downcast_bf16, a TPU option).
+        self.assertIn("warning: these accelerate settings have no effect with launch: "
+                      f"downcast_bf16 ({good})", out)
         bad = os.path.join(self.dir, "bad.yaml")
         with open(bad, "w") as f:
             f.write("num_procesess: 2\n")

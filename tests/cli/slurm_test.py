@@ -3,6 +3,7 @@ sbatch templates, signals from scancel reaching the workers, and two nodes when 
 supports several machines. Skips only when the SLURM daemons are not installed."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,8 +98,15 @@ class SlurmTest(unittest.TestCase):
         self.assertRegex(out, r"machine_rank: 0\s+# environment SLURM_PROCID")
         if self.cluster.names_resolve:
             self.assertRegex(out, rf"main_process_ip: {node}\s+# environment SLURM_STEP_NODELIST")
-        # No process count given: the CPUs SLURM allocated to this step (1 per task).
-        self.assertRegex(out, r"nproc_per_node: 1\s+# environment SLURM_CPUS_ON_NODE")
+        # One job, one run id (two jobs on a shared head node never join each other).
+        self.assertRegex(out, r"run_id: slurm-\d+\s+# environment SLURM_JOB_ID")
+        # No process count and no GPUs through GRES: the GPUs the node shows, else its CPUs
+        # (not one worker per CPU of a GPU node allocated without --gres).
+        self.assertRegex(out, r"nproc_per_node: auto\s+# derived \(SLURM allocated no GPUs")
+        r = self.srun("-N1", "-w", node, "--ntasks-per-node=1", "--cpus-per-task=2",
+                      harness.LAUNCH, "--cpu", "--print_config")
+        self.check(r)
+        self.assertRegex(r.stdout, r"nproc_per_node: 2\s+# environment SLURM_CPUS_ON_NODE")
 
     def test_flags_win_over_slurm(self):
         r = self.srun("-N1", "--ntasks-per-node=1", harness.LAUNCH, "--machine_rank", "0",
@@ -201,6 +209,72 @@ class SlurmTest(unittest.TestCase):
     def test_scancel_sigterm_reaches_the_workers(self):
         # Cancellation and preemption: SIGTERM to the step, SIGKILL after KillWait.
         self.scancel_reaches_workers("SIGTERM", [])
+
+    def test_one_task_per_gpu_layout_runs_one_worker_per_task(self):
+        # Lightning's layout (srun --ntasks-per-node=G): G launches on a node, one worker each,
+        # LOCAL_RANK = SLURM_LOCALID; not G workers per task.
+        why = multi_node_support()
+        if why is not None:
+            self.skipTest(f"this launch cannot run 2 machines on localhost yet: {why}")
+        for nodes in (1, 2):
+            r = self.srun(f"-N{nodes}", "--ntasks-per-node=2", harness.LAUNCH, "--",
+                          harness.SYSTEM_PYTHON, "-c", PRINT_ENV, timeout=180)
+            self.check(r)
+            rows = parse_env_lines(r.stdout)
+            world = 2 * nodes
+            self.assertEqual(sorted(int(row["RANK"]) for row in rows), list(range(world)), r.stdout)
+            for row in rows:
+                self.assertEqual(row["WORLD_SIZE"], str(world))
+                self.assertEqual(row["LOCAL_WORLD_SIZE"], "2")
+                self.assertEqual(row["GROUP_WORLD_SIZE"], str(nodes))
+                # Ranks are laid out node by node, as SLURM numbers its tasks.
+                self.assertEqual(int(row["LOCAL_RANK"]), int(row["RANK"]) % 2)
+                self.assertEqual(int(row["GROUP_RANK"]), int(row["RANK"]) // 2)
+        # A per-launch worker count on top of that layout would start G*N workers per node.
+        r = self.srun("-N1", "--ntasks-per-node=2", harness.LAUNCH, "--nproc_per_node", "2",
+                      "--", "/bin/true", timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("one worker each; nproc_per_node 2", r.stderr)
+
+    def test_usr1_before_the_time_limit_checkpoints_and_requeues(self):
+        # The template's recipe: SIGUSR1 to the batch shell (what --signal=B:USR1@120 sends)
+        # reaches a worker that handles it, then the job is requeued.
+        marker = os.path.join(self.dir, "usr1")
+        out = os.path.join(self.dir, "requeue.out")
+        program = ("import os, signal, time\n"
+                   "def on(s, f):\n"
+                   f"    open('{marker}.' + os.environ.get('SLURM_RESTART_COUNT', '0'), 'w').write('ckpt')\n"
+                   "signal.signal(signal.SIGUSR1, on)\n"
+                   "print('ready', os.environ.get('SLURM_RESTART_COUNT', '0'), flush=True)\n"
+                   "time.sleep(120)\n")
+        r = self.cluster.run(
+            ["sbatch", "--parsable", "--cpus-per-task=1", "--time=5", "-o", out,
+             os.path.join(harness.REPO, "scripts/slurm/one_node.sbatch"),
+             "--nproc_per_node", "1", "--", harness.SYSTEM_PYTHON, "-c", program],
+            env={"LAUNCH": harness.LAUNCH, "FORWARD_USR1": "1", "CHECKPOINT_SECONDS": "2",
+                 **self.extra_env}, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        job = r.stdout.strip().split(";")[0]
+        try:
+            def output():
+                if not os.path.exists(out):
+                    return ""
+                with open(out) as f:
+                    return f.read()
+            self.assertTrue(harness.wait_until(lambda: "ready 0" in output(), 60, 0.2), output())
+            r = self.cluster.run(["scancel", "--batch", "--signal=USR1", job])
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertTrue(harness.wait_until(lambda: os.path.exists(marker + ".0"), 60, 0.2),
+                            output())
+
+            def restarts():
+                info = self.cluster.run(["scontrol", "show", "job", job]).stdout
+                m = re.search(r"Restarts=(\d+)", info)
+                return int(m.group(1)) if m else 0
+            self.assertTrue(harness.wait_until(lambda: restarts() >= 1, 60, 0.5), output())
+            self.assertIn("checkpoint and requeue", output())
+        finally:
+            self.cluster.run(["scancel", job])
 
     def test_srun_two_nodes(self):
         why = multi_node_support()
