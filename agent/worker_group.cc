@@ -150,8 +150,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       auto visible = env_map.find("CUDA_VISIBLE_DEVICES");
       std::vector<std::string> ids;
       if (visible != env_map.end()) ids = Split(visible->second, ',');
-      const int device = spec_.node_view.local_rank >= 0 ? spec_.node_view.local_rank + local_rank
-                                                         : local_rank;
+      const int device =
+          spec_.node_view.local_rank >= 0 ? spec_.node_view.local_rank + local_rank : local_rank;
       env_map["CUDA_VISIBLE_DEVICES"] =
           device < static_cast<int>(ids.size()) ? Trim(ids[device]) : std::to_string(device);
     }

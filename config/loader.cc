@@ -122,9 +122,12 @@ const EnumTable<ParallelMode> kParallelModes = {{"none", ParallelMode::kNone},
 const EnumTable<PipelineSchedule> kSchedules = {{"gpipe", PipelineSchedule::kGPipe},
                                                 {"1f1b", PipelineSchedule::k1F1B}};
 const EnumTable<DistributedType> kDistributedTypes = {
-    {"NO", DistributedType::kNo},          {"MULTI_CPU", DistributedType::kMultiCpu},
-    {"MULTI_GPU", DistributedType::kMultiGpu}, {"FSDP", DistributedType::kFsdp},
-    {"DEEPSPEED", DistributedType::kDeepSpeed}, {"MEGATRON_LM", DistributedType::kMegatronLm}};
+    {"NO", DistributedType::kNo},
+    {"MULTI_CPU", DistributedType::kMultiCpu},
+    {"MULTI_GPU", DistributedType::kMultiGpu},
+    {"FSDP", DistributedType::kFsdp},
+    {"DEEPSPEED", DistributedType::kDeepSpeed},
+    {"MEGATRON_LM", DistributedType::kMegatronLm}};
 
 // "3" or "0:1,1:3" (torchrun's --tee/--redirects).
 std::string ParseStreamSpec(const std::string& s, StreamSpec* out) {
@@ -236,23 +239,38 @@ struct KeyDef {
   std::vector<std::string> synonyms;  // other spellings (torchrun's), accepted everywhere
   Setter set;
   unsigned places = kYaml | kEnv;
-  std::vector<std::string> flags;  // flag names, underscore spelling, no dashes ("t" = -t)
-  std::string group, help;         // --help section and text
+  std::vector<std::string> flags;      // flag names, underscore spelling, no dashes ("t" = -t)
+  std::string group, help;             // --help section and text
   const char* switch_value = nullptr;  // a flag without a value: given = set(switch_value)
   std::vector<std::string> records;    // keys whose origin a setting records (default: name)
   Shower show;                         // --print_config's value; none = not shown
 
-  KeyDef& Syn(std::vector<std::string> s) { synonyms = std::move(s); return *this; }
-  KeyDef& In(unsigned p) { places = p; return *this; }
+  KeyDef& Syn(std::vector<std::string> s) {
+    synonyms = std::move(s);
+    return *this;
+  }
+  KeyDef& In(unsigned p) {
+    places = p;
+    return *this;
+  }
   KeyDef& Flag(std::vector<std::string> names, const char* g, const char* h) {
     flags = std::move(names);
     group = g;
     help = h;
     return *this;
   }
-  KeyDef& Switch(const char* value = "true") { switch_value = value; return *this; }
-  KeyDef& Records(std::vector<std::string> keys) { records = std::move(keys); return *this; }
-  KeyDef& Show(Shower s) { show = std::move(s); return *this; }
+  KeyDef& Switch(const char* value = "true") {
+    switch_value = value;
+    return *this;
+  }
+  KeyDef& Records(std::vector<std::string> keys) {
+    records = std::move(keys);
+    return *this;
+  }
+  KeyDef& Show(Shower s) {
+    show = std::move(s);
+    return *this;
+  }
   const std::string& Label() const { return records.empty() ? name : records.front(); }
 };
 
@@ -329,7 +347,8 @@ std::string ParseSignals(const std::string& s, LaunchConfig* c);
 // `accelerate launch` takes each as a flag; a config file has the same names inside its
 // fsdp_config / deepspeed_config / dynamo_config / megatron_lm_config / fp8_config /
 // parallelism_config sections (LoadDocument). Values are passed on as written, as accelerate does.
-const char* kGroupAccelerate = "";  // hidden from --help (about 110 flags); docs/launcher.md lists them
+const char* kGroupAccelerate =
+    "";  // hidden from --help (about 110 flags); docs/launcher.md lists them
 
 struct PassThrough {
   const char* name;
@@ -338,49 +357,89 @@ struct PassThrough {
 
 const std::vector<PassThrough>& AccelerateArgs() {
   static const std::vector<PassThrough> args = {
-      {"debug", true}, {"num_cpu_threads_per_process", false}, {"enable_cpu_affinity", true},
-      {"dynamo_backend", false}, {"dynamo_mode", false}, {"dynamo_use_fullgraph", true},
-      {"dynamo_use_dynamic", true}, {"dynamo_use_regional_compilation", true},
-      {"use_fsdp", true}, {"use_deepspeed", true}, {"use_megatron_lm", true},
+      {"debug", true},
+      {"num_cpu_threads_per_process", false},
+      {"enable_cpu_affinity", true},
+      {"dynamo_backend", false},
+      {"dynamo_mode", false},
+      {"dynamo_use_fullgraph", true},
+      {"dynamo_use_dynamic", true},
+      {"dynamo_use_regional_compilation", true},
+      {"use_fsdp", true},
+      {"use_deepspeed", true},
+      {"use_megatron_lm", true},
       {"use_parallelism_config", true},
-      {"fsdp_version", false}, {"fsdp_offload_params", false}, {"fsdp_min_num_params", false},
-      {"fsdp_sharding_strategy", false}, {"fsdp_reshard_after_forward", false},
-      {"fsdp_auto_wrap_policy", false}, {"fsdp_transformer_layer_cls_to_wrap", false},
-      {"fsdp_backward_prefetch", false}, {"fsdp_state_dict_type", false},
-      {"fsdp_forward_prefetch", false}, {"fsdp_use_orig_params", false},
-      {"fsdp_cpu_ram_efficient_loading", false}, {"fsdp_sync_module_states", false},
+      {"fsdp_version", false},
+      {"fsdp_offload_params", false},
+      {"fsdp_min_num_params", false},
+      {"fsdp_sharding_strategy", false},
+      {"fsdp_reshard_after_forward", false},
+      {"fsdp_auto_wrap_policy", false},
+      {"fsdp_transformer_layer_cls_to_wrap", false},
+      {"fsdp_backward_prefetch", false},
+      {"fsdp_state_dict_type", false},
+      {"fsdp_forward_prefetch", false},
+      {"fsdp_use_orig_params", false},
+      {"fsdp_cpu_ram_efficient_loading", false},
+      {"fsdp_sync_module_states", false},
       {"fsdp_activation_checkpointing", false},
-      {"deepspeed_config_file", false}, {"zero_stage", false}, {"offload_optimizer_device", false},
-      {"offload_param_device", false}, {"offload_optimizer_nvme_path", false},
-      {"offload_param_nvme_path", false}, {"gradient_accumulation_steps", false},
-      {"gradient_clipping", false}, {"zero3_init_flag", false}, {"zero3_save_16bit_model", false},
+      {"deepspeed_config_file", false},
+      {"zero_stage", false},
+      {"offload_optimizer_device", false},
+      {"offload_param_device", false},
+      {"offload_optimizer_nvme_path", false},
+      {"offload_param_nvme_path", false},
+      {"gradient_accumulation_steps", false},
+      {"gradient_clipping", false},
+      {"zero3_init_flag", false},
+      {"zero3_save_16bit_model", false},
       {"deepspeed_moe_layer_cls_names", false},
-      {"megatron_lm_tp_degree", false}, {"megatron_lm_use_custom_fsdp", false},
-      {"megatron_lm_no_load_optim", false}, {"megatron_lm_eod_mask_loss", false},
-      {"megatron_lm_overlap_cpu_optimizer_d2h_h2d", false}, {"megatron_lm_no_save_optim", false},
+      {"megatron_lm_tp_degree", false},
+      {"megatron_lm_use_custom_fsdp", false},
+      {"megatron_lm_no_load_optim", false},
+      {"megatron_lm_eod_mask_loss", false},
+      {"megatron_lm_overlap_cpu_optimizer_d2h_h2d", false},
+      {"megatron_lm_no_save_optim", false},
       {"megatron_lm_optimizer_cpu_offload", false},
       {"megatron_lm_use_precision_aware_optimizer", false},
-      {"megatron_lm_decoder_last_pipeline_num_layers", false}, {"megatron_lm_pp_degree", false},
-      {"megatron_lm_num_micro_batches", false}, {"megatron_lm_sequence_parallelism", false},
+      {"megatron_lm_decoder_last_pipeline_num_layers", false},
+      {"megatron_lm_pp_degree", false},
+      {"megatron_lm_num_micro_batches", false},
+      {"megatron_lm_sequence_parallelism", false},
       {"megatron_lm_recompute_activations", false},
-      {"megatron_lm_use_distributed_optimizer", false}, {"megatron_lm_gradient_clipping", false},
-      {"megatron_lm_recompute_granularity", false}, {"megatron_lm_recompute_method", false},
-      {"megatron_lm_recompute_num_layers", false}, {"megatron_lm_attention_backend", false},
+      {"megatron_lm_use_distributed_optimizer", false},
+      {"megatron_lm_gradient_clipping", false},
+      {"megatron_lm_recompute_granularity", false},
+      {"megatron_lm_recompute_method", false},
+      {"megatron_lm_recompute_num_layers", false},
+      {"megatron_lm_attention_backend", false},
       {"megatron_lm_expert_model_parallel_size", false},
-      {"megatron_lm_context_parallel_size", false}, {"megatron_lm_attention_dropout", false},
-      {"megatron_lm_hidden_dropout", false}, {"megatron_lm_attention_softmax_in_fp32", false},
+      {"megatron_lm_context_parallel_size", false},
+      {"megatron_lm_attention_dropout", false},
+      {"megatron_lm_hidden_dropout", false},
+      {"megatron_lm_attention_softmax_in_fp32", false},
       {"megatron_lm_expert_tensor_parallel_size", false},
       {"megatron_lm_calculate_per_token_loss", false},
       {"megatron_lm_use_rotary_position_embeddings", false},
-      {"fp8_backend", false}, {"fp8_use_autocast_during_eval", true}, {"fp8_margin", false},
-      {"fp8_interval", false}, {"fp8_format", false}, {"fp8_amax_history_len", false},
-      {"fp8_amax_compute_algo", false}, {"fp8_override_linear_precision", false},
-      {"fp8_opt_level", false}, {"fp8_enable_fsdp_float8_all_gather", false},
+      {"fp8_backend", false},
+      {"fp8_use_autocast_during_eval", true},
+      {"fp8_margin", false},
+      {"fp8_interval", false},
+      {"fp8_format", false},
+      {"fp8_amax_history_len", false},
+      {"fp8_amax_compute_algo", false},
+      {"fp8_override_linear_precision", false},
+      {"fp8_opt_level", false},
+      {"fp8_enable_fsdp_float8_all_gather", false},
       {"fp8_pad_inner_dim", false},
-      {"parallelism_config_dp_replicate_size", false}, {"parallelism_config_dp_shard_size", false},
-      {"parallelism_config_tp_size", false}, {"parallelism_config_cp_size", false},
-      {"parallelism_config_cp_backend", false}, {"parallelism_config_cp_comm_strategy", false},
-      {"parallelism_config_sp_size", false}, {"parallelism_config_sp_backend", false},
+      {"parallelism_config_dp_replicate_size", false},
+      {"parallelism_config_dp_shard_size", false},
+      {"parallelism_config_tp_size", false},
+      {"parallelism_config_cp_size", false},
+      {"parallelism_config_cp_backend", false},
+      {"parallelism_config_cp_comm_strategy", false},
+      {"parallelism_config_sp_size", false},
+      {"parallelism_config_sp_backend", false},
       {"parallelism_config_sp_seq_length", false},
       {"parallelism_config_sp_seq_length_is_variable", false},
       {"parallelism_config_sp_attn_implementation", false},
@@ -399,7 +458,10 @@ struct Inert {
 
 const std::vector<Inert>& InertAccelerateArgs() {
   static const std::vector<Inert> args = {
-      {"quiet", true, {"true", "false"}, ""},  // accelerate's own tracebacks; launch prints one report
+      {"quiet",
+       true,
+       {"true", "false"},
+       ""},  // accelerate's own tracebacks; launch prints one report
       {"tpu_cluster", true, {"false"}, "TPU"},
       {"no_tpu_cluster", true, {"true", "false"}, ""},
       {"tpu_use_sudo", true, {"false"}, "TPU"},
@@ -420,10 +482,11 @@ const std::vector<Inert>& InertAccelerateArgs() {
 void AddAccelerateKeys(std::vector<KeyDef>* table) {
   for (const PassThrough& a : AccelerateArgs()) {
     std::string name = a.name;
-    KeyDef d = Key(name, [name](const std::string& s, LaunchConfig* c) {
-                 c->accelerate[name] = Trim(s);
-                 return std::string();
-               })
+    KeyDef d = Key(name,
+                   [name](const std::string& s, LaunchConfig* c) {
+                     c->accelerate[name] = Trim(s);
+                     return std::string();
+                   })
                    .In(kFlagOnly)
                    .Flag({name}, kGroupAccelerate, "accelerate launch's flag, for the script");
     if (a.is_switch) d.Switch();
@@ -433,31 +496,33 @@ void AddAccelerateKeys(std::vector<KeyDef>* table) {
     std::string name = a.name;
     std::vector<std::string> defaults = a.defaults;
     std::string why = a.why;
-    KeyDef d = Key(name, [name, defaults, why](const std::string& s, LaunchConfig* c) {
-                 std::string l = ToLower(Trim(s));
-                 if (!why.empty() &&
-                     std::find(defaults.begin(), defaults.end(), l) == defaults.end())
-                   c->no_effect.push_back(name + " (" + why + ")");
-                 return std::string();
-               })
-                   .In(kFlagOnly)
-                   .Flag(name == "quiet" ? std::vector<std::string>{"quiet", "q"}
-                                         : std::vector<std::string>{name},
-                         kGroupAccelerate, "accelerate launch's flag; no effect here");
+    KeyDef d =
+        Key(name,
+            [name, defaults, why](const std::string& s, LaunchConfig* c) {
+              std::string l = ToLower(Trim(s));
+              if (!why.empty() && std::find(defaults.begin(), defaults.end(), l) == defaults.end())
+                c->no_effect.push_back(name + " (" + why + ")");
+              return std::string();
+            })
+            .In(kFlagOnly)
+            .Flag(name == "quiet" ? std::vector<std::string>{"quiet", "q"}
+                                  : std::vector<std::string>{name},
+                  kGroupAccelerate, "accelerate launch's flag; no effect here");
     if (a.is_switch) d.Switch();
     table->push_back(d);
   }
   // --tpu asks for hardware launch does not drive: an error, not a silent CPU run.
-  table->push_back(
-      Key("tpu", [](const std::string& s, LaunchConfig*) {
-        bool v = false;
-        std::string err = ParseValue(s, &v);
-        if (!err.empty() || !v) return err;
-        return std::string("not supported: launch runs CPU and NVIDIA GPU workers, not TPUs");
-      })
-          .In(kFlagOnly)
-          .Flag({"tpu"}, kGroupAccelerate, "not supported")
-          .Switch());
+  table->push_back(Key("tpu",
+                       [](const std::string& s, LaunchConfig*) {
+                         bool v = false;
+                         std::string err = ParseValue(s, &v);
+                         if (!err.empty() || !v) return err;
+                         return std::string(
+                             "not supported: launch runs CPU and NVIDIA GPU workers, not TPUs");
+                       })
+                       .In(kFlagOnly)
+                       .Flag({"tpu"}, kGroupAccelerate, "not supported")
+                       .Switch());
   table->push_back(
       Key("mpirun_hostfile",
           Unsupported("launch starts its own workers; to spread them with MPI run `mpirun ... "
@@ -474,7 +539,8 @@ const std::vector<KeyDef>& TopLevelTable() {
             std::string u = Trim(s);
             for (char& ch : u) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
             if (u == "XLA" || (StartsWith(u, "MULTI_") && u != "MULTI_CPU" && u != "MULTI_GPU"))
-              return "'" + s + "': launch runs CPU and NVIDIA GPU workers only (NO, MULTI_CPU, "
+              return "'" + s +
+                     "': launch runs CPU and NVIDIA GPU workers only (NO, MULTI_CPU, "
                      "MULTI_GPU, FSDP, DEEPSPEED, MEGATRON_LM)";
             return ParseEnum(u, kDistributedTypes, &c->distributed_type);
           })
@@ -674,14 +740,15 @@ const std::vector<KeyDef>& TopLevelTable() {
           })
           .In(kRdzvConf)
           .Records({"rdzv_conf.heartbeat_timeout"}),
-      Key("read_timeout", NoEffect("rdzv_conf read_timeout", {},
-                                   "every rendezvous message has its own deadline"))
+      Key("read_timeout",
+          NoEffect("rdzv_conf read_timeout", {}, "every rendezvous message has its own deadline"))
           .In(kRdzvConf),
       Key("close_timeout", NoEffect("rdzv_conf close_timeout", {},
                                     "launch's rendezvous closes once the round is decided"))
           .In(kRdzvConf),
-      Key("timeout", NoEffect("rdzv_conf timeout", {}, "it configures etcd, which launch "
-                                                       "does not use"))
+      Key("timeout", NoEffect("rdzv_conf timeout", {},
+                              "it configures etcd, which launch "
+                              "does not use"))
           .In(kRdzvConf),
       Key("store_type", NoEffect("rdzv_conf store_type", {},
                                  "workers create their own TCPStore at MASTER_ADDR:MASTER_PORT"))
@@ -728,7 +795,9 @@ const std::vector<KeyDef>& TopLevelTable() {
           })
           .Flag({"local_ranks_filter"}, kGroupLogs,
                 "show only these local ranks on the console, e.g. 0 or 0,1")
-          .Show([](const LaunchConfig& c) { return c.local_ranks_filter.empty() ? "" : ListText(c.local_ranks_filter); }),
+          .Show([](const LaunchConfig& c) {
+            return c.local_ranks_filter.empty() ? "" : ListText(c.local_ranks_filter);
+          }),
 
       // ---- Program
       Key("python", Field(&LaunchConfig::python))
@@ -755,7 +824,8 @@ const std::vector<KeyDef>& TopLevelTable() {
             return ParseValue(s, &v);
           })
           .In(kEnv)
-          .Flag({"monitor_interval"}, kGroupCompat, "no effect: launch sees a worker's exit at once"),
+          .Flag({"monitor_interval"}, kGroupCompat,
+                "no effect: launch sees a worker's exit at once"),
       Key("start_method", NoEffect("start_method", {"spawn", "fork", "forkserver"},
                                    "launch starts every worker as a new process"))
           .In(kEnv)
@@ -831,7 +901,6 @@ std::string ParseSignals(const std::string& s, LaunchConfig*) {
   return "";
 }
 
-
 // accelerate config keys that change nothing here, with the values that ask for nothing (a
 // value outside them is named in the one no-effect warning; "*" = any value).
 const std::map<std::string, std::vector<std::string>>& InertAccelerateKeys() {
@@ -859,8 +928,8 @@ const std::map<std::string, std::vector<std::string>>& InertAccelerateKeys() {
 // when missing, as accelerate does: fsdp_config's `sharding_strategy` is fsdp_sharding_strategy).
 const std::map<std::string, std::string>& AccelerateSections() {
   static const std::map<std::string, std::string> sections = {
-      {"fsdp_config", "fsdp_"},   {"fp8_config", "fp8_"},          {"dynamo_config", "dynamo_"},
-      {"deepspeed_config", ""},   {"megatron_lm_config", ""},      {"parallelism_config", ""}};
+      {"fsdp_config", "fsdp_"}, {"fp8_config", "fp8_"},     {"dynamo_config", "dynamo_"},
+      {"deepspeed_config", ""}, {"megatron_lm_config", ""}, {"parallelism_config", ""}};
   return sections;
 }
 
@@ -1345,7 +1414,8 @@ Status LoadDocument(const YAML::Node& root, const std::string& name, LaunchConfi
         cfg->accelerate[arg] = AccelerateText(kv->second);
         cfg->origins["accelerate." + arg] = Origin{Origin::Kind::kFile, ctx.Where(kv->second)};
       }
-      if (key == "deepspeed_config") cfg->accelerate["_deepspeed_config_fields"] = Join(fields, ",");
+      if (key == "deepspeed_config")
+        cfg->accelerate["_deepspeed_config_fields"] = Join(fields, ",");
       continue;
     }
     if (key == "debug" || key == "num_cpu_threads_per_process" || key == "enable_cpu_affinity" ||
@@ -1483,9 +1553,8 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchCon
     for (const std::string& n : names) {
       std::string upper = n;
       for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-      const bool is_flag_name = n != def.name &&
-                                std::find(def.synonyms.begin(), def.synonyms.end(), n) ==
-                                    def.synonyms.end();
+      const bool is_flag_name = n != def.name && std::find(def.synonyms.begin(), def.synonyms.end(),
+                                                           n) == def.synonyms.end();
       for (const std::string& var : {"LAUNCH_" + upper, "PET_" + upper}) {
         auto it = env.find(var);
         if (it == env.end() || it->second.empty()) continue;

@@ -33,7 +33,7 @@ TEST_CASE("AccelerateFileLoadsWithWarningForIgnoredKeys") {
   CHECK(cfg.main_process_port == 29501);
   CHECK(cfg.origins["num_processes"].ToString() == "train.yaml:3");
   REQUIRE(Validate(&cfg).ok());
-  CHECK(cfg.warnings.empty());  // LOCAL_MACHINE and downcast_bf16 'no' ask for nothing
+  CHECK(cfg.warnings.empty());       // LOCAL_MACHINE and downcast_bf16 'no' ask for nothing
   CHECK(cfg.nproc_per_node == "2");  // 4 total over 2 machines
 }
 
@@ -331,7 +331,8 @@ TEST_CASE("OneKeyTableServesFlagsEnvironmentAndRdzvConf") {
   }
   LaunchConfig yaml;
   Status s = LoadYamlString("rdzv_conf: {join_timeout: -1}\n", "r.yaml", &yaml);
-  CHECK(s.message() == "r.yaml:1: rdzv_conf.join_timeout: expected a duration in seconds > 0, got -1");
+  CHECK(s.message() ==
+        "r.yaml:1: rdzv_conf.join_timeout: expected a duration in seconds > 0, got -1");
   LaunchConfig env;
   s = ApplyEnvironment({{"PET_RDZV_CONF", "join_timeout=-1"}}, &env);
   CHECK(s.message().find("environment PET_RDZV_CONF: join_timeout: expected a duration") == 0);
@@ -345,16 +346,16 @@ TEST_CASE("OneKeyTableServesFlagsEnvironmentAndRdzvConf") {
   CHECK(cfg.origins["rdzv_conf.heartbeat_timeout"].ToString() == "flag --rdzv_conf");
   REQUIRE(cfg.warnings.size() == 1);
   CHECK(cfg.warnings[0].find("read_timeout '9' has no effect") != std::string::npos);
-  Status bad = ApplySetting("rdzv_conf", "join_timout=5", Origin{Origin::Kind::kFlag, "--rdzv_conf"},
-                            &cfg);
+  Status bad =
+      ApplySetting("rdzv_conf", "join_timout=5", Origin{Origin::Kind::kFlag, "--rdzv_conf"}, &cfg);
   CHECK(bad.message() == "--rdzv_conf: unknown key 'join_timout' (did you mean 'join_timeout'?)");
 
   // A switch as a variable; a torchrun synonym; an accelerate flag kept for the script.
   LaunchConfig e2;
-  REQUIRE(ApplyEnvironment({{"PET_MODULE", "1"}, {"PET_SHUTDOWN_TIMEOUT", "7"},
-                            {"LAUNCH_MULTI_GPU", "true"}},
-                           &e2)
-              .ok());
+  REQUIRE(
+      ApplyEnvironment(
+          {{"PET_MODULE", "1"}, {"PET_SHUTDOWN_TIMEOUT", "7"}, {"LAUNCH_MULTI_GPU", "true"}}, &e2)
+          .ok());
   CHECK(e2.run_module);
   CHECK(e2.stop_grace_s == 7);
   CHECK(e2.distributed_type == DistributedType::kMultiGpu);

@@ -12,8 +12,8 @@
 
 namespace launch::config {
 
-std::string Num(double v);  // shortest round form: 0.001, 600, 1e-08
-std::string Bool(bool v);   // true | false
+std::string Num(double v);                        // shortest round form: 0.001, 600, 1e-08
+std::string Bool(bool v);                         // true | false
 std::string StreamSpecText(const StreamSpec& s);  // 3 | 0:1,1:3
 
 template <typename T>

@@ -89,11 +89,12 @@ StatusOr<std::map<std::string, std::string>> AccelerateEnv(const config::LaunchC
     for (const auto& [arg, var] : optional)
       if (!Get(a, arg).empty()) env[var] = Get(a, arg);
     const std::pair<const char*, const char*> lowered[] = {
-        {"fsdp_forward_prefetch", "false"},         {"fsdp_use_orig_params", "true"},
-        {"fsdp_cpu_ram_efficient_loading", "true"}, {"fsdp_sync_module_states", "true"},
+        {"fsdp_forward_prefetch", "false"},
+        {"fsdp_use_orig_params", "true"},
+        {"fsdp_cpu_ram_efficient_loading", "true"},
+        {"fsdp_sync_module_states", "true"},
         {"fsdp_activation_checkpointing", "false"}};
-    for (const auto& [arg, fallback] : lowered)
-      env[Upper(arg)] = ToLower(Get(a, arg, fallback));
+    for (const auto& [arg, fallback] : lowered) env[Upper(arg)] = ToLower(Get(a, arg, fallback));
   }
 
   if (deepspeed) {

@@ -62,7 +62,8 @@ TEST_CASE("DeepSpeedSetsItsOwnVariablesAndNoDynamo") {
 TEST_CASE("FlagsOverrideTheFileAndRefusedCombinationsAreErrors") {
   LaunchConfig cfg = Load("distributed_type: MULTI_GPU\ndynamo_config: {dynamo_backend: eager}\n");
   REQUIRE(config::ApplySetting("dynamo_backend", "inductor",
-                               config::Origin{config::Origin::Kind::kFlag, "--dynamo_backend"}, &cfg)
+                               config::Origin{config::Origin::Kind::kFlag, "--dynamo_backend"},
+                               &cfg)
               .ok());
   REQUIRE(config::ApplySetting("debug", "true",
                                config::Origin{config::Origin::Kind::kFlag, "--debug"}, &cfg)

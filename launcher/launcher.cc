@@ -75,8 +75,8 @@ void Warn(const std::string& msg) { log::Warn(msg); }
 bool IsPythonScript(const std::string& program) {
   if (EndsWith(ToLower(program), ".py")) return true;
   struct stat st;
-  return ::stat(program.c_str(), &st) == 0 &&
-         S_ISREG(st.st_mode) && ::access(program.c_str(), X_OK) != 0;
+  return ::stat(program.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         ::access(program.c_str(), X_OK) != 0;
 }
 
 // The multi-node options from the merged config and the single-node template `local` (which

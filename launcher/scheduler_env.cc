@@ -162,7 +162,8 @@ StatusOr<std::vector<long long>> ExpandTaskCounts(const std::string& text) {
     long long n = 0, times = 1;
     size_t paren = item.find("(x");
     if (paren != std::string::npos) {
-      if (item.back() != ')' || !ParseInt64(item.substr(paren + 2, item.size() - paren - 3), &times))
+      if (item.back() != ')' ||
+          !ParseInt64(item.substr(paren + 2, item.size() - paren - 3), &times))
         return Status::InvalidArgument("cannot read '" + text + "'");
       item = item.substr(0, paren);
     }
@@ -205,10 +206,9 @@ Status ApplySlurm(const std::map<std::string, std::string>& env, LaunchConfig* c
   // Several launches: the rendezvous port is derived from the job id, as Lightning does (15000
   // + the id's last 4 digits: below Linux's ephemeral range, and jobs on one head node differ).
   if (tasks > 1 && job_id >= 0 && Unset(*cfg, "main_process_port"))
-    LAUNCH_RETURN_IF_ERROR(ApplySetting("main_process_port", std::to_string(15000 + job_id % 10000),
-                                        Origin{Origin::Kind::kDerived, "15000 + " + job_var +
-                                                                           " % 10000"},
-                                        cfg));
+    LAUNCH_RETURN_IF_ERROR(
+        ApplySetting("main_process_port", std::to_string(15000 + job_id % 10000),
+                     Origin{Origin::Kind::kDerived, "15000 + " + job_var + " % 10000"}, cfg));
 
   bool per_task = tasks > 0 && nodes > 0 && tasks > nodes;
   if (per_task) {
@@ -220,8 +220,7 @@ Status ApplySlurm(const std::map<std::string, std::string>& env, LaunchConfig* c
       return Status::InvalidConfig("environment " + tasks_var + "=" + std::to_string(tasks) +
                                    " on " + std::to_string(nodes) +
                                    " nodes, but SLURM_LOCALID / SLURM_NODEID are not set");
-    std::string per_node_var =
-        FirstSet(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"});
+    std::string per_node_var = FirstSet(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"});
     long long on_node = tasks / nodes;
     if (!per_node_var.empty()) {
       StatusOr<std::vector<long long>> counts = ExpandTaskCounts(Get(env, per_node_var));
@@ -235,11 +234,11 @@ Status ApplySlurm(const std::map<std::string, std::string>& env, LaunchConfig* c
     cfg->task_layout.node_rank = static_cast<int>(node_id);
     cfg->task_layout.num_nodes = static_cast<int>(nodes);
     if (Unset(*cfg, "nproc_per_node") && Unset(*cfg, "num_processes"))
-      LAUNCH_RETURN_IF_ERROR(ApplySetting(
-          "nproc_per_node", "1",
-          Origin{Origin::Kind::kDerived, "one worker per SLURM task: " + tasks_var + " > " +
-                                             nodes_var},
-          cfg));
+      LAUNCH_RETURN_IF_ERROR(
+          ApplySetting("nproc_per_node", "1",
+                       Origin{Origin::Kind::kDerived,
+                              "one worker per SLURM task: " + tasks_var + " > " + nodes_var},
+                       cfg));
   }
 
   std::string list_var =
@@ -270,11 +269,12 @@ Status ApplySlurm(const std::map<std::string, std::string>& env, LaunchConfig* c
         LAUNCH_RETURN_IF_ERROR(ApplySetting("nproc_per_node", std::to_string(count),
                                             Origin{Origin::Kind::kEnvironment, cpus_var}, cfg));
     } else {
-      LAUNCH_RETURN_IF_ERROR(ApplySetting(
-          "nproc_per_node", "auto",
-          Origin{Origin::Kind::kDerived, "SLURM allocated no GPUs through GRES: the GPUs this "
-                                         "node shows, else one per allocated CPU"},
-          cfg));
+      LAUNCH_RETURN_IF_ERROR(
+          ApplySetting("nproc_per_node", "auto",
+                       Origin{Origin::Kind::kDerived,
+                              "SLURM allocated no GPUs through GRES: the GPUs this "
+                              "node shows, else one per allocated CPU"},
+                       cfg));
     }
   }
   return Status::Ok();

@@ -611,7 +611,8 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   y << "# launch configuration, written by `launch config` on " << Today() << ".\n"
     << "# Keys carry accelerate's names where accelerate has one; nproc_per_node, max_restarts,\n"
     << "# rdzv_token and train: are launch's own, so `accelerate launch` (which refuses unknown\n"
-    << "# keys) does not read this file. launch reads accelerate's default_config.yaml when it has\n"
+    << "# keys) does not read this file. launch reads accelerate's default_config.yaml when it "
+       "has\n"
     << "# no file of its own.\n"
     << "# When launching: command-line flag > environment (SLURM, MPI, LAUNCH_*) > this file.\n"
     << "# `launch --print_config` shows every value in effect and where it came from.\n\n";
