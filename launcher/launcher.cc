@@ -132,11 +132,14 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   CLI::App app{
       "launch: start distributed training on one or many machines.\n\n"
       "  launch [flags] CONFIG.yaml [-- extra trainer args]\n"
-      "  launch [flags] -- PROGRAM [ARGS...]       (any program; .py runs under python3)\n"
+      "  launch [flags] -- PROGRAM [ARGS...]       (any program; Python scripts run under python3 -u)\n"
       "  launch [flags] script.py [ARGS...]        (torchrun style)\n"
       "  launch config | env | rdzv-server          (see `launch SUBCOMMAND --help`)\n"
       "  launch test [flags] [CONFIG.yaml]         distributed self-check with this config\n\n"
-      "Precedence: flag > environment (LAUNCH_*, PET_*, SLURM_*, OMPI_*) > YAML > default.",
+      "Precedence: flag > environment (LAUNCH_*, PET_*, SLURM_*, OMPI_*) > YAML > default.\n"
+      "Every `accelerate launch` flag is accepted too (not listed below: --use_fsdp, --fsdp_*,\n"
+      "--use_deepspeed, --zero_stage, --dynamo_backend, --debug, ...); what it sets reaches the\n"
+      "script as accelerate would pass it (docs/launcher.md).",
       "launch"};
   app.prefix_command();
   app.set_help_flag("-h,--help", "show this help and exit");
