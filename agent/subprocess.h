@@ -18,9 +18,9 @@ struct SpawnRequest {
   std::vector<std::string> argv;
   // The complete environment, as "KEY=VALUE" strings.
   std::vector<std::string> env;
-  // Path of the `launch-exec` shim. When set, the child first runs the shim, which arms
-  // PR_SET_PDEATHSIG(SIGKILL) and checks that its parent is still alive before exec'ing argv,
-  // so the worker dies with `launch` even when `launch` is SIGKILLed. Empty: exec directly.
+  // Path of the `launch-exec` shim (exec_shim.h). When set, the child is the shim, which runs
+  // argv in a process group of its own and kills everything it started when it ends, on
+  // kKillAll, or when `launch` dies, even by SIGKILL. Empty: exec argv directly.
   std::string exec_shim;
   // Descriptors that become the child's stdout / stderr; -1 inherits ours.
   int stdout_fd = -1;

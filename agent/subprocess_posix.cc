@@ -1,3 +1,4 @@
+#include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/stat.h>
@@ -6,8 +7,10 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <set>
 
 #include "agent/subprocess.h"
+#include "base/files.h"
 #include "base/strings.h"
 
 namespace launch::agent {
@@ -21,13 +24,32 @@ std::vector<char*> CStrings(const std::vector<std::string>& v) {
   return out;
 }
 
+// The descriptors above 2 that this process was started with (what launch's own caller passed
+// down): taken before main() runs, so nothing launch opens is among them.
+std::set<int> OpenDescriptors() {
+  std::set<int> fds;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return fds;
+  int own = dirfd(d);
+  while (dirent* e = readdir(d)) {
+    char* end;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (*end == '\0' && e->d_name[0] != '\0' && fd > 2 && fd != own)
+      fds.insert(static_cast<int>(fd));
+  }
+  closedir(d);
+  return fds;
+}
+
+const std::set<int> kInherited = OpenDescriptors();
+
 }  // namespace
 
 StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
   LAUNCH_CHECK(!request.argv.empty(), "Spawn needs a program");
   std::vector<std::string> argv;
   if (!request.exec_shim.empty()) {
-    argv = {request.exec_shim, std::to_string(getpid())};
+    argv = {request.exec_shim, std::to_string(getpid()), std::to_string(OriginalDescriptorLimit())};
     argv.insert(argv.end(), request.argv.begin(), request.argv.end());
   } else {
     argv = request.argv;
@@ -37,9 +59,29 @@ StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
   posix_spawnattr_t attr;
   posix_spawn_file_actions_init(&actions);
   posix_spawnattr_init(&attr);
-  // Our descriptors are close-on-exec; dup2 clears that flag on the child's 1 and 2 only.
+  // stdin is /dev/null: a worker that reads it gets EOF instead of being stopped by SIGTTIN (it is
+  // a background process group of launch's terminal). dup2 makes the pipes its 1 and 2.
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   if (request.stdout_fd >= 0) posix_spawn_file_actions_adddup2(&actions, request.stdout_fd, 1);
   if (request.stderr_fd >= 0) posix_spawn_file_actions_adddup2(&actions, request.stderr_fd, 2);
+  // A worker holds 0-2 and what launch's caller passed down, nothing of launch's own: our
+  // descriptors are close-on-exec, but some libraries' are not (Boost.Asio 1.74's sockets), so
+  // every other open descriptor without FD_CLOEXEC is closed in the child explicitly.
+  if (DIR* d = opendir("/proc/self/fd")) {
+    int own = dirfd(d);
+    while (dirent* e = readdir(d)) {
+      char* end;
+      long fd = std::strtol(e->d_name, &end, 10);
+      if (*end != '\0' || e->d_name[0] == '\0' || fd <= 2 || fd == own) continue;
+      if (kInherited.count(static_cast<int>(fd)) || fd == request.stdout_fd ||
+          fd == request.stderr_fd)
+        continue;
+      int flags = fcntl(static_cast<int>(fd), F_GETFD);
+      if (flags >= 0 && !(flags & FD_CLOEXEC))
+        posix_spawn_file_actions_addclose(&actions, static_cast<int>(fd));
+    }
+    closedir(d);
+  }
 
   // Own process group; default dispositions and an empty mask, whatever `launch` had
   // (asio's signal handlers are reset by exec anyway, but ignored signals would be inherited).

@@ -17,6 +17,7 @@
 #include <set>
 
 #include "agent/error_file.h"
+#include "agent/exec_shim.h"
 #include "agent/line_buffer.h"
 #include "agent/subprocess.h"
 #include "base/log.h"
@@ -114,6 +115,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     LAUNCH_CHECK(workers_.empty(), "WorkerGroup::Start called twice");
     spec_ = spec;
     on_done_ = std::move(on_done);
+    // An inherited SIGCHLD=SIG_IGN would make the kernel reap workers and lose their status.
+    std::signal(SIGCHLD, SIG_DFL);
     if (spec.error_files) MakeErrorDir();
     for (int lr = 0; lr < spec.local_world_size; ++lr) {
       Status s = StartOne(lr);
@@ -291,6 +294,9 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     do {
       r = ::waitpid(w->pid, &st, 0);
     } while (r < 0 && errno == EINTR);
+    // Without its status (reaped by someone else: cannot happen with SIGCHLD at its default,
+    // which Start() ensures) a worker never counts as a success.
+    if (r != w->pid) st = W_EXITCODE(255, 0);
     w->reaped = true;
     --live_;
     boost::system::error_code ignored;
@@ -392,15 +398,19 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     auto self = shared_from_this();
     kill_timer_.async_wait([this, self](boost::system::error_code ec) {
       if (ec || drain_deadline_armed_) return;
-      Signal(SIGKILL);
+      Signal(KillSignal());
     });
   }
 
   void Kill() {
     stopping_ = true;
     stop_requested_ = true;
-    Signal(SIGKILL);
+    Signal(KillSignal());
   }
+
+  // SIGKILL, or with the shim kKillAll: the shim then kills the worker and everything it
+  // started, which a SIGKILL of the shim itself could not (exec_shim.h).
+  int KillSignal() const { return spec_.exec_shim.empty() ? SIGKILL : kKillAll; }
 
   void MakeErrorDir() {
     if (!spec_.log_dir.empty()) {
@@ -430,11 +440,18 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
 
   // Synchronous cleanup for error paths and the destructor.
   void KillAndReapAll() {
+    for (auto& w : workers_)
+      if (!w->reaped) SignalGroup(w->pid, KillSignal());
     for (auto& w : workers_) {
       if (w->reaped) continue;
-      SignalGroup(w->pid, SIGKILL);
       int st;
-      while (::waitpid(w->pid, &st, 0) < 0 && errno == EINTR) {
+      // The shim's clean-up is quick; a shim that does not finish in 2 s is killed outright.
+      pid_t r = 0;
+      for (int i = 0; i < 200 && (r = ::waitpid(w->pid, &st, WNOHANG)) == 0; ++i) ::usleep(10000);
+      if (r == 0) {
+        SignalGroup(w->pid, SIGKILL);
+        while (::waitpid(w->pid, &st, 0) < 0 && errno == EINTR) {
+        }
       }
       w->reaped = true;
       --live_;

@@ -10,4 +10,10 @@ namespace launch {
 // could not be created.
 Status MakeDirs(const std::string& path);
 
+// Raises this process's RLIMIT_NOFILE soft limit to the hard limit (a rendezvous server may
+// hold thousands of connections); best effort.
+void RaiseDescriptorLimit();
+// The soft limit this process started with (what its children should get back).
+unsigned long long OriginalDescriptorLimit();
+
 }  // namespace launch

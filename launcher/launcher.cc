@@ -15,6 +15,7 @@
 #include "agent/ports.h"
 #include "agent/subprocess.h"
 #include "base/environment.h"
+#include "base/files.h"
 #include "base/log.h"
 #include "base/strings.h"
 #include "config/loader.h"
@@ -132,7 +133,8 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   CLI::App app{
       "launch: start distributed training on one or many machines.\n\n"
       "  launch [flags] CONFIG.yaml [-- extra trainer args]\n"
-      "  launch [flags] -- PROGRAM [ARGS...]       (any program; Python scripts run under python3 -u)\n"
+      "  launch [flags] -- PROGRAM [ARGS...]       (any program; Python scripts run under python3 "
+      "-u)\n"
       "  launch [flags] script.py [ARGS...]        (torchrun style)\n"
       "  launch config | env | rdzv-server          (see `launch SUBCOMMAND --help`)\n"
       "  launch test [flags] [CONFIG.yaml]         distributed self-check with this config\n\n"
@@ -439,7 +441,13 @@ int Main(int argc, char** argv) {
     return kExitUsage;
   }
   if (exit_now) return kExitOk;
+  auto token_origin = cfg.origins.find("rdzv_token");
+  if (token_origin != cfg.origins.end() && token_origin->second.kind == Origin::Kind::kFlag)
+    cfg.warnings.push_back(
+        "--rdzv_token on the command line is visible to every user of this machine (ps, "
+        "/proc/PID/cmdline); set LAUNCH_RDZV_TOKEN in the environment instead");
   for (const auto& w : cfg.warnings) Warn(w);
+  RaiseDescriptorLimit();  // the shim gives workers the original back
   if (self_test) {
     if (!cfg.program.empty()) {
       std::fprintf(stderr, "launch: error: `launch test` runs its own check; drop '%s'\n",
@@ -486,7 +494,12 @@ int Main(int argc, char** argv) {
   agent::AgentOptions opts;
   agent::WorkerGroupSpec& g = opts.group;
   g.argv = plan->argv;
-  for (const auto& [k, v] : CurrentEnvironment()) g.base_env.push_back(k + "=" + v);
+  for (const auto& [k, v] : CurrentEnvironment()) {
+    // The rendezvous secret is the agents' business: not in every worker's environment, where
+    // experiment trackers and crash dumps would record it.
+    if (k == "LAUNCH_RDZV_TOKEN" || k == "PET_RDZV_TOKEN") continue;
+    g.base_env.push_back(k + "=" + v);
+  }
   g.extra_env = plan->extra_env;
   g.local_world_size = plan->nproc_per_node;
   g.world_size = plan->nproc_per_node;

@@ -8,6 +8,7 @@
 
 #include <boost/asio.hpp>
 
+#include "base/files.h"
 #include "base/strings.h"
 #include "rendezvous/server.h"
 
@@ -33,7 +34,7 @@ int RunRendezvousServerCommand(int argc, char** argv) {
   ServerOptions options;
   options.port = -1;
   if (const char* token = std::getenv("LAUNCH_RDZV_TOKEN")) options.token = token;
-  bool quiet = false;
+  bool quiet = false, token_from_argv = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::string value;
@@ -75,6 +76,7 @@ int RunRendezvousServerCommand(int argc, char** argv) {
         options.host = v;
       } else {
         options.token = v;
+        token_from_argv = true;
       }
     } else {
       std::cerr << "launch rdzv-server: unknown argument '" << argv[i] << "'\n" << kUsage;
@@ -90,6 +92,10 @@ int RunRendezvousServerCommand(int argc, char** argv) {
       std::cerr << "[rdzv-server] " << line << std::endl;
     };
   }
+  RaiseDescriptorLimit();  // one descriptor per agent
+  if (token_from_argv)
+    std::cerr << "launch rdzv-server: warning: --token on the command line is visible to every "
+                 "user of this machine (ps, /proc/PID/cmdline); set LAUNCH_RDZV_TOKEN instead\n";
   boost::asio::io_context io;
   auto server = RendezvousServer::Create(io, options);
   Status listen = server->Listen();

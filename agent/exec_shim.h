@@ -1,0 +1,22 @@
+#pragma once
+
+// The contract between `launch` and its `launch-exec` shim (exec_shim_main.cc), which every
+// worker runs under:
+//
+//   launch-exec PARENT_PID NOFILE_SOFT PROGRAM [ARGS...]
+//
+// The shim forks PROGRAM into a process group of its own, forwards launch's signals to it, and
+// on the worker's exit, on kKillAll, or when PARENT_PID dies (even by SIGKILL) kills every
+// process the worker started, daemons included, then exits with the worker's status. The worker
+// gets NOFILE_SOFT back as its RLIMIT_NOFILE soft limit (launch raises its own for the
+// rendezvous; programs that use select() expect the usual 1024).
+
+#include <csignal>
+
+namespace launch::agent {
+
+// "Kill the worker and everything it started, now": launch's SIGKILL escalation, and the
+// shim's parent-death signal. A signal nothing else sends to a worker.
+constexpr int kKillAll = SIGPWR;
+
+}  // namespace launch::agent

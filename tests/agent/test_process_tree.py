@@ -1,0 +1,227 @@
+"""No process a job starts outlives it, and workers hold only the descriptors they should: workers
+that are wrapper shells, fork children, leave setsid'd daemons behind and read stdin, under
+SIGKILL and SIGTERM of launch, a worker failure, success, SIGUSR1 and an inherited SIGCHLD=SIG_IGN.
+Real processes; the process table is the judge."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+from harness import LAUNCH, SYSTEM_PYTHON, pids_with_marker, tmpdir, unique_marker, wait_until
+
+# The worker: a wrapper shell (it stays: `sh -c 'python3 ...; echo after'`) running a Python
+# program that forks two children in its process group (DataLoader workers), leaves a daemon in
+# a session of its own (double fork + setsid), handles SIGUSR1, and does what MODE says.
+TREE = r'''
+import os, signal, subprocess, sys, time
+mode = sys.argv[1]
+rank = os.environ["RANK"]
+for _ in range(2):
+    if os.fork() == 0:
+        time.sleep(120); os._exit(0)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(120); os._exit(0)
+    os._exit(0)
+def on_usr1(*_):
+    print("usr1 handled by rank", rank, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, on_usr1)
+print("ready", rank, flush=True)
+if mode == "fail" and rank == "1":
+    time.sleep(0.3); sys.exit(3)
+if mode == "succeed":
+    time.sleep(0.3); sys.exit(0)
+time.sleep(120)
+'''
+
+
+def descendants_alive(marker):
+    return pids_with_marker(marker)
+
+
+class ProcessTree(unittest.TestCase):
+    def setUp(self):
+        d = tmpdir()
+        self.script = os.path.join(d, "tree.py")
+        with open(self.script, "w") as f:
+            f.write(TREE)
+        self.marker = unique_marker("tree")
+
+    def tearDown(self):
+        for pid in pids_with_marker(self.marker):  # never leave the test's own mess behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def start(self, mode, preexec=None, extra=()):
+        env = dict(os.environ, LAUNCH_TEST_MARKER=self.marker)
+        cmd = [LAUNCH, "--nproc_per_node", "2", "--stop_grace", "2", *extra, "--", "/bin/sh",
+               "-c", f'{SYSTEM_PYTHON} {self.script} {mode}; s=$?; echo "wrapper after $s"; exit $s']
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env, start_new_session=True, preexec_fn=preexec)
+
+    def wait_ready(self, p):
+        seen = 0
+        lines = []
+        deadline = time.monotonic() + 30
+        while seen < 2 and time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            seen += "ready" in line
+        self.assertEqual(seen, 2, "".join(lines))
+        # Every worker has its wrapper, python, two children and one daemon (5 processes).
+        self.assertTrue(wait_until(lambda: len(descendants_alive(self.marker)) >= 10, 10),
+                        descendants_alive(self.marker))
+
+    def assert_nothing_left(self, within=3.0):
+        gone = wait_until(lambda: descendants_alive(self.marker) == [], within, 0.05)
+        self.assertTrue(gone, f"survivors: {descendants_alive(self.marker)}")
+
+    def test_sigkill_of_launch(self):
+        p = self.start("wait")
+        self.wait_ready(p)
+        p.kill()
+        p.wait(timeout=10)
+        self.assert_nothing_left()
+
+    def test_sigterm_of_launch(self):
+        p = self.start("wait")
+        self.wait_ready(p)
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM)
+        self.assert_nothing_left(1.0)
+
+    def test_worker_failure(self):
+        p = self.start("fail")
+        self.wait_ready(p)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 3, err)
+        self.assertIn("root cause: rank 1", err)
+        self.assert_nothing_left(1.0)
+
+    def test_success_leaves_no_daemon(self):
+        p = self.start("succeed")
+        self.wait_ready(p)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out.count("wrapper after 0"), 2, out)
+        self.assert_nothing_left(1.0)
+
+    def test_sigusr1_reaches_the_program_not_the_wrapper(self):
+        # Neither the wrapper shell nor the forked children handle SIGUSR1 (its default action
+        # kills); the Python program does: it alone gets it, checkpoints (here: exits 0), and
+        # the wrapper reports its status.
+        p = self.start("wait")
+        self.wait_ready(p)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out.count("usr1 handled by rank"), 2, out)
+        self.assertEqual(out.count("wrapper after 0"), 2, out)
+        self.assert_nothing_left(1.0)
+
+    def test_sigusr1_without_any_handler_is_not_delivered(self):
+        env = dict(os.environ, LAUNCH_TEST_MARKER=self.marker)
+        p = subprocess.Popen([LAUNCH, "--", "/bin/sh", "-c", "echo ready 0; echo ready 1; sleep 2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+        self.assertIn("ready", p.stdout.readline())
+        time.sleep(0.3)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("SIGUSR1 not delivered: no process of this worker handles it", err)
+
+    def test_sigusr1_to_a_python_worker_is_handled(self):
+        env = dict(os.environ, LAUNCH_TEST_MARKER=self.marker)
+        p = subprocess.Popen([LAUNCH, "--nproc_per_node", "2", "--python", SYSTEM_PYTHON,
+                              self.script, "wait"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        self.wait_ready(p)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(out.count("usr1 handled by rank"), 2, out)
+        self.assert_nothing_left(1.0)
+
+    def test_inherited_sigchld_ignored_does_not_hide_a_failure(self):
+        p = self.start("fail", preexec=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+        self.wait_ready(p)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 3, err)
+        self.assert_nothing_left(1.0)
+
+
+class Descriptors(unittest.TestCase):
+    LIST_FDS = ("import os; fds = sorted(int(f) for f in os.listdir('/proc/self/fd')); "
+                "print('FDS', [f for f in fds if os.path.exists(f'/proc/self/fd/{f}')], "
+                "os.readlink('/proc/self/fd/0'), flush=True)")
+
+    def fds_of_workers(self, out):
+        rows = [l.split("FDS ", 1)[1] for l in out.splitlines() if "FDS " in l]
+        self.assertTrue(rows, out)
+        return rows
+
+    def test_workers_hold_only_stdio_and_what_launch_was_given(self):
+        r, w = os.pipe()  # passed down to launch: it stays open for the workers, as given
+        try:
+            for extra in ([], ["--nnodes", "1:2", "--main_process_ip", "127.0.0.1",
+                               "--rdzv_conf", "last_call_timeout=0.1", "--run_id", "fds"]):
+                port = []
+                if extra:
+                    with socket.socket() as s:
+                        s.bind(("127.0.0.1", 0))
+                        port = ["--main_process_port", str(s.getsockname()[1])]
+                p = subprocess.run([LAUNCH, "--nproc_per_node", "2", *extra, *port, "--",
+                                    SYSTEM_PYTHON, "-c", self.LIST_FDS],
+                                   capture_output=True, text=True, timeout=60, pass_fds=(w,))
+                self.assertEqual(p.returncode, 0, p.stderr)
+                for row in self.fds_of_workers(p.stdout):
+                    # listdir's own descriptor is gone by the time it is checked.
+                    self.assertEqual(row, f"[0, 1, 2, {w}] /dev/null", (extra, p.stdout))
+        finally:
+            os.close(r)
+            os.close(w)
+
+    def test_rendezvous_port_is_free_even_when_a_daemon_outlives_its_worker(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        marker = unique_marker("daemon")
+        # The worker leaves a setsid'd daemon and exits 0; once launch is done, nothing may hold
+        # the rendezvous port (or anything else).
+        p = subprocess.run([LAUNCH, "--nnodes", "1:2", "--nproc_per_node", "1",
+                            "--main_process_ip", "127.0.0.1", "--main_process_port", str(port),
+                            "--rdzv_conf", "last_call_timeout=0.1", "--", "/bin/sh", "-c",
+                            "setsid sleep 30 & echo started"],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, LAUNCH_TEST_MARKER=marker))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(wait_until(lambda: pids_with_marker(marker) == [], 3, 0.05),
+                        pids_with_marker(marker))
+        with socket.socket() as s:
+            # SO_REUSEADDR as servers bind (closed connections linger in TIME_WAIT); it still
+            # fails while anything listens on the port.
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", port))
+            s.listen()
+
+    def test_stdin_reads_end_instead_of_stopping_the_worker(self):
+        p = subprocess.run([LAUNCH, "--", "/bin/sh", "-c", 'read x; echo "read returned $?"'],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("read returned 1", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
