@@ -217,7 +217,12 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   }
 
   int OpenLog(const std::string& path) {
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0644);
+    // O_NOFOLLOW: a symlink planted in a shared log_dir must not make us truncate its target.
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND | O_NOFOLLOW,
+                    0644);
+    if (fd < 0)
+      log::Warn("cannot write the log file " + path + ": " + std::strerror(errno) +
+                (errno == ELOOP ? " (it is a symbolic link; not followed)" : ""));
     return fd;
   }
 

@@ -5,7 +5,9 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <iostream>
 
@@ -382,9 +384,14 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   // A log_dir without either means "tee everything".
   bool any_spec = cfg.tee.all || !cfg.tee.per_rank.empty() || cfg.redirects.all ||
                   !cfg.redirects.per_rank.empty();
-  std::string log_dir = cfg.log_dir;
-  if (log_dir.empty() && any_spec) log_dir = "/tmp/launch-logs";
-  if (!log_dir.empty()) plan.log_root = log_dir + "/" + plan.run_id;
+  // Without a log_dir the files go to a private directory made when the job starts (mkdtemp:
+  // 0700, a fresh random name, so no other user can plant or read anything there).
+  if (!cfg.log_dir.empty()) {
+    plan.log_root = cfg.log_dir + "/" + plan.run_id;
+  } else if (any_spec) {
+    const char* tmp = std::getenv("TMPDIR");
+    plan.private_log_parent = std::string(tmp && *tmp ? tmp : "/tmp") + "/launch-logs-XXXXXX";
+  }
   for (int lr = 0; lr < plan.nproc_per_node; ++lr) {
     int tee = cfg.tee.For(lr), redirect = cfg.redirects.For(lr);
     // With a log_dir every stream is kept in files; --tee/--redirects only choose which
@@ -521,6 +528,16 @@ int Main(int argc, char** argv) {
   g.node_view.num_nodes = cfg.task_layout.num_nodes;
   g.gpu_workers = plan->device_kind == "gpu";
   opts.max_restarts = cfg.max_restarts;
+  if (!plan->private_log_parent.empty()) {
+    std::vector<char> templ(plan->private_log_parent.begin(), plan->private_log_parent.end());
+    templ.push_back('\0');
+    if (::mkdtemp(templ.data()) == nullptr) {
+      std::fprintf(stderr, "launch: error: cannot create a log directory %s: %s\n",
+                   plan->private_log_parent.c_str(), std::strerror(errno));
+      return kExitUsage;
+    }
+    plan->log_root = std::string(templ.data()) + "/" + plan->run_id;
+  }
   opts.log_root = plan->log_root;
   if (!plan->log_root.empty())
     log::Info("logs: " + plan->log_root + "/attempt_<k>/rank_<r>.{stdout,stderr}");

@@ -4,6 +4,7 @@ SIGKILL and SIGTERM of launch, a worker failure, success, SIGUSR1 and an inherit
 Real processes; the process table is the judge."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -215,6 +216,31 @@ class Descriptors(unittest.TestCase):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
             s.listen()
+
+    def test_default_log_directory_is_private_and_symlinks_are_not_followed(self):
+        p = subprocess.run([LAUNCH, "-r", "1", "--run_id", "r1", "--", "/bin/echo", "hello"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        m = re.search(r"logs: (\S+)/attempt_<k>", p.stdout + p.stderr)
+        self.assertIsNotNone(m, p.stderr)
+        root = os.path.dirname(m.group(1))
+        self.assertRegex(root, r"/launch-logs-\w{6}$")
+        self.assertEqual(os.stat(root).st_mode & 0o777, 0o700)
+        with open(os.path.join(m.group(1), "attempt_0", "rank_0.stdout")) as f:
+            self.assertEqual(f.read(), "hello\n")
+        # A symlink planted where a log file goes is not followed (its target stays intact).
+        logs = tmpdir()
+        victim = os.path.join(logs, "victim")
+        with open(victim, "w") as f:
+            f.write("precious")
+        os.makedirs(os.path.join(logs, "j", "attempt_0"))
+        os.symlink(victim, os.path.join(logs, "j", "attempt_0", "rank_0.stdout"))
+        p = subprocess.run([LAUNCH, "--log_dir", logs, "--run_id", "j", "--", "/bin/echo", "x"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        with open(victim) as f:
+            self.assertEqual(f.read(), "precious")
+        self.assertIn("symbolic link; not followed", p.stderr)
 
     def test_stdin_reads_end_instead_of_stopping_the_worker(self):
         p = subprocess.run([LAUNCH, "--", "/bin/sh", "-c", 'read x; echo "read returned $?"'],
