@@ -156,7 +156,7 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
       hello.nonce = nonce_;
       hello.proof = ComputeProof(options_.token, ProofRole::kAgent, fields["nonce"], nonce_);
       server_nonce_ = fields["nonce"];
-      conn_->Send(MessageType::kHello, ToFields(hello));
+      SendOrFail(MessageType::kHello, ToFields(hello));
       return;
     }
     if (type == MessageType::kWelcome && !nonce_.empty()) {
@@ -171,9 +171,11 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
         return;
       }
       welcomed_ = true;
+      conn_->StartAuthenticated(SessionKey(options_.token, server_nonce_, nonce_),
+                                MacDirection::kToServer);
       conn_->SetReadTimeout(HeartbeatTimeout());
       options_.join.clock_us = WallClockMicros();  // the server measures our clock offset
-      conn_->Send(MessageType::kJoin, ToFields(options_.join));
+      SendOrFail(MessageType::kJoin, ToFields(options_.join));
       ArmHeartbeat();
       return;
     }
@@ -238,7 +240,7 @@ void RendezvousClient::ArmHeartbeat() {
   heartbeat_timer_.expires_after(std::max(HeartbeatTimeout() / 4, std::chrono::milliseconds(10)));
   heartbeat_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
     if (ec || self->finished_ || !self->conn_) return;
-    self->conn_->Send(MessageType::kHeartbeat, {});
+    self->SendOrFail(MessageType::kHeartbeat, {});
     self->ArmHeartbeat();
   });
 }
@@ -247,17 +249,26 @@ void RendezvousClient::Rejoin(int master_port) {
   if (finished_ || !conn_ || !welcomed_) return;
   if (master_port > 0) options_.join.master_port = master_port;
   options_.join.clock_us = WallClockMicros();
-  conn_->Send(MessageType::kJoin, ToFields(options_.join));
+  SendOrFail(MessageType::kJoin, ToFields(options_.join));
 }
 
 void RendezvousClient::ReportFailure(const FailureReport& report) {
   if (finished_ || !conn_ || !welcomed_) return;
-  conn_->Send(MessageType::kReport, ToFields(report));
+  SendOrFail(MessageType::kReport, ToFields(report));
 }
 
 void RendezvousClient::ReportSuccess(int round) {
   if (finished_ || !conn_ || !welcomed_) return;
-  conn_->Send(MessageType::kSucceeded, {{"round", std::to_string(round)}});
+  SendOrFail(MessageType::kSucceeded, {{"round", std::to_string(round)}});
+}
+
+void RendezvousClient::SendOrFail(MessageType type, const Fields& fields) {
+  Status sent = conn_->Send(type, fields);
+  if (sent.ok()) return;
+  JobFailure f;
+  f.message = "could not send " + std::string(ToString(type)) +
+              " to the rendezvous server: " + sent.message();
+  Fail(sent, f);
 }
 
 void RendezvousClient::Fail(Status status, JobFailure failure) {

@@ -90,6 +90,8 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   void OnClosed(const Status& why);
   void ArmHeartbeat();
   void Fail(Status status, JobFailure failure);
+  // Send, or Fail when the message cannot be sent (larger than the protocol allows).
+  void SendOrFail(MessageType type, const Fields& fields);
   std::chrono::milliseconds HeartbeatTimeout() const;
 
   boost::asio::io_context& io_;

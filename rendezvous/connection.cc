@@ -1,5 +1,6 @@
 #include "rendezvous/connection.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace launch::rendezvous {
@@ -49,6 +50,11 @@ void Connection::ReadHeader() {
                    });
 }
 
+void Connection::StartAuthenticated(std::string session_key, MacDirection outgoing) {
+  mac_key_ = std::move(session_key);
+  outgoing_ = outgoing;
+}
+
 void Connection::OnHeader(const boost::system::error_code& ec) {
   if (closed_) return;
   if (ec) {
@@ -56,29 +62,71 @@ void Connection::OnHeader(const boost::system::error_code& ec) {
                                 : Status::PeerLost(ec.message()));
     return;
   }
-  // Validate before allocating: the length is bounded by kMaxPayloadSize here.
-  StatusOr<FrameHeader> header = DecodeHeader(header_);
+  // Validate before allocating anything.
+  uint32_t limit = authenticated() ? kMaxPayloadSize + kMacSize : kMaxHandshakePayload;
+  StatusOr<FrameHeader> header = DecodeHeader(header_, limit);
   if (!header.ok()) {
     Fail(header.status());
     return;
   }
+  if (!authenticated() && !IsHandshakeMessage(header->type)) {
+    Fail(Status::ProtocolError(std::string(ToString(header->type)) +
+                               " before the handshake completed"));
+    return;
+  }
+  if (authenticated() && header->length < kMacSize) {
+    Fail(Status::AuthFailed("frame without its MAC"));
+    return;
+  }
   frame_header_ = *header;
-  body_.assign(frame_header_.length, '\0');
-  asio::async_read(socket_, asio::buffer(body_),
-                   [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-                     self->OnBody(ec);
+  body_.clear();
+  body_received_ = 0;
+  ReadBody();
+}
+
+void Connection::ReadBody() {
+  // Grow as bytes arrive: a peer announcing a large frame and sending little costs little.
+  constexpr size_t kChunk = 64 * 1024;
+  size_t want = std::min<size_t>(frame_header_.length - body_received_, kChunk);
+  if (want == 0) {
+    OnFrameComplete();
+    return;
+  }
+  body_.resize(body_received_ + want);
+  asio::async_read(socket_, asio::buffer(&body_[body_received_], want),
+                   [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+                     self->OnBody(ec, n);
                    });
 }
 
-void Connection::OnBody(const boost::system::error_code& ec) {
+void Connection::OnBody(const boost::system::error_code& ec, size_t bytes) {
   if (closed_) return;
   if (ec) {
     Fail(Status::PeerLost(ec == asio::error::eof ? "connection closed by peer" : ec.message()));
     return;
   }
+  body_received_ += bytes;
+  ReadBody();
+}
+
+void Connection::OnFrameComplete() {
   ++read_generation_;  // this frame made its deadline
   read_timer_.cancel();
-  StatusOr<Fields> fields = DecodeFields(body_);
+  std::string_view payload = body_;
+  if (authenticated()) {
+    payload.remove_suffix(kMacSize);
+    std::string frame(reinterpret_cast<const char*>(header_), kHeaderSize);
+    frame.append(payload.data(), payload.size());
+    MacDirection incoming =
+        outgoing_ == MacDirection::kToServer ? MacDirection::kToAgent : MacDirection::kToServer;
+    std::string expected = FrameMac(mac_key_, incoming, receive_sequence_++, frame);
+    if (!ConstantTimeEquals(expected, std::string_view(body_).substr(payload.size()))) {
+      Fail(Status::AuthFailed(std::string("bad MAC on a ") + ToString(frame_header_.type) +
+                              " frame (forged, altered, replayed or out of order)"));
+      return;
+    }
+  }
+  StatusOr<Fields> fields = DecodeFields(payload);
   if (!fields.ok()) {
     Fail(fields.status());
     return;
@@ -95,23 +143,32 @@ void Connection::OnBody(const boost::system::error_code& ec) {
   ReadHeader();
 }
 
-void Connection::Send(MessageType type, const Fields& fields) {
-  if (closed_ || close_after_write_) return;
-  std::string frame = EncodeFrame(type, fields);
+Status Connection::Send(MessageType type, const Fields& fields) {
+  if (closed_ || close_after_write_) return Status::Ok();
+  size_t mac_size = authenticated() ? kMacSize : 0;
+  std::string frame = EncodeFrame(type, fields, mac_size);
+  size_t limit = authenticated() ? kMaxPayloadSize : kMaxHandshakePayload;
+  if (frame.size() - kHeaderSize > limit)
+    return Status::ProtocolError(std::string(ToString(type)) + " of " +
+                                 std::to_string(frame.size() - kHeaderSize) +
+                                 " bytes exceeds the protocol's limit of " + std::to_string(limit));
+  if (authenticated()) frame += FrameMac(mac_key_, outgoing_, send_sequence_++, frame);
   pending_bytes_ += frame.size();
   if (pending_bytes_ > kMaxPendingBytes) {
     Fail(Status::IoError("peer does not read (" + std::to_string(pending_bytes_) +
                          " bytes queued)"));
-    return;
+    return Status::Ok();
   }
   write_queue_.push_back(std::move(frame));
   if (!writing_) WriteNext();
+  return Status::Ok();
 }
 
-void Connection::SendAndClose(MessageType type, const Fields& fields) {
-  Send(type, fields);
+Status Connection::SendAndClose(MessageType type, const Fields& fields) {
+  Status sent = Send(type, fields);
   close_after_write_ = true;
   if (!writing_) Close(Status::Ok());
+  return sent;
 }
 
 void Connection::WriteNext() {

@@ -8,6 +8,14 @@
 // Callbacks run on the io_context's thread and never re-entrantly: on_closed is posted, so an
 // owner may call Close() from inside on_frame. After Detach() no callback runs again; owners
 // call it before they go away. Not thread-safe: use from the io_context's thread only.
+//
+// Authentication: a new connection accepts only handshake frames (protocol.h) of at most
+// kMaxHandshakePayload bytes, so an unauthenticated peer costs a few KiB at most. Once the owner
+// has verified the handshake it calls StartAuthenticated(session key): from then on every frame
+// sent carries FrameMac(key, direction, sequence, frame) (auth.h) after its payload, every frame
+// received must carry a valid one for the next sequence number of the other direction (else
+// the connection closes with AuthFailed), and frames up to kMaxPayloadSize are accepted. A body
+// is read in pieces as it arrives, never allocated up front from the length field.
 
 #include <chrono>
 #include <cstdint>
@@ -19,6 +27,7 @@
 #include <boost/asio.hpp>
 
 #include "base/status.h"
+#include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
 
 namespace launch::rendezvous {
@@ -45,9 +54,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void SetReadTimeout(std::chrono::milliseconds timeout) { read_timeout_ = timeout; }
   void SetWriteTimeout(std::chrono::milliseconds timeout) { write_timeout_ = timeout; }
 
-  void Send(MessageType type, const Fields& fields);
+  // Queues a frame. ProtocolError (nothing sent, the connection stays open) when the message
+  // exceeds the size the peer accepts; OK when the connection is already closing (its
+  // on_closed reports why).
+  Status Send(MessageType type, const Fields& fields);
   // Sends, then closes once the frame is flushed (or the write deadline passes).
-  void SendAndClose(MessageType type, const Fields& fields);
+  Status SendAndClose(MessageType type, const Fields& fields);
+  // See the header comment. `outgoing`: the direction of the frames this side sends.
+  // REQUIRES: called once, from on_frame of the last handshake frame received or right after
+  // the last handshake frame was sent, before anything else is sent.
+  void StartAuthenticated(std::string session_key, MacDirection outgoing);
+  bool authenticated() const { return !mac_key_.empty(); }
   // Closes now; on_closed(why) follows (posted). Idempotent.
   void Close(Status why);
   // Stops all callbacks and closes.
@@ -60,13 +77,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t pending_bytes() const { return pending_bytes_; }
 
   // Outgoing bytes beyond this close the connection (a peer that does not read).
-  static constexpr size_t kMaxPendingBytes = 16u << 20;
+  static constexpr size_t kMaxPendingBytes = kMaxPayloadSize + (16u << 20);
 
  private:
   explicit Connection(tcp::socket socket);
   void ReadHeader();
   void OnHeader(const boost::system::error_code& ec);
-  void OnBody(const boost::system::error_code& ec);
+  void ReadBody();
+  void OnBody(const boost::system::error_code& ec, size_t bytes);
+  void OnFrameComplete();
   void ArmReadTimer();
   void WriteNext();
   void Fail(Status why);
@@ -79,7 +98,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::chrono::milliseconds write_timeout_{5000};
   uint8_t header_[kHeaderSize] = {};
   FrameHeader frame_header_;
-  std::string body_;
+  std::string body_;          // payload (and MAC) of the frame being read, grown as it arrives
+  size_t body_received_ = 0;  // bytes of body_ read so far
+  std::string mac_key_;       // empty until StartAuthenticated
+  MacDirection outgoing_ = MacDirection::kToServer;
+  uint64_t send_sequence_ = 0;
+  uint64_t receive_sequence_ = 0;
   std::deque<std::string> write_queue_;
   size_t pending_bytes_ = 0;
   bool writing_ = false;

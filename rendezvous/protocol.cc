@@ -178,7 +178,12 @@ const char* ToString(MessageType type) {
   return "UNKNOWN";
 }
 
-StatusOr<FrameHeader> DecodeHeader(const uint8_t* data) {
+bool IsHandshakeMessage(MessageType type) {
+  return type == MessageType::kChallenge || type == MessageType::kHello ||
+         type == MessageType::kWelcome || type == MessageType::kError;
+}
+
+StatusOr<FrameHeader> DecodeHeader(const uint8_t* data, uint32_t max_length) {
   if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0)
     return Status::ProtocolError("not a launch rendezvous frame (bad magic)");
   uint16_t version = GetU16(data + 4);
@@ -191,9 +196,9 @@ StatusOr<FrameHeader> DecodeHeader(const uint8_t* data) {
       type > static_cast<uint16_t>(MessageType::kError))
     return Status::ProtocolError("unknown message type " + std::to_string(type));
   uint32_t length = GetU32(data + 8);
-  if (length > kMaxPayloadSize)
+  if (length > max_length)
     return Status::ProtocolError("frame of " + std::to_string(length) +
-                                 " bytes exceeds the limit of " + std::to_string(kMaxPayloadSize));
+                                 " bytes exceeds the limit of " + std::to_string(max_length));
   FrameHeader h;
   h.type = static_cast<MessageType>(type);
   h.length = length;
@@ -245,16 +250,17 @@ std::string EncodeFields(const Fields& fields) {
     PutU32(&out, static_cast<uint32_t>(value.size()));
     out += value;
   }
-  LAUNCH_CHECK(out.size() <= kMaxPayloadSize, "message too large");
   return out;
 }
 
-std::string EncodeFrame(MessageType type, const Fields& fields) {
+std::string EncodeFrame(MessageType type, const Fields& fields, size_t mac_size) {
   std::string payload = EncodeFields(fields);
   std::string out(kMagic, sizeof(kMagic));
   PutU16(&out, kProtocolVersion);
   PutU16(&out, static_cast<uint16_t>(type));
-  PutU32(&out, static_cast<uint32_t>(payload.size()));
+  // Saturates, so an oversized message is refused by the limit checks, never wrapped around.
+  size_t length = payload.size() + mac_size;
+  PutU32(&out, length > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(length));
   out += payload;
   return out;
 }

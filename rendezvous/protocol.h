@@ -8,15 +8,22 @@
 //   0       4     magic   "LRDZ"
 //   4       2     version kProtocolVersion (a peer speaking another version is refused)
 //   6       2     type    MessageType
-//   8       4     length  payload bytes that follow, <= kMaxPayloadSize
+//   8       4     length  bytes that follow (payload, plus the MAC once authenticated)
 //   12      ...   payload a field list (below)
+//   ...     32    MAC     after the handshake only: see auth.h and connection.h
+//
+// Length limits depend on the connection's state: before authentication only the handshake
+// messages (CHALLENGE, HELLO, WELCOME, ERROR) of at most kMaxHandshakePayload bytes; after it
+// any message up to kMaxPayloadSize, which bounds every message the parsers below accept (so
+// whatever one side can produce, the other accepts).
 //
 // Payload: u16 field count (<= kMaxFields), then per field: u8 key length (1..kMaxKeySize),
 // key bytes ([a-z0-9_]), u32 value length, value bytes (any bytes). Keys are strictly
 // ascending (one canonical encoding; no duplicates).
 //
 // A reader checks the 12-byte header (magic, version, known type, length bound) BEFORE it
-// allocates anything for the payload, so a peer claiming a 4 GiB frame costs nothing.
+// allocates anything for the payload, and allocates as bytes arrive, so a peer claiming a
+// 4 GiB frame costs nothing and an unauthenticated peer at most kMaxHandshakePayload.
 // Every decoder below returns a Status on malformed input and never crashes or throws on any
 // input (fuzzed by rendezvous/fuzz_protocol.cc).
 //
@@ -50,7 +57,10 @@ namespace launch::rendezvous {
 inline constexpr char kMagic[4] = {'L', 'R', 'D', 'Z'};
 inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr size_t kHeaderSize = 12;
-inline constexpr uint32_t kMaxPayloadSize = 1u << 20;  // 1 MiB
+// 65536 nodes x (256-byte host name + address + numbers) in an ASSIGN's node table stays
+// well below this.
+inline constexpr uint32_t kMaxPayloadSize = 64u << 20;  // 64 MiB
+inline constexpr uint32_t kMaxHandshakePayload = 4096;
 inline constexpr size_t kMaxFields = 256;
 inline constexpr size_t kMaxKeySize = 32;
 
@@ -76,17 +86,21 @@ struct FrameHeader {
 };
 
 // REQUIRES: `data` points at kHeaderSize readable bytes.
-// ProtocolError on a wrong magic, an unknown version or type, or length > kMaxPayloadSize.
-StatusOr<FrameHeader> DecodeHeader(const uint8_t* data);
+// ProtocolError on a wrong magic, an unknown version or type, or length > max_length.
+StatusOr<FrameHeader> DecodeHeader(const uint8_t* data, uint32_t max_length = kMaxPayloadSize);
+// True for the messages of the handshake (the only ones accepted before authentication).
+bool IsHandshakeMessage(MessageType type);
 
 // Field list: keys sorted (std::map), so encoding is deterministic.
 using Fields = std::map<std::string, std::string>;
 
 StatusOr<Fields> DecodeFields(std::string_view payload);
-// REQUIRES: keys valid and the encoded size <= kMaxPayloadSize (CHECKed: our own messages).
+// REQUIRES: keys valid (CHECKed: our own messages). The size is not checked here: a sender
+// checks it against the limit (Connection::Send) and fails without sending.
 std::string EncodeFields(const Fields& fields);
-// Header + payload, ready for the socket.
-std::string EncodeFrame(MessageType type, const Fields& fields);
+// Header + payload, ready for the socket (`mac_size` extra bytes announced in the length, to
+// be appended by the caller).
+std::string EncodeFrame(MessageType type, const Fields& fields, size_t mac_size = 0);
 
 // Decodes a whole buffer holding exactly one frame (tests and the fuzzer).
 struct Frame {

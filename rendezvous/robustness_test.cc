@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include "rendezvous/auth.h"
+#include "rendezvous/connection.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/test_util.h"
 
@@ -55,6 +56,26 @@ struct RawPeer : std::enable_shared_from_this<RawPeer> {
   bool closed = false;
   Clock::time_point closed_at;
 };
+
+// A frame as an authenticated agent sends it: header, payload, MAC for `sequence`.
+std::string MacedFrame(const std::string& key, uint64_t sequence, MessageType type,
+                       const Fields& fields) {
+  std::string frame = EncodeFrame(type, fields, kMacSize);
+  return frame + FrameMac(key, MacDirection::kToServer, sequence, frame);
+}
+
+// Connects a raw peer and completes the handshake with the empty token; returns the session
+// key. REQUIRES: the server has no token.
+std::string Handshake(Harness& h, RawPeer& peer) {
+  peer.Connect(h.server->port());
+  REQUIRE(RunUntil(h.io, [&] { return peer.FirstFrame().has_value(); }));
+  std::string server_nonce = peer.FirstFrame()->fields["nonce"];
+  Hello hello;
+  hello.nonce = RandomNonce();
+  hello.proof = ComputeProof("", ProofRole::kAgent, server_nonce, hello.nonce);
+  peer.Write(EncodeFrame(MessageType::kHello, ToFields(hello)));
+  return SessionKey("", server_nonce, hello.nonce);
+}
 
 // Two real agents complete a rendezvous while `disturb` runs against the same server.
 void RendezvousSucceedsBeside(Harness& h) {
@@ -162,7 +183,8 @@ TEST_CASE("AgentSilentAfterJoiningIsDeclaredLostWithinHeartbeatTimeout") {
   hello.nonce = RandomNonce();
   hello.proof = ComputeProof("", ProofRole::kAgent, server_nonce, hello.nonce);
   peer->Write(EncodeFrame(MessageType::kHello, ToFields(hello)));
-  peer->Write(EncodeFrame(MessageType::kJoin, ToFields(j)));
+  peer->Write(
+      MacedFrame(SessionKey("", server_nonce, hello.nonce), 0, MessageType::kJoin, ToFields(j)));
   REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty(); }));
   auto assigned = Clock::now();
   REQUIRE(RunUntil(
@@ -172,6 +194,113 @@ TEST_CASE("AgentSilentAfterJoiningIsDeclaredLostWithinHeartbeatTimeout") {
   REQUIRE(a.failed.has_value());
   INFO(a.failed->message());
   CHECK(a.failed->message().find("lost node") != std::string::npos);
+}
+
+TEST_CASE("BeforeTheHandshakeOnlySmallHandshakeFramesAreRead") {
+  Harness h;
+  // A HELLO claiming 1 MiB: refused from its header, nothing allocated for it.
+  auto big = std::make_shared<RawPeer>(h.io);
+  big->Connect(h.server->port());
+  std::string header(kMagic, 4);
+  header += std::string("\x00\x01\x00\x02\x00\x10\x00\x00", 8);  // v1, HELLO, 1 MiB
+  big->Write(header + std::string(10, 'x'));
+  // A JOIN before authenticating: refused, whatever its size.
+  auto early = std::make_shared<RawPeer>(h.io);
+  early->Connect(h.server->port());
+  early->Write(EncodeFrame(MessageType::kJoin, ToFields(Join(2, 2, -1))));
+  REQUIRE(RunUntil(
+      h.io, [&] { return big->closed && early->closed; }, milliseconds(2000)));
+  RendezvousSucceedsBeside(h);
+}
+
+TEST_CASE("FramesAfterTheHandshakeNeedTheSessionMac") {
+  // Without a MAC, with a MAC under another key, replayed, or altered: each closes that
+  // connection without a JOIN taking effect, while real agents rendezvous beside it.
+  Harness h;
+  JoinRequest j = Join(2, 2, -1);
+  std::vector<std::shared_ptr<RawPeer>> peers;
+  auto add = [&] {
+    peers.push_back(std::make_shared<RawPeer>(h.io));
+    return Handshake(h, *peers.back());
+  };
+  add();
+  peers.back()->Write(EncodeFrame(MessageType::kJoin, ToFields(j)));  // no MAC
+  add();
+  peers.back()->Write(MacedFrame(SessionKey("", "other", "nonces"), 0, MessageType::kJoin,
+                                 ToFields(j)));  // another session's key
+  std::string key = add();
+  peers.back()->Write(MacedFrame(key, 1, MessageType::kJoin, ToFields(j)));  // wrong sequence
+  key = add();
+  std::string altered = MacedFrame(key, 0, MessageType::kJoin, ToFields(j));
+  altered[kHeaderSize + 20] ^= 1;
+  peers.back()->Write(altered);
+  REQUIRE(RunUntil(
+      h.io,
+      [&] {
+        for (auto& p : peers)
+          if (!p->closed) return false;
+        return true;
+      },
+      milliseconds(3000)));
+  // None of them counted as a node: two real agents still form a 2-node job.
+  RendezvousSucceedsBeside(h);
+  CHECK(h.LogContains("bad MAC"));
+}
+
+TEST_CASE("MessagesLargerThanOneMebibyteArriveIntact") {
+  // An ASSIGN's node table grows with the job (host names up to 256 bytes); whatever one side
+  // can encode the other accepts. 12000 nodes with long names: about 4 MiB.
+  asio::io_context io;
+  tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  tcp::socket client_socket(io);
+  client_socket.connect(acceptor.local_endpoint());
+  auto server_side = Connection::Create(acceptor.accept());
+  auto client_side = Connection::Create(std::move(client_socket));
+  std::string key = SessionKey("token", std::string(kNonceSize, 'a'), std::string(kNonceSize, 'b'));
+  server_side->StartAuthenticated(key, MacDirection::kToAgent);
+  client_side->StartAuthenticated(key, MacDirection::kToServer);
+  Assignment a;
+  a.num_nodes = 12000;
+  a.world_size = 12000;
+  a.local_world_size = 1;
+  a.master_addr = "10.0.0.1";
+  a.master_port = 29500;
+  a.run_id = "big";
+  for (int r = 0; r < a.num_nodes; ++r) {
+    NodeInfo n;
+    n.node_rank = r;
+    n.host = std::string(250, 'h') + std::to_string(r);
+    n.address = "10.0." + std::to_string(r / 256) + "." + std::to_string(r % 256);
+    n.local_world_size = 1;
+    n.rank_offset = r;
+    a.nodes.push_back(n);
+  }
+  Fields sent = ToFields(a);
+  REQUIRE(EncodeFields(sent).size() > (2u << 20));
+  std::optional<Fields> got;
+  std::optional<Status> closed;
+  client_side->SetReadTimeout(milliseconds(5000));
+  client_side->Start({[&](MessageType type, Fields f) {
+                        CHECK(type == MessageType::kAssign);
+                        got = std::move(f);
+                      },
+                      [&](Status why) { closed = why; }});
+  server_side->Start({[](MessageType, Fields) {}, [](Status) {}});
+  REQUIRE(server_side->Send(MessageType::kAssign, sent).ok());
+  REQUIRE(RunUntil(io, [&] { return got.has_value() || closed.has_value(); }));
+  REQUIRE(got.has_value());
+  CHECK(*got == sent);
+  auto parsed = ParseAssignment(*got);
+  REQUIRE(parsed.ok());
+  CHECK(parsed->nodes.size() == 12000u);
+  // Beyond the protocol's limit, Send refuses without sending or closing.
+  Fields huge = {{"nodes", std::string(kMaxPayloadSize, 'x')}};
+  CHECK(server_side->Send(MessageType::kAssign, huge).code() == Status::Code::kProtocolError);
+  CHECK_FALSE(server_side->closed());
+  client_side->Detach();
+  server_side->Detach();
+  io.restart();
+  io.run_for(milliseconds(20));
 }
 
 TEST_CASE("ManyBadConnectionsDoNotStopTheServer") {

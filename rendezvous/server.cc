@@ -216,6 +216,9 @@ void RendezvousServer::HandleHello(Session& s, const Fields& fields) {
   s.conn->Send(
       MessageType::kWelcome,
       {{"proof", ComputeProof(options_.token, ProofRole::kServer, hello->nonce, s.server_nonce)}});
+  // Every later frame, both ways, carries a MAC under this session's key.
+  s.conn->StartAuthenticated(SessionKey(options_.token, s.server_nonce, hello->nonce),
+                             MacDirection::kToAgent);
 }
 
 std::string RendezvousServer::SpecMismatch(const Session& s, const JoinRequest& j) const {
@@ -566,6 +569,11 @@ void RendezvousServer::OnClosed(uint64_t id, const Status& why) {
   if (stopped_ || it == sessions_.end()) return;
   std::unique_ptr<Session> s = std::move(it->second);
   sessions_.erase(it);
+  // A peer that broke the protocol after authenticating holds the token (or forged a frame):
+  // worth a line whatever the job's state.
+  if (s->authenticated &&
+      (why.code() == Status::Code::kAuthFailed || why.code() == Status::Code::kProtocolError))
+    Log("closed the connection of " + Describe(*s) + ": " + why.message());
   if (state_ == JobState::kRunning && s->in_round && !round_failed_) {
     std::string how = why.ok() ? "connection closed" : why.message();
     Log("lost node " + std::to_string(s->node_rank) + ", " + Describe(*s) + ": " + how);
