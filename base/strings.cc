@@ -108,6 +108,21 @@ bool ParseDouble(std::string_view s, double* out) {
   return true;
 }
 
+uint64_t Fnv1a64(std::string_view data, uint64_t state) {
+  for (unsigned char c : data) {
+    state ^= c;
+    state *= 1099511628211ull;
+  }
+  return state;
+}
+
+std::string Hex64(uint64_t value) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 15; i >= 0; --i, value >>= 4) out[static_cast<size_t>(i)] = kDigits[value & 0xf];
+  return out;
+}
+
 std::string SignalName(int signo) {
   const char* abbrev = sigabbrev_np(signo);
   if (abbrev) return std::string("SIG") + abbrev;

@@ -2,6 +2,7 @@
 
 // Small string helpers shared by every module (no dependencies beyond the STL).
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,13 @@ std::string ClosestMatch(std::string_view word, const std::vector<std::string>& 
 // Strict number parsing: the whole string must be the number. Return false otherwise.
 bool ParseInt64(std::string_view s, long long* out);
 bool ParseDouble(std::string_view s, double* out);
+
+// FNV-1a, 64 bits: a stable, fast, non-cryptographic hash (the same on every machine and
+// build). Chain calls by passing the previous result as `state`.
+inline constexpr uint64_t kFnv1aInit = 1469598103934665603ull;
+uint64_t Fnv1a64(std::string_view data, uint64_t state = kFnv1aInit);
+// Lowercase hex of `value`, 16 digits.
+std::string Hex64(uint64_t value);
 
 // "SIGSEGV" for 11, "signal 77" for unknown numbers.
 std::string SignalName(int signo);

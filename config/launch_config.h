@@ -77,7 +77,9 @@ struct LaunchConfig {
   // 127.0.0.2, 127.0.0.3, ... as stand-in nodes). Empty = chosen by the kernel.
   std::string rdzv_local_addr;
   RdzvConf rdzv_conf;
-  std::string run_id;  // empty = generated on one node, "default" across nodes
+  // Empty: a fresh one on one node; across nodes one derived from what the nodes share
+  // (launcher.cc DerivedRunId), or slurm-$SLURM_JOB_ID under SLURM.
+  std::string run_id;
   std::string role = "default";
   int max_restarts = 0;         // whole-group restarts after a failure
   std::string gpu_ids = "all";  // CUDA_VISIBLE_DEVICES for the workers ("all" = leave as is)

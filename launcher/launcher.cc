@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -70,6 +70,34 @@ std::string MakeRunId() {
   return std::string(buf) + "-" + std::to_string(getpid());
 }
 
+// The run id of a multi-node job that names none. The nodes of one job must agree on it
+// without talking to each other, and an unrelated job pointed at the same endpoint must get
+// another one, so that the rendezvous refuses it (naming both ids) instead of letting it join
+// as a node or a spare. Hence a hash of what the nodes of one job share: the endpoint, the
+// node count, max_restarts, the role and the program with its arguments as given (not as
+// resolved: install paths may differ between machines).
+std::string DerivedRunId(const config::LaunchConfig& cfg) {
+  std::vector<std::string> parts = {
+      cfg.main_process_ip,
+      std::to_string(cfg.main_process_port),
+      std::to_string(cfg.min_nodes) + ":" + std::to_string(cfg.max_nodes),
+      std::to_string(cfg.max_restarts),
+      cfg.role,
+      cfg.run_module ? "-m" : ""};
+  if (!cfg.program.empty()) {
+    parts.insert(parts.end(), cfg.program.begin(), cfg.program.end());
+  } else {
+    size_t slash = cfg.config_path.rfind('/');
+    parts.push_back(slash == std::string::npos ? cfg.config_path
+                                               : cfg.config_path.substr(slash + 1));
+    parts.insert(parts.end(), cfg.extra_args.begin(), cfg.extra_args.end());
+  }
+  uint64_t h = kFnv1aInit;
+  for (const std::string& part : parts)
+    h = Fnv1a64(std::string_view(part.c_str(), part.size() + 1), h);
+  return "job-" + Hex64(h).substr(0, 12);
+}
+
 void Warn(const std::string& msg) { log::Warn(msg); }
 
 // What runs under the interpreter without --no_python: a .py file, or (torchrun runs every
@@ -84,16 +112,17 @@ bool IsPythonScript(const std::string& program) {
 
 // The multi-node options from the merged config and the single-node template `local` (which
 // the launcher builds as for one node). Endpoint = main_process_ip:main_process_port (29500
-// when unset), token = rdzv_token, run_id ("default" when unset), nnodes MIN:MAX, machine_rank,
+// when unset), token = rdzv_token, run_id = the plan's, nnodes MIN:MAX, machine_rank,
 // max_restarts, rdzv_conf. The environment variable LAUNCH_RDZV_LOCAL_ADDR sets local_address.
 agent::ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& cfg,
+                                                   const Plan& plan,
                                                    const agent::AgentOptions& local) {
   agent::ElasticAgentOptions o;
   o.local = local;
   o.endpoint_host = cfg.main_process_ip;
   o.endpoint_port = cfg.main_process_port > 0 ? cfg.main_process_port : 29500;
   o.token = cfg.rdzv_token;
-  o.run_id = cfg.run_id.empty() ? "default" : cfg.run_id;
+  o.run_id = plan.run_id;
   o.min_nodes = cfg.min_nodes;
   o.max_nodes = cfg.max_nodes;
   o.node_rank = cfg.machine_rank;
@@ -378,7 +407,9 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
                                    port.status().message());
     plan.master_port = *port;
   }
-  plan.run_id = cfg.run_id.empty() ? MakeRunId() : cfg.run_id;
+  plan.run_id = !cfg.run_id.empty() ? cfg.run_id
+                : cfg.max_nodes > 1 ? DerivedRunId(cfg)
+                                    : MakeRunId();
 
   // Output routing, torchrun semantics: --redirects sends streams to files only, --tee to both.
   // A log_dir without either means "tee everything".
@@ -484,7 +515,8 @@ int Main(int argc, char** argv) {
                 << (multi_node ? "rendezvous at " + plan->master_addr + ":" +
                                      std::to_string(plan->master_port) +
                                      " (the workers' MASTER_ADDR/MASTER_PORT: node 0's address "
-                                     "and a free port there, from the rendezvous)"
+                                     "and a free port there, from the rendezvous), run id " +
+                                     plan->run_id
                                : "MASTER_ADDR=" + plan->master_addr +
                                      " MASTER_PORT=" + std::to_string(plan->master_port))
                 << "\n# command: " << Join(plan->argv, " ") << "\n";
@@ -541,7 +573,7 @@ int Main(int argc, char** argv) {
   opts.log_root = plan->log_root;
   if (!plan->log_root.empty())
     log::Info("logs: " + plan->log_root + "/attempt_<k>/rank_<r>.{stdout,stderr}");
-  int rc = multi_node ? agent::RunElasticAgent(MakeElasticAgentOptions(cfg, opts))
+  int rc = multi_node ? agent::RunElasticAgent(MakeElasticAgentOptions(cfg, *plan, opts))
                       : agent::RunLocalAgent(opts);
   if (self_test) {
     if (rc == 0) {

@@ -48,23 +48,13 @@ std::string Eta(double seconds) {
 
 // FNV-1a over the raw bytes of every parameter: equal checksums mean bit-identical weights.
 uint64_t Fnv(const std::vector<torch::Tensor>& params) {
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnv1aInit;
   for (const auto& p : params) {
     auto t = p.detach().contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
     const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
-    for (size_t i = 0; i < n; ++i) {
-      h ^= bytes[i];
-      h *= 1099511628211ull;
-    }
+    h = Fnv1a64(std::string_view(static_cast<const char*>(t.data_ptr()), n), h);
   }
   return h;
-}
-
-std::string Hex(uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
-  return buf;
 }
 
 // The built-in data set's training rows as a torch::data batch dataset (positions index
@@ -466,7 +456,7 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   std::vector<double> stats;
   if (pipeline_) stats = accel_->GatherPipelineStats(mine);  // collective: before the return
   if (!accel_->IsMainProcess()) return Status::Ok();
-  std::string checksum = Hex(mine);
+  std::string checksum = Hex64(mine);
   std::ostringstream pipeline;
   if (pipeline_) {
     constexpr int kFields = PipelineEngine::kStatFields;
@@ -480,16 +470,16 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
       return out + "]";
     };
     std::string checksums = "[";
-    uint64_t combined = 1469598103934665603ull;
+    uint64_t combined = kFnv1aInit;
     for (int s = 0; s < stages; ++s) {
       const uint64_t h =
           (static_cast<uint64_t>(stats[static_cast<size_t>(s * kFields + 5)]) << 32) |
           static_cast<uint64_t>(stats[static_cast<size_t>(s * kFields + 6)]);
       combined = (combined ^ h) * 1099511628211ull;
-      checksums += std::string(s ? ", " : "") + "\"" + Hex(h) + "\"";
+      checksums += std::string(s ? ", " : "") + "\"" + Hex64(h) + "\"";
     }
     checksums += "]";
-    checksum = Hex(combined);
+    checksum = Hex64(combined);
     pipeline << ",\n  \"pipeline\": {\n    \"stages\": " << stages
              << ",\n    \"replicas\": " << accel_->data_parallel_size()
              << ",\n    \"microbatches\": " << cfg_.parallel.microbatches

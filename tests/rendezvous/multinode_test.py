@@ -197,6 +197,26 @@ class MultiNodeTest(unittest.TestCase):
             self.assertIn("'alpha'", n.output())
             self.assertIn("'beta'", n.output())
 
+    def test_second_job_on_the_same_endpoint_is_refused_naming_both_run_ids(self):
+        # Two unrelated jobs, neither naming a run id, pointed at one endpoint: the second is
+        # refused at once (exit 2, both derived ids named) and never runs; the first is untouched.
+        wa = ["--pid-dir", self.tmp, "--sleep-try", "0:3"]
+        a = self.start(0, 2, rank=0, nproc=1, worker_args=wa)
+        b = self.start(1, 2, rank=1, nproc=1, worker_args=wa)
+        self.pid_of(0, 0)
+        self.pid_of(1, 0)
+        other = self.start(2, 2, nproc=1, program=["sh", "-c", "echo JOB B WORKER RAN"])
+        self.assertEqual(other.wait(15), 2, other.output())
+        out = other.output()
+        self.assertNotIn("JOB B WORKER RAN", out)
+        ids = set(re.findall(r"job-[0-9a-f]{12}", out))
+        self.assertEqual(len(ids), 2, out)
+        self.assertEqual(self.wait_all([a, b]), [0, 0], a.output() + b.output())
+        self.check_ranks([a, b], 2)
+        run_ids = {e["TORCHELASTIC_RUN_ID"] for n in (a, b) for e in env_lines(n.output())}
+        self.assertEqual(len(run_ids), 1)
+        self.assertIn(run_ids.pop(), ids)
+
     def test_missing_node_times_out_listing_missing_ranks(self):
         conf = ["--rdzv_conf", "join_timeout=1.5"]
         a = self.start(0, 3, rank=0, extra=conf)
