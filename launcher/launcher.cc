@@ -73,17 +73,14 @@ std::string MakeRunId() {
 // The run id of a multi-node job that names none. The nodes of one job must agree on it
 // without talking to each other, and an unrelated job pointed at the same endpoint must get
 // another one, so that the rendezvous refuses it (naming both ids) instead of letting it join
-// as a node or a spare. Hence a hash of what the nodes of one job share: the endpoint, the
-// node count, max_restarts, the role and the program with its arguments as given (not as
-// resolved: install paths may differ between machines).
+// as a node or a spare. Hence a hash of what the nodes of one job share: the node count,
+// max_restarts, the role and the program with its arguments as given (not as resolved: install
+// paths may differ between machines). Not the endpoint: it is the same for both jobs anyway,
+// and the machines of one job may spell it differently (a name here, an address there).
 std::string DerivedRunId(const config::LaunchConfig& cfg) {
   std::vector<std::string> parts = {
-      cfg.main_process_ip,
-      std::to_string(cfg.main_process_port),
       std::to_string(cfg.min_nodes) + ":" + std::to_string(cfg.max_nodes),
-      std::to_string(cfg.max_restarts),
-      cfg.role,
-      cfg.run_module ? "-m" : ""};
+      std::to_string(cfg.max_restarts), cfg.role, cfg.run_module ? "-m" : ""};
   if (!cfg.program.empty()) {
     parts.insert(parts.end(), cfg.program.begin(), cfg.program.end());
   } else {

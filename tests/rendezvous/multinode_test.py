@@ -13,6 +13,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import harness  # noqa: E402
+from tcp_proxy import TcpProxy  # noqa: E402
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
@@ -27,12 +28,12 @@ class Node:
     """One `launch` agent; output (stdout+stderr) goes to a file to avoid pipe stalls."""
 
     def __init__(self, index, port, nnodes, nproc=2, rank=None, extra=(), worker_args=(),
-                 env=None, marker=None, tmp=None, endpoint=None, program=None):
+                 env=None, marker=None, tmp=None, endpoint=None, program=None, prefix=()):
         self.addr = f"127.0.0.{index + 1}"
         self.log_path = os.path.join(tmp, f"node{index}.log")
         where = (["--rdzv_endpoint", endpoint] if endpoint else
                  ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port)])
-        args = [harness.LAUNCH, "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
+        args = [*prefix, harness.LAUNCH, "--nnodes", str(nnodes), "--nproc_per_node", str(nproc),
                 *where, *extra]
         if rank is not None:
             args += ["--node_rank", str(rank)]
@@ -409,6 +410,69 @@ class MultiNodeTest(unittest.TestCase):
         finally:
             victim.kill()
 
+    # ---- network faults between an agent and the server (tests/rendezvous/tcp_proxy.py) -------
+
+    def through_proxy(self, worker_sleep, heartbeat="1", restarts="0"):
+        """Node 0 hosts the rendezvous; node 1 reaches it only through a proxy."""
+        wa = ["--pid-dir", self.tmp, "--sleep-try", f"0:{worker_sleep}"]
+        extra = ["--rdzv_conf", f"heartbeat_timeout={heartbeat}", "--max_restarts", restarts]
+        a = self.start(0, 2, rank=0, nproc=1, extra=extra, worker_args=wa)
+        self.wait_for_text(a, "hosting the rendezvous")
+        proxy = TcpProxy("127.0.0.5", "127.0.0.1", self.port)
+        self.addCleanup(proxy.close)
+        b = self.start(1, 2, rank=1, nproc=1, extra=extra, worker_args=wa,
+                       endpoint=f"127.0.0.5:{proxy.port}")
+        return a, b, proxy
+
+    def test_partitioned_node_is_lost_on_both_sides_within_the_heartbeat_timeout(self):
+        a, b, proxy = self.through_proxy(worker_sleep=30)
+        self.pid_of(0, 0)
+        self.pid_of(1, 0)
+        t0 = time.monotonic()
+        proxy.mode = "partition"
+        self.assertEqual(self.wait_all([a, b], 15), [1, 1], a.output() + b.output())
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertIn("lost node 1", a.output())
+        self.assertIn("lost the rendezvous server", b.output())
+
+    def test_half_open_link_is_noticed_by_the_side_that_hears_nothing(self):
+        # The server still hears node 1's heartbeats; node 1 hears nothing and leaves, which the
+        # server then sees as a closed connection.
+        a, b, proxy = self.through_proxy(worker_sleep=30)
+        self.pid_of(0, 0)
+        self.pid_of(1, 0)
+        t0 = time.monotonic()
+        proxy.mode = "half-open"
+        self.assertEqual(self.wait_all([a, b], 15), [1, 1], a.output() + b.output())
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertIn("lost the rendezvous server", b.output())
+        self.assertIn("no complete message within 1000 ms", b.output())
+        self.assertIn("lost node 1", a.output())
+
+    def test_slow_link_below_the_heartbeat_timeout_changes_nothing(self):
+        a, b, proxy = self.through_proxy(worker_sleep=2, heartbeat="2")
+        proxy.delay = 0.15
+        self.assertEqual(self.wait_all([a, b], 20), [0, 0], a.output() + b.output())
+        self.check_ranks([a, b], 2)
+
+    def test_partitioned_node_with_restarts_left_is_replaced_by_the_survivors(self):
+        # Elastic 1:2 with a restart: the partitioned node is dropped and node 0 finishes alone.
+        wa = ["--pid-dir", self.tmp, "--sleep-try", "0:30"]
+        extra = ["--rdzv_conf", "heartbeat_timeout=1", "--max_restarts", "1"]
+        a = self.start(0, "1:2", rank=0, nproc=1, extra=extra, worker_args=wa)
+        self.wait_for_text(a, "hosting the rendezvous")
+        proxy = TcpProxy("127.0.0.5", "127.0.0.1", self.port)
+        self.addCleanup(proxy.close)
+        b = self.start(1, "1:2", rank=1, nproc=1, extra=extra, worker_args=wa,
+                       endpoint=f"127.0.0.5:{proxy.port}")
+        self.pid_of(0, 0)
+        self.pid_of(1, 0)
+        proxy.mode = "partition"
+        self.assertEqual(a.wait(20), 0, a.output())
+        self.assertIn("lost node 1", a.output())
+        self.assertEqual(b.wait(15), 1, b.output())
+        self.assertIn("lost the rendezvous server", b.output())
+
     def test_sigkill_of_the_hosting_agent_fails_the_others_cleanly(self):
         wa = ["--pid-dir", self.tmp, "--sleep-try", "0:60"]
         a = self.start(0, 2, rank=0, nproc=1, extra=["--max_restarts", "3"], worker_args=wa)
@@ -432,6 +496,70 @@ class MultiNodeTest(unittest.TestCase):
         self.assertEqual(b.wait(20), 128 + signal.SIGINT, b.output())
         self.assertEqual(a.wait(20), 1, a.output())
         self.assertIn("lost node 1", a.output())
+
+    # ---- a second host: a network namespace joined by a veth pair ------------------------------
+
+    def make_netns(self):
+        """A namespace with its own stack, reachable at PEER from the host at HOST; skips
+        when this machine does not allow creating one (no CAP_NET_ADMIN)."""
+        tag = f"{os.getpid() % 10000}{len(self.nodes)}"
+        ns, here, there = f"lt{tag}", f"lth{tag}", f"ltn{tag}"
+        net = f"10.213.{os.getpid() % 250}"
+        if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode != 0:
+            self.skipTest("cannot create a network namespace here")
+        self.addCleanup(subprocess.run, ["ip", "netns", "del", ns], capture_output=True)
+        for cmd in (["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+                    ["ip", "link", "set", there, "netns", ns],
+                    ["ip", "addr", "add", f"{net}.1/24", "dev", here],
+                    ["ip", "link", "set", here, "up"],
+                    ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{net}.2/24", "dev", there],
+                    ["ip", "netns", "exec", ns, "ip", "link", "set", there, "up"],
+                    ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"]):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                self.skipTest(f"cannot set up the namespace's link ({' '.join(cmd)}): {r.stderr}")
+        return ns, f"{net}.1"
+
+    def test_master_addr_is_never_loopback_for_a_node_on_another_host(self):
+        # Node 0 shares the server's host and reaches it over loopback; node 1 is on "another
+        # host" (a network namespace). MASTER_ADDR must be an address node 1 can reach node 0
+        # at, and node 1's worker proves it by connecting to node 0's worker there.
+        ns, host_addr = self.make_netns()
+        server_log = os.path.join(self.tmp, "server.log")
+        with open(server_log, "w") as log:
+            server = subprocess.Popen([harness.LAUNCH, "rdzv-server", "--port", str(self.port),
+                                       "--host", "0.0.0.0"], stdout=log, stderr=subprocess.STDOUT)
+        self.addCleanup(lambda: (server.kill(), server.wait()))
+
+        def listening():
+            with open(server_log) as f:
+                return "listening on" in f.read()
+        self.assertTrue(harness.wait_until(listening, 10))
+        script = (
+            "import os, socket, sys, time\n"
+            "addr, port = os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT'])\n"
+            "print('ENV MASTER_ADDR=' + addr + ' RANK=' + os.environ['RANK'], flush=True)\n"
+            "if os.environ['RANK'] == '0':\n"
+            "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            "    s.bind(('0.0.0.0', port)); s.listen(1); s.settimeout(15)\n"
+            "    c, _ = s.accept(); c.sendall(b'hello from rank 0'); c.close(); sys.exit(0)\n"
+            "deadline = time.time() + 15\n"
+            "while True:\n"
+            "    try:\n"
+            "        c = socket.create_connection((addr, port), timeout=1); break\n"
+            "    except OSError as e:\n"
+            "        if time.time() > deadline: print('cannot reach', addr, e, flush=True); sys.exit(1)\n"
+            "        time.sleep(0.1)\n"
+            "print('rank 1 got:', c.recv(100).decode(), flush=True)\n")
+        program = [harness.SYSTEM_PYTHON, "-c", script]
+        a = self.start(0, 2, rank=0, nproc=1, program=program,
+                       endpoint=f"127.0.0.1:{self.port}")
+        b = self.start(1, 2, rank=1, nproc=1, program=program,
+                       endpoint=f"{host_addr}:{self.port}", prefix=["ip", "netns", "exec", ns])
+        self.assertEqual(self.wait_all([a, b], 30), [0, 0], a.output() + b.output())
+        self.assertIn("rank 1 got: hello from rank 0", b.output())
+        for n in (a, b):
+            self.assertIn(f"MASTER_ADDR={host_addr} ", n.output())
 
     # ---- standalone server -------------------------------------------------------------------
 
