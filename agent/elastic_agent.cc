@@ -77,6 +77,7 @@ class ElasticAgent {
     co.port = options_.endpoint_port;
     co.token = options_.token;
     co.local_address = options_.local_address;
+    co.log = [](const std::string& line) { log::Warn(line); };
     co.join.run_id = options_.run_id;
     co.join.min_nodes = options_.min_nodes;
     co.join.max_nodes = options_.max_nodes;

@@ -46,28 +46,50 @@ void RendezvousClient::Resolve() {
                                                       tcp::resolver::results_type results) {
                             if (self->finished_) return;
                             if (ec || results.empty()) {
-                              JobFailure f;
-                              f.config_error = true;
-                              f.message = "cannot resolve rendezvous host '" + self->options_.host +
-                                          "' (" + self->endpoint_text_ +
-                                          "): " + (ec ? ec.message() : "no addresses");
-                              self->Fail(Status::InvalidConfig(f.message), f);
+                              std::string why = "cannot resolve rendezvous host '" +
+                                                self->options_.host + "' (" + self->endpoint_text_ +
+                                                "): " + (ec ? ec.message() : "no addresses");
+                              if (!self->warned_resolve_ && self->options_.log)
+                                self->options_.log(why + "; retrying until join_timeout");
+                              self->warned_resolve_ = true;
+                              self->RetryLater(why);
                               return;
                             }
-                            self->endpoints_ = results;
+                            self->endpoints_.clear();
+                            for (const auto& entry : results)
+                              self->endpoints_.push_back(entry.endpoint());
+                            self->next_endpoint_ = 0;
                             self->Connect();
                           });
 }
 
 void RendezvousClient::Connect() {
-  // One endpoint at a time, in resolver order, each with an optional local bind.
+  // Each resolved address in turn, each with an optional local bind; after the last, back off
+  // and resolve again.
+  if (next_endpoint_ >= endpoints_.size()) {
+    RetryLater(last_connect_error_.empty() ? "no address to try" : last_connect_error_);
+    return;
+  }
+  const tcp::endpoint target = endpoints_[next_endpoint_++];
   auto socket = std::make_shared<tcp::socket>(io_);
-  const tcp::endpoint target = endpoints_.begin()->endpoint();
   boost::system::error_code ec;
   socket->open(target.protocol(), ec);
   if (!ec && !options_.local_address.empty()) {
     auto local = asio::ip::make_address(options_.local_address, ec);
-    if (!ec) socket->bind(tcp::endpoint(local, 0), ec);
+    if (ec) {
+      JobFailure f;
+      f.config_error = true;
+      f.message = "cannot bind the local address '" + options_.local_address + "': " + ec.message();
+      Fail(Status::InvalidConfig(f.message), f);
+      return;
+    }
+    if (local.is_v4() != target.address().is_v4()) {
+      // An IPv6 address of the endpoint cannot be reached from an IPv4 local address.
+      last_connect_error_ = "no address of the family of '" + options_.local_address + "'";
+      Connect();
+      return;
+    }
+    socket->bind(tcp::endpoint(local, 0), ec);
     if (ec) {
       JobFailure f;
       f.config_error = true;
@@ -77,7 +99,8 @@ void RendezvousClient::Connect() {
     }
   }
   if (ec) {
-    RetryLater(ec.message());
+    last_connect_error_ = ec.message();
+    Connect();
     return;
   }
   // The connect attempt itself is bounded by the retry timer's next tick.
@@ -86,7 +109,8 @@ void RendezvousClient::Connect() {
                           if (self->finished_) return;
                           self->retry_timer_.cancel();
                           if (ec) {
-                            self->RetryLater(ec.message());
+                            self->last_connect_error_ = ec.message();
+                            self->Connect();  // the next address, or back off
                             return;
                           }
                           self->OnConnected(std::move(*socket));
@@ -118,7 +142,7 @@ void RendezvousClient::RetryLater(const std::string& why) {
   retry_timer_.expires_after(delay);
   retry_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
     if (ec || self->finished_) return;
-    self->Connect();
+    self->Resolve();
   });
 }
 

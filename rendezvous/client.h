@@ -12,9 +12,11 @@
 //   client->Rejoin(new_master_port);
 //   ... events.on_done() / events.on_failed(status, failure)   // terminal: exit
 //
-// Connection: the endpoint is resolved once; an unresolvable host fails at once
-// (InvalidConfig, one line with the address). Refused or unreachable connections are retried
-// with backoff until join_timeout (the server may start after the clients), then Timeout.
+// Connection: every attempt resolves the endpoint again and tries each address it resolves to
+// in order. A failed resolution (a DNS blip, or a name that appears only once the server's
+// machine is up, as a Kubernetes pod's does) and refused or unreachable connections are retried
+// with backoff until join_timeout (the server may start after the clients), then Timeout naming
+// the last error; the first failed resolution is logged at once, so a misspelt name shows.
 // Every read has a deadline (handshake_timeout before the server is authenticated,
 // heartbeat_timeout after); heartbeats go out every heartbeat_timeout / 4.
 //
@@ -29,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <boost/asio.hpp>
 
@@ -50,6 +53,8 @@ struct ClientOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds write_timeout{5000};
   std::chrono::milliseconds max_retry_delay{500};  // connect backoff cap (starts at 20 ms)
+  // Warnings while connecting ("cannot resolve ... yet"). Null = silent.
+  std::function<void(const std::string&)> log;
 };
 
 struct ClientEvents {
@@ -101,7 +106,9 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   boost::asio::ip::tcp::resolver resolver_;
   boost::asio::steady_timer retry_timer_;
   boost::asio::steady_timer heartbeat_timer_;
-  boost::asio::ip::tcp::resolver::results_type endpoints_;
+  std::vector<boost::asio::ip::tcp::endpoint> endpoints_;  // from the latest resolution
+  size_t next_endpoint_ = 0;                               // the one Connect() tries
+  bool warned_resolve_ = false;
   std::chrono::steady_clock::time_point deadline_;
   std::chrono::milliseconds retry_delay_{20};
   std::string last_connect_error_;

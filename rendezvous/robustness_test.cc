@@ -303,6 +303,33 @@ TEST_CASE("MessagesLargerThanOneMebibyteArriveIntact") {
   io.run_for(milliseconds(20));
 }
 
+TEST_CASE("AnUnresolvableHostIsRetriedUntilJoinTimeoutAndSaidAtOnce") {
+  // A DNS blip at start, or a name that exists only once the server's machine is up, must not
+  // fail the agent at once (torchrun retries too); a misspelt name is still visible at once.
+  asio::io_context io;
+  ClientOptions options;
+  options.host = "no-such-host.invalid";
+  options.port = 29500;
+  options.join = Join(1, 1, -1);
+  options.join.join_timeout_s = 1.0;
+  std::vector<std::pair<Clock::time_point, std::string>> warnings;
+  options.log = [&](const std::string& line) { warnings.emplace_back(Clock::now(), line); };
+  std::optional<Status> failed;
+  ClientEvents events;
+  events.on_failed = [&](const Status& s, const JobFailure&) { failed = s; };
+  auto start = Clock::now();
+  auto client = RendezvousClient::Create(io, options, events);
+  client->Start();
+  REQUIRE(RunUntil(
+      io, [&] { return failed.has_value(); }, milliseconds(10000)));
+  CHECK(Clock::now() - start >= milliseconds(900));
+  CHECK(failed->code() == Status::Code::kTimeout);
+  CHECK(failed->message().find("no-such-host.invalid") != std::string::npos);
+  REQUIRE(warnings.size() == 1u);
+  CHECK(warnings[0].first - start < milliseconds(900));
+  CHECK(warnings[0].second.find("retrying until join_timeout") != std::string::npos);
+}
+
 TEST_CASE("ManyBadConnectionsDoNotStopTheServer") {
   ServerOptions options;
   options.handshake_timeout = milliseconds(200);

@@ -375,23 +375,6 @@ TEST_CASE("PortInUseIsOneLineNamingTheAddress") {
         "rendezvous port 127.0.0.1:" + std::to_string(h.server->port()) + " is already in use");
 }
 
-TEST_CASE("UnresolvableHostFailsAtOnce") {
-  asio::io_context io;
-  ClientOptions options;
-  options.host = "no-such-host.invalid";
-  options.port = 29500;
-  options.join = Join(1, 1, -1);
-  std::optional<Status> failed;
-  ClientEvents events;
-  events.on_failed = [&](const Status& s, const JobFailure&) { failed = s; };
-  auto client = RendezvousClient::Create(io, options, events);
-  client->Start();
-  REQUIRE(RunUntil(
-      io, [&] { return failed.has_value(); }, milliseconds(10000)));
-  CHECK(failed->code() == Status::Code::kInvalidConfig);
-  CHECK(Contains(failed->message(), "no-such-host.invalid"));
-}
-
 TEST_CASE("Ipv6LoopbackWorks") {
   asio::io_context io;
   ServerOptions so;
