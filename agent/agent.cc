@@ -32,13 +32,22 @@ int RunLocalAgent(const AgentOptions& options) {
   });
 }
 
-int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
-                  const GroupFactory& make_group) {
-  // Installed before any worker exists, so no signal can slip between spawn and handling.
-  asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+void AddAgentSignals(asio::signal_set& signals) {
+  for (int signo : {SIGINT, SIGHUP}) {
+    struct sigaction current {};
+    if (::sigaction(signo, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) continue;
+    signals.add(signo);
+  }
+  signals.add(SIGTERM);
   signals.add(SIGQUIT);  // torchrun stops on it too
   signals.add(SIGUSR1);
   signals.add(SIGUSR2);
+}
+
+int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
+                  const GroupFactory& make_group) {
+  asio::signal_set signals(io);
+  AddAgentSignals(signals);
   std::signal(SIGPIPE, SIG_IGN);
 
   int interrupt_signal = 0;

@@ -3,6 +3,7 @@
 // The single-node agent: runs a WorkerGroup, restarts it as a whole after a failure while
 // restarts remain, forwards signals, and turns the outcome into `launch`'s exit code.
 
+#include <boost/asio/signal_set.hpp>
 #include <functional>
 #include <memory>
 #include <string>
@@ -31,6 +32,12 @@ int RunLocalAgent(const AgentOptions& options);
 using GroupFactory = std::function<std::unique_ptr<GroupSupervisor>(boost::asio::io_context&)>;
 int RunLocalAgent(const AgentOptions& options, boost::asio::io_context& io,
                   const GroupFactory& make_group);
+
+// Adds the signals an agent handles to `signals`: SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2, and
+// SIGINT and SIGHUP unless they were ignored when `launch` started (`nohup launch ...`, or a
+// background job of a non-interactive shell, asks for exactly that). Call before any worker
+// exists, so no signal can slip between spawn and handling.
+void AddAgentSignals(boost::asio::signal_set& signals);
 
 // The exit code for a failed group: the root cause's (128+signal for a signal).
 int ExitCodeFor(const GroupResult& result);

@@ -45,14 +45,8 @@ class ElasticAgent {
  public:
   ElasticAgent(const ElasticAgentOptions& options, asio::io_context& io,
                const GroupFactory& make_group)
-      : options_(options),
-        io_(io),
-        make_group_(make_group),
-        signals_(io_, SIGINT, SIGTERM, SIGHUP),
-        drain_timer_(io_) {
-    signals_.add(SIGQUIT);  // torchrun stops on it too
-    signals_.add(SIGUSR1);
-    signals_.add(SIGUSR2);
+      : options_(options), io_(io), make_group_(make_group), signals_(io_), drain_timer_(io_) {
+    AddAgentSignals(signals_);
   }
 
   int Run() {

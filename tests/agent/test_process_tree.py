@@ -162,6 +162,29 @@ class ProcessTree(unittest.TestCase):
         self.assertEqual(p.returncode, 3, err)
         self.assert_nothing_left(1.0)
 
+    def test_sighup_ignored_at_start_stays_ignored_as_nohup_asks(self):
+        # `nohup launch ...`: a hang-up must not stop the job (and SIGTERM still does).
+        def nohup():
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        env = dict(os.environ, LAUNCH_TEST_MARKER=self.marker)
+        p = subprocess.Popen([LAUNCH, "--", "/bin/sh", "-c", "echo ready; sleep 1.5; echo finished"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True, preexec_fn=nohup)
+        self.assertIn("ready", p.stdout.readline())
+        p.send_signal(signal.SIGHUP)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("finished", out)
+        self.assertNotIn("SIGHUP", err)
+
+    def test_sighup_stops_the_job_when_not_ignored(self):
+        p = self.start("wait")
+        self.wait_ready(p)
+        p.send_signal(signal.SIGHUP)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 128 + signal.SIGHUP, err)
+        self.assert_nothing_left(1.0)
+
 
 class Descriptors(unittest.TestCase):
     LIST_FDS = ("import os; fds = sorted(int(f) for f in os.listdir('/proc/self/fd')); "
