@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cerrno>
 #include <csignal>
@@ -15,10 +17,12 @@
 #include <cstring>
 #include <optional>
 #include <set>
+#include <system_error>
 
 #include "agent/error_file.h"
 #include "agent/exec_shim.h"
 #include "agent/line_buffer.h"
+#include "agent/output_writer.h"
 #include "agent/subprocess.h"
 #include "base/log.h"
 #include "base/strings.h"
@@ -29,26 +33,11 @@ namespace asio = boost::asio;
 
 namespace {
 
-// Writes all of `data` to a blocking descriptor (the console or a log file). Retries on EINTR
-// and partial writes; gives up silently on other errors (a closed console must not stop us).
-void WriteAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN) {
-        // Our stdout may be a non-blocking pipe shared with a parent; wait for room.
-        fd_set set;
-        FD_ZERO(&set);
-        FD_SET(fd, &set);
-        ::select(fd + 1, nullptr, &set, nullptr, nullptr);
-        continue;
-      }
-      return;
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-}
+// Bytes a stream may still read after its worker exited while its output is Full: what the
+// worker left in the pipe (a pipe holds at most /proc/sys/fs/pipe-max-size, 1 MiB by default),
+// so that its last lines (the traceback for the failure report) come out now. Beyond that it is
+// a process that escaped the worker's group still writing, and back-pressure applies again.
+constexpr size_t kReadAfterExit = size_t{1} << 20;
 
 int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
@@ -84,16 +73,23 @@ std::map<std::string, std::string> ContractEnvironment(const WorkerGroupSpec& s,
 
 class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl> {
  public:
-  explicit Impl(asio::io_context& io) : io_(io), kill_timer_(io), first_failure_timer_(io) {}
+  explicit Impl(asio::io_context& io)
+      : io_(io), kill_timer_(io), first_failure_timer_(io), output_timer_(io) {}
 
+  // One worker pipe. Its bytes go to the console (as prefixed whole lines) and/or a log file,
+  // both through OutputWriters; the pipe is not read while either holds a full queue.
   struct Stream {
     explicit Stream(asio::io_context& io) : pipe(io) {}
     asio::posix::stream_descriptor pipe;
     std::array<char, 65536> buf;
     LineBuffer lines;
-    int console_fd = -1;  // -1: not shown
-    int file_fd = -1;
+    std::optional<ConsoleSink> console;  // nullopt: not shown
+    OutputWriter::Sink file = -1;        // in files_; -1: no log file
+    uint64_t console_end = 0;            // sink positions after this stream's last bytes
+    uint64_t file_end = 0;
+    size_t read_after_exit = 0;
     bool open = false;
+    bool reading = false;  // an async_read_some is in flight
   };
 
   struct Worker {
@@ -115,6 +111,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     LAUNCH_CHECK(workers_.empty(), "WorkerGroup::Start called twice");
     spec_ = spec;
     on_done_ = std::move(on_done);
+    LAUNCH_RETURN_IF_ERROR(StartOutput());
     // An inherited SIGCHLD=SIG_IGN would make the kernel reap workers and lose their status.
     std::signal(SIGCHLD, SIG_DFL);
     if (spec.error_files) MakeErrorDir();
@@ -126,6 +123,71 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       }
     }
     return Status::Ok();
+  }
+
+  Status StartOutput() {
+    bool any_file = false;
+    for (int lr = 0; lr < spec_.local_world_size; ++lr)
+      any_file |= lr < static_cast<int>(spec_.file_streams.size()) && spec_.file_streams[lr] != 0;
+    try {
+      RouteLogThroughConsole();
+      console_out_ = ConsoleWriterFor(spec_.console_stdout_fd);
+      console_err_ = ConsoleWriterFor(spec_.console_stderr_fd);
+      // Its own writer: a log directory on a stalled file system must not hold up the console.
+      if (any_file && !spec_.log_dir.empty()) files_ = std::make_unique<OutputWriter>();
+    } catch (const std::system_error& e) {
+      return Status::IoError(std::string("cannot start an output thread: ") + e.what());
+    }
+    // The writers call this on their threads; it only hands the news to the io_context, and at
+    // most once per WaitForOutput().
+    std::weak_ptr<Impl> weak = weak_from_this();
+    auto wake = [weak, pending = wake_, &io = io_] {
+      if (!pending->exchange(false)) return;
+      asio::post(io, [weak] {
+        if (auto self = weak.lock()) self->OnOutputProgress();
+      });
+    };
+    std::vector<OutputWriter*> writers;
+    if (console_out_) writers.push_back(console_out_->writer);
+    if (console_err_ && (!console_out_ || console_err_->writer != console_out_->writer))
+      writers.push_back(console_err_->writer);
+    if (files_) writers.push_back(files_.get());
+    for (OutputWriter* w : writers) waiters_.emplace_back(w, w->AddWaiter(wake));
+    return Status::Ok();
+  }
+
+  // Makes the next writer progress (a sink back at low water, a write done) call
+  // OnOutputProgress. Set before the last look at the writers' state, so that no progress in
+  // between is missed.
+  void WaitForOutput() { wake_->store(true); }
+
+  // Everything waiting on the writers looks again: paused pipes, the first failure's report,
+  // the end of the group.
+  void OnOutputProgress() {
+    for (auto& w : workers_) {
+      ReadMore(w.get(), &w->out);
+      ReadMore(w.get(), &w->err);
+    }
+    MaybeFireFirstFailure();
+    MaybeFinish();
+  }
+
+  bool Written(const Stream& s) const {
+    return (!s.console || s.console->writer->Done(s.console->sink) >= s.console_end) &&
+           (s.file < 0 || files_->Done(s.file) >= s.file_end);
+  }
+  bool Written(const Worker& w) const { return Written(w.out) && Written(w.err); }
+  bool AllWritten() const {
+    for (auto& w : workers_)
+      if (!Written(*w)) return false;
+    return true;
+  }
+  // `written()`, or false after arranging for OnOutputProgress to run when it may have changed.
+  template <typename Pred>
+  bool WrittenOrWait(Pred written) {
+    if (written()) return true;
+    WaitForOutput();
+    return written();
   }
 
   Status StartOne(int local_rank) {
@@ -190,12 +252,15 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     w->out.pipe.assign(out_pipe[0]);
     w->err.pipe.assign(err_pipe[0]);
     w->out.open = w->err.open = true;
-    w->out.console_fd = (console_mask & kStdout) ? spec_.console_stdout_fd : -1;
-    w->err.console_fd = (console_mask & kStderr) ? spec_.console_stderr_fd : -1;
-    if (!spec_.log_dir.empty()) {
+    if (console_mask & kStdout) w->out.console = console_out_;
+    if (console_mask & kStderr) w->err.console = console_err_;
+    if (files_) {
       std::string base = spec_.log_dir + "/rank_" + std::to_string(w->rank);
-      if (file_mask & kStdout) w->out.file_fd = OpenLog(base + ".stdout");
-      if (file_mask & kStderr) w->err.file_fd = OpenLog(base + ".stderr");
+      int fd;
+      if ((file_mask & kStdout) && (fd = OpenLog(base + ".stdout")) >= 0)
+        w->out.file = files_->AddSink(fd, /*owns_fd=*/true);
+      if ((file_mask & kStderr) && (fd = OpenLog(base + ".stderr")) >= 0)
+        w->err.file = files_->AddSink(fd, /*owns_fd=*/true);
     }
     int pidfd = PidfdOpen(w->pid);
     if (pidfd < 0) {
@@ -210,54 +275,74 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     Worker* raw = w.get();
     workers_.push_back(std::move(w));
     ++live_;
-    ReadMore(raw, &raw->out, false);
-    ReadMore(raw, &raw->err, true);
+    ReadMore(raw, &raw->out);
+    ReadMore(raw, &raw->err);
     WaitExit(raw);
     return Status::Ok();
   }
 
   int OpenLog(const std::string& path) {
     // O_NOFOLLOW: a symlink planted in a shared log_dir must not make us truncate its target.
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND | O_NOFOLLOW,
-                    0644);
+    // O_NONBLOCK: opening a FIFO nobody reads would otherwise block the loop (it fails with
+    // ENXIO instead); for files it changes nothing, and the writer waits out EAGAIN on a FIFO.
+    int fd =
+        ::open(path.c_str(),
+               O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND | O_NOFOLLOW | O_NONBLOCK, 0644);
     if (fd < 0)
       log::Warn("cannot write the log file " + path + ": " + std::strerror(errno) +
                 (errno == ELOOP ? " (it is a symbolic link; not followed)" : ""));
     return fd;
   }
 
-  void ReadMore(Worker* w, Stream* s, bool is_err) {
+  // Reads the pipe again unless a destination of its bytes is full: then the pipe waits (and the
+  // worker with it) until OnOutputProgress. After the worker exited, what it left in the pipe
+  // is read regardless (kReadAfterExit).
+  void ReadMore(Worker* w, Stream* s) {
+    if (!s->open || s->reading) return;
+    if (!WrittenOrWait([&] { return !MustPause(*w, *s); })) return;
+    s->reading = true;
     auto self = shared_from_this();
     s->pipe.async_read_some(
-        asio::buffer(s->buf), [this, self, w, s, is_err](boost::system::error_code ec, size_t n) {
-          if (n > 0) {
-            std::string_view data(s->buf.data(), n);
-            if (s->file_fd >= 0) WriteAll(s->file_fd, data);
-            if (is_err) w->tail.Feed(data);
-            if (s->console_fd >= 0) {
-              std::string out;
-              s->lines.Feed(data, w->prefix, &out);
-              WriteAll(s->console_fd, out);
-            }
-          }
+        asio::buffer(s->buf), [this, self, w, s](boost::system::error_code ec, size_t n) {
+          s->reading = false;
+          if (!s->open) return;  // closed meanwhile (the drain limit, KillAndReapAll)
+          if (n > 0) Consume(w, s, std::string_view(s->buf.data(), n));
           if (ec) {  // EOF or error: the worker (and anything it forked) closed the pipe
             CloseStream(w, s);
             MaybeFinish();
             return;
           }
-          ReadMore(w, s, is_err);
+          ReadMore(w, s);
         });
+  }
+
+  bool MustPause(const Worker& w, const Stream& s) const {
+    bool full = (s.console && s.console->writer->Full(s.console->sink)) ||
+                (s.file >= 0 && files_->Full(s.file));
+    return full && !(w.reaped && s.read_after_exit < kReadAfterExit);
+  }
+
+  void Consume(Worker* w, Stream* s, std::string_view data) {
+    if (w->reaped) s->read_after_exit += data.size();
+    if (s->file >= 0) s->file_end = files_->Write(s->file, std::string(data));
+    if (s == &w->err) w->tail.Feed(data);
+    if (s->console) {
+      std::string out;
+      s->lines.Feed(data, w->prefix, &out);
+      if (!out.empty())
+        s->console_end = s->console->writer->Write(s->console->sink, std::move(out));
+    }
   }
 
   void CloseStream(Worker* w, Stream* s) {
     if (!s->open) return;
-    if (s->console_fd >= 0) {
+    if (s->console) {
       std::string out;
       s->lines.Flush(w->prefix, &out);
-      WriteAll(s->console_fd, out);
+      if (!out.empty())
+        s->console_end = s->console->writer->Write(s->console->sink, std::move(out));
     }
-    if (s->file_fd >= 0) ::close(s->file_fd);
-    s->file_fd = -1;
+    if (s->file >= 0) files_->CloseSink(s->file);  // closed once written; `file` stays for Done()
     boost::system::error_code ignored;
     s->pipe.close(ignored);
     s->open = false;
@@ -268,8 +353,13 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     on_first_failure_ = std::move(fn);
   }
 
+  // Once its pipes are drained and what they held is written: the report comes after the
+  // worker's last lines (or after 1 s, see Reap).
   void MaybeFireFirstFailure() {
-    if (first_failed_ && !first_failed_->out.open && !first_failed_->err.open) FireFirstFailure();
+    if (!first_failed_ || first_failure_fired_ || first_failed_->out.open ||
+        first_failed_->err.open)
+      return;
+    if (WrittenOrWait([this] { return Written(*first_failed_); })) FireFirstFailure();
   }
 
   void FireFirstFailure() {
@@ -309,6 +399,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     // Anything the worker left behind in its process group goes with it; this also lets its
     // pipes reach EOF promptly.
     SignalGroup(w->pid, SIGKILL);
+    ReadMore(w, &w->out);  // paused pipes: what the worker left in them is read now
+    ReadMore(w, &w->err);
     WorkerExit& e = w->exit;
     e.local_rank = w->local_rank;
     e.rank = w->rank;
@@ -363,8 +455,16 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     for (auto& w : workers_) {
       if (w->out.open || w->err.open) return;
     }
+    // The workers' last output is written before the outcome is known to anyone (the failure
+    // report follows it), within stop_grace: a console that never reads again must not keep
+    // launch from going on and exiting.
+    if (!output_deadline_passed_ && !WrittenOrWait([this] { return AllWritten(); })) {
+      ArmOutputDeadline();
+      return;
+    }
     finished_ = true;
     kill_timer_.cancel();
+    output_timer_.cancel();
     for (auto& w : workers_) {
       for (const auto& line : w->tail.Lines()) {
         for (auto& f : result_.failures)
@@ -381,6 +481,26 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     auto cb = std::move(on_done_);
     on_done_ = nullptr;
     if (cb) cb(result_);
+  }
+
+  void ArmOutputDeadline() {
+    if (output_timer_armed_) return;
+    output_timer_armed_ = true;
+    output_timer_.expires_after(spec_.stop_grace);
+    auto self = shared_from_this();
+    output_timer_.async_wait([this, self](boost::system::error_code ec) {
+      if (ec) return;
+      output_deadline_passed_ = true;
+      log::Warn("the workers' last output was not all written within the stop grace (" +
+                FormatSeconds(spec_.stop_grace) +
+                "): the console or a log file is not reading; going on without it");
+      MaybeFinish();
+    });
+  }
+
+  static std::string FormatSeconds(std::chrono::milliseconds d) {
+    std::string s = std::to_string(d.count() / 1000.0);
+    return s.substr(0, s.find('.') + 2) + " s";
   }
 
   void Signal(int signo) {
@@ -411,6 +531,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     stopping_ = true;
     stop_requested_ = true;
     Signal(KillSignal());
+    // Now means now: no waiting for a stalled console either.
+    output_deadline_passed_ = true;
+    auto self = shared_from_this();
+    asio::post(io_, [self] { self->MaybeFinish(); });
   }
 
   // SIGKILL, or with the shim kKillAll: the shim then kills the worker and everything it
@@ -464,15 +588,19 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     for (auto& w : workers_) {
       boost::system::error_code ignored;
       w->pidfd.close(ignored);
-      if (w->out.file_fd >= 0) ::close(w->out.file_fd);
-      if (w->err.file_fd >= 0) ::close(w->err.file_fd);
-      w->out.file_fd = w->err.file_fd = -1;
       w->out.pipe.close(ignored);
       w->err.pipe.close(ignored);
       w->out.open = w->err.open = false;
     }
+    // No writer calls us from here on (the io_context may go next); log files close once what
+    // is queued for them is dropped.
+    for (auto& [writer, id] : waiters_) writer->RemoveWaiter(id);
+    waiters_.clear();
+    for (auto& w : workers_) w->out.file = w->err.file = -1;
+    files_.reset();
     kill_timer_.cancel();
     first_failure_timer_.cancel();
+    output_timer_.cancel();
     finished_ = true;
     on_done_ = nullptr;
     on_first_failure_ = nullptr;
@@ -490,6 +618,15 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   asio::io_context& io_;
   asio::steady_timer kill_timer_;
   asio::steady_timer first_failure_timer_;
+  asio::steady_timer output_timer_;  // stop_grace for the last output to be written
+  bool output_timer_armed_ = false;
+  bool output_deadline_passed_ = false;
+  std::optional<ConsoleSink> console_out_;  // the writers of console_stdout_fd / _stderr_fd
+  std::optional<ConsoleSink> console_err_;
+  std::unique_ptr<OutputWriter> files_;  // the per-rank log files; null without any
+  std::vector<std::pair<OutputWriter*, int>> waiters_;
+  // Set while the loop waits on a writer; the writer's waiter clears it and posts.
+  std::shared_ptr<std::atomic<bool>> wake_ = std::make_shared<std::atomic<bool>>(false);
   std::function<void(const WorkerExit&)> on_first_failure_;
   Worker* first_failed_ = nullptr;  // the first worker that failed on its own
   bool first_failure_fired_ = false;

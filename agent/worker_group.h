@@ -9,6 +9,19 @@
 // cause and its siblings get SIGTERM, then SIGKILL after `stop_grace`. Once every worker has been
 // reaped and its pipes drained, `on_done` runs (on the io_context) with the outcome.
 //
+// Output never blocks the io_context, which the agent shares with its heartbeats, the rendezvous
+// server, signal handling and these pidfds: the bytes go through OutputWriter threads
+// (output_writer.h), one per console file (shared by every group and by launch's own log lines,
+// which Start() routes there) and one per group for the log files. While the console or a
+// worker's log file holds a full queue (1 MiB), that worker's pipe is not read, so the worker
+// blocks in its own write, as under torchrun. Memory so stays bounded: per console, 1 MiB plus,
+// per pipe, one read's lines (at most LineBuffer's 1 MiB piece plus 64 KiB with prefixes), plus
+// per pipe its partial line (up to 1 MiB) and, once its worker has exited, up to 1 MiB it left
+// in the pipe (read at once, so its last lines are not held up). `on_done` runs once what the
+// pipes held is written too, or stop_grace after the last pipe closed: a console that never reads
+// again cannot hold the group (console output still queued is written if the console recovers,
+// else dropped at exit, see ConsoleWriterFor; log-file output is dropped with the group).
+//
 // Thread-safety: none; every call and callback happens on the io_context's thread.
 // Lifecycle: one Start() per WorkerGroup. The destructor SIGKILLs and reaps whatever still runs,
 // so no worker outlives the group on any exit path.
@@ -120,9 +133,9 @@ class GroupSupervisor {
   // SIGKILL to every live worker now (a second Ctrl-C).
   virtual void Kill() = 0;
   // `fn` runs once, on the io_context, as soon as the first worker that failed on its own has
-  // exited and its output is drained (at most 1 s after it exited), with its exit and stderr
-  // tail: before its siblings are stopped, so the failure can be reported while they still
-  // run. Call before Start. The default implementation never calls it.
+  // exited and its output is drained and written (at most 1 s after it exited), with its exit
+  // and stderr tail: before its siblings are stopped, so the failure can be reported while they
+  // still run. Call before Start. The default implementation never calls it.
   virtual void OnFirstFailure(std::function<void(const WorkerExit&)> fn) {}
 };
 

@@ -3,11 +3,16 @@
 #include "agent/worker_group.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <csignal>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include <doctest/doctest.h>
 
@@ -121,6 +126,110 @@ TEST_CASE("MissingShimFailsStartWithoutLeavingWorkers") {
   CHECK_FALSE(s.ok());
   CHECK(s.message().find("/nonexistent/launch-exec") != std::string::npos);
   CHECK_FALSE(g.running());
+}
+
+// A console pipe the test reads only when told to (a reader that stopped, then resumed).
+struct StalledConsole {
+  int r = -1, w = -1;
+  std::mutex mu;
+  std::string data;  // guarded by mu
+  std::thread reader;
+  StalledConsole() {
+    int fds[2];
+    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+    r = fds[0];
+    w = fds[1];
+  }
+  void Resume() {
+    reader = std::thread([this] {
+      char buf[65536];
+      ssize_t n;
+      while ((n = ::read(r, buf, sizeof buf)) > 0) {
+        std::lock_guard<std::mutex> lock(mu);
+        data.append(buf, static_cast<size_t>(n));
+      }
+    });
+  }
+  size_t Count(char c) {
+    std::lock_guard<std::mutex> lock(mu);
+    return static_cast<size_t>(std::count(data.begin(), data.end(), c));
+  }
+  // Joins the reader after closing our write end, the only one (the console writer writes
+  // through it: call once everything was written).
+  std::string Finish() {
+    ::close(w);
+    w = -1;
+    if (reader.joinable()) reader.join();
+    return data;
+  }
+  ~StalledConsole() {
+    if (w >= 0) ::close(w);
+    if (reader.joinable()) reader.join();
+    ::close(r);
+  }
+};
+
+TEST_CASE("AFullConsolePausesTheWorkerNotTheLoop") {
+  StalledConsole console;
+  boost::asio::io_context io;
+  WorkerGroup g(io);
+  // 40000 lines of 100 bytes: far more than the pipe and the console writer's queue hold.
+  WorkerGroupSpec spec = Sh("head -c 4000000 /dev/zero | tr '\\0' x | fold -w 100", 1);
+  spec.exec_shim = LAUNCH_EXEC_SHIM;
+  spec.console_stdout_fd = spec.console_stderr_fd = console.w;
+  std::optional<GroupResult> result;
+  REQUIRE(g.Start(spec, [&](const GroupResult& r) { result = r; }).ok());
+  // While nobody reads, the loop keeps its timers on time and the worker waits in its write.
+  int ticks = 0;
+  boost::asio::steady_timer tick(io);
+  std::function<void()> arm = [&] {
+    tick.expires_after(std::chrono::milliseconds(10));
+    tick.async_wait([&](boost::system::error_code ec) {
+      if (ec) return;
+      ++ticks;
+      arm();
+    });
+  };
+  arm();
+  io.run_for(std::chrono::milliseconds(600));
+  CHECK(ticks >= 40);
+  CHECK_FALSE(result.has_value());
+  CHECK(g.running());
+  tick.cancel();
+  console.Resume();
+  for (int i = 0; !result && i < 3000; ++i) io.run_for(std::chrono::milliseconds(10));
+  REQUIRE(result.has_value());
+  CHECK(result->outcome == GroupResult::Outcome::kSucceeded);
+  std::string out = console.Finish();
+  const std::string line = "[rank 0]: " + std::string(100, 'x') + "\n";
+  CHECK(out.size() == 40000 * line.size());
+  bool all_whole = true;
+  for (size_t at = 0; at + line.size() <= out.size() && all_whole; at += line.size())
+    all_whole = out.compare(at, line.size(), line) == 0;
+  CHECK(all_whole);
+}
+
+TEST_CASE("TheOutcomeWaitsForTheConsoleOnlyUntilStopGrace") {
+  StalledConsole console;
+  // 300 KiB: the pipe and the console writer's queue take it all, so the worker exits; its
+  // output is then unwritten until the console reads, which it does not within stop_grace.
+  WorkerGroupSpec spec = Sh("head -c 307200 /dev/zero | tr '\\0' y | fold -w 1023", 1);
+  spec.stop_grace = std::chrono::milliseconds(300);
+  const auto t0 = std::chrono::steady_clock::now();
+  GroupResult r = RunGroup(spec, console.w);
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  CHECK(r.outcome == GroupResult::Outcome::kSucceeded);
+  CHECK(elapsed >= std::chrono::milliseconds(300));
+  CHECK(elapsed < std::chrono::milliseconds(5000));
+  // Not dropped: it is still queued and arrives once the console reads again.
+  console.Resume();
+  const std::string line = "[rank 0]: " + std::string(1023, 'y') + "\n";
+  bool arrived = false;
+  for (int i = 0; i < 500 && !arrived; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    arrived = console.Count('y') == 307200;
+  }
+  CHECK(arrived);
 }
 
 TEST_CASE("ContractEnvironmentIsComplete") {
