@@ -160,7 +160,9 @@ struct Assignment {
   std::string master_addr;  // node 0's address as the server saw it
   int master_port = 0;      // the port node 0 reserved
   std::string run_id;
-  std::vector<NodeInfo> nodes;  // by node rank (encoded one field per node)
+  // By node rank (encoded as one field). The server sends it empty: each node gets only its
+  // own row above, since a table in every node's ASSIGN is O(n^2) bytes per round.
+  std::vector<NodeInfo> nodes;
 };
 
 // A worker failure (or a lost node), as the first node that saw it describes it.
@@ -222,6 +224,9 @@ StatusOr<ErrorMessage> ParseError(const Fields& f);
 
 // Parses the payload of a frame of any type with its typed parser (fuzzer entry point).
 Status ValidateMessage(MessageType type, const Fields& fields);
+
+// True for an IPv4 address in 127.0.0.0/8, ::1, or an IPv4-mapped loopback address.
+bool IsLoopbackAddress(const std::string& address);
 
 // "host:port", or "[v6]:port" for IPv6 literals.
 std::string FormatEndpoint(const std::string& host, int port);

@@ -2,54 +2,70 @@
 
 // RendezvousServer: where the agents of all nodes meet. One asio::io_context, one thread,
 // any number of agents; it runs inside the agent of the node that owns the endpoint, or alone
-// as `launch rdzv-server --port P`.
+// as `launch rdzv-server --port P`. It is the I/O shell around RoundMachine (round_machine.h),
+// which takes every decision below; the shell accepts connections, runs the handshake, turns
+// frames, closes and timer firings into the machine's inputs and carries out its effects.
 //
 // What it decides (see protocol.h for the messages):
 //  * Membership. The first JOIN fixes the job's spec (run_id, MIN:MAX nodes, max_restarts, the
-//    config fingerprint and the rdzv timeouts); a later JOIN that disagrees is refused with the
-//    field and both values — before the first round closes, every waiting agent fails with it,
-//    so nobody waits for a timeout. Explicit node ranks are honoured; two agents asking for the
-//    same rank fail at once, naming both hosts. The rest get the free ranks in join order.
+//    config fingerprint and the rdzv timeouts join/last_call/heartbeat). A later JOIN that
+//    disagrees is refused alone (ERROR, exit 2) naming the field, both values and the host
+//    that set the spec; the job forming or running goes on untouched. Explicit node ranks are
+//    honoured. Two agents asking for the same rank: when the one holding it has been silent
+//    (no frame) for more than a quarter of heartbeat_timeout it is replaced (closed with an
+//    ERROR, a lost node if it was running), otherwise the newcomer alone is refused naming
+//    both hosts. The rest get the free ranks in join order.
 //  * Round closing. MAX joined: close now. MIN joined: close after last_call_timeout (more may
 //    come). A later round (after a restart) closes as soon as every connected agent re-joined.
 //    Not MIN within join_timeout: every waiting agent fails, naming the missing ranks.
 //  * The assignment: node ranks, global rank offsets (prefix sums of each node's local world
-//    size, so nodes may run different numbers of workers), MASTER_ADDR = node 0's address as
-//    this server saw its connection, MASTER_PORT = the free port node 0 reserved and sent.
+//    size, so nodes may run different numbers of workers), MASTER_PORT = the free port node 0
+//    reserved, MASTER_ADDR = node 0's address as this server saw its connection, except when
+//    that is loopback (node 0 runs on this host) and some agent came from another host: then
+//    this server's own address on that agent's connection (what it reached). Each node gets
+//    only its own row (no node table), so an ASSIGN is small at any scale.
 //  * Liveness. Every frame read has a deadline of heartbeat_timeout (agents send heartbeats at
 //    a quarter of it); EOF (an agent killed by SIGKILL) is seen at once.
 //  * Failures. The root cause of a round is its earliest failure by time, not the first report
 //    to arrive: a report carries the failure's wall-clock time (corrected by the node's clock
 //    offset measured at JOIN; a lost node counts from when the server saw it go), and the
 //    server decides kRootCauseWindow after the first report, taking the earliest one received
-//    by then (agents report a failure as soon as the worker's output is drained, before its
-//    siblings stop, so a collateral failure elsewhere cannot overtake it). It is relayed
-//    verbatim to every agent. While restarts remain, a new round starts (RESTART to all);
-//    with fewer than MIN nodes left it waits up to join_timeout for replacement agents (a
-//    restarted machine, or another one taking the lost node rank) and fails with the root
-//    cause if none comes. Without restarts left: FAILED to all. A node joining a running job below
-//    MAX starts a new round without spending a restart (scale-up).
-//  * Success: DONE to every agent as soon as every node of the round reported success.
+//    by then. It is relayed verbatim to every agent. While restarts remain, a new round starts
+//    (RESTART to all); with fewer than MIN nodes left it waits up to join_timeout for
+//    replacement agents and fails with the root cause if none comes. Without restarts left:
+//    FAILED to all. A node that reported success for the round and then leaves is no failure.
+//    A node joining a running job below MAX starts a new round without spending a restart
+//    (scale-up); at MAX it waits as a spare.
+//  * The end: DONE to every node of the round as soon as each reported success; FAILED (exit 2,
+//    "never ran") to a spare that was never assigned. A message the server cannot send (beyond
+//    the protocol's limit) fails the job with a message, never an exception.
 //  * After a job ends and every agent has gone, the server forgets it and serves the next one.
 //
 // Hostile input (garbage, a 4 GiB length prefix, a client that never speaks, a wrong token) only
 // costs that connection: header checks precede allocation and every read and write has a
-// deadline.
+// deadline. At most max_handshakes connections are in the handshake at once (more wait, a
+// descriptor each, nothing read, until a slot frees), and a non-loopback address may have at
+// most max_handshakes_per_source in the handshake or waiting (more are closed at once), so a
+// flood of strangers costs little and agents are still admitted. Out of descriptors (EMFILE),
+// accepting pauses 100 ms instead of spinning.
 //
 // Thread-safety: none; every method and callback runs on the io_context's thread.
 // Lifetime: create with Create(); Stop() before dropping the last reference.
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio.hpp>
 
 #include "base/status.h"
 #include "rendezvous/protocol.h"
+#include "rendezvous/round_machine.h"
 
 namespace launch::rendezvous {
 
@@ -66,13 +82,18 @@ struct ServerOptions {
   std::chrono::milliseconds default_heartbeat_timeout{5000};
   std::chrono::milliseconds write_timeout{5000};
   size_t max_connections = 8192;  // more are accepted and closed at once
+  // Connections in the handshake at once, and per source address (see above). Loopback peers
+  // count only toward the total: they are this host's own processes (tests and benchmarks
+  // stand in for many nodes on one machine).
+  size_t max_handshakes = 64;
+  size_t max_handshakes_per_source = 8;
   // One line per notable event ("round 0 closed: 2 nodes ..."). Null = silent.
   std::function<void(const std::string&)> log;
 };
 
 class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
  public:
-  enum class JobState { kIdle, kWaiting, kRunning, kDone, kFailed };
+  using JobState = rendezvous::JobState;
 
   static std::shared_ptr<RendezvousServer> Create(boost::asio::io_context& io,
                                                   ServerOptions options);
@@ -88,80 +109,71 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   int port() const { return bound_port_; }
   // Closes the acceptor, every connection and timer. Idempotent.
   void Stop();
+  // For a hosting agent that leaves: FAILED with `message` to every agent, then no more
+  // accepting, frames or decisions. The connections close once their FAILED is flushed
+  // (connection_count() falls to 0 while the io_context runs, bounded by write_timeout);
+  // Stop() afterwards drops whatever is left. Idempotent.
+  void FailAndStop(const std::string& message);
 
-  JobState state() const { return state_; }
-  int round() const { return round_; }
-  size_t connection_count() const { return sessions_.size(); }
+  JobState state() const { return machine_.state(); }
+  int round() const { return machine_.round(); }
+  // Every open connection, those waiting for a handshake slot included.
+  size_t connection_count() const { return sessions_.size() + waiting_.size(); }
+  // Connections in the handshake now.
+  size_t handshake_count() const { return handshakes_; }
   // Called each time a finished job's last connection has closed (the job was forgotten).
   void SetIdleCallback(std::function<void()> on_idle) { on_idle_ = std::move(on_idle); }
 
  private:
   struct Session;
+  // An accepted connection waiting for a handshake slot.
+  struct Waiting {
+    boost::asio::ip::tcp::socket socket;
+    std::string remote_address;
+    std::string local_address;
+    std::chrono::steady_clock::time_point since;
+  };
   RendezvousServer(boost::asio::io_context& io, ServerOptions options);
 
   void Accept();
+  void OnAccepted(boost::asio::ip::tcp::socket socket);
+  void StartHandshake(boost::asio::ip::tcp::socket socket, const std::string& remote_address,
+                      const std::string& local_address);
+  // The session's handshake is over (authenticated or closed): its slot goes to the
+  // longest-waiting connection.
+  void EndHandshake(Session& s);
+  void Unpend(const std::string& remote_address);
   void OnFrame(uint64_t id, MessageType type, Fields fields);
   void OnClosed(uint64_t id, const Status& why);
   void HandleHello(Session& s, const Fields& fields);
-  void HandleJoin(Session& s, JoinRequest join);
-  void HandleReport(Session& s, FailureReport report);
-  void HandleSucceeded(Session& s, int round);
-  // Compares a JOIN with the job's spec; "" when it matches.
-  std::string SpecMismatch(const Session& s, const JoinRequest& join) const;
-  void Refuse(Session& s, const std::string& message, bool config_error);
-  void MaybeCloseRound();
-  void CloseRound();
-  void OnJoinTimeout();
-  void AfterFailure(const std::string& reason, const FailureReport& report);
-  // A failure of the running round, at `at_us` on the server's clock: a candidate root cause
-  // until DecideFailure (kRootCauseWindow after the first one).
-  void ConsiderFailure(const std::string& reason, const FailureReport& report, int64_t at_us);
-  void DecideFailure();
-  void StartNewRound(bool counts_as_restart, const std::string& reason,
-                     const std::optional<FailureReport>& report);
-  void FailJob(const std::string& message, bool config_error,
-               const std::optional<FailureReport>& report);
-  void FinishJob();
+  // Carries out the machine's effects; `now_us` is the time the input was given at.
+  void Apply(Effects effects, int64_t now_us);
+  void ArmTimer(TimerId timer, int64_t at_us, int64_t now_us);
   void ArmHeartbeat();
-  void ResetIfIdle();
-  std::chrono::milliseconds HeartbeatTimeout() const;
-  size_t CountJoined() const;
-  size_t CountParticipants() const;
   void Log(const std::string& line) const;
-  std::string Describe(const Session& s) const;
 
   boost::asio::io_context& io_;
   ServerOptions options_;
+  RoundMachine machine_;
   boost::asio::ip::tcp::acceptor acceptor_;
-  boost::asio::steady_timer join_timer_;
-  boost::asio::steady_timer last_call_timer_;
+  std::vector<boost::asio::steady_timer> timers_;  // by TimerId
+  int64_t timer_at_us_[kTimerCount] = {};          // deadline each timer was armed for
   boost::asio::steady_timer heartbeat_timer_;
-  boost::asio::steady_timer decision_timer_;
+  boost::asio::steady_timer accept_backoff_timer_;
+  std::chrono::milliseconds heartbeat_interval_{0};
   int bound_port_ = 0;
   bool stopped_ = false;
+  bool failing_ = false;         // FailAndStop: the sessions drain, nothing else happens
+  bool accepting_ = false;       // an async_accept is pending
+  bool accept_failing_ = false;  // the last accept failed (logged once per episode)
   std::function<void()> on_idle_;
 
   std::map<uint64_t, std::unique_ptr<Session>> sessions_;
   uint64_t next_session_id_ = 1;
-  uint64_t next_join_seq_ = 1;
-
-  JobState state_ = JobState::kIdle;
-  std::optional<JoinRequest> spec_;  // from the first JOIN
-  std::string spec_origin_;          // "host a (10.0.0.1)": who set the spec
-  int round_ = 0;
-  int restarts_used_ = 0;
-  bool last_call_armed_ = false;
-  bool round_failed_ = false;  // the running round already has its root cause
-  struct PendingFailure {
-    std::string reason;
-    FailureReport report;
-    int64_t at_us = 0;  // server clock
-  };
-  std::optional<PendingFailure> pending_failure_;  // earliest failure of the running round
-  std::string last_restart_reason_;                // what started the latest restart round
-  std::optional<FailureReport> last_restart_report_;
-  std::chrono::steady_clock::time_point round_started_;
-  uint64_t timer_generation_ = 0;  // invalidates join/last-call timers of older rounds
+  size_t handshakes_ = 0;
+  // Connections in the handshake or waiting for it, by source address.
+  std::map<std::string, size_t> pending_by_source_;
+  std::deque<Waiting> waiting_;  // for a handshake slot, oldest first
 };
 
 }  // namespace launch::rendezvous

@@ -1,7 +1,16 @@
-// Rendezvous behaviour with real clients and a real server over loopback TCP, all on one
-// io_context (no threads, no sleeps: the test drives the io_context).
+// The server end to end: real clients and a real server over loopback TCP, all on one
+// io_context (no threads: the test drives the io_context). The round logic itself is tested
+// with a fake clock in round_machine_test.cc; here only what needs real sockets.
 
 #include "rendezvous/server.h"
+
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <doctest/doctest.h>
 
@@ -36,123 +45,7 @@ TEST_CASE("TwoNodesGetRanksOffsetsAndMasterFromNodeZero") {
   CHECK(x.master_port == 30999);  // hostB (node 0) reserved it
   CHECK(y.master_port == 30999);
   CHECK(x.round == 0);
-  REQUIRE(x.nodes.size() == 2);
-  CHECK(x.nodes[0].host == "hostB");
-}
-
-TEST_CASE("StaticJobClosesTheMomentTheLastNodeArrives") {
-  Harness h;
-  JoinRequest j = Join(3, 3, -1);
-  j.last_call_timeout_s = 10;  // must not matter when MIN == MAX
-  std::vector<Recorder*> rs;
-  for (int i = 0; i < 3; ++i) rs.push_back(&h.AddClient(j));
-  auto start = Clock::now();
-  REQUIRE(RunUntil(h.io, [&] {
-    for (auto* r : rs)
-      if (r->assignments.empty()) return false;
-    return true;
-  }));
-  CHECK(Clock::now() - start < milliseconds(2000));
-  std::vector<int> ranks;
-  for (auto* r : rs) ranks.push_back(r->assignments[0].node_rank);
-  std::sort(ranks.begin(), ranks.end());
-  CHECK(ranks == std::vector<int>{0, 1, 2});
-}
-
-TEST_CASE("DuplicateRankFailsBothAgentsNamingBothHosts") {
-  Harness h;
-  Recorder& a = h.AddClient(Join(2, 2, 0, 1, "alpha"));
-  REQUIRE(RunUntil(h.io, [&] { return h.LogContains("first agent"); }));
-  Recorder& b = h.AddClient(Join(2, 2, 0, 1, "beta"));
-  REQUIRE(RunUntil(h.io, [&] { return a.finished() && b.finished(); }));
-  for (Recorder* r : {&a, &b}) {
-    REQUIRE(r->failed.has_value());
-    CHECK(r->failed->code() == Status::Code::kInvalidConfig);
-    CHECK(Contains(r->failed->message(), "duplicate machine_rank 0"));
-    CHECK(Contains(r->failed->message(), "alpha"));
-    CHECK(Contains(r->failed->message(), "beta"));
-  }
-}
-
-TEST_CASE("MismatchedRunIdFailsNamingTheFieldAndBothValues") {
-  Harness h;
-  Recorder& a = h.AddClient(Join(2, 2, 0, 1, "alpha"));
-  REQUIRE(RunUntil(h.io, [&] { return h.LogContains("first agent"); }));
-  JoinRequest other = Join(2, 2, 1, 1, "beta");
-  other.run_id = "other";
-  Recorder& b = h.AddClient(other);
-  REQUIRE(RunUntil(h.io, [&] { return a.finished() && b.finished(); }));
-  REQUIRE(b.failed.has_value());
-  CHECK(Contains(b.failed->message(), "run_id mismatch"));
-  CHECK(Contains(b.failed->message(), "'other'"));
-  CHECK(Contains(b.failed->message(), "'test'"));
-  REQUIRE(a.failed.has_value());  // the waiting agent does not wait for its timeout
-  CHECK(a.failed->code() == Status::Code::kInvalidConfig);
-}
-
-TEST_CASE("MismatchedWorldSizeSpecAndFingerprintAreNamed") {
-  Harness h;
-  h.AddClient(Join(2, 2, 0));
-  REQUIRE(RunUntil(h.io, [&] { return h.LogContains("first agent"); }));
-  Recorder& b = h.AddClient(Join(3, 3, 1));
-  REQUIRE(RunUntil(h.io, [&] { return b.finished(); }));
-  CHECK(Contains(b.failed->message(), "num_machines (nnodes) mismatch"));
-  CHECK(Contains(b.failed->message(), "has 3 but"));
-
-  Harness h2;
-  h2.AddClient(Join(2, 2, 0));
-  REQUIRE(RunUntil(h2.io, [&] { return h2.LogContains("first agent"); }));
-  JoinRequest j = Join(2, 2, 1);
-  j.fingerprint = "different";
-  Recorder& c = h2.AddClient(j);
-  REQUIRE(RunUntil(h2.io, [&] { return c.finished(); }));
-  CHECK(Contains(c.failed->message(), "config fingerprint mismatch"));
-}
-
-TEST_CASE("JoinTimeoutFailsEveryWaitingAgentListingMissingRanks") {
-  Harness h;
-  JoinRequest j = Join(3, 3, 0, 1, "alpha");
-  j.join_timeout_s = 0.3;
-  Recorder& a = h.AddClient(j);
-  JoinRequest k = j;
-  k.node_rank = 2;
-  k.hostname = "gamma";
-  Recorder& c = h.AddClient(k);
-  auto start = Clock::now();
-  REQUIRE(RunUntil(h.io, [&] { return a.finished() && c.finished(); }));
-  CHECK(Clock::now() - start < milliseconds(2000));
-  for (Recorder* r : {&a, &c}) {
-    REQUIRE(r->failed.has_value());
-    CHECK(r->failed->code() == Status::Code::kInvalidConfig);
-    CHECK(Contains(r->failed->message(), "2 of 3 nodes joined"));
-    CHECK(Contains(r->failed->message(), "unclaimed node ranks: 1"));
-  }
-}
-
-TEST_CASE("ElasticJobWaitsTheLastCallThenClosesWithWhatCame") {
-  Harness h;
-  JoinRequest j = Join(2, 4, -1);
-  j.last_call_timeout_s = 0.3;
-  Recorder& a = h.AddClient(j);
-  Recorder& b = h.AddClient(j);
-  auto start = Clock::now();
-  REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
-  auto took = Clock::now() - start;
-  CHECK(took >= milliseconds(280));
-  CHECK(took < milliseconds(2000));
-  CHECK(a.assignments[0].num_nodes == 2);
-}
-
-TEST_CASE("ElasticJobClosesAtOnceWhenMaxArrive") {
-  Harness h;
-  JoinRequest j = Join(1, 2, -1);
-  j.last_call_timeout_s = 5;
-  Recorder& a = h.AddClient(j);
-  Recorder& b = h.AddClient(j);
-  auto start = Clock::now();
-  REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
-  CHECK(Clock::now() - start < milliseconds(2000));
-  CHECK(a.assignments[0].num_nodes == 2);
+  CHECK(x.nodes.empty());  // no node table: each node gets its own row
 }
 
 TEST_CASE("WorkerFailureRestartsEveryNodeWithTheRootCauseThenJobCompletes") {
@@ -189,140 +82,197 @@ TEST_CASE("WorkerFailureRestartsEveryNodeWithTheRootCauseThenJobCompletes") {
   REQUIRE(RunUntil(h.io, [&] { return h.server->state() == RendezvousServer::JobState::kIdle; }));
 }
 
-TEST_CASE("FailureWithNoRestartsLeftFailsEveryNodeWithTheSameReport") {
+TEST_CASE("AStrayAgentIsRefusedAloneAndTheFormingJobCompletes") {
   Harness h;
-  Recorder& a = h.AddClient(Join(2, 2, 0));
-  Recorder& b = h.AddClient(Join(2, 2, 1));
+  Recorder& a = h.AddClient(Join(2, 2, 0, 1, "alpha"));
+  REQUIRE(RunUntil(h.io, [&] { return h.LogContains("first agent"); }));
+  JoinRequest other = Join(2, 2, 1, 1, "beta");
+  other.run_id = "other";
+  Recorder& stray = h.AddClient(other);
+  REQUIRE(RunUntil(h.io, [&] { return stray.finished(); }));
+  REQUIRE(stray.failed.has_value());
+  CHECK(stray.failed->code() == Status::Code::kInvalidConfig);  // exit 2
+  CHECK(Contains(stray.failed->message(), "run_id mismatch"));
+  CHECK_FALSE(a.finished());
+  Recorder& b = h.AddClient(Join(2, 2, 1, 1, "gamma"));
   REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
-  FailureReport r;
-  r.global_rank = 1;
-  r.local_rank = 0;
-  r.signal = 11;
-  b.client->ReportFailure(r);
-  REQUIRE(RunUntil(h.io, [&] { return a.finished() && b.finished(); }));
-  for (Recorder* x : {&a, &b}) {
-    REQUIRE(x->failed.has_value());
-    CHECK(x->failed->code() == Status::Code::kWorkerFailed);
-    CHECK(Contains(x->failed->message(), "no restarts left"));
-    REQUIRE(x->failure->report.has_value());
-    CHECK(x->failure->report->signal == 11);
+}
+
+// A TCP peer that connects (from `local`, when given) and never speaks; notes what it gets.
+struct Stranger : std::enable_shared_from_this<Stranger> {
+  explicit Stranger(asio::io_context& io) : socket(io) {}
+  void Connect(const std::string& to, int port, const std::string& local = "") {
+    socket.open(asio::ip::tcp::v4());
+    if (!local.empty()) socket.bind({asio::ip::make_address(local), 0});
+    socket.connect({asio::ip::make_address(to), static_cast<unsigned short>(port)});
+    socket.async_read_some(asio::buffer(chunk), [self = shared_from_this()](
+                                                    const boost::system::error_code& ec, size_t n) {
+      if (ec) self->closed = true;
+      self->received += n;
+    });
   }
-  CHECK(FormatFailureReport(*a.failure->report) == FormatFailureReport(*b.failure->report));
-}
+  asio::ip::tcp::socket socket;
+  char chunk[256];
+  size_t received = 0;  // bytes of the CHALLENGE, once the server started its handshake
+  bool closed = false;
+};
 
-TEST_CASE("TheEarliestFailureIsTheRootCauseEvenWhenItsReportArrivesSecond") {
-  Harness h;
-  Recorder& a = h.AddClient(Join(2, 2, 0));
-  Recorder& b = h.AddClient(Join(2, 2, 1));
-  REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
-  const int64_t now = WallClockMicros();
-  FailureReport collateral;
-  collateral.global_rank = 1;
-  collateral.exit_code = 7;
-  collateral.reason = "exited with code 7";
-  collateral.time_us = now;
-  FailureReport root;
-  root.global_rank = 0;
-  root.exit_code = 3;
-  root.reason = "exited with code 3";
-  root.time_us = now - 500000;  // half a second earlier, reported later
-  b.client->ReportFailure(collateral);
-  a.client->ReportFailure(root);
-  REQUIRE(RunUntil(h.io, [&] { return a.finished() && b.finished(); }));
-  for (Recorder* x : {&a, &b}) {
-    REQUIRE(x->failure.has_value());
-    REQUIRE(x->failure->report.has_value());
-    CHECK(x->failure->report->exit_code == 3);
-    CHECK(x->failure->report->global_rank == 0);
-    CHECK(x->failure->report->time_us == root.time_us);
+TEST_CASE("AFloodOfStrangersWaitsForHandshakeSlotsAndAgentsAreStillAdmitted") {
+  ServerOptions options;
+  options.max_handshakes = 8;
+  options.handshake_timeout = milliseconds(300);
+  Harness h(options);
+  h.client_handshake_timeout = milliseconds(10000);
+  std::vector<std::shared_ptr<Stranger>> strangers;
+  for (int i = 0; i < 20; ++i) {
+    strangers.push_back(std::make_shared<Stranger>(h.io));
+    strangers.back()->Connect("127.0.0.1", h.server->port());
   }
+  REQUIRE(RunUntil(h.io, [&] { return h.server->connection_count() == 20; }));
+  CHECK(h.server->handshake_count() == 8);
+  RunUntil(
+      h.io, [] { return false; }, milliseconds(50));
+  size_t challenged = 0;
+  for (auto& s : strangers) challenged += s->received > 0 ? 1 : 0;
+  CHECK(challenged == 8);  // the others cost a descriptor and nothing else
+  Recorder& a = h.AddClient(Join(2, 2, -1));
+  Recorder& b = h.AddClient(Join(2, 2, -1));
+  REQUIRE(RunUntil(
+      h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }, milliseconds(8000)));
+  CHECK(h.server->handshake_count() <= 8);
 }
 
-TEST_CASE("LostAgentStartsANewRoundAtMinNodes") {
-  Harness h;
-  JoinRequest j = Join(2, 3, -1);
-  j.max_restarts = 1;
-  j.last_call_timeout_s = 0;
-  std::vector<Recorder*> rs;
-  for (int i = 0; i < 3; ++i) rs.push_back(&h.AddClient(j));
-  REQUIRE(RunUntil(h.io, [&] {
-    for (auto* r : rs)
-      if (r->assignments.empty()) return false;
-    return true;
-  }));
-  // Depending on timing the first round may have closed with 2 or 3; wait for 3.
-  REQUIRE(RunUntil(h.io, [&] {
-    for (auto* r : rs)
-      if (r->assignments.back().num_nodes != 3) return false;
-    return true;
-  }));
-  size_t before = rs[0]->restarts.size();
-  rs[2]->client->Close();  // the socket closes like a SIGKILLed agent's
-  auto start = Clock::now();
-  REQUIRE(RunUntil(h.io, [&] {
-    return rs[0]->restarts.size() > before && rs[0]->assignments.back().num_nodes == 2 &&
-           rs[1]->assignments.back().num_nodes == 2;
-  }));
-  CHECK(Clock::now() - start < milliseconds(1000));
-  CHECK(Contains(rs[0]->restarts.back().reason, "lost node"));
-  REQUIRE(rs[0]->restarts.back().report.has_value());
-  CHECK(Contains(rs[0]->restarts.back().report->reason, "node lost"));
+// A non-loopback IPv4 address of this machine, or "".
+std::string NonLoopbackAddress() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = list; i && found.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
+    std::string text = asio::ip::address_v4(ntohl(in->sin_addr.s_addr)).to_string();
+    if (!IsLoopbackAddress(text)) found = text;
+  }
+  freeifaddrs(list);
+  return found;
 }
 
-TEST_CASE("LostAgentBelowMinFailsTheSurvivorsWhenNoReplacementComes") {
-  Harness h;
-  JoinRequest j = Join(2, 2, -1);
-  j.max_restarts = 5;
-  j.join_timeout_s = 0.5;
-  Recorder& a = h.AddClient(j);
-  Recorder& b = h.AddClient(j);
+TEST_CASE("StrangersBeyondThePerSourceCapAreClosedAtOnce") {
+  const std::string address = NonLoopbackAddress();
+  if (address.empty()) {
+    MESSAGE("no non-loopback IPv4 address here");
+    return;
+  }
+  ServerOptions options;
+  options.handshake_timeout = milliseconds(5000);
+  Harness h(options, address);
+  h.client_local_address = "127.0.0.2";  // loopback: counts only toward the total
+  std::vector<std::shared_ptr<Stranger>> strangers;
+  for (int i = 0; i < 12; ++i) {
+    strangers.push_back(std::make_shared<Stranger>(h.io));
+    strangers.back()->Connect(address, h.server->port(), address);
+  }
+  auto closed = [&] {
+    size_t n = 0;
+    for (auto& s : strangers) n += s->closed ? 1 : 0;
+    return n;
+  };
+  REQUIRE(RunUntil(h.io, [&] { return closed() == 4; }));
+  CHECK(h.server->handshake_count() == 8);
+  // Agents from other addresses are admitted while the 8 hold their slots.
+  Recorder& a = h.AddClient(Join(2, 2, -1));
+  Recorder& b = h.AddClient(Join(2, 2, -1));
   REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
-  b.client->Close();
-  REQUIRE(RunUntil(h.io, [&] { return a.finished(); }));
-  REQUIRE(a.failed.has_value());
-  CHECK(Contains(a.failed->message(), "no replacement node joined"));
-  REQUIRE(a.restarts.size() == 1);  // the survivor was told to wait
-  CHECK(Contains(a.restarts[0].reason, "waiting up to"));
-  REQUIRE(a.failure->report.has_value());  // the root cause travels with the failure
-  CHECK(Contains(a.failure->report->reason, "node lost"));
+  CHECK(closed() == 4);
 }
 
-TEST_CASE("LostAgentBelowMinIsReplacedByANewAgentAndTheJobGoesOn") {
-  Harness h;
-  JoinRequest j = Join(2, 2, -1);
-  j.max_restarts = 5;
-  Recorder& a = h.AddClient(j);
-  Recorder& b = h.AddClient(j);
-  REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
-  const int lost_rank = b.assignments[0].node_rank;
-  b.client->Close();
-  REQUIRE(RunUntil(h.io, [&] { return a.restarts.size() == 1; }));
-  JoinRequest replacement = j;
-  replacement.node_rank = lost_rank;  // takes the lost node's place
-  Recorder& c = h.AddClient(replacement);
-  REQUIRE(RunUntil(h.io, [&] { return a.assignments.size() == 2 && !c.assignments.empty(); }));
-  CHECK(c.assignments[0].node_rank == lost_rank);
-  CHECK(c.assignments[0].restart_count == 1);
-  a.client->ReportSuccess(1);
-  c.client->ReportSuccess(1);
-  REQUIRE(RunUntil(h.io, [&] { return a.done && c.done; }));
+TEST_CASE("RunningOutOfDescriptorsDoesNotSpinTheAcceptLoop") {
+  // A server in a child process with a descriptor limit a few above what it uses; the
+  // parent opens more connections than it can accept and the child measures its own CPU
+  // time while they wait (a spinning accept loop burns all of it).
+  int to_parent[2], to_child[2];
+  REQUIRE(pipe(to_parent) == 0);
+  REQUIRE(pipe(to_child) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    asio::io_context io;
+    ServerOptions so;
+    so.host = "127.0.0.1";
+    so.port = 0;
+    auto server = RendezvousServer::Create(io, so);
+    if (!server->Listen().ok()) _exit(3);
+    int port = server->port();
+    const int next_fd = dup(0);
+    close(next_fd);
+    rlimit lim{};
+    getrlimit(RLIMIT_NOFILE, &lim);
+    lim.rlim_cur = static_cast<rlim_t>(next_fd + 3);
+    setrlimit(RLIMIT_NOFILE, &lim);
+    if (write(to_parent[1], &port, sizeof(port)) != sizeof(port)) _exit(4);
+    char go = 0;
+    if (read(to_child[0], &go, 1) != 1) _exit(5);
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    io.run_for(milliseconds(600));
+    getrusage(RUSAGE_SELF, &after);
+    auto ms = [](const rusage& u) {
+      return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000LL +
+             (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1000;
+    };
+    long long cpu_ms = ms(after) - ms(before);
+    if (write(to_parent[1], &cpu_ms, sizeof(cpu_ms)) != sizeof(cpu_ms)) _exit(6);
+    _exit(0);
+  }
+  close(to_parent[1]);
+  close(to_child[0]);
+  auto read_within = [&](void* out, size_t size) {
+    pollfd p{to_parent[0], POLLIN, 0};
+    return poll(&p, 1, 20000) == 1 && read(to_parent[0], out, size) == static_cast<ssize_t>(size);
+  };
+  int port = 0;
+  bool ok = read_within(&port, sizeof(port));
+  asio::io_context io;
+  std::vector<asio::ip::tcp::socket> sockets;
+  for (int i = 0; ok && i < 12; ++i) {
+    sockets.emplace_back(io);
+    boost::system::error_code ec;
+    sockets.back().connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)},
+                           ec);
+  }
+  long long cpu_ms = -1;
+  if (ok) ok = write(to_child[1], "g", 1) == 1 && read_within(&cpu_ms, sizeof(cpu_ms));
+  if (!ok) kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(to_parent[0]);
+  close(to_child[1]);
+  REQUIRE(ok);
+  CHECK(WIFEXITED(status));
+  INFO("server CPU time during 600 ms out of descriptors: " << cpu_ms << " ms");
+  CHECK(cpu_ms < 150);
 }
 
-TEST_CASE("LateNodeScalesUpWithoutSpendingARestart") {
+TEST_CASE("FailAndStopSendsFailedToEveryAgentThenStops") {
   Harness h;
-  JoinRequest j = Join(1, 2, -1);
-  j.last_call_timeout_s = 0;
-  Recorder& a = h.AddClient(j);
-  REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty(); }));
-  CHECK(a.assignments[0].num_nodes == 1);
-  Recorder& b = h.AddClient(j);
-  REQUIRE(RunUntil(h.io, [&] { return a.assignments.size() == 2 && !b.assignments.empty(); }));
-  REQUIRE(a.restarts.size() == 1);
-  CHECK_FALSE(a.restarts[0].counts_as_restart);
-  CHECK(Contains(a.restarts[0].reason, "scale-up"));
-  CHECK(a.assignments[1].num_nodes == 2);
-  CHECK(a.assignments[1].restart_count == 0);
-  CHECK(b.restarts.empty());
+  Recorder& a = h.AddClient(Join(3, 3, -1));
+  Recorder& b = h.AddClient(Join(3, 3, -1));
+  REQUIRE(RunUntil(
+      h.io, [&] { return h.server->connection_count() == 2 && h.LogContains("first agent"); }));
+  REQUIRE(RunUntil(h.io, [&] {
+    return h.log.size() >= 1 && h.server->state() == RendezvousServer::JobState::kWaiting;
+  }));
+  h.server->FailAndStop("the rendezvous host is leaving: SIGTERM");
+  REQUIRE(RunUntil(h.io, [&] { return a.finished() && b.finished(); }));
+  for (Recorder* r : {&a, &b}) {
+    REQUIRE(r->failed.has_value());
+    CHECK(Contains(r->failed->message(), "the rendezvous host is leaving: SIGTERM"));
+  }
+  REQUIRE(RunUntil(h.io, [&] { return h.server->connection_count() == 0; }));
+  Recorder& late = h.AddClient(Join(1, 1, -1));  // nobody accepts any more
+  RunUntil(
+      h.io, [] { return false; }, milliseconds(100));
+  CHECK(late.assignments.empty());
 }
 
 TEST_CASE("ClientRetriesUntilTheServerStartsLater") {

@@ -61,8 +61,10 @@ inline JoinRequest Join(int min_nodes, int max_nodes, int node_rank, int local_w
 
 class Harness {
  public:
-  explicit Harness(ServerOptions options = {}) {
-    options.host = "127.0.0.1";
+  // `listen_host`: where the server listens (clients connect there too).
+  explicit Harness(ServerOptions options = {}, const std::string& listen_host = "127.0.0.1")
+      : client_host(listen_host) {
+    options.host = listen_host;
     if (options.port == 29500) options.port = 0;
     options.log = [this](const std::string& line) { log.push_back(line); };
     server = RendezvousServer::Create(io, options);
@@ -83,11 +85,12 @@ class Harness {
     auto rec = std::make_unique<Recorder>();
     Recorder* r = rec.get();
     ClientOptions options;
-    options.host = "127.0.0.1";
+    options.host = client_host;
+    options.local_address = client_local_address;
     options.port = port >= 0 ? port : server->port();
     options.token = token;
     options.join = join;
-    options.handshake_timeout = std::chrono::milliseconds(1000);
+    options.handshake_timeout = client_handshake_timeout;
     ClientEvents events;
     events.on_assigned = [r](const Assignment& a) { r->assignments.push_back(a); };
     events.on_restart = [r, auto_rejoin](const RestartNotice& n) {
@@ -113,6 +116,11 @@ class Harness {
 
   asio::io_context io;
   std::shared_ptr<RendezvousServer> server;
+  // For clients added from now on: where they connect, the address they connect from ("" =
+  // any), how long they wait for the server's side of the handshake.
+  std::string client_host;
+  std::string client_local_address;
+  std::chrono::milliseconds client_handshake_timeout{1000};
   std::vector<std::string> log;
   std::vector<std::unique_ptr<Recorder>> recorders;
 };

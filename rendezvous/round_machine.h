@@ -1,0 +1,196 @@
+#pragma once
+
+// RoundMachine: every decision of the rendezvous server (membership, round closing, rank
+// assignment, root cause, restarts, the end of a job) as a pure state machine. Inputs are what
+// happened to an authenticated session (JOIN, REPORT, SUCCEEDED, HEARTBEAT, its connection
+// closed, a send that failed) and timer firings; outputs are Effects for the I/O shell
+// (RendezvousServer) to carry out. No sockets, no timers, no clock: every input carries `now_us`,
+// the server's wall clock in microseconds (WallClockMicros() in the shell, a fake in tests), and
+// timers are asked for as absolute deadlines on that clock. The handshake is not in here: a
+// session enters with OnAuthenticated.
+//
+// Rules (server.h states them for users):
+//  * The first JOIN fixes the job's spec (run_id, MIN:MAX, max_restarts, fingerprint, the three
+//    rdzv timeouts). A JOIN that disagrees is refused alone (ERROR, config_error) naming the
+//    field, both values and the host that set the spec; the job goes on untouched.
+//  * A node rank asked for by two sessions: when the holder has been silent for more than a
+//    quarter of heartbeat_timeout it is replaced (ERROR to it, treated as lost); otherwise only
+//    the newcomer is refused, naming both hosts.
+//  * Round closing: MAX joined closes at once; MIN arms last_call; a later round closes when
+//    every connected participant re-joined; below MIN at join_timeout the job fails.
+//  * A JOIN while the job runs: scale-up below MAX (no restart spent), otherwise a spare. A
+//    spare never assigned gets FAILED when the job ends, never DONE.
+//  * Failures: the earliest (by corrected time) within kRootCauseWindow of the first one is the
+//    root cause; a restart while restarts remain, else FAILED. A member that reported success
+//    and then leaves is benign.
+//  * Every session gets at most one terminal message (DONE, FAILED or ERROR, then closed), and
+//    every session still connected when the job ends gets exactly one.
+//
+// Thread-safety: none (the shell calls it from one thread). Cost: each input is O(log n) except
+// those that end a round or the job, O(n log n) once per round.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "rendezvous/protocol.h"
+
+namespace launch::rendezvous {
+
+using SessionId = uint64_t;
+
+enum class JobState { kIdle, kWaiting, kRunning, kDone, kFailed };
+
+// The machine's timers; at most one of each is pending.
+enum class TimerId { kJoin, kLastCall, kDecision };
+inline constexpr int kTimerCount = 3;
+
+// How long after a round's first failure the machine waits for an earlier one: longer than an
+// agent needs to report once it has reaped a worker (drain its output, one message), shorter
+// than anyone waits for a restart.
+inline constexpr std::chrono::milliseconds kRootCauseWindow{300};
+
+struct Effect {
+  enum class Kind {
+    kSend,          // send `type` with `fields` to `session`
+    kSendAndClose,  // the same, then close it (DONE, FAILED, ERROR: the session's last word)
+    kClose,         // close `session` without a message (a send to it failed)
+    kArmTimer,      // arm `timer` to fire at `at_us` (replaces a pending one)
+    kCancelTimer,   // cancel `timer`
+    kLog,           // `text`: one line for the server's log
+    kLiveness,      // the read deadline of every session is now `heartbeat_timeout` (and the
+                    // shell's own heartbeats go out at a quarter of it)
+    kIdle,          // a finished job's last session closed: the job is forgotten
+  };
+  Kind kind = Kind::kLog;
+  SessionId session = 0;
+  MessageType type = MessageType::kHeartbeat;
+  Fields fields;
+  TimerId timer = TimerId::kJoin;
+  int64_t at_us = 0;
+  std::string text;
+  std::chrono::milliseconds heartbeat_timeout{0};
+};
+using Effects = std::vector<Effect>;
+
+class RoundMachine {
+ public:
+  // `default_heartbeat_timeout`: the liveness deadline before a job's spec is known.
+  explicit RoundMachine(std::chrono::milliseconds default_heartbeat_timeout);
+
+  // A connection completed the handshake. `remote_address`: the peer's address as the server
+  // sees it; `local_address`: the server's own address on that connection (what the peer
+  // reached). REQUIRES: `id` new.
+  Effects OnAuthenticated(SessionId id, std::string remote_address, std::string local_address,
+                          int64_t now_us);
+  // Frames from an authenticated session (already parsed). Unknown ids are ignored.
+  Effects OnJoin(SessionId id, JoinRequest join, int64_t now_us);
+  Effects OnReport(SessionId id, FailureReport report, int64_t now_us);
+  Effects OnSucceeded(SessionId id, int round, int64_t now_us);
+  Effects OnHeartbeat(SessionId id, int64_t now_us);
+  // The connection is gone (EOF, deadline, a close the machine asked for). `why`: OK for a
+  // clean close. The machine forgets the session.
+  Effects OnClosed(SessionId id, const Status& why, int64_t now_us);
+  // A Send of `type` to `id` failed (the message exceeds the protocol's limit; nothing was
+  // sent): a job in progress fails with a message naming it; otherwise the session is closed.
+  Effects OnSendFailed(SessionId id, MessageType type, const Status& why, int64_t now_us);
+  // A timer armed by an Effect fired. Early or stale firings (before the deadline of the
+  // arming that is pending, or with none pending) are ignored, so the shell need not filter.
+  Effects OnTimer(TimerId timer, int64_t now_us);
+  // FAILED with `message` to every session (the hosting agent is leaving); the job is over.
+  Effects FailAll(const std::string& message, int64_t now_us);
+
+  JobState state() const { return state_; }
+  int round() const { return round_; }
+  int restarts_used() const { return restarts_used_; }
+  size_t session_count() const { return sessions_.size(); }
+  std::chrono::milliseconds heartbeat_timeout() const;
+  // Recounts everything the machine keeps incrementally; a message naming the first
+  // disagreement, or "" (O(n): tests and the fuzzer).
+  std::string CheckInvariants() const;
+
+ private:
+  struct Session {
+    std::string remote_address;
+    std::string local_address;
+    std::string hostname;
+    int64_t last_heard_us = 0;
+    bool closing = false;             // its last word was sent (or it was replaced): counts no more
+    bool participant = false;         // sent at least one accepted JOIN
+    int requested_rank = -1;          // the node rank its last JOIN asked for
+    std::optional<JoinRequest> join;  // pending JOIN for the round being formed
+    uint64_t join_seq = 0;
+    bool in_round = false;  // member of the running (or last) round
+    int node_rank = -1;
+    bool succeeded = false;
+    bool ever_assigned = false;
+    // Server wall clock minus the agent's, measured at its last JOIN (one-way: the transit
+    // time is in it, milliseconds at most on a cluster network).
+    int64_t clock_offset_us = 0;
+  };
+  struct PendingFailure {
+    std::string reason;
+    FailureReport report;
+    int64_t at_us = 0;  // server clock
+  };
+
+  // Adds (+1) or removes (-1) a session's share of the counters and rank claims; called
+  // around every change of the fields they summarise.
+  void Count(SessionId id, const Session& s, int sign);
+  void Refuse(SessionId id, Session& s, const std::string& message, bool config_error);
+  void Terminate(SessionId id, Session& s, MessageType type, const Fields& fields);
+  // The session no longer takes part (closed, or replaced): a loss when it was a member.
+  void Drop(SessionId id, Session& s, const std::string& how, int64_t now_us);
+  std::string SpecMismatch(const Session& s, const JoinRequest& join) const;
+  std::string Describe(const Session& s) const;
+  void MaybeCloseRound(int64_t now_us);
+  void CloseRound(int64_t now_us);
+  // MASTER_ADDR for a round whose nodes by rank are `nodes` (see CloseRound).
+  std::string MasterAddress(const std::vector<const Session*>& nodes) const;
+  void OnJoinTimeout(int64_t now_us);
+  void ConsiderFailure(const std::string& reason, const FailureReport& report, int64_t at_us,
+                       int64_t now_us);
+  void AfterFailure(const std::string& reason, const FailureReport& report, int64_t now_us);
+  void StartNewRound(bool counts_as_restart, const std::string& reason,
+                     const std::optional<FailureReport>& report, int64_t now_us);
+  void FailJob(const std::string& message, bool config_error,
+               const std::optional<FailureReport>& report);
+  void FinishJob();
+  void MaybeForget();
+  void Arm(TimerId timer, int64_t at_us);
+  void Cancel(TimerId timer);
+  void Log(std::string line);
+  void Emit(Effect e) { out_.push_back(std::move(e)); }
+  Effects Take();
+
+  std::chrono::milliseconds default_heartbeat_timeout_;
+  std::map<SessionId, Session> sessions_;
+  Effects out_;  // effects of the input being handled
+
+  JobState state_ = JobState::kIdle;
+  std::optional<JoinRequest> spec_;  // from the first JOIN
+  std::string spec_origin_;          // "host a (10.0.0.1)": who set the spec
+  int round_ = 0;
+  int restarts_used_ = 0;
+  uint64_t next_join_seq_ = 1;
+  bool last_call_armed_ = false;
+  bool round_failed_ = false;                      // the running round already has its root cause
+  std::optional<PendingFailure> pending_failure_;  // earliest failure of the running round
+  std::string last_restart_reason_;                // what started the latest restart round
+  std::optional<FailureReport> last_restart_report_;
+  int64_t round_started_us_ = 0;
+  std::optional<int64_t> timer_at_[kTimerCount];  // deadline of each pending timer
+
+  // Kept by Count() over sessions that are not closing.
+  size_t joined_ = 0;                     // with a pending JOIN
+  size_t participants_ = 0;               // participant
+  size_t members_ = 0;                    // in_round
+  size_t unfinished_ = 0;                 // in_round and not succeeded
+  std::map<int, SessionId> rank_claims_;  // requested_rank of participants
+};
+
+}  // namespace launch::rendezvous
