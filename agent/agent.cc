@@ -1,6 +1,7 @@
 #include "agent/agent.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -9,6 +10,7 @@
 #include <optional>
 
 #include "agent/failure_report.h"
+#include "agent/output_writer.h"
 #include "base/files.h"
 #include "base/log.h"
 #include "base/strings.h"
@@ -48,6 +50,7 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
                   const GroupFactory& make_group) {
   asio::signal_set signals(io);
   AddAgentSignals(signals);
+  RouteLogThroughConsole();  // from the first line on: a stalled console never blocks the loop
   std::signal(SIGPIPE, SIG_IGN);
 
   int interrupt_signal = 0;
@@ -111,8 +114,13 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
     ctx.max_restarts = options.max_restarts;
     ctx.will_restart = will_restart;
     std::string report = FormatFailureReport(*result, ctx);
-    std::fwrite(report.data(), 1, report.size(), stderr);
-    std::fflush(stderr);
+    // Through the console's writer (never a blocking write on the loop), in order with the
+    // workers' lines.
+    if (std::optional<ConsoleSink> console = ConsoleWriterFor(STDERR_FILENO)) {
+      console->writer->Write(console->sink, std::move(report));
+    } else {
+      std::fwrite(report.data(), 1, report.size(), stderr);
+    }
     if (!will_restart) return ExitCodeFor(*result);
     log::Info("restart " + std::to_string(attempt + 1) + " of " +
               std::to_string(options.max_restarts));

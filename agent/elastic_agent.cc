@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "agent/output_writer.h"
 #include "agent/ports.h"
 #include "base/files.h"
 #include "base/log.h"
@@ -51,6 +52,7 @@ class ElasticAgent {
 
   int Run() {
     std::signal(SIGPIPE, SIG_IGN);
+    RouteLogThroughConsole();  // from the first line on: a stalled console never blocks the loop
     ArmSignals();
     std::string where = rdzv::FormatEndpoint(options_.endpoint_host, options_.endpoint_port);
     if (options_.token.empty() && !IsLoopbackEndpoint())

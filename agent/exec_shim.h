@@ -9,7 +9,8 @@
 // on the worker's exit, on kKillAll, or when PARENT_PID dies (even by SIGKILL) kills every
 // process the worker started, daemons included, then exits with the worker's status. The worker
 // gets NOFILE_SOFT back as its RLIMIT_NOFILE soft limit (launch raises its own for the
-// rendezvous; programs that use select() expect the usual 1024).
+// rendezvous; programs that use select() expect the usual 1024). With LAUNCH_JOB_CGROUP in its
+// environment (agent/cgroup.h) the worker also runs in a cgroup of its own below that one.
 
 #include <csignal>
 

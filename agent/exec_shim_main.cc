@@ -11,6 +11,10 @@
 //  * Its parent-death signal is kKillAll: when `launch` dies, even by SIGKILL, the shim kills the
 //    whole tree the same way. The getppid() check closes the race where `launch` died before
 //    prctl() took effect. The worker itself carries PR_SET_PDEATHSIG(SIGKILL) for the shim.
+//  * Where `launch` made a job cgroup (LAUNCH_JOB_CGROUP, agent/cgroup.h), the worker runs in a
+//    cgroup of its own below it, and killing the tree starts with its cgroup.kill: atomic, and
+//    it reaches processes that left the subreaper's reach. The shim removes that cgroup (and the
+//    job's, when it is the last) before it exits. The variable does not reach the worker.
 //  * Signals from `launch`: SIGTERM, SIGINT, SIGHUP and SIGQUIT go to the worker's group W;
 //    SIGUSR1 and SIGUSR2 only to the processes of W that handle them (SigCgt in /proc): their
 //    default action is to die, which a wrapper shell or a DataLoader worker would; kKillAll kills
@@ -20,8 +24,10 @@
 // not be started (message on stderr).
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,11 +38,36 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "agent/cgroup.h"
 #include "agent/exec_shim.h"
 
 namespace {
 
 pid_t g_worker = -1;
+char g_cgroup[4096] = "";      // the worker's cgroup; empty: none
+char g_job_cgroup[4096] = "";  // its parent, the job's
+
+// Writes `text` to an existing control file; false on failure.
+bool WriteControl(const char* dir, const char* file, const char* text) {
+  char path[4200];
+  std::snprintf(path, sizeof(path), "%s/%s", dir, file);
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n = write(fd, text, std::strlen(text));
+  close(fd);
+  return n == static_cast<ssize_t>(std::strlen(text));
+}
+
+// Removes the worker's cgroup once the kernel has emptied it (an rmdir of a populated cgroup
+// fails with EBUSY; the last processes may take a moment to leave after the kill). When
+// `launch` is gone (it made the job's cgroup and removes it itself otherwise, and may still start
+// workers in it), also the job's, which fails while another worker's cgroup is left in it: the
+// last shim removes it.
+void RemoveCgroups(pid_t launch_pid) {
+  if (g_cgroup[0] == '\0') return;
+  for (int i = 0; i < 500 && rmdir(g_cgroup) != 0 && errno == EBUSY; ++i) usleep(2000);
+  if (getppid() != launch_pid) rmdir(g_job_cgroup);
+}
 
 // Calls fn(pid) for each of our children: /proc/self/task/<tid>/children where the kernel has
 // it, else a scan of /proc for processes whose parent we are.
@@ -117,6 +148,7 @@ void SignalHandlers(pid_t pgid, int sig) {
 // until none is left: killing a child can orphan grandchildren, which come to us next. Bounded:
 // each round reaps at least one process or ends.
 void KillTreeAndReap(int* worker_status, bool* worker_done) {
+  if (g_cgroup[0] != '\0') WriteControl(g_cgroup, "cgroup.kill", "1");
   if (g_worker > 0) kill(-g_worker, SIGKILL);
   for (int round = 0; round < 100000; ++round) {
     // Our live children, from /proc (children of every thread of ours: we have one).
@@ -180,14 +212,24 @@ int main(int argc, char** argv) {
   }
   if (getppid() != parent) return 127;  // launch is already gone: do not start the worker
 
+  if (const char* job = std::getenv(launch::agent::kJobCgroupEnv)) {
+    std::snprintf(g_job_cgroup, sizeof(g_job_cgroup), "%s", job);
+    std::snprintf(g_cgroup, sizeof(g_cgroup), "%s/worker-%d", job, static_cast<int>(getpid()));
+    if (mkdir(g_cgroup, 0755) != 0) g_cgroup[0] = '\0';  // the subreaper alone, then
+    unsetenv(launch::agent::kJobCgroupEnv);
+  }
+
   pid_t shim = getpid();
   g_worker = fork();
   if (g_worker < 0) {
     std::fprintf(stderr, "launch: cannot start '%s': fork: %s\n", program[0], std::strerror(errno));
+    RemoveCgroups(parent);
     return 127;
   }
   if (g_worker == 0) {
     setpgid(0, 0);
+    // Into the worker's cgroup before exec: everything it starts is born inside.
+    if (g_cgroup[0] != '\0') WriteControl(g_cgroup, "cgroup.procs", "0");
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != shim) _exit(127);
     sigset_t none;
@@ -229,6 +271,7 @@ int main(int argc, char** argv) {
     }
   }
   KillTreeAndReap(&worker_status, &worker_done);
+  RemoveCgroups(parent);
   if (!worker_done) worker_status = SIGKILL;  // reaped by nobody: cannot happen; say "killed"
   ExitLike(worker_status);
 }

@@ -21,7 +21,9 @@
 #include <set>
 #include <sstream>
 
+#include "agent/cgroup.h"
 #include "base/environment.h"
+#include "base/files.h"
 #include "base/strings.h"
 #include "config/loader.h"
 #include "launcher/scheduler_env.h"
@@ -35,15 +37,6 @@ extern char** environ;
 
 namespace launch::launcher {
 namespace {
-
-std::string ReadFile(const std::string& path, size_t limit = 1 << 20) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::string text(limit, '\0');
-  in.read(&text[0], static_cast<std::streamsize>(limit));
-  text.resize(static_cast<size_t>(in.gcount()));
-  return text;
-}
 
 bool Exists(const std::string& path) {
   struct stat st {};
@@ -201,7 +194,7 @@ std::string SelfPath() {
 }
 
 std::string OsRelease() {
-  for (const std::string& line : Split(ReadFile("/etc/os-release"), '\n')) {
+  for (const std::string& line : Split(ReadSmallFile("/etc/os-release"), '\n')) {
     if (StartsWith(line, "PRETTY_NAME=")) {
       std::string v = line.substr(12);
       if (v.size() >= 2 && v.front() == '"') v = v.substr(1, v.size() - 2);
@@ -217,6 +210,15 @@ std::string SystemSection() {
   if (uname(&u) == 0)
     out += Row("system", std::string(u.sysname) + " " + u.release + " " + u.machine + ", " +
                              OsRelease() + ", glibc " + gnu_get_libc_version());
+  {
+    // What keeps a job's processes together (agent/cgroup.h): a probe cgroup, removed at once.
+    std::string why_not;
+    std::unique_ptr<agent::JobCgroup> probe = agent::JobCgroup::Create(&why_not);
+    out += Row("process containment",
+               probe ? "cgroup v2 with cgroup.kill, under " +
+                           probe->path().substr(0, probe->path().rfind('/')) + ", and subreaper"
+                     : "subreaper only (no job cgroup: " + why_not + ")");
+  }
 #if defined(__clang__)
   out += Row("compiled with", std::string("clang ") + __clang_version__);
 #elif defined(__GNUC__)
@@ -227,7 +229,7 @@ std::string SystemSection() {
 
 // "1.13.0" from torch/version.h under `include_dir`, or "".
 std::string TorchHeaderVersion(const std::string& include_dir) {
-  std::string text = ReadFile(include_dir + "/torch/csrc/api/include/torch/version.h", 65536);
+  std::string text = ReadSmallFile(include_dir + "/torch/csrc/api/include/torch/version.h", 65536);
   if (text.empty()) return "";
   std::string major, minor, patch;
   for (const std::string& line : Split(text, '\n')) {
@@ -331,7 +333,7 @@ std::string CpuSection() {
   std::string model = "unknown";
   std::string flags;
   int processors = 0;
-  for (const std::string& line : Split(ReadFile("/proc/cpuinfo", 8 << 20), '\n')) {
+  for (const std::string& line : Split(ReadSmallFile("/proc/cpuinfo", 8 << 20), '\n')) {
     size_t colon = line.find(':');
     if (colon == std::string::npos) continue;
     std::string key = Trim(line.substr(0, colon));
@@ -353,7 +355,7 @@ std::string CpuSection() {
     if (flags.find(std::string(" ") + f + " ") != std::string::npos) wanted.push_back(f);
   if (!flags.empty())
     out += Row("  extensions", wanted.empty() ? "none of avx2/avx512/amx" : Join(wanted, " "));
-  for (const std::string& line : Split(ReadFile("/proc/meminfo", 65536), '\n')) {
+  for (const std::string& line : Split(ReadSmallFile("/proc/meminfo", 65536), '\n')) {
     if (!StartsWith(line, "MemTotal:")) continue;
     long long kb = 0;
     std::vector<std::string> words;

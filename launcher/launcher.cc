@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "agent/agent.h"
+#include "agent/cgroup.h"
 #include "agent/elastic_agent.h"
 #include "agent/gpu.h"
 #include "agent/ports.h"
@@ -537,6 +538,11 @@ int Main(int argc, char** argv) {
     g.base_env.push_back(k + "=" + v);
   }
   g.extra_env = plan->extra_env;
+  // Where the kernel allows it, the job's processes live in a cgroup that is killed as a whole
+  // (agent/cgroup.h); otherwise the shims' subreapers alone keep the process tree in check.
+  std::string no_cgroup;
+  std::unique_ptr<agent::JobCgroup> cgroup = agent::JobCgroup::Create(&no_cgroup);
+  if (cgroup) g.extra_env[agent::kJobCgroupEnv] = cgroup->path();  // `launch env` says which
   g.local_world_size = plan->nproc_per_node;
   g.world_size = plan->nproc_per_node;
   g.rank_offset = 0;

@@ -186,6 +186,76 @@ class ProcessTree(unittest.TestCase):
         self.assert_nothing_left(1.0)
 
 
+def cgroup_parent():
+    """Where launch makes its job cgroups here (`launch env`), or None (subreaper only)."""
+    out = subprocess.run([LAUNCH, "env"], capture_output=True, text=True, timeout=30).stdout
+    m = re.search(r"process containment: cgroup v2 with cgroup.kill, under (\S+),", out)
+    return m.group(1) if m else None
+
+
+class Cgroup(unittest.TestCase):
+    """Where a cgroup v2 with cgroup.kill is writable, the job lives in one: a shim killed by
+    someone else (the one hole a subreaper leaves) does not let its worker's children escape,
+    and no cgroup is left behind on any exit path."""
+
+    def setUp(self):
+        self.parent = cgroup_parent()
+        if self.parent is None:
+            self.skipTest("no writable cgroup v2 with cgroup.kill on this machine")
+        self.tree = ProcessTree("test_sigkill_of_launch")
+        self.tree.setUp()
+        self.addCleanup(self.tree.tearDown)
+
+    def job_cgroups(self, pid):
+        return [d for d in os.listdir(self.parent) if d == f"launch-{pid}"]
+
+    def shims_of(self, launch_pid):
+        out = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if ppid == launch_pid and b"launch-exec" in cmd:
+                out.append(int(pid))
+        return out
+
+    def test_a_shim_killed_by_someone_else_leaves_nothing(self):
+        p = self.tree.start("wait")
+        self.tree.wait_ready(p)
+        self.assertEqual(len(self.job_cgroups(p.pid)), 1, os.listdir(self.parent))
+        shims = self.shims_of(p.pid)
+        self.assertEqual(len(shims), 2)
+        os.kill(shims[0], signal.SIGKILL)  # its worker dies with it; its children would not
+        out, err = p.communicate(timeout=30)
+        self.assertNotEqual(p.returncode, 0, err)
+        self.assertIn("SIGKILL", err)
+        self.tree.assert_nothing_left(1.0)
+        self.assertEqual(self.job_cgroups(p.pid), [])
+
+    def test_no_cgroup_is_left_after_sigkill_of_launch(self):
+        p = self.tree.start("wait")
+        self.tree.wait_ready(p)
+        self.assertEqual(len(self.job_cgroups(p.pid)), 1)
+        p.kill()
+        p.wait(timeout=10)
+        self.tree.assert_nothing_left()
+        self.assertTrue(wait_until(lambda: self.job_cgroups(p.pid) == [], 5),
+                        os.listdir(self.parent))
+
+    def test_no_cgroup_is_left_after_success(self):
+        p = self.tree.start("succeed")
+        self.tree.wait_ready(p)
+        out, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(self.job_cgroups(p.pid), [])
+
+
 class Descriptors(unittest.TestCase):
     LIST_FDS = ("import os; fds = sorted(int(f) for f in os.listdir('/proc/self/fd')); "
                 "print('FDS', [f for f in fds if os.path.exists(f'/proc/self/fd/{f}')], "
