@@ -732,7 +732,7 @@ void RoundMachine::MaybeForget() {
 
 Effects RoundMachine::FailAll(const std::string& message, int64_t now_us) {
   (void)now_us;
-  if (state_ == JobState::kDone || state_ == JobState::kFailed) {
+  if (state_ != JobState::kWaiting && state_ != JobState::kRunning) {  // no job in progress
     JobFailure f;
     f.message = message;
     const Fields fields = ToFields(f);
