@@ -9,8 +9,6 @@
 // Prints one JSON line. Server and agents run on two threads (two io_contexts), as they would
 // on two machines' worth of event loops.
 
-#include <sys/resource.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -19,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/files.h"
 #include "base/strings.h"
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
@@ -44,10 +43,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  rlimit lim{};
-  getrlimit(RLIMIT_NOFILE, &lim);
-  lim.rlim_cur = lim.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &lim);
+  launch::RaiseDescriptorLimit();  // two descriptors per agent (both ends of its connection)
 
   boost::asio::io_context server_io, client_io;
   ServerOptions so;
@@ -64,7 +60,7 @@ int main(int argc, char** argv) {
 
   std::atomic<int> reassigned{0}, assigned{0}, done{0}, failed{0}, restarted{0};
   std::vector<std::shared_ptr<RendezvousClient>> clients;
-  Clock::time_point start = Clock::now(), all_assigned, all_done, killed_at, first_notice;
+  Clock::time_point start = Clock::now(), all_assigned{}, all_done{}, killed_at, first_notice;
   std::atomic<bool> noticed{false};
   for (int i = 0; i < agents; ++i) {
     ClientOptions co;
@@ -127,13 +123,17 @@ int main(int argc, char** argv) {
     clients.pop_back();
     agents -= 1;
   }
-  double assign_ms = std::chrono::duration<double, std::milli>(all_assigned - start).count();
+  // -1: not reached (an agent failed or the 60 s bound passed).
+  auto since_start = [&](Clock::time_point t) {
+    return t < start ? -1.0 : std::chrono::duration<double, std::milli>(t - start).count();
+  };
+  double assign_ms = since_start(all_assigned);
   if (ok) {
     int round = server->round();
     for (auto& c : clients) c->ReportSuccess(round);
     ok = run_until([&] { return done == agents; }, 60);
   }
-  double done_ms = std::chrono::duration<double, std::milli>(all_done - start).count();
+  double done_ms = since_start(all_done);
   for (auto& c : clients) c->Close();
   boost::asio::post(server_io, [&] { server->Stop(); });
   server_guard.reset();
