@@ -148,7 +148,8 @@ class ElasticAgent {
       return Status::Ok();
     }
     server_ = server;
-    log::Info("hosting the rendezvous at " + rdzv::FormatEndpoint(listen_host, server_->port()));
+    hosted_endpoint_ = rdzv::FormatEndpoint(listen_host, server_->port());
+    log::Info("hosting the rendezvous at " + hosted_endpoint_);
     return Status::Ok();
   }
 
@@ -172,6 +173,11 @@ class ElasticAgent {
       } else {
         interrupt_signal_ = signo;
         log::Info("received " + SignalName(signo) + ": stopping the workers and leaving the job");
+        // The job cannot outlive its rendezvous: tell every agent why now, instead of letting
+        // them count this node as lost (a restart round spent) and then lose the server.
+        if (server_)
+          server_->FailAndStop("the rendezvous host " + hosted_endpoint_ +
+                               " is leaving: it received " + SignalName(signo));
         if (client_) client_->Close();
         StopWorkersThen(After::kExit, 128 + signo, signo);
       }
@@ -369,6 +375,7 @@ class ElasticAgent {
   asio::steady_timer drain_timer_;
   std::chrono::steady_clock::time_point drain_deadline_;
   std::shared_ptr<rdzv::RendezvousServer> server_;
+  std::string hosted_endpoint_;  // host:port of server_, for messages
   std::shared_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<GroupSupervisor> group_;
   bool group_running_ = false;
