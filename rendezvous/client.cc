@@ -163,6 +163,15 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
   if (finished_) return;
   if (type == MessageType::kError) {
     StatusOr<ErrorMessage> err = ParseError(fields);
+    if (err.ok() && err->busy && !welcomed_) {
+      // No room on the server now: a fresh connection later, like a refused connect.
+      conn_->Detach();
+      conn_.reset();
+      nonce_.clear();
+      server_nonce_.clear();
+      RetryLater(err->message);
+      return;
+    }
     JobFailure f;
     f.message = err.ok() ? err->message : "malformed ERROR from the rendezvous server";
     f.config_error = err.ok() && (err->config_error || err->auth_error);

@@ -14,7 +14,8 @@
 //
 // Connection: every attempt resolves the endpoint again and tries each address it resolves to
 // in order. A failed resolution (a DNS blip, or a name that appears only once the server's
-// machine is up, as a Kubernetes pod's does) and refused or unreachable connections are retried
+// machine is up, as a Kubernetes pod's does), refused or unreachable connections, and a "busy"
+// ERROR before the handshake (the server's per-address or total connection cap) are retried
 // with backoff until join_timeout (the server may start after the clients), then Timeout naming
 // the last error; the first failed resolution is logged at once, so a misspelt name shows.
 // Every read has a deadline (handshake_timeout before the server is authenticated,

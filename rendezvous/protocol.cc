@@ -449,15 +449,18 @@ StatusOr<JobFailure> ParseJobFailure(const Fields& f) {
 }
 
 Fields ToFields(const ErrorMessage& m) {
-  return {{"config_error", m.config_error ? "1" : "0"},
-          {"auth_error", m.auth_error ? "1" : "0"},
-          {"message", m.message.substr(0, kMaxShortString * 4)}};
+  Fields f = {{"config_error", m.config_error ? "1" : "0"},
+              {"auth_error", m.auth_error ? "1" : "0"},
+              {"message", m.message.substr(0, kMaxShortString * 4)}};
+  if (m.busy) f["busy"] = "1";
+  return f;
 }
 
 StatusOr<ErrorMessage> ParseError(const Fields& f) {
   ErrorMessage m;
   LAUNCH_RETURN_IF_ERROR(GetBool(f, "config_error", &m.config_error));
   LAUNCH_RETURN_IF_ERROR(GetBool(f, "auth_error", &m.auth_error));
+  if (f.count("busy")) LAUNCH_RETURN_IF_ERROR(GetBool(f, "busy", &m.busy));
   LAUNCH_RETURN_IF_ERROR(GetString(f, "message", kMaxShortString * 4, &m.message));
   return m;
 }

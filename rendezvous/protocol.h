@@ -198,6 +198,10 @@ struct JobFailure {
 struct ErrorMessage {
   bool config_error = false;  // exit 2 on the receiving side
   bool auth_error = false;
+  // The server has no room for this connection now (too many from its address in the
+  // handshake, or too many connections): try again, until join_timeout. Optional on the wire
+  // (absent = 0), so an older peer still parses the message.
+  bool busy = false;
   std::string message;
 };
 

@@ -161,6 +161,24 @@ TEST_CASE("RestartAndFailureCarryTheRootCause") {
   CHECK_FALSE(jb->report.has_value());
 }
 
+TEST_CASE("ErrorBusyFlagIsOptionalOnTheWire") {
+  ErrorMessage busy;
+  busy.busy = true;
+  busy.message = "the rendezvous server is busy";
+  StatusOr<ErrorMessage> back = ParseError(ToFields(busy));
+  REQUIRE(back.ok());
+  CHECK(back->busy);
+  ErrorMessage plain;
+  plain.config_error = true;
+  Fields f = ToFields(plain);
+  CHECK(f.count("busy") == 0);  // what an older peer sends and expects
+  back = ParseError(f);
+  REQUIRE(back.ok());
+  CHECK_FALSE(back->busy);
+  f["busy"] = "yes";
+  CHECK_FALSE(ParseError(f).ok());
+}
+
 TEST_CASE("FormatEndpointBracketsIpv6") {
   CHECK(FormatEndpoint("10.0.0.1", 29500) == "10.0.0.1:29500");
   CHECK(FormatEndpoint("::1", 29500) == "[::1]:29500");

@@ -24,6 +24,21 @@ namespace {
 // Pause after an accept that failed for want of resources (EMFILE, ENFILE, ENOBUFS): the
 // pending connection stays in the backlog, so accepting again at once would spin.
 constexpr std::chrono::milliseconds kAcceptBackoff{100};
+
+// Closes a connection there is no room for, first telling the peer (one small unauthenticated
+// frame, written without blocking; lost if the peer's window is full, which costs the peer
+// only a clear message) that it may try again: an agent behind a NAT shared by many nodes, or
+// one of thousands connecting at once, retries until join_timeout instead of failing.
+void RefuseBusy(boost::asio::ip::tcp::socket& socket, const std::string& why) {
+  ErrorMessage busy;
+  busy.busy = true;
+  busy.message = "the rendezvous server is busy: " + why;
+  const std::string frame = EncodeFrame(MessageType::kError, ToFields(busy));
+  boost::system::error_code ignored;
+  socket.non_blocking(true, ignored);
+  socket.write_some(boost::asio::buffer(frame), ignored);
+  socket.close(ignored);
+}
 }  // namespace
 
 std::shared_ptr<RendezvousServer> RendezvousServer::Create(boost::asio::io_context& io,
@@ -134,9 +149,13 @@ void RendezvousServer::OnAccepted(tcp::socket socket) {
   boost::system::error_code ec1, ec2;
   const tcp::endpoint remote = socket.remote_endpoint(ec1);
   const tcp::endpoint local = socket.local_endpoint(ec2);
-  if (ec1 || ec2 || connection_count() >= options_.max_connections) {
+  if (ec1 || ec2) {
     boost::system::error_code ignored;
     socket.close(ignored);
+    return;
+  }
+  if (connection_count() >= options_.max_connections) {
+    RefuseBusy(socket, std::to_string(options_.max_connections) + " connections are open");
     return;
   }
   std::string remote_address = AddressString(remote.address());
@@ -145,8 +164,8 @@ void RendezvousServer::OnAccepted(tcp::socket socket) {
   // benchmarks); they count only toward the total.
   size_t& pending = pending_by_source_[remote_address];
   if (pending >= options_.max_handshakes_per_source && !IsLoopbackAddress(remote_address)) {
-    boost::system::error_code ignored;
-    socket.close(ignored);
+    RefuseBusy(socket, std::to_string(pending) + " connections from " + remote_address +
+                           " are in the handshake");
     return;
   }
   ++pending;
@@ -203,7 +222,10 @@ void RendezvousServer::EndHandshake(Session& s) {
     Waiting next = std::move(waiting_.front());
     waiting_.pop_front();
     Unpend(next.remote_address);
-    if (next.since < expired) continue;  // closes the socket
+    if (next.since < expired) {
+      RefuseBusy(next.socket, "no handshake slot was free within the handshake timeout");
+      continue;
+    }
     ++pending_by_source_[next.remote_address];
     StartHandshake(std::move(next.socket), next.remote_address, next.local_address);
   }

@@ -45,9 +45,10 @@
 // costs that connection: header checks precede allocation and every read and write has a
 // deadline. At most max_handshakes connections are in the handshake at once (more wait, a
 // descriptor each, nothing read, until a slot frees), and a non-loopback address may have at
-// most max_handshakes_per_source in the handshake or waiting (more are closed at once), so a
-// flood of strangers costs little and agents are still admitted. Out of descriptors (EMFILE),
-// accepting pauses 100 ms instead of spinning.
+// most max_handshakes_per_source in the handshake or waiting (more are closed at once after a
+// "busy" ERROR, on which agents retry until join_timeout: many nodes behind one NAT address
+// get in turn), so a flood of strangers costs little and agents are still admitted. Out of
+// descriptors (EMFILE), accepting pauses 100 ms instead of spinning.
 //
 // Thread-safety: none; every method and callback runs on the io_context's thread.
 // Lifetime: create with Create(); Stop() before dropping the last reference.
@@ -81,7 +82,7 @@ struct ServerOptions {
   // is known; and the write deadline for every frame.
   std::chrono::milliseconds default_heartbeat_timeout{5000};
   std::chrono::milliseconds write_timeout{5000};
-  size_t max_connections = 8192;  // more are accepted and closed at once
+  size_t max_connections = 8192;  // more are accepted, told "busy" and closed at once
   // Connections in the handshake at once, and per source address (see above). Loopback peers
   // count only toward the total: they are this host's own processes (tests and benchmarks
   // stand in for many nodes on one machine).

@@ -105,15 +105,23 @@ struct Stranger : std::enable_shared_from_this<Stranger> {
     socket.open(asio::ip::tcp::v4());
     if (!local.empty()) socket.bind({asio::ip::make_address(local), 0});
     socket.connect({asio::ip::make_address(to), static_cast<unsigned short>(port)});
+    Read();
+  }
+  void Read() {
     socket.async_read_some(asio::buffer(chunk), [self = shared_from_this()](
                                                     const boost::system::error_code& ec, size_t n) {
-      if (ec) self->closed = true;
       self->received += n;
+      if (ec) {
+        self->closed = true;
+        return;
+      }
+      self->Read();
     });
   }
   asio::ip::tcp::socket socket;
   char chunk[256];
-  size_t received = 0;  // bytes of the CHALLENGE, once the server started its handshake
+  // Bytes of the CHALLENGE (once the server started its handshake) or of a busy ERROR.
+  size_t received = 0;
   bool closed = false;
 };
 
@@ -184,6 +192,44 @@ TEST_CASE("StrangersBeyondThePerSourceCapAreClosedAtOnce") {
   Recorder& b = h.AddClient(Join(2, 2, -1));
   REQUIRE(RunUntil(h.io, [&] { return !a.assignments.empty() && !b.assignments.empty(); }));
   CHECK(closed() == 4);
+}
+
+TEST_CASE("AgentsBeyondThePerSourceCapAreToldToRetryAndAreAdmitted") {
+  // Many nodes behind one NAT address: two silent connections from it hold its handshake
+  // slots, so the agents from it are refused as busy, retry, and are admitted once the
+  // silent ones time out. Told nothing, they would fail at once ("not a launch server").
+  const std::string address = NonLoopbackAddress();
+  if (address.empty()) {
+    MESSAGE("no non-loopback IPv4 address here");
+    return;
+  }
+  ServerOptions options;
+  options.handshake_timeout = milliseconds(400);
+  options.max_handshakes_per_source = 2;
+  Harness h(options, address);
+  std::vector<std::shared_ptr<Stranger>> strangers;
+  for (int i = 0; i < 2; ++i) {
+    strangers.push_back(std::make_shared<Stranger>(h.io));
+    strangers.back()->Connect(address, h.server->port(), address);
+  }
+  REQUIRE(RunUntil(h.io, [&] { return h.server->handshake_count() == 2; }));
+  h.client_local_address = address;
+  std::vector<Recorder*> agents;
+  for (int i = 0; i < 3; ++i) agents.push_back(&h.AddClient(Join(3, 3, -1)));
+  REQUIRE(RunUntil(
+      h.io,
+      [&] {
+        for (Recorder* r : agents)
+          if (r->assignments.empty() && !r->finished()) return false;
+        return true;
+      },
+      milliseconds(8000)));
+  for (Recorder* r : agents) {
+    if (r->failed) MESSAGE(r->failed->message());
+    CHECK_FALSE(r->failed.has_value());
+    CHECK(r->assignments.size() == 1);
+  }
+  for (auto& s : strangers) CHECK(s->closed);
 }
 
 TEST_CASE("RunningOutOfDescriptorsDoesNotSpinTheAcceptLoop") {
