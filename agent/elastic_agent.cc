@@ -55,7 +55,7 @@ class ElasticAgent {
     RouteLogThroughConsole();  // from the first line on: a stalled console never blocks the loop
     ArmSignals();
     std::string where = rdzv::FormatEndpoint(options_.endpoint_host, options_.endpoint_port);
-    if (options_.token.empty() && !IsLoopbackEndpoint())
+    if (options_.token.empty() && !IsLoopbackHost(options_.endpoint_host))
       log::Warn("the rendezvous endpoint " + where +
                 " is not on loopback and no rdzv_token is set; any host that reaches it can join");
     Status hosted = MaybeHostServer();
@@ -99,13 +99,6 @@ class ElasticAgent {
   }
 
  private:
-  bool IsLoopbackEndpoint() const {
-    boost::system::error_code ec;
-    auto address = asio::ip::make_address(options_.endpoint_host, ec);
-    if (!ec) return address.is_loopback();
-    return options_.endpoint_host == "localhost";
-  }
-
   Status MaybeHostServer() {
     using Host = ElasticAgentOptions::HostServer;
     if (options_.host_server == Host::kNever) return Status::Ok();

@@ -36,4 +36,8 @@ std::string Hex64(uint64_t value);
 // "SIGSEGV" for 11, "signal 77" for unknown numbers.
 std::string SignalName(int signo);
 
+// True when `host` can only mean this machine: "localhost", an IPv4 address in 127.0.0.0/8,
+// "::1" or an IPv4-mapped loopback address. Names other than "localhost" are not resolved.
+bool IsLoopbackHost(std::string_view host);
+
 }  // namespace launch

@@ -40,3 +40,15 @@ TEST_CASE("SignalNames") {
 
 }  // namespace
 }  // namespace launch
+
+TEST_CASE("LoopbackHosts") {
+  CHECK(launch::IsLoopbackHost("localhost"));
+  CHECK(launch::IsLoopbackHost("127.0.0.1"));
+  CHECK(launch::IsLoopbackHost("127.0.0.3"));
+  CHECK(launch::IsLoopbackHost("::1"));
+  CHECK(launch::IsLoopbackHost("::ffff:127.0.0.2"));
+  CHECK_FALSE(launch::IsLoopbackHost("10.0.0.1"));
+  CHECK_FALSE(launch::IsLoopbackHost("127.example.com"));  // a name, not resolved
+  CHECK_FALSE(launch::IsLoopbackHost("::ffff:10.0.0.1"));
+  CHECK_FALSE(launch::IsLoopbackHost(""));
+}

@@ -502,15 +502,6 @@ Status ValidateMessage(MessageType type, const Fields& f) {
   return Status::ProtocolError("unknown message type");
 }
 
-bool IsLoopbackAddress(const std::string& address) {
-  in_addr v4;
-  if (inet_pton(AF_INET, address.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6;
-  if (inet_pton(AF_INET6, address.c_str(), &v6) != 1) return false;
-  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
-  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
-}
-
 std::string FormatEndpoint(const std::string& host, int port) {
   if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
   return host + ":" + std::to_string(port);

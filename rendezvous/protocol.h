@@ -229,8 +229,6 @@ StatusOr<ErrorMessage> ParseError(const Fields& f);
 // Parses the payload of a frame of any type with its typed parser (fuzzer entry point).
 Status ValidateMessage(MessageType type, const Fields& fields);
 
-// True for an IPv4 address in 127.0.0.0/8, ::1, or an IPv4-mapped loopback address.
-bool IsLoopbackAddress(const std::string& address);
 
 // "host:port", or "[v6]:port" for IPv6 literals.
 std::string FormatEndpoint(const std::string& host, int port);

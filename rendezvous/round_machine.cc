@@ -322,13 +322,13 @@ void RoundMachine::MaybeCloseRound(int64_t now_us) {
 
 std::string RoundMachine::MasterAddress(const std::vector<const Session*>& nodes) const {
   const std::string& own = nodes[0]->remote_address;
-  if (!IsLoopbackAddress(own)) return own;
+  if (!IsLoopbackHost(own)) return own;
   // Node 0 reached the server over loopback, so it runs on the server's host. Other nodes
   // must not get a loopback address: hand out the server's own address on a connection that
   // came from another host (that host reached it, so it is routable), members first.
   auto usable = [](const Session& s) {
-    return !s.closing && !IsLoopbackAddress(s.remote_address) && !s.local_address.empty() &&
-           !IsLoopbackAddress(s.local_address);
+    return !s.closing && !IsLoopbackHost(s.remote_address) && !s.local_address.empty() &&
+           !IsLoopbackHost(s.local_address);
   };
   for (const Session* s : nodes)
     if (usable(*s)) return s->local_address;

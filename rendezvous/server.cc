@@ -163,7 +163,7 @@ void RendezvousServer::OnAccepted(tcp::socket socket) {
   // Loopback peers run on this host (one machine standing in for many nodes in tests and
   // benchmarks); they count only toward the total.
   size_t& pending = pending_by_source_[remote_address];
-  if (pending >= options_.max_handshakes_per_source && !IsLoopbackAddress(remote_address)) {
+  if (pending >= options_.max_handshakes_per_source && !IsLoopbackHost(remote_address)) {
     RefuseBusy(socket, std::to_string(pending) + " connections from " + remote_address +
                            " are in the handshake");
     return;

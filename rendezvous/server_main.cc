@@ -22,12 +22,6 @@ constexpr char kUsage[] =
     "  --token SECRET   shared rendezvous secret (default: $LAUNCH_RDZV_TOKEN)\n"
     "  --quiet          do not log rendezvous events\n";
 
-bool IsLoopback(const std::string& host) {
-  boost::system::error_code ec;
-  auto address = boost::asio::ip::make_address(host, ec);
-  return !ec && address.is_loopback();
-}
-
 }  // namespace
 
 int RunRendezvousServerCommand(int argc, char** argv) {
@@ -103,7 +97,7 @@ int RunRendezvousServerCommand(int argc, char** argv) {
     std::cerr << "launch rdzv-server: " << listen.message() << "\n";
     return 2;
   }
-  if (options.token.empty() && !IsLoopback(options.host))
+  if (options.token.empty() && !IsLoopbackHost(options.host))
     std::cerr << "launch rdzv-server: warning: listening on " << options.host
               << " without a rdzv_token; any host that reaches this port can join the job "
                  "(set --token or LAUNCH_RDZV_TOKEN)\n";

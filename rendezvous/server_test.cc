@@ -14,6 +14,7 @@
 
 #include <doctest/doctest.h>
 
+#include "base/strings.h"
 #include "rendezvous/test_util.h"
 
 namespace launch::rendezvous {
@@ -159,7 +160,7 @@ std::string NonLoopbackAddress() {
     if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
     auto* in = reinterpret_cast<sockaddr_in*>(i->ifa_addr);
     std::string text = asio::ip::address_v4(ntohl(in->sin_addr.s_addr)).to_string();
-    if (!IsLoopbackAddress(text)) found = text;
+    if (!IsLoopbackHost(text)) found = text;
   }
   freeifaddrs(list);
   return found;

@@ -94,18 +94,11 @@ std::vector<CountingProcessGroup::Clock::time_point> CountingProcessGroup::TakeL
   return out;
 }
 
-namespace {
-
-bool IsLoopback(const std::string& host) {
-  return host == "localhost" || StartsWith(host, "127.") || host == "::1";
-}
-
-}  // namespace
-
 std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr) {
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (ifname && *ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  if (IsLoopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (IsLoopbackHost(master_addr))
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
