@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/strings.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/connection.h"
 
@@ -258,6 +259,15 @@ void RendezvousClient::OnClosed(const Status& why) {
   JobFailure f;
   if (!welcomed_) {
     f.config_error = true;
+    // DecodeHeader's words for a frame with our magic and another version: a launch server
+    // of another release, which the agents of that release can still join.
+    if (!why.ok() && StartsWith(why.message(), "protocol version ")) {
+      f.message = "the rendezvous server at " + endpoint_text_ +
+                  " runs another release of launch (" + why.message() +
+                  "): use the same launch on every node";
+      Fail(Status::ProtocolError(f.message), f);
+      return;
+    }
     f.message = "the rendezvous endpoint " + endpoint_text_ +
                 " is in use by something that is not a launch rendezvous server (no handshake: " +
                 (why.ok() ? "closed" : why.message()) + ")";

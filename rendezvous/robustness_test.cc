@@ -330,6 +330,32 @@ TEST_CASE("AnUnresolvableHostIsRetriedUntilJoinTimeoutAndSaidAtOnce") {
   CHECK(warnings[0].second.find("retrying until join_timeout") != std::string::npos);
 }
 
+TEST_CASE("AServerOfAnotherReleaseIsNamedAsSuch") {
+  // A server that speaks another protocol version: its CHALLENGE's header is refused, and the
+  // agent says so instead of calling it "not a launch rendezvous server".
+  asio::io_context io;
+  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  tcp::socket server_side(io);
+  std::string challenge =
+      EncodeFrame(MessageType::kChallenge, {{"nonce", std::string(kNonceSize, 'n')}});
+  challenge[5] = static_cast<char>(challenge[5] + 1);  // the version's low byte (big-endian)
+  acceptor.async_accept(server_side, [&](const boost::system::error_code& ec) {
+    if (!ec) asio::write(server_side, asio::buffer(challenge));
+  });
+  ClientOptions options;
+  options.host = "127.0.0.1";
+  options.port = acceptor.local_endpoint().port();
+  options.join = Join(1, 1, -1);
+  std::optional<Status> failed;
+  ClientEvents events;
+  events.on_failed = [&](const Status& s, const JobFailure&) { failed = s; };
+  auto client = RendezvousClient::Create(io, options, events);
+  client->Start();
+  REQUIRE(RunUntil(io, [&] { return failed.has_value(); }));
+  CHECK(failed->message().find("runs another release of launch (protocol version 2") !=
+        std::string::npos);
+}
+
 TEST_CASE("ManyBadConnectionsDoNotStopTheServer") {
   ServerOptions options;
   options.handshake_timeout = milliseconds(200);
