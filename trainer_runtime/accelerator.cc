@@ -77,6 +77,7 @@ void RemoveOtherSteps(const std::string& dir, int64_t keep) {
 
 Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
     : options_(options), env_(env), run_settings_(config::TrajectorySettings(options)) {
+  bf16_ = options_.mixed_precision == "bf16";
   data_world_ = env_.world_size;
   data_rank_ = env_.rank;
   if (options_.parallel.mode == ParallelMode::kPipeline && options_.parallel.stages >= 1) {
@@ -123,6 +124,11 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
         "combine with parallel.mode dp");
   if (mode == ParallelMode::kPipeline)
     LAUNCH_RETURN_IF_ERROR(PipelineEngine::CheckLayout(options, env.world_size));
+  if (options.mixed_precision != "no" && options.mixed_precision != "bf16")
+    return Status::InvalidConfig(
+        "mixed_precision: '" + options.mixed_precision +
+        "' needs a GPU (CUDA autocast) and this LibTorch is CPU-only; use bf16 (CPU autocast) "
+        "or no");
   std::unique_ptr<Accelerator> accel(new Accelerator(options, env));
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(init_timeout_s * 1000));
   if (env.distributed()) {
@@ -231,14 +237,19 @@ torch::Tensor Accelerator::ForwardBackward(const torch::data::Example<>& batch,
   LAUNCH_CHECK(!pipeline_);
   if (!in_micro_) Accumulate();
   if (!strategy_->RunsForwardBackward()) {
-    torch::Tensor loss = fn(*module_, batch);
+    torch::Tensor loss;
+    {
+      AutocastScope amp(bf16_);
+      loss = fn(*module_, batch);
+    }
     Backward(loss);
     return loss.detach();
   }
   const double scale = 1.0 / static_cast<double>(options_.gradient_accumulation_steps);
   torch::Tensor loss = strategy_->ForwardBackward(
       batch.data, batch.target,
-      [&fn](Model& replica, const torch::Tensor& x, const torch::Tensor& y) {
+      [&fn, this](Model& replica, const torch::Tensor& x, const torch::Tensor& y) {
+        AutocastScope amp(bf16_);  // on the replica's own thread (dp)
         return fn(replica.module(), torch::data::Example<>(x, y));
       },
       criterion_, scale);

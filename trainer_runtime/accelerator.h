@@ -16,6 +16,16 @@
 //     }
 //   accel->Finish();                                  // Local SGD's last average, barrier
 //
+// Mixed precision (options.mixed_precision, the top-level `mixed_precision` key): `bf16` is CPU
+// autocast to bfloat16, as torch.autocast("cpu", torch.bfloat16): matmuls and convolutions run
+// in bfloat16 while parameters, gradients, optimizer state and the loss stay float32, and
+// gradients are communicated as float32. ForwardBackward, PipelineForwardBackward and
+// PipelineForward apply it themselves; a loop that calls its model directly puts the forward
+// pass and the loss inside an AutocastScope:
+//   { auto amp = accel->Autocast(); loss = criterion(model(batch.data), batch.target); }
+//   accel->Backward(loss);
+// `fp16` and `fp8` need a GPU (InvalidConfig on this CPU-only LibTorch).
+//
 // Where a worker sits comes from the environment (torchrun's contract: RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT; OpenMPI's and SLURM's spellings as fallbacks, see env.h), so the
 // same binary runs under `launch`, torchrun, srun and mpirun; without them it is one process.
@@ -62,6 +72,7 @@
 
 #include "base/status.h"
 #include "config/train_config.h"
+#include "trainer_runtime/autocast.h"
 #include "trainer_runtime/env.h"
 #include "trainer_runtime/sampler.h"
 
@@ -158,6 +169,11 @@ class Accelerator {
   DistributedDataLoader<DatasetT> PrepareDataLoader(DatasetT dataset, int64_t batch_size);
 
   // --- One micro-batch ---------------------------------------------------------------------
+  // Whether options().mixed_precision is bf16.
+  bool bf16() const { return bf16_; }
+  // Autocast for a forward pass and loss run by the caller (see the top of this file); a
+  // no-op scope when mixed precision is off.
+  AutocastScope Autocast() const { return AutocastScope(bf16_); }
   // Starts a micro-batch: decides whether it synchronises gradients (SyncGradients()), and
   // readies DDP (bucket rebuild, buffer broadcast on a synchronising micro-batch). Call after
   // taking the batch from the loader and before the forward pass. COLLECTIVE in ddp.
@@ -328,6 +344,7 @@ class Accelerator {
   std::shared_ptr<LoaderCursor> cursor_;
   std::function<double(int64_t)> lr_schedule_;
   bool prepared_ = false;
+  bool bf16_ = false;  // options_.mixed_precision == "bf16"
   void EndMicroBatch();
 
   bool in_micro_ = false;       // Accumulate() called, Backward not yet

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "base/strings.h"
+#include "trainer_runtime/autocast.h"
 #include "trainer_runtime/pipeline_schedule.h"
 
 namespace launch::trainer {
@@ -145,10 +146,11 @@ class ReplicaRandom {
 class DpStrategy : public ParallelStrategy {
  public:
   DpStrategy(Model* model, std::vector<std::unique_ptr<Model>> extra, bool loss_in_replica,
-             int threads_per_replica, bool seeded)
+             int threads_per_replica, bool seeded, bool bf16)
       : replicas_(static_cast<int>(extra.size()) + 1),
         loss_in_replica_(loss_in_replica),
         seeded_(seeded),
+        bf16_(bf16),
         extra_(std::move(extra)),
         pool_(replicas_, threads_per_replica) {
     models_.push_back(model);
@@ -196,12 +198,14 @@ class DpStrategy : public ParallelStrategy {
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
         std::optional<ReplicaRandom::ForwardScope> scope;
         if (seeded_) scope.emplace(&random_, k);
+        AutocastScope amp(bf16_);  // per thread
         outputs[static_cast<size_t>(k)] =
             models_[static_cast<size_t>(k)]->Forward(x.narrow(0, offset, rows));
       });
-      // Gather to the first "device" and compute the loss over the whole batch there.
+      // Gather to the first "device" and compute the loss over the whole batch there (in
+      // float32 under bf16, as autocast would).
       std::vector<torch::Tensor> detached;
-      for (auto& o : outputs) detached.push_back(o.detach());
+      for (auto& o : outputs) detached.push_back(bf16_ ? o.detach().to(torch::kFloat) : o.detach());
       torch::Tensor gathered = torch::cat(detached).requires_grad_(true);
       torch::Tensor loss = criterion(gathered, y);
       (loss * scale).backward();
@@ -210,8 +214,8 @@ class DpStrategy : public ParallelStrategy {
       pool_.Run([&](int k) {
         if (k >= used) return;
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
-        torch::autograd::backward({outputs[static_cast<size_t>(k)]},
-                                  {grad.narrow(0, offset, rows)});
+        torch::Tensor& out = outputs[static_cast<size_t>(k)];
+        torch::autograd::backward({out}, {grad.narrow(0, offset, rows).to(out.scalar_type())});
       });
     }
     if (seeded_) random_.EndCall();
@@ -258,6 +262,7 @@ class DpStrategy : public ParallelStrategy {
   int replicas_;
   bool loss_in_replica_;
   bool seeded_;  // parallel.dp_seeded_replicas
+  bool bf16_;    // mixed_precision bf16: replicas' forward passes under autocast
   std::vector<std::unique_ptr<Model>> extra_;
   std::vector<Model*> models_;
   ReplicaPool pool_;
@@ -304,7 +309,7 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::Train
   }
   return std::unique_ptr<ParallelStrategy>(
       std::make_unique<DpStrategy>(model, std::move(extra), cfg.parallel.loss_in_replica, threads,
-                                   cfg.parallel.dp_seeded_replicas));
+                                   cfg.parallel.dp_seeded_replicas, cfg.mixed_precision == "bf16"));
 }
 
 }  // namespace launch::trainer

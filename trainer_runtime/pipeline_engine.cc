@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "trainer_runtime/autocast.h"
 #include "trainer_runtime/loop_util.h"
 #include "trainer_runtime/strategy.h"
 
@@ -162,10 +163,14 @@ double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tens
       torch::Tensor input = first() ? x.narrow(0, offset, rows) : RecvActivation();
       if (!first() && input.is_floating_point()) input.requires_grad_(true);
       const auto t0 = Clock::now();
-      torch::Tensor out = forward_(input);
+      torch::Tensor out = StageForward(input);
       Live entry{input, out, 0};
       if (last()) {
-        torch::Tensor loss = loss_fn(out, y.narrow(0, offset, rows));
+        torch::Tensor loss;
+        {
+          AutocastScope amp(bf16());
+          loss = loss_fn(out, y.narrow(0, offset, rows));
+        }
         loss_sum += loss.item<double>() * static_cast<double>(rows) / static_cast<double>(batch);
         entry.output = loss * weight;
       }
@@ -267,10 +272,22 @@ double PipelineEngine::ClipGradNorm(double max_norm) {
   return norm;
 }
 
+torch::Tensor PipelineEngine::StageForward(const torch::Tensor& input) {
+  if (!bf16()) return forward_(input);
+  torch::Tensor out;
+  {
+    AutocastScope amp(true);
+    out = forward_(input);
+  }
+  // Activations cross stage boundaries as float32: the receiving stage's buffers, its input
+  // gradient and every stage's parameters stay float32, as in the other modes.
+  return out.is_floating_point() ? out.to(torch::kFloat) : out;
+}
+
 torch::Tensor PipelineEngine::Forward(const torch::Tensor& inputs) {
   torch::NoGradGuard no_grad;
   torch::Tensor in = first() ? inputs : RecvActivation();
-  torch::Tensor out = forward_(in);
+  torch::Tensor out = StageForward(in);
   if (!last()) {
     SendActivation(out);
     WaitSends();

@@ -90,6 +90,9 @@ class PipelineEngine {
   int64_t stage_allreduces() const { return stage_pg_ ? stage_pg_->allreduce_count() : 0; }
 
  private:
+  bool bf16() const { return cfg_.mixed_precision == "bf16"; }
+  // forward_ under autocast when mixed precision is bf16, the output back in float32.
+  torch::Tensor StageForward(const torch::Tensor& input);
   PipelineEngine(const config::TrainConfig& cfg, const DistEnv& env,
                  c10::intrusive_ptr<CountingProcessGroup> pg);
   void SendActivation(const torch::Tensor& t);

@@ -166,9 +166,10 @@ Status Trainer::Prepare() {
   phase_ = "joining the process group";
   LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
   tty_ = accel_->IsMainProcess() && ::isatty(STDOUT_FILENO);
-  if (cfg_.mixed_precision != "no")
-    accel_->Print("train: warning: mixed_precision '" + cfg_.mixed_precision +
-                  "' is not implemented by the trainer yet; training in float32");
+  if (accel_->bf16())
+    accel_->Print(
+        "train: mixed precision bf16 (CPU autocast; weights, gradients and optimizer state in "
+        "float32)");
 
   phase_ = "loading data";
   LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
@@ -378,7 +379,12 @@ void Trainer::Evaluate(double* loss, double* accuracy) {
       out.logits = accel_->PipelineForward(first ? data_.Inputs(rows) : torch::Tensor());
       if (!out.logits.defined()) continue;  // a pipeline stage before the last
     } else {
+      auto amp = accel_->Autocast();
       out = RunForward(model->module(), {data_.Inputs(rows), y}, cfg_.model);
+    }
+    if (accel_->bf16()) {  // loss and accuracy in float32, as in training
+      if (out.logits.defined()) out.logits = out.logits.to(torch::kFloat);
+      if (out.loss.defined()) out.loss = out.loss.to(torch::kFloat);
     }
     torch::Tensor loss = out.loss.defined() ? out.loss : criterion_(out.logits, y);
     loss_sum += loss.item<double>() * static_cast<double>(rows.size());

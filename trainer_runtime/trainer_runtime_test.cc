@@ -9,6 +9,7 @@
 #include <set>
 
 #include "trainer_runtime/atomic_file.h"
+#include "trainer_runtime/autocast.h"
 #include "trainer_runtime/checkpoint.h"
 #include "trainer_runtime/data.h"
 #include "trainer_runtime/env.h"
@@ -22,6 +23,43 @@
 
 namespace launch::trainer {
 namespace {
+
+TEST_CASE("AutocastScopeRunsLinearInBfloat16AndRestoresOnExit") {
+  torch::manual_seed(1);
+  torch::nn::Linear linear(8, 4);
+  torch::Tensor x = torch::randn({3, 8});
+  {
+    AutocastScope off(false);
+    CHECK((linear(x).scalar_type() == torch::kFloat));
+  }
+  torch::Tensor loss;
+  {
+    AutocastScope amp(true);
+    torch::Tensor y = linear(x);
+    CHECK((y.scalar_type() == torch::kBFloat16));
+    {
+      AutocastScope inner(true);  // nests
+      CHECK((linear(x).scalar_type() == torch::kBFloat16));
+    }
+    CHECK(at::autocast::is_cpu_enabled());  // the inner scope left the outer one on
+    loss = y.to(torch::kFloat).pow(2).mean();
+  }
+  CHECK_FALSE(at::autocast::is_cpu_enabled());
+  CHECK((linear(x).scalar_type() == torch::kFloat));
+  loss.backward();
+  // Master weights and their gradients stay float32.
+  CHECK((linear->weight.scalar_type() == torch::kFloat));
+  CHECK((linear->weight.grad().scalar_type() == torch::kFloat));
+  // bfloat16 rounding shows: not equal to the float32 result, but close.
+  torch::Tensor exact = linear(x);
+  torch::Tensor rounded;
+  {
+    AutocastScope amp(true);
+    rounded = linear(x).to(torch::kFloat);
+  }
+  CHECK_FALSE(torch::equal(exact, rounded));
+  CHECK(torch::allclose(exact, rounded, 2e-2, 2e-2));
+}
 
 std::string TempDir() {
   char tmpl[] = "/tmp/trainer-test-XXXXXX";

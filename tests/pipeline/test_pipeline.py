@@ -17,6 +17,7 @@ from trainer_helpers import (TRAIN, final, free_port, metrics, params, rank_env,
 import harness
 
 BASE = """
+mixed_precision: {precision}
 train:
   seed: 11
   output_dir: {out}
@@ -36,10 +37,11 @@ SGD = "{type: sgd, lr: 0.05, momentum: 0.9}"
 ADAM = "{type: adam, lr: 0.003}"
 
 
-def config(tmp, name, batch, parallel, steps=10, optimizer=SGD, accum=1, ckpt=0, resume="never"):
+def config(tmp, name, batch, parallel, steps=10, optimizer=SGD, accum=1, ckpt=0, resume="never",
+           precision="'no'"):
     out = os.path.join(tmp, name)
     text = BASE.format(out=out, batch=batch, steps=steps, optimizer=optimizer, accum=accum,
-                       parallel=parallel, ckpt=ckpt, resume=resume)
+                       parallel=parallel, ckpt=ckpt, resume=resume, precision=precision)
     return write_config(tmp, text, name + ".yaml"), out
 
 
@@ -268,14 +270,57 @@ class DpNumericsTest(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class Bf16NumericsTest(unittest.TestCase):
+    """mixed_precision: bf16 in every mode against one process in bf16 on the same data and
+    seed: close to it (bfloat16 rounding of differently shaped chunks makes it inexact), and
+    clearly closer to it than to the float32 run, so autocast ran in the mode under test."""
+
+    TOLERANCE = 5e-4
+
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def reference(self, precision="bf16"):
+        cfg, out = config(self.tmp, "ref_" + precision, 8, "{mode: none}", precision=precision)
+        run_ranks(cfg, 1, ["--dump_params"], timeout=60)
+        return params(out)
+
+    def check(self, name, parallel, ranks, flat):
+        ref = self.reference()
+        cfg, out = config(self.tmp, name, 8 // (ranks if "ddp" in parallel else 1), parallel,
+                          precision="bf16")
+        r = run_ranks(cfg, ranks, ["--dump_params"], timeout=90)
+        got = flat(out)
+        rel, worst = rel_diff(got, ref)
+        self.assertLess(rel, self.TOLERANCE, f"{name}: relative difference {rel:g} "
+                        f"(max abs {worst:g})")
+        to_fp32, _ = rel_diff(got, self.reference("'no'"))
+        self.assertGreater(to_fp32, 3 * rel, f"{name}: as close to the float32 run "
+                           f"({to_fp32:g}) as to the bf16 one ({rel:g})")
+        return out
+
+    def test_ddp(self):
+        out = self.check("ddp", "{mode: ddp}", 2, params)
+        self.assertEqual(params(out, 0), params(out, 1), "DDP replicas diverged")
+
+    def test_dp_loss_in_replica_and_on_first_replica(self):
+        self.check("dp_in", "{mode: dp, replicas: 2, loss_in_replica: true}", 1, params)
+        self.check("dp_first", "{mode: dp, replicas: 2, loss_in_replica: false}", 1, params)
+
+    def test_pipeline_two_stages_1f1b(self):
+        self.check("pp", "{mode: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}", 2,
+                   lambda out: pipeline_params(out, 2))
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
 class PipelineConfigErrorsTest(unittest.TestCase):
     """Each fails with exit 2 before joining the process group (only rank 0 is started)."""
 
     def setUp(self):
         self.tmp = harness.tmpdir()
 
-    def fails(self, parallel, world, *expected, model=None):
-        cfg, _ = config(self.tmp, "bad", 8, parallel)
+    def fails(self, parallel, world, *expected, model=None, precision="'no'"):
+        cfg, _ = config(self.tmp, "bad", 8, parallel, precision=precision)
         if model:
             with open(cfg) as f:
                 text = f.read().replace("{type: mlp, layers: [12, 24, 24, 24, 4]}", model)
@@ -287,6 +332,10 @@ class PipelineConfigErrorsTest(unittest.TestCase):
         for e in expected:
             self.assertIn(e, r.stderr)
         return r.stderr
+
+    def test_fp16_needs_a_gpu(self):
+        self.fails("{mode: none}", 1, "mixed_precision: 'fp16' needs a GPU", "use bf16",
+                   precision="fp16")
 
     def test_world_not_divisible_by_stages(self):
         self.fails("{mode: pipeline, stages: 2, microbatches: 2}", 3, "does not divide the world size 3")

@@ -180,7 +180,7 @@ if spec["tied"]:
 
 x, y = load_split(spec["data"], "t10k", 0.5, 0.25)
 ours.eval()
-with torch.no_grad():
+with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec["bf16"]):
     _, logits = loss_and_logits(ours, x, y, spec["pass_target"])
 report["eval_accuracy"] = int((logits.argmax(1) == y).sum()) / len(y)
 print(json.dumps(report))
@@ -206,10 +206,17 @@ MODELS = {
     "pipeline_replicas": {"buffers": ["center"], "file": "running_center",
                           "parallel": "{mode: pipeline, stages: 1, microbatches: 1}",
                           "exported": "model_stage0.pt"},
+    # mixed_precision: bf16 against torch.autocast("cpu", torch.bfloat16): the same operators
+    # in bfloat16 on both sides (convolution, linear), BatchNorm and the loss in float32, so
+    # the same tolerance as in float32 holds.
+    "batchnorm_bf16": {"file": "batchnorm", "bf16": True,
+                       "buffers": ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked"],
+                       "inert": ["conv.bias"]},
 }
 
 JOB = """distributed_type: MULTI_CPU
 num_processes: 2
+mixed_precision: {precision}
 train:
   seed: {seed}
   output_dir: {out}
@@ -246,6 +253,7 @@ class TorchScriptDdpParityTest(unittest.TestCase):
         pipeline = "pipeline" in opts.get("parallel", "")
         cfg = write_config(self.tmp, JOB.format(
             seed=SEED, out=out, model=f"[{model}]" if pipeline else model, data=self.data,
+            precision="bf16" if opts.get("bf16") else "'no'",
             batch=BATCH, epochs=EPOCHS,
             inputs=", inputs: [input, target]" if opts.get("pass_target") else "",
             parallel=opts.get("parallel", "{mode: ddp" + (
@@ -255,8 +263,8 @@ class TorchScriptDdpParityTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, f"train on {name}:\n{r.stdout}{r.stderr}")
         return out
 
-    def run_reference(self, name, model, opts, processes=2):
-        ref = os.path.join(self.tmp, f"{name}-ref{processes}.pt")
+    def run_reference(self, name, model, opts, processes=2, bf16=True):
+        ref = os.path.join(self.tmp, f"{name}-ref{processes}{'' if bf16 else '-fp32'}.pt")
         batch = BATCH * 2 // processes  # the same global batch
         args = ["--model", model, "--data", self.data, "--out", ref, "--seed", str(SEED),
                 "--epochs", str(EPOCHS), "--batch_size", str(batch), "--lr", "0.05",
@@ -265,6 +273,8 @@ class TorchScriptDdpParityTest(unittest.TestCase):
             args.append("--pass_target")
         if opts.get("find_unused"):
             args.append("--find_unused_parameters")
+        if opts.get("bf16") and bf16:
+            args.append("--bf16")
         r = harness.launch("--nproc_per_node", str(processes), "--python", harness.SYSTEM_PYTHON,
                            REFERENCE,
                            *args, timeout=RUN_TIMEOUT)
@@ -276,7 +286,7 @@ class TorchScriptDdpParityTest(unittest.TestCase):
         spec = {"here": HERE, "initial": model,
                 "ours": os.path.join(out, opts.get("exported", "model.pt")),
                 "ref": ref, "data": self.data, "pass_target": bool(opts.get("pass_target")),
-                "tied": opts.get("tied")}
+                "tied": opts.get("tied"), "bf16": bool(opts.get("bf16"))}
         r = harness.run([harness.SYSTEM_PYTHON, "-c", COMPARE, json.dumps(spec)],
                         timeout=RUN_TIMEOUT)
         self.assertEqual(r.returncode, 0, f"comparison failed:\n{r.stderr}")
@@ -327,6 +337,13 @@ class TorchScriptDdpParityTest(unittest.TestCase):
         # final.json's evaluation is the exported module's accuracy on the t10k files.
         self.assertAlmostEqual(f["eval_accuracy"], rep["eval_accuracy"], delta=1e-6)
 
+        # bf16 really ran in bfloat16: PyTorch's float32 run ends far outside that tolerance.
+        if opts.get("bf16"):
+            fp32 = self.compare(model, out, self.run_reference(name, model, opts, bf16=False),
+                                opts)
+            worst = max(v for v in fp32["max_abs_diff"].values() if v is not None)
+            self.assertGreater(worst, 1e-3, fp32["max_abs_diff"])
+
     def test_tuple_output(self):
         self.check("tuple")
 
@@ -350,6 +367,9 @@ class TorchScriptDdpParityTest(unittest.TestCase):
 
     def test_pipeline_replicas_average_gradients_and_broadcast_buffers_as_ddp(self):
         self.check("pipeline_replicas")
+
+    def test_bf16_mixed_precision_matches_torch_autocast(self):
+        self.check("batchnorm_bf16")
 
 
 if __name__ == "__main__":

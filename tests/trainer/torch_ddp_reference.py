@@ -76,6 +76,8 @@ def main():
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--pass_target", action="store_true", help="forward(x, target)")
     p.add_argument("--find_unused_parameters", action="store_true")
+    p.add_argument("--bf16", action="store_true",
+                   help='forward and loss under torch.autocast("cpu", torch.bfloat16)')
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -100,7 +102,8 @@ def main():
         for start in range(0, len(order) - args.batch_size + 1, args.batch_size):
             idx = torch.tensor(order[start:start + args.batch_size])
             opt.zero_grad(set_to_none=True)
-            loss, _ = loss_and_logits(ddp, x[idx], y[idx], args.pass_target)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                loss, _ = loss_and_logits(ddp, x[idx], y[idx], args.pass_target)
             loss.backward()
             opt.step()
             steps += 1
