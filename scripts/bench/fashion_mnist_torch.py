@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--bucket_cap_mb", type=float, default=25)
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--bf16", action="store_true",
+                    help='forward and loss under torch.autocast("cpu", torch.bfloat16)')
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -145,7 +147,8 @@ def main():
         # DataLoader(batch_size=64, drop_last=True, num_workers=0) yields, without its overhead.
         for b in range(steps_per_epoch):
             idx = order[b * a.batch:(b + 1) * a.batch]
-            loss = F.cross_entropy(ddp(train_x[idx]), train_y[idx])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                loss = F.cross_entropy(ddp(train_x[idx]), train_y[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -164,7 +167,8 @@ def main():
     with torch.no_grad():
         share = torch.arange(rank, len(test_y), world)
         for chunk in share.split(1000):
-            logits = model(test_x[chunk])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+                logits = model(test_x[chunk]).float()
             sums[0] += (logits.argmax(1) == test_y[chunk]).sum().item()
             sums[1] += F.cross_entropy(logits, test_y[chunk], reduction="sum").item()
             sums[2] += len(chunk)
