@@ -1366,6 +1366,16 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, TrainConfig* t)
   LAUNCH_RETURN_IF_ERROR(r.Get("resume_allow_changes", &t->resume_allow_changes));
   LAUNCH_RETURN_IF_ERROR(r.GetInRange<int64_t>("log_every", &t->log_every, 1, int64_t(1) << 40));
   LAUNCH_RETURN_IF_ERROR(r.GetInRange<int64_t>("eval_every", &t->eval_every, 0, int64_t(1) << 40));
+  if (r.Has("timeline")) {
+    YAML::Node tn = r.Raw("timeline");
+    LAUNCH_RETURN_IF_ERROR(RequireMap(ctx, tn, "train.timeline"));
+    MapReader tl(ctx, tn, "train.timeline");
+    LAUNCH_RETURN_IF_ERROR(
+        tl.GetInRange<int64_t>("from_step", &t->timeline.from_step, 1, int64_t(1) << 40));
+    // Bounded: every event of these steps is kept in memory until the end.
+    LAUNCH_RETURN_IF_ERROR(tl.GetInRange<int64_t>("steps", &t->timeline.steps, 0, 1000));
+    LAUNCH_RETURN_IF_ERROR(tl.Finish());
+  }
   if (t->model.type == ModelType::kTransformer && t->data.type != DataType::kText)
     return Status::InvalidConfig(ctx.Where(node) +
                                  ": train.model: a transformer needs `data: {type: text, ...}`");

@@ -153,13 +153,19 @@ struct TrainConfig {
   double max_grad_norm = 0.0;  // 0 = no clipping
   ParallelConfig parallel;
   int gradient_accumulation_steps = 1;
-  bool sync_each_batch = false;        // true: all-reduce every micro-batch (no no_sync)
-  bool sync_with_dataloader = true;    // the accumulation window also closes at the loader's end
-  int local_sgd_steps = 0;             // > 0: no gradient all-reduce; average params every K steps
-  int64_t checkpoint_every = 100;      // optimizer steps; 0 = only at the end
-  std::string resume = "auto";         // auto | never | PATH of a checkpoint file
-  int64_t log_every = 10;              // optimizer steps between plain log lines
-  int64_t eval_every = 0;              // optimizer steps between evaluations; 0 = only at the end
+  bool sync_each_batch = false;      // true: all-reduce every micro-batch (no no_sync)
+  bool sync_with_dataloader = true;  // the accumulation window also closes at the loader's end
+  int local_sgd_steps = 0;           // > 0: no gradient all-reduce; average params every K steps
+  int64_t checkpoint_every = 100;    // optimizer steps; 0 = only at the end
+  std::string resume = "auto";       // auto | never | PATH of a checkpoint file
+  int64_t log_every = 10;            // optimizer steps between plain log lines
+  int64_t eval_every = 0;            // optimizer steps between evaluations; 0 = only at the end
+  // A per-rank trace of optimizer steps [from_step, from_step + steps) (trainer_runtime/
+  // timeline.h), written to output_dir/timeline.json; steps 0 = none.
+  struct Timeline {
+    int64_t from_step = 1;
+    int64_t steps = 0;
+  } timeline;
   std::string mixed_precision = "no";  // copied from the top level: no | bf16
   // The trained model, for PyTorch to load (output_dir/model.pt): a TorchScript model as
   // itself with the trained weights (torch.jit.load), a built-in model as a dict of parameter

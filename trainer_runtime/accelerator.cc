@@ -22,6 +22,7 @@
 #include "trainer_runtime/pipeline_engine.h"
 #include "trainer_runtime/process_group.h"
 #include "trainer_runtime/strategy.h"
+#include "trainer_runtime/timeline.h"
 
 namespace launch::trainer {
 namespace {
@@ -78,6 +79,7 @@ void RemoveOtherSteps(const std::string& dir, int64_t keep) {
 Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
     : options_(options), env_(env), run_settings_(config::TrajectorySettings(options)) {
   bf16_ = options_.mixed_precision == "bf16";
+  Timeline::Get().Configure(env_.rank, options_.timeline.from_step, options_.timeline.steps);
   data_world_ = env_.world_size;
   data_rank_ = env_.rank;
   if (options_.parallel.mode == ParallelMode::kPipeline && options_.parallel.stages >= 1) {
@@ -212,6 +214,7 @@ void Accelerator::Accumulate() {
   LAUNCH_CHECK(prepared_);
   const bool end_of_data = options_.sync_with_dataloader && cursor_ && cursor_->last_was_end;
   const bool closes = micro_in_window_ + 1 >= options_.gradient_accumulation_steps || end_of_data;
+  if (micro_in_window_ == 0) Timeline::Get().BeginStep(step_ + 1);
   sync_ = pipeline_ ? closes : strategy_->SyncGradients(closes);
   window_closes_ = closes;
   if (strategy_) strategy_->BeforeForward(sync_);
@@ -222,7 +225,11 @@ void Accelerator::Backward(const torch::Tensor& loss) {
   if (!in_micro_) Accumulate();
   strategy_->BeforeBackward(loss, sync_);
   // Accelerate's convention: the loss of every micro-batch is divided by N.
-  (loss / static_cast<double>(options_.gradient_accumulation_steps)).backward();
+  {
+    // Includes waiting for the last buckets' all-reduces (the Reducer's final callback).
+    Timeline::Scope span("train", sync_ ? "backward" : "backward (no_sync)");
+    (loss / static_cast<double>(options_.gradient_accumulation_steps)).backward();
+  }
   strategy_->AfterBackward(sync_);
   EndMicroBatch();
 }
@@ -239,6 +246,7 @@ torch::Tensor Accelerator::ForwardBackward(const torch::data::Example<>& batch,
   if (!strategy_->RunsForwardBackward()) {
     torch::Tensor loss;
     {
+      Timeline::Scope span("train", "forward");
       AutocastScope amp(bf16_);
       loss = fn(*module_, batch);
     }
@@ -246,6 +254,7 @@ torch::Tensor Accelerator::ForwardBackward(const torch::data::Example<>& batch,
     return loss.detach();
   }
   const double scale = 1.0 / static_cast<double>(options_.gradient_accumulation_steps);
+  Timeline::Scope span("train", "forward + backward (replicas)");
   torch::Tensor loss = strategy_->ForwardBackward(
       batch.data, batch.target,
       [&fn, this](Model& replica, const torch::Tensor& x, const torch::Tensor& y) {
@@ -285,9 +294,11 @@ bool Accelerator::Step() {
   if (in_micro_) EndMicroBatch();  // a micro-batch whose loss did not need a backward
   if (!window_closes_) return false;
   if (pipeline_) {
+    Timeline::Scope span("train", "gradient all-reduce (stage replicas)");
     pipeline_loss_ = pipeline_->AllReduceGradients(window_loss_ / micro_in_window_);
     window_loss_ = 0;
   }
+  Timeline::Scope span("train", "optimizer");
   if (options_.max_grad_norm > 0) ClipGradNorm(options_.max_grad_norm);
   if (lr_schedule_) {
     const double lr = lr_schedule_(step_);
@@ -302,6 +313,7 @@ bool Accelerator::Step() {
   micro_in_window_ = 0;
   window_closes_ = false;
   if (strategy_) strategy_->AfterOptimizerStep(step_);
+  Timeline::Get().EndStep();
   return true;
 }
 
@@ -313,7 +325,32 @@ double Accelerator::learning_rate() const {
 Status Accelerator::Finish() {
   if (strategy_) strategy_->Finish(step_);
   SyncBuffers();
+  if (options_.timeline.steps > 0) WriteTimeline();
   return Status::Ok();
+}
+
+void Accelerator::WriteTimeline() {
+  // Each rank writes its events; once all have (the barrier), the main process merges them.
+  // A failure costs the trace, never the run.
+  const std::string dir = options_.output_dir + "/timeline";
+  Status s = MakeDirs(dir);
+  if (s.ok()) s = Timeline::Get().WriteRank(dir + "/rank" + std::to_string(rank()) + ".json");
+  if (!s.ok())
+    std::fprintf(stderr, "train: warning: rank %d could not write its timeline: %s\n", rank(),
+                 s.message().c_str());
+  Barrier();
+  if (rank() != 0) return;
+  std::vector<std::string> files;
+  for (int r = 0; r < world_size(); ++r)
+    files.push_back(dir + "/rank" + std::to_string(r) + ".json");
+  s = Timeline::Merge(files, options_.output_dir + "/timeline.json");
+  if (!s.ok())
+    std::fprintf(stderr, "train: warning: could not merge the ranks' timelines: %s\n",
+                 s.message().c_str());
+  else
+    std::printf("train: wrote %s/timeline.json (open it in ui.perfetto.dev)\n",
+                options_.output_dir.c_str());
+  std::fflush(stdout);
 }
 
 void Accelerator::SyncBuffers() {

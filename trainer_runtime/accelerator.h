@@ -346,6 +346,7 @@ class Accelerator {
   bool prepared_ = false;
   bool bf16_ = false;  // options_.mixed_precision == "bf16"
   void EndMicroBatch();
+  void WriteTimeline();  // Finish(): per-rank files, merged by rank 0
 
   bool in_micro_ = false;       // Accumulate() called, Backward not yet
   bool sync_ = true;            // this micro-batch communicates gradients (ddp)

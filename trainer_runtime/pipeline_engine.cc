@@ -10,6 +10,7 @@
 #include "trainer_runtime/autocast.h"
 #include "trainer_runtime/loop_util.h"
 #include "trainer_runtime/strategy.h"
+#include "trainer_runtime/timeline.h"
 
 namespace launch::trainer {
 namespace {
@@ -122,6 +123,7 @@ void PipelineEngine::SendActivation(const torch::Tensor& t) {
 }
 
 torch::Tensor PipelineEngine::RecvActivation() {
+  Timeline::Scope span("pipeline", "idle: receive activation from rank " + std::to_string(Prev()));
   auto header = torch::empty({kHeaderLen}, torch::kLong);
   std::vector<at::Tensor> hv = {header};
   pg_->recv(hv, Prev(), kActivationTag)->wait();
@@ -137,6 +139,7 @@ torch::Tensor PipelineEngine::RecvActivation() {
 }
 
 void PipelineEngine::WaitSends() {
+  Timeline::Scope span("pipeline", "idle: sends complete");
   for (auto& work : pending_sends_) work->wait();
   pending_sends_.clear();
   pending_tensors_.clear();
@@ -163,6 +166,7 @@ double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tens
       torch::Tensor input = first() ? x.narrow(0, offset, rows) : RecvActivation();
       if (!first() && input.is_floating_point()) input.requires_grad_(true);
       const auto t0 = Clock::now();
+      Timeline::Scope span("pipeline", "forward micro-batch " + std::to_string(op.micro));
       torch::Tensor out = StageForward(input);
       Live entry{input, out, 0};
       if (last()) {
@@ -192,9 +196,12 @@ double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tens
       if (!last()) {
         grad = torch::empty_like(entry.output);
         std::vector<at::Tensor> gv = {grad};
+        Timeline::Scope span("pipeline",
+                             "idle: receive gradient from rank " + std::to_string(Next()));
         pg_->recv(gv, Next(), kGradientTag)->wait();
       }
       const auto t0 = Clock::now();
+      Timeline::Scope span("pipeline", "backward micro-batch " + std::to_string(op.micro));
       if (last()) {
         torch::autograd::backward({entry.output});
       } else {

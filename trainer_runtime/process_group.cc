@@ -8,9 +8,11 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "base/strings.h"
+#include "trainer_runtime/timeline.h"
 
 namespace launch::trainer {
 
@@ -22,6 +24,17 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::T
   return inner_->broadcast(tensors, opts);
 }
 
+namespace {
+// "all-reduce 1.5 MB" for the timeline.
+std::string AllreduceName(const std::vector<at::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) bytes += t.numel() * t.element_size();
+  char text[64];
+  std::snprintf(text, sizeof text, "all-reduce %.2f MB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                                const c10d::AllreduceOptions& opts) {
   {
@@ -30,7 +43,12 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::T
     for (const at::Tensor& t : tensors) allreduce_bytes_ += t.numel() * t.element_size();
     launch_times_.push_back(Clock::now());
   }
-  return inner_->allreduce(tensors, opts);
+  const uint64_t trace = Timeline::Get().BeginAsync("allreduce", AllreduceName(tensors));
+  c10::intrusive_ptr<c10d::Work> work = inner_->allreduce(tensors, opts);
+  if (trace != 0)
+    work->getFuture()->addCallback(
+        [trace](c10::ivalue::Future&) { Timeline::Get().EndAsync(trace); });
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce_coalesced(

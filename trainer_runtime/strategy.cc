@@ -9,6 +9,7 @@
 
 #include "base/strings.h"
 #include "trainer_runtime/dp.h"
+#include "trainer_runtime/timeline.h"
 
 namespace launch::trainer {
 
@@ -69,6 +70,7 @@ class AverageHook : public c10d::CommHookInterface {
   c10::intrusive_ptr<c10::ivalue::Future> Exchange(const at::Tensor& buffer) {
     auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
     pg_->RecordAllreduce(buffer.numel() * buffer.element_size());
+    const uint64_t trace = Timeline::Get().BeginAsync("allreduce", "last bucket (pair exchange)");
     try {
       const int peer = 1 - pg_->getRank();
       at::Tensor received = at::empty_like(buffer);
@@ -84,6 +86,7 @@ class AverageHook : public c10d::CommHookInterface {
     } catch (...) {
       future->setError(std::current_exception());
     }
+    Timeline::Get().EndAsync(trace);
     return future;
   }
 

@@ -27,6 +27,7 @@
 #include "trainer_runtime/pipeline_engine.h"
 #include "trainer_runtime/pipeline_schedule.h"
 #include "trainer_runtime/schedule.h"
+#include "trainer_runtime/timeline.h"
 
 namespace launch::trainer {
 namespace {
@@ -329,13 +330,19 @@ Status Trainer::MaybeResume() {
 void Trainer::TrainStep() {
   double loss_sum = 0;
   int64_t micro = 0;
+  Timeline::Get().BeginStep(accel_->step() + 1);  // the span below starts before Accumulate()
+  Timeline::Scope step_span("train", "step " + std::to_string(accel_->step() + 1));
   do {
     phase_ = "forward";
-    // The batch's place in the data order seeds its augmentation: exact again after a resume.
-    const LoaderCursor at = loader_->cursor();
-    torch::data::Example<> batch = loader_->Next();
-    if (data_.crop_padding > 0 || data_.flip)
-      batch.data = Augment(data_, batch.data, AugmentSeed(at.epoch, at.batch));
+    torch::data::Example<> batch;
+    {
+      Timeline::Scope span("train", "data");
+      // The batch's place in the data order seeds its augmentation: exact again after a resume.
+      const LoaderCursor at = loader_->cursor();
+      batch = loader_->Next();
+      if (data_.crop_padding > 0 || data_.flip)
+        batch.data = Augment(data_, batch.data, AugmentSeed(at.epoch, at.batch));
+    }
     accel_->Accumulate();
     if (pipeline_) {
       torch::Tensor loss = accel_->PipelineForwardBackward(

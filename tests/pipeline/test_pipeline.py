@@ -270,6 +270,29 @@ class DpNumericsTest(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class PipelineTimelineTest(unittest.TestCase):
+    def test_stages_trace_micro_batches_and_waits(self):
+        tmp = harness.tmpdir()
+        cfg, out = config(tmp, "trace", 8, "{mode: pipeline, stages: 2, microbatches: 4, "
+                          "schedule: 1f1b}", steps=6)
+        with open(cfg, "a") as f:
+            f.write("  timeline: {from_step: 2, steps: 2}\n")
+        run_ranks(cfg, 2, timeout=90)
+        with open(os.path.join(out, "timeline.json")) as f:
+            events = [e for e in json.load(f) if e["ph"] == "X"]
+        for rank in (0, 1):
+            names = [e["name"] for e in events if e["pid"] == rank and e["tid"] == "pipeline"]
+            for kind in ("forward", "backward"):
+                self.assertEqual(sorted(n for n in names if n.startswith(kind)),
+                                 sorted([f"{kind} micro-batch {m}" for m in range(4)] * 2))
+        # Stage 1 waits for stage 0's activations; stage 0 for stage 1's gradients.
+        self.assertIn("idle: receive activation from rank 0",
+                      [e["name"] for e in events if e["pid"] == 1])
+        self.assertIn("idle: receive gradient from rank 1",
+                      [e["name"] for e in events if e["pid"] == 0])
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
 class Bf16NumericsTest(unittest.TestCase):
     """mixed_precision: bf16 in every mode against one process in bf16 on the same data and
     seed: close to it (bfloat16 rounding of differently shaped chunks makes it inexact), and

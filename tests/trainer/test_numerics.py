@@ -4,6 +4,7 @@ sync_each_batch and one big batch give the same parameters, with the all-reduce 
 counted at the process group; Local SGD averages exactly, and with K=1 and plain SGD equals DDP;
 bucket all-reduces are launched while backward still computes (overlap)."""
 
+import json
 import os
 import unittest
 
@@ -206,6 +207,65 @@ train:
         early = [s["buckets_launched_before_grads_done"] for s in steps[1:]]
         self.assertTrue(all(e >= 1 for e in early), early)
         self.assertGreaterEqual(sum(early) / len(early), buckets - 1.5, early)
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class TimelineTest(unittest.TestCase):
+    """train.timeline writes a Chrome trace (Perfetto) of the chosen steps, all ranks in one
+    file; on a multi-bucket DDP model the bucket all-reduces start while backward runs."""
+
+    def test_trace_has_every_rank_and_phase_and_buckets_overlap_backward(self):
+        tmp = harness.tmpdir()
+        out = os.path.join(tmp, "trace")
+        cfg = write_config(tmp, f"""
+train:
+  output_dir: {out}
+  model: {{type: mlp, layers: [256, 512, 512, 512, 512, 10]}}
+  data: {{type: synthetic, samples: 4096}}
+  batch_size: 64
+  max_steps: 8
+  optimizer: {{type: sgd, lr: 0.01}}
+  checkpoint_every: 0
+  resume: never
+  parallel: {{mode: ddp, bucket_cap_mb: 0.5}}
+  timeline: {{from_step: 4, steps: 3}}
+""")
+        run_ranks(cfg, 2, timeout=90)
+        buckets = final(out)["buckets"]
+        self.assertGreaterEqual(buckets, 3)
+        with open(os.path.join(out, "timeline.json")) as f:
+            events = json.load(f)  # valid JSON: a trace-event array
+        self.assertIsInstance(events, list)
+        for e in events:
+            self.assertIn(e["ph"], ("M", "X", "b", "e"), e)
+            self.assertIn(e["pid"], (0, 1), e)
+        names = {e["args"]["name"] for e in events if e["ph"] == "M" and
+                 e["name"] == "process_name"}
+        self.assertEqual(names, {"rank 0", "rank 1"})
+        for rank in (0, 1):
+            mine = [e for e in events if e["pid"] == rank and e["ph"] != "M"]
+            spans = [e for e in mine if e["ph"] == "X"]
+            steps = sorted(e["name"] for e in spans if e["name"].startswith("step "))
+            self.assertEqual(steps, ["step 4", "step 5", "step 6"])  # only the chosen steps
+            for phase in ("data", "forward", "backward", "optimizer"):
+                self.assertEqual(sum(e["name"] == phase for e in spans), 3, (rank, phase))
+            begins = {e["id"]: e for e in mine if e["ph"] == "b"}
+            ends = {e["id"]: e for e in mine if e["ph"] == "e"}
+            self.assertEqual(len(begins), 3 * buckets, rank)
+            self.assertEqual(set(begins), set(ends))  # every all-reduce completed
+            for i, b in begins.items():
+                self.assertGreaterEqual(ends[i]["ts"], b["ts"])
+            # Overlap: in each step, some bucket's all-reduce starts before backward ends.
+            for bw in (e for e in spans if e["name"] == "backward"):
+                inside = [b for b in begins.values()
+                          if bw["ts"] <= b["ts"] < bw["ts"] + bw["dur"]]
+                self.assertGreaterEqual(len(inside), buckets - 1, (rank, bw))
+                early = [b for b in inside if b["ts"] < bw["ts"] + bw["dur"] * 0.9]
+                self.assertTrue(early, (rank, bw, inside))
+        # Both ranks on one time axis: their step 4 spans overlap in time.
+        s4 = [e for e in events if e.get("name") == "step 4"]
+        a, b = sorted(s4, key=lambda e: e["pid"])
+        self.assertLess(max(a["ts"], b["ts"]), min(a["ts"] + a["dur"], b["ts"] + b["dur"]))
 
 
 if __name__ == "__main__":
