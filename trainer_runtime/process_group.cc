@@ -16,8 +16,13 @@
 
 namespace launch::trainer {
 
-CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner)
-    : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(std::move(inner)) {}
+CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner,
+                                           std::unique_ptr<ShmAllReduce> shm)
+    : c10d::ProcessGroup(inner->getRank(), inner->getSize()),
+      inner_(std::move(inner)),
+      shm_(std::move(shm)) {
+  if (shm_) transport_ = "shared memory";
+}
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                                const c10d::BroadcastOptions& opts) {
@@ -44,7 +49,9 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::T
     launch_times_.push_back(Clock::now());
   }
   const uint64_t trace = Timeline::Get().BeginAsync("allreduce", AllreduceName(tensors));
-  c10::intrusive_ptr<c10d::Work> work = inner_->allreduce(tensors, opts);
+  c10::intrusive_ptr<c10d::Work> work = shm_ && ShmAllReduce::Supports(tensors, opts)
+                                            ? shm_->AllReduceAsync(tensors[0])
+                                            : inner_->allreduce(tensors, opts);
   if (trace != 0)
     work->getFuture()->addCallback(
         [trace](c10::ivalue::Future&) { Timeline::Get().EndAsync(trace); });
@@ -143,6 +150,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
                            " could not reach the process-group store at " + where + " within " +
                            seconds + " (is MASTER_ADDR right and rank 0 running?): " + e.what());
   }
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
   try {
     // A prefix per restart keeps keys of an earlier attempt from confusing this one.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
@@ -150,14 +158,24 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(GlooDevice(env.master_addr));
     options->threads = GlooThreads();
-    auto gloo =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, options);
-    return c10::make_intrusive<CountingProcessGroup>(gloo);
+    gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, options);
   } catch (const std::exception& e) {
     return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group of " +
                            std::to_string(env.world_size) + " ranks via store " + where +
                            " did not form within " + seconds + ": " + e.what());
   }
+  // After Gloo formed, so every rank is known to reach the store. Its own prefix per restart,
+  // like Gloo's: a restarted job builds a fresh segment.
+  auto shm_store = c10::make_intrusive<c10d::PrefixStore>(
+      "launch_shm/" + std::to_string(env.restart_count), store);
+  ShmAllReduceOptions shm_options;
+  shm_options.timeout = timeout;
+  LAUNCH_ASSIGN_OR_RETURN(ShmSetup shm,
+                          ShmAllReduce::Create(*shm_store, env.rank, env.world_size,
+                                               ShmAllReduce::EnabledByEnvironment(), shm_options));
+  auto pg = c10::make_intrusive<CountingProcessGroup>(gloo, std::move(shm.shm));
+  if (!pg->shm()) pg->set_allreduce_transport("Gloo (" + shm.reason + ")");
+  return pg;
 }
 
 int GlooThreads() {

@@ -9,6 +9,13 @@
 // wrapper, so tests and metrics see real counts (no_sync really skips communication) and real
 // launch times (buckets really start during backward), not assumptions.
 //
+// When every rank of the group is on this host, CreateProcessGroup also gives the wrapper a
+// shared-memory all-reduce (shm_allreduce.h): allreduce() of one dense contiguous CPU tensor of
+// float, double or bfloat16 with ReduceOp SUM goes there (asynchronous, in issue order, like
+// Gloo's); every other operation, and everything when the ranks span hosts or
+// LAUNCH_SHM_ALLREDUCE=0, goes to Gloo. Each transport sees the same subsequence of operations
+// on every rank, so the two never need ordering between them.
+//
 // Internal to trainer_runtime (includes LibTorch).
 
 #include <chrono>
@@ -22,6 +29,7 @@
 
 #include "base/status.h"
 #include "trainer_runtime/env.h"
+#include "trainer_runtime/shm_allreduce.h"
 
 namespace gloo::transport {
 class Device;
@@ -33,7 +41,9 @@ class CountingProcessGroup : public c10d::ProcessGroup {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner);
+  // `shm`: the shared-memory all-reduce to route supported all-reduces to; null: Gloo only.
+  explicit CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner,
+                                std::unique_ptr<ShmAllReduce> shm = nullptr);
 
   const std::string getBackendName() const override { return inner_->getBackendName(); }
 
@@ -56,13 +66,21 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // part of a step's gradient communication and must not show in its counts.
   c10d::ProcessGroup& inner() { return *inner_; }
 
-  // Counts an all-reduce carried by other means (the two-rank exchange in strategy.cc), so
+  // The shared-memory all-reduce, or null when all-reduces go to Gloo. For callers that run
+  // one inline (ShmAllReduce::AllReduceNow) and account for it with RecordAllreduce.
+  ShmAllReduce* shm() const { return shm_.get(); }
+  // "shared memory" or "Gloo (<why not shared memory>)", for logs.
+  const std::string& allreduce_transport() const { return transport_; }
+  void set_allreduce_transport(std::string description) { transport_ = std::move(description); }
+
+  // Counts an all-reduce carried by other means than allreduce() (strategy.cc's direct path for
+  // the last bucket: the two-rank exchange, or the shared-memory all-reduce run inline), so
   // counts and launch times cover every gradient reduction whatever its transport.
   void RecordAllreduce(int64_t bytes);
 
   // Counters. Thread-safe: the Reducer launches all-reduces from the autograd engine.
   int64_t allreduce_count() const;
-  // How many of those went through RecordAllreduce (the two-rank exchange).
+  // How many of those went through RecordAllreduce (the direct last-bucket path).
   int64_t recorded_count() const;
   int64_t allreduce_bytes() const;
   // Launch times of all-reduces since the last TakeLaunchTimes() call.
@@ -70,6 +88,8 @@ class CountingProcessGroup : public c10d::ProcessGroup {
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> inner_;
+  std::unique_ptr<ShmAllReduce> shm_;
+  std::string transport_ = "Gloo";
   mutable std::mutex mu_;
   int64_t allreduce_count_ = 0;
   int64_t allreduce_bytes_ = 0;
@@ -99,7 +119,9 @@ void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
 int GlooThreads();
 
 // Connects to (rank 0: hosts) the store and builds the Gloo group; waits at most `timeout`
-// for all ranks. Errors name the store address and the rank:
+// for all ranks. Then sets up the shared-memory all-reduce when every rank is on this host and
+// none has LAUNCH_SHM_ALLREDUCE=0 (all ranks decide alike; see allreduce_transport()); its
+// operations fail within the same `timeout`. Errors name the store address and the rank:
 // "rank 1 could not reach the process-group store at 10.0.0.9:29500 within 30 s: ...".
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
     const DistEnv& env, std::chrono::milliseconds timeout);

@@ -39,8 +39,11 @@ void BroadcastModel(const c10::intrusive_ptr<CountingProcessGroup>& pg, Model* m
 // rank sends its bucket to the peer and adds the peer's: one round trip, no thread hand-off)
 // beats Gloo's ring all-reduce (reduce-scatter + all-gather: two round trips, each through a
 // Gloo worker thread). Both ranks compute a + b and b + a, bit-identical in IEEE arithmetic,
-// so replicas stay in lockstep. Every other bucket goes to Gloo's asynchronous all-reduce and
-// overlaps with the rest of backward, as in PyTorch.
+// so replicas stay in lockstep. When the group has the shared-memory all-reduce
+// (shm_allreduce.h), that bucket is all-reduced through it instead, inline on this thread
+// (cheaper than a Gloo round trip; the same hand-off saved). Every other bucket goes to the
+// group's asynchronous all-reduce (shared memory or Gloo) and overlaps with the rest of
+// backward, as in PyTorch.
 
 class AverageHook : public c10d::CommHookInterface {
  public:
@@ -54,7 +57,7 @@ class AverageHook : public c10d::CommHookInterface {
     buffer.div_(pg_->getSize());
     const size_t bytes = static_cast<size_t>(buffer.numel() * buffer.element_size());
     if (pg_->getSize() == 2 && bucket.isLast() && bytes <= exchange_max_bytes_)
-      return Exchange(buffer);
+      return pg_->shm() ? ShmNow(buffer) : Exchange(buffer);
     std::vector<at::Tensor> tensors = {buffer};
     return pg_->allreduce(tensors, c10d::AllreduceOptions())->getFuture();
   }
@@ -87,6 +90,22 @@ class AverageHook : public c10d::CommHookInterface {
       future->setError(std::current_exception());
     }
     Timeline::Get().EndAsync(trace);
+    return future;
+  }
+
+  // The shared-memory all-reduce on this thread, after the buckets issued before it. Its
+  // errors (a dead peer) become the future's error, as Exchange's do.
+  c10::intrusive_ptr<c10::ivalue::Future> ShmNow(const at::Tensor& buffer) {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+    pg_->RecordAllreduce(buffer.numel() * buffer.element_size());
+    const uint64_t trace = Timeline::Get().BeginAsync("allreduce", "last bucket (shared memory)");
+    const Status status = pg_->shm()->AllReduceNow(buffer);
+    Timeline::Get().EndAsync(trace);
+    if (status.ok()) {
+      future->markCompleted(c10::IValue(buffer));
+    } else {
+      future->setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
+    }
     return future;
   }
 

@@ -1,0 +1,177 @@
+#pragma once
+
+// ShmAllReduce: a sum all-reduce between the processes of one host through a shared-memory
+// segment, used by CountingProcessGroup (process_group.h) instead of Gloo's loopback-TCP ring
+// when every rank of the group runs on this host. Gloo still carries everything else.
+//
+// Why: on a small machine the ranks' compute already fills the cores, and Gloo's ring costs
+// kernel copies (two per byte per hop through loopback TCP) plus thread hand-offs. Here each
+// rank copies its tensor into the segment once, reduces its own 1/W slice of it, and copies the
+// result back: memcpy speed, no system call on the data path, futex sleeps instead of spinning.
+//
+// Protocol (per chunk of at most `chunk_bytes`; bigger tensors go chunk by chunk):
+//   1. rank r copies its chunk into input slot r, writes the chunk's descriptor (total bytes,
+//      offset, dtype) and arrives at phase A;
+//   2. once every rank arrived at A (descriptors must match: a mismatch is an error, not silent
+//      corruption), rank r sums slice r of the chunk over input slots 0, 1, ..., W-1 in rank
+//      order into the shared result region, and arrives at phase B;
+//   3. once every rank arrived at B, rank r copies the whole result into its tensor.
+// Every element is summed by one rank in rank order and every rank copies the same bytes, so
+// results are bit-identical on all ranks and equal to ((t0 + t1) + t2) + ... computed in one
+// process (bfloat16 rounds after each addition, as LibTorch does). Phase A of chunk k+1 cannot
+// complete before every rank finished copying the result of chunk k, so one set of slots is
+// enough.
+//
+// Waiting: each rank publishes how many phases it has passed (an atomic counter in the
+// segment); a waiter spins briefly, then sleeps in FUTEX_WAIT on a shared wake counter with a
+// timeout of `liveness_interval`, checking on each wake-up that the ranks it waits for are alive
+// (pidfd; kill(pid, 0) and /proc/<pid>/stat where pidfd_open is unavailable). A dead peer, a
+// peer that does not arrive within `timeout`, or a rank that gave up (it raises an abort flag
+// in the segment so the others stop waiting too) fails the operation with a c10::Error; the
+// transport then stays failed: every later operation fails at once with the first error.
+//
+// Segment: memfd_create (anonymous: nothing in any file system, so nothing can be left behind
+// by any exit, SIGKILL included; the memory goes when the last rank unmaps it), sealed against
+// resizing (a truncation would SIGBUS every rank) and allocated up front with fallocate (an
+// out-of-memory shows at setup, not as a SIGBUS mid-training). Rank 0 publishes its pid and fd
+// number through the c10d store and the others open /proc/<pid>/fd/<n>, rather than passing
+// the fd with SCM_RIGHTS: no listening socket or socket name to create, secure and clean up
+// (abstract names are per network namespace, path names can be left behind), one store key.
+// Opening fails when the ranks do not share a pid namespace (containers); then every rank
+// falls back to Gloo (the decision is made collectively through the store).
+//
+// Internal to trainer_runtime (includes LibTorch).
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "base/status.h"
+
+namespace launch::trainer {
+
+struct ShmAllReduceOptions {
+  // Default 4 MiB: bytes of one chunk, the size of each rank's input slot and of the result
+  // region (the segment holds W + 1 of them). Bigger tensors are reduced chunk by chunk.
+  // Rounded down to a multiple of 64 (slices start on cache lines); at least 64.
+  size_t chunk_bytes = 4u << 20;
+  // Default 300 s: how long one operation waits for a slow peer before it fails with a timeout
+  // (the group's timeout; Gloo's collectives use the same).
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // Default 10 ms: how often a waiting rank checks that the peers it waits for are alive, so a
+  // SIGKILLed peer fails the operation within about this long.
+  std::chrono::milliseconds liveness_interval{10};
+};
+
+// What ShmAllReduce::Create decided.
+class ShmAllReduce;
+struct ShmSetup {
+  std::unique_ptr<ShmAllReduce> shm;  // null: use Gloo
+  std::string reason;                 // why not, when shm is null ("LAUNCH_SHM_ALLREDUCE=0", ...)
+};
+
+class ShmAllReduce {
+ public:
+  // Builds the transport for rank `rank` of `world_size`. COLLECTIVE: every rank of the group
+  // calls it with the same world size and a store (a prefix of the group's, fresh per group)
+  // shared by them; `enabled` may differ between ranks (any rank's false disables it for all).
+  // Returns {nullptr, reason} (not an error) when the ranks are not all on this host and in
+  // one pid namespace, when world_size < 2, when any rank passed enabled = false or could not
+  // map the segment: all ranks get the same answer. Errors: the store failed or timed out
+  // (Timeout/IoError), the segment could not be created (IoError).
+  static StatusOr<ShmSetup> Create(c10d::Store& store, int rank, int world_size, bool enabled,
+                                   const ShmAllReduceOptions& options = {});
+
+  // False when LAUNCH_SHM_ALLREDUCE is "0", "false" or "off"; true otherwise (the default).
+  static bool EnabledByEnvironment();
+
+  // Whether this transport can carry allreduce(tensors, opts): one dense, contiguous CPU tensor
+  // of float, double or bfloat16, ReduceOp SUM. Anything else stays on Gloo.
+  static bool Supports(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
+
+  // Stops the worker thread: an operation still queued or running fails ("shut down") and, if
+  // one was running, the peers are told (the abort flag) so they fail instead of waiting out
+  // the timeout. Unmaps the segment; leaves no fd open.
+  ~ShmAllReduce();
+  ShmAllReduce(const ShmAllReduce&) = delete;
+  ShmAllReduce& operator=(const ShmAllReduce&) = delete;
+
+  // Sums `tensor` in place over the group, asynchronously: returns at once; a background thread
+  // runs the operations in the order they were issued. The Work's future completes with
+  // [tensor] (a tensor list, as Gloo's does) or with a c10::Error naming the failure; wait()
+  // rethrows it. COLLECTIVE: every rank issues the same sequence of operations (same sizes and
+  // dtypes, in the same order). REQUIRES: Supports({tensor}, SUM). The caller keeps `tensor`
+  // unchanged until the future completes. Thread-safe.
+  c10::intrusive_ptr<c10d::Work> AllReduceAsync(const at::Tensor& tensor);
+
+  // The same operation run on the calling thread, after every operation issued before it (no
+  // hand-off to the background thread: for a result the caller would wait for at once).
+  // COLLECTIVE, REQUIRES as above. Thread-safe. Errors: PeerLost (a peer died or gave up),
+  // Timeout, ProtocolError (the ranks issued different operations), Interrupted (shut down).
+  Status AllReduceNow(const at::Tensor& tensor);
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_; }
+  // The segment's size in bytes (header + (W + 1) chunks).
+  size_t segment_bytes() const { return size_; }
+
+ private:
+  struct Header;
+  struct RankState;
+  struct Op {
+    at::Tensor tensor;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+  };
+
+  ShmAllReduce(int rank, int world, const ShmAllReduceOptions& options, void* base, size_t size,
+               std::vector<int> peer_pids);
+
+  void WorkerLoop();
+  // Runs one operation; REQUIRES: busy_ was set by this thread.
+  Status Execute(const at::Tensor& tensor);
+  Status ExecuteChunk(char* data, size_t total_bytes, size_t offset, size_t bytes,
+                      c10::ScalarType dtype);
+  void Arrive(uint64_t phase);
+  Status WaitAll(uint64_t phase);
+  Status CheckPeersAlive(uint64_t phase);
+  void Abort();
+
+  // Where the input slots start: after the header and the rank states, page-aligned.
+  static size_t DataOffset(int world);
+  Header* header() const;
+  RankState* state(int r) const;
+  char* slot(int r) const;
+  char* result() const;
+
+  const int rank_;
+  const int world_;
+  const ShmAllReduceOptions options_;
+  void* base_;
+  size_t size_;
+  std::vector<int> pids_;    // per rank (ours included)
+  std::vector<int> pidfds_;  // per rank, -1 for ours or where pidfd_open is unavailable
+  uint64_t phase_ = 0;       // phases this rank has passed; only the executing thread
+  Status failed_;            // the first error; only the executing thread
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> queue_;  // guarded by mu_
+  bool busy_ = false;     // an operation is executing (worker or AllReduceNow); guarded by mu_
+  bool stop_ = false;     // guarded by mu_
+  std::atomic<bool> stopping_{false};  // read by a waiting operation
+  std::thread worker_;
+};
+
+}  // namespace launch::trainer
