@@ -135,33 +135,49 @@ class ShmWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// Sums n elements over `in` (one pointer per rank) in rank order into `acc`. `acc` is a small
+// local buffer, so the loops vectorise without aliasing concerns even though one input (this
+// rank's own tensor) is also an output of SumSlice.
 template <typename T>
-void SumInRankOrder(T* __restrict out, const std::vector<const T*>& in, size_t n) {
-  const T* __restrict a = in[0];
-  const T* __restrict b = in[1];
-  for (size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+void SumInRankOrder(T* __restrict acc, const std::vector<const T*>& in, size_t base, size_t n) {
+  const T* __restrict a = in[0] + base;
+  const T* __restrict b = in[1] + base;
+  for (size_t i = 0; i < n; ++i) acc[i] = a[i] + b[i];
   for (size_t r = 2; r < in.size(); ++r) {
-    const T* __restrict c = in[r];
-    for (size_t i = 0; i < n; ++i) out[i] = out[i] + c[i];
+    const T* __restrict c = in[r] + base;
+    for (size_t i = 0; i < n; ++i) acc[i] = acc[i] + c[i];
   }
 }
 
 // bfloat16 as LibTorch adds it: in float, rounded to nearest even after each addition.
-void SumInRankOrder(c10::BFloat16* __restrict out, const std::vector<const c10::BFloat16*>& in,
-                    size_t n) {
+void SumInRankOrder(c10::BFloat16* __restrict acc, const std::vector<const c10::BFloat16*>& in,
+                    size_t base, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    float acc = static_cast<float>(in[0][i]);
+    float sum = static_cast<float>(in[0][base + i]);
     for (size_t r = 1; r < in.size(); ++r)
-      acc = static_cast<float>(c10::BFloat16(acc + static_cast<float>(in[r][i])));
-    out[i] = c10::BFloat16(acc);
+      sum = static_cast<float>(c10::BFloat16(sum + static_cast<float>(in[r][base + i])));
+    acc[i] = c10::BFloat16(sum);
   }
 }
 
+// Sums elements [lo, lo + n) over `inputs` in rank order and stores the result both in the
+// shared result region and in this rank's tensor: one pass over the slice instead of a sum
+// followed by a copy (the all-reduce is memory-bound).
 template <typename T>
-void SumSlice(char* out, const std::vector<char*>& slots, size_t lo_bytes, size_t n) {
+void SumSlice(const std::vector<const char*>& inputs, size_t lo, size_t n, char* shared,
+              char* local) {
+  constexpr size_t kBlock = 8192 / sizeof(T);  // fits in L1 with the inputs streaming by
+  T acc[kBlock];
   std::vector<const T*> in;
-  for (char* s : slots) in.push_back(reinterpret_cast<const T*>(s + lo_bytes));
-  SumInRankOrder(reinterpret_cast<T*>(out + lo_bytes), in, n);
+  for (const char* p : inputs) in.push_back(reinterpret_cast<const T*>(p));
+  T* out_shared = reinterpret_cast<T*>(shared);
+  T* out_local = reinterpret_cast<T*>(local);
+  for (size_t base = lo; base < lo + n; base += kBlock) {
+    const size_t m = std::min(kBlock, lo + n - base);
+    SumInRankOrder(acc, in, base, m);
+    std::memcpy(out_shared + base, acc, m * sizeof(T));
+    std::memcpy(out_local + base, acc, m * sizeof(T));
+  }
 }
 
 }  // namespace
@@ -478,7 +494,18 @@ Status ShmAllReduce::Execute(const at::Tensor& tensor) {
 Status ShmAllReduce::ExecuteChunk(char* data, size_t total_bytes, size_t offset, size_t bytes,
                                   c10::ScalarType dtype) {
   const size_t esize = c10::elementSize(dtype);
-  std::memcpy(slot(rank_), data + offset, bytes);
+  char* local = data + offset;
+  // This rank's slice, in elements; slice boundaries on cache lines so no two ranks write
+  // the same line of the result.
+  const size_t n = bytes / esize;
+  const size_t align = kCacheLine / esize;
+  const size_t per = RoundUp((n + world_ - 1) / world_, align);
+  const size_t lo = std::min(n, rank_ * per);
+  const size_t hi = std::min(n, lo + per);
+  // Only the peers read this rank's input slot, and only outside this rank's slice: this rank
+  // sums its own slice reading its tensor directly.
+  std::memcpy(slot(rank_), local, lo * esize);
+  std::memcpy(slot(rank_) + hi * esize, local + hi * esize, bytes - hi * esize);
   RankState* mine = state(rank_);
   const uint64_t descriptor = (static_cast<uint64_t>(offset) << 8) | static_cast<uint8_t>(dtype);
   mine->total_bytes.store(total_bytes, std::memory_order_relaxed);
@@ -498,30 +525,20 @@ Status ShmAllReduce::ExecuteChunk(char* data, size_t total_bytes, size_t offset,
           std::to_string(total_bytes) + " bytes of " + c10::toString(dtype) + " (chunk at " +
           std::to_string(offset) + ")");
   }
-
-  // This rank's slice, in elements; slice boundaries on cache lines so no two ranks write
-  // the same line of the result.
-  const size_t n = bytes / esize;
-  const size_t align = kCacheLine / esize;
-  const size_t per = RoundUp((n + world_ - 1) / world_, align);
-  const size_t lo = std::min(n, rank_ * per);
-  const size_t hi = std::min(n, lo + per);
   if (hi > lo) {
-    std::vector<char*> slots;
-    for (int r = 0; r < world_; ++r) slots.push_back(slot(r));
-    const size_t lo_bytes = lo * esize;
+    std::vector<const char*> inputs;
+    for (int r = 0; r < world_; ++r) inputs.push_back(r == rank_ ? local : slot(r));
     switch (dtype) {
       case c10::kFloat:
-        SumSlice<float>(result(), slots, lo_bytes, hi - lo);
+        SumSlice<float>(inputs, lo, hi - lo, result(), local);
         break;
       case c10::kDouble:
-        SumSlice<double>(result(), slots, lo_bytes, hi - lo);
+        SumSlice<double>(inputs, lo, hi - lo, result(), local);
         break;
       default:
-        SumSlice<c10::BFloat16>(result(), slots, lo_bytes, hi - lo);
+        SumSlice<c10::BFloat16>(inputs, lo, hi - lo, result(), local);
         break;
     }
-    std::memcpy(data + offset + lo_bytes, result() + lo_bytes, (hi - lo) * esize);
   }
   const uint64_t reduced = ++phase_;
   Arrive(reduced);

@@ -8,14 +8,20 @@
 // kernel copies (two per byte per hop through loopback TCP) plus thread hand-offs. Here each
 // rank copies its tensor into the segment once, reduces its own 1/W slice of it, and copies the
 // result back: memcpy speed, no system call on the data path, futex sleeps instead of spinning.
+// The operation is memory-bound, so no byte is moved twice: a rank does not stage its own
+// slice (it reads it from its tensor) and stores each sum into the result region and its
+// tensor in the same pass.
 //
-// Protocol (per chunk of at most `chunk_bytes`; bigger tensors go chunk by chunk):
-//   1. rank r copies its chunk into input slot r, writes the chunk's descriptor (total bytes,
-//      offset, dtype) and arrives at phase A;
+// Protocol (per chunk of at most `chunk_bytes`; bigger tensors go chunk by chunk). Rank r owns
+// slice r: the r-th of W equal, cache-line-aligned parts of the chunk.
+//   1. rank r copies its chunk, except slice r, into input slot r, writes the chunk's
+//      descriptor (total bytes, offset, dtype) and arrives at phase A;
 //   2. once every rank arrived at A (descriptors must match: a mismatch is an error, not silent
-//      corruption), rank r sums slice r of the chunk over input slots 0, 1, ..., W-1 in rank
-//      order into the shared result region, and arrives at phase B;
-//   3. once every rank arrived at B, rank r copies the whole result into its tensor.
+//      corruption), rank r sums slice r over ranks 0, 1, ..., W-1 in rank order (its own part
+//      from its tensor, the others' from their slots) into the shared result region and its
+//      tensor, and arrives at phase B;
+//   3. once every rank arrived at B, rank r copies the other slices of the result into its
+//      tensor.
 // Every element is summed by one rank in rank order and every rank copies the same bytes, so
 // results are bit-identical on all ranks and equal to ((t0 + t1) + t2) + ... computed in one
 // process (bfloat16 rounds after each addition, as LibTorch does). Phase A of chunk k+1 cannot
