@@ -322,6 +322,10 @@ double Accelerator::learning_rate() const {
   return groups.empty() ? 0.0 : groups.front().options().get_lr();
 }
 
+std::string Accelerator::allreduce_transport() const {
+  return pg_ ? pg_->allreduce_transport() : std::string();
+}
+
 Status Accelerator::Finish() {
   if (strategy_) strategy_->Finish(step_);
   SyncBuffers();

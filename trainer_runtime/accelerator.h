@@ -169,6 +169,9 @@ class Accelerator {
   DistributedDataLoader<DatasetT> PrepareDataLoader(DatasetT dataset, int64_t batch_size);
 
   // --- One micro-batch ---------------------------------------------------------------------
+  // How gradient all-reduces travel: "shared memory" (every rank on this host), "Gloo (why
+  // not shared memory)", or "" with one process.
+  std::string allreduce_transport() const;
   // Whether options().mixed_precision is bf16.
   bool bf16() const { return bf16_; }
   // Autocast for a forward pass and loss run by the caller (see the top of this file); a

@@ -167,6 +167,8 @@ Status Trainer::Prepare() {
   phase_ = "joining the process group";
   LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
   tty_ = accel_->IsMainProcess() && ::isatty(STDOUT_FILENO);
+  if (accel_->world_size() > 1 && !pipeline_)
+    accel_->Print("train: gradient all-reduce over " + accel_->allreduce_transport());
   if (accel_->bf16())
     accel_->Print(
         "train: mixed precision bf16 (CPU autocast; weights, gradients and optimizer state in "
