@@ -26,6 +26,11 @@ CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                                const c10d::BroadcastOptions& opts) {
+  // DDP's buffers before every forward (and the parameters at the start): through shared
+  // memory when the group has it, a round trip through Gloo's threads otherwise.
+  if (shm_ && tensors.size() == 1 && opts.rootRank == 0 && opts.rootTensor == 0 &&
+      ShmAllReduce::SupportsBroadcast(tensors[0]))
+    return shm_->BroadcastFromRank0(tensors[0]);
   return inner_->broadcast(tensors, opts);
 }
 

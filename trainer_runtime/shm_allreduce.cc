@@ -115,6 +115,10 @@ size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 // The Work the Reducer (and any caller) gets: completion and errors come from the future, and
 // unlike c10d's FutureWrappingWork, wait() rethrows the error (callers such as AllReduceFlat
 // only wait()).
+// Marks a broadcast's chunk descriptor, so a rank broadcasting while another reduces is an
+// error (offsets stay far below 2^55).
+constexpr uint64_t kBroadcastBit = uint64_t(1) << 63;
+
 class ShmWork : public c10d::Work {
  public:
   explicit ShmWork(c10::intrusive_ptr<c10::ivalue::Future> future)
@@ -475,13 +479,14 @@ void ShmAllReduce::WorkerLoop() {
   }
 }
 
-Status ShmAllReduce::Execute(const at::Tensor& tensor) {
+Status ShmAllReduce::Execute(const at::Tensor& tensor, bool broadcast) {
   if (!failed_.ok()) return failed_;
   const size_t total = static_cast<size_t>(tensor.numel()) * tensor.element_size();
   char* data = static_cast<char*>(tensor.data_ptr());
   for (size_t offset = 0; offset < total; offset += options_.chunk_bytes) {
     const size_t bytes = std::min(options_.chunk_bytes, total - offset);
-    Status status = ExecuteChunk(data, total, offset, bytes, tensor.scalar_type());
+    Status status = broadcast ? BroadcastChunk(data, total, offset, bytes, tensor.scalar_type())
+                              : ExecuteChunk(data, total, offset, bytes, tensor.scalar_type());
     if (!status.ok()) {
       failed_ = status;
       Abort();  // the peers stop waiting for us
@@ -506,25 +511,8 @@ Status ShmAllReduce::ExecuteChunk(char* data, size_t total_bytes, size_t offset,
   // sums its own slice reading its tensor directly.
   std::memcpy(slot(rank_), local, lo * esize);
   std::memcpy(slot(rank_) + hi * esize, local + hi * esize, bytes - hi * esize);
-  RankState* mine = state(rank_);
   const uint64_t descriptor = (static_cast<uint64_t>(offset) << 8) | static_cast<uint8_t>(dtype);
-  mine->total_bytes.store(total_bytes, std::memory_order_relaxed);
-  mine->offset_and_dtype.store(descriptor, std::memory_order_relaxed);
-  const uint64_t copied = ++phase_;
-  Arrive(copied);  // publishes the slot and the descriptor
-  LAUNCH_RETURN_IF_ERROR(WaitAll(copied));
-  for (int r = 0; r < world_; ++r) {
-    const uint64_t t = state(r)->total_bytes.load(std::memory_order_relaxed);
-    const uint64_t d = state(r)->offset_and_dtype.load(std::memory_order_relaxed);
-    if (t != total_bytes || d != descriptor)
-      return Status::ProtocolError(
-          "shared-memory all-reduce: ranks issued different operations: rank " + std::to_string(r) +
-          " reduces " + std::to_string(t) + " bytes of " +
-          c10::toString(static_cast<c10::ScalarType>(d & 0xff)) + " (chunk at " +
-          std::to_string(d >> 8) + "), rank " + std::to_string(rank_) + " " +
-          std::to_string(total_bytes) + " bytes of " + c10::toString(dtype) + " (chunk at " +
-          std::to_string(offset) + ")");
-  }
+  LAUNCH_RETURN_IF_ERROR(AgreeOnChunk(total_bytes, descriptor, dtype, offset));
   if (hi > lo) {
     std::vector<const char*> inputs;
     for (int r = 0; r < world_; ++r) inputs.push_back(r == rank_ ? local : slot(r));
@@ -546,6 +534,76 @@ Status ShmAllReduce::ExecuteChunk(char* data, size_t total_bytes, size_t offset,
   std::memcpy(data + offset, result(), lo * esize);
   std::memcpy(data + offset + hi * esize, result() + hi * esize, bytes - hi * esize);
   return Status::Ok();
+}
+
+Status ShmAllReduce::AgreeOnChunk(size_t total_bytes, uint64_t descriptor, c10::ScalarType dtype,
+                                  size_t offset) {
+  RankState* mine = state(rank_);
+  mine->total_bytes.store(total_bytes, std::memory_order_relaxed);
+  mine->offset_and_dtype.store(descriptor, std::memory_order_relaxed);
+  const uint64_t arrived = ++phase_;
+  Arrive(arrived);  // publishes the slot (all-reduce) and the descriptor
+  LAUNCH_RETURN_IF_ERROR(WaitAll(arrived));
+  auto what = [](uint64_t d) {
+    return std::string((d & kBroadcastBit) ? "broadcasts " : "reduces ");
+  };
+  for (int r = 0; r < world_; ++r) {
+    const uint64_t t = state(r)->total_bytes.load(std::memory_order_relaxed);
+    const uint64_t d = state(r)->offset_and_dtype.load(std::memory_order_relaxed);
+    if (t != total_bytes || d != descriptor)
+      return Status::ProtocolError(
+          "shared-memory all-reduce: ranks issued different operations: rank " + std::to_string(r) +
+          " " + what(d) + std::to_string(t) + " bytes of " +
+          c10::toString(static_cast<c10::ScalarType>(d & 0xff)) + " (chunk at " +
+          std::to_string((d & ~kBroadcastBit) >> 8) + "), rank " + std::to_string(rank_) + " " +
+          what(descriptor) + std::to_string(total_bytes) + " bytes of " + c10::toString(dtype) +
+          " (chunk at " + std::to_string(offset) + ")");
+  }
+  return Status::Ok();
+}
+
+Status ShmAllReduce::BroadcastChunk(char* data, size_t total_bytes, size_t offset, size_t bytes,
+                                    c10::ScalarType dtype) {
+  // Everyone arrived: the previous operation's result region has been read by all.
+  const uint64_t descriptor =
+      kBroadcastBit | (static_cast<uint64_t>(offset) << 8) | static_cast<uint8_t>(dtype);
+  LAUNCH_RETURN_IF_ERROR(AgreeOnChunk(total_bytes, descriptor, dtype, offset));
+  if (rank_ == 0) std::memcpy(result(), data + offset, bytes);
+  const uint64_t written = ++phase_;
+  Arrive(written);
+  LAUNCH_RETURN_IF_ERROR(WaitAll(written));
+  if (rank_ != 0) std::memcpy(data + offset, result(), bytes);
+  return Status::Ok();
+}
+
+bool ShmAllReduce::SupportsBroadcast(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == c10::kStrided && t.is_contiguous();
+}
+
+c10::intrusive_ptr<c10d::Work> ShmAllReduce::BroadcastFromRank0(const at::Tensor& tensor) {
+  auto future =
+      c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  Status status;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stop_ || (queue_.empty() && !busy_); });
+    if (stop_) status = Status::Interrupted("shared-memory all-reduce shut down");
+    busy_ = status.ok();
+  }
+  if (status.ok()) {
+    status = Execute(tensor, /*broadcast=*/true);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+  if (status.ok()) {
+    future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
+  } else {
+    future->setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
+  }
+  return c10::make_intrusive<ShmWork>(future);
 }
 
 // Lost wake-ups cannot happen: a waiter increments `waiters`, then reads `wake_seq`, then checks

@@ -128,6 +128,17 @@ class ShmAllReduce {
   // Timeout, ProtocolError (the ranks issued different operations), Interrupted (shut down).
   Status AllReduceNow(const at::Tensor& tensor);
 
+  // Makes `tensor` (any dtype: the bytes are copied) equal to rank 0's, on the calling thread
+  // after every operation issued before it, chunk by chunk: once every rank has arrived (so
+  // nobody still reads the result region), rank 0 copies its chunk there and the others copy it
+  // out. Returns a completed Work (its wait() rethrows a failure, named as above). Used for
+  // DDP's buffer broadcast before each forward, which Gloo makes cost a round trip through its
+  // worker threads. COLLECTIVE: every rank calls it for the same sizes in the same order.
+  // REQUIRES: SupportsBroadcast(tensor). Thread-safe.
+  c10::intrusive_ptr<c10d::Work> BroadcastFromRank0(const at::Tensor& tensor);
+  // One dense, contiguous CPU tensor.
+  static bool SupportsBroadcast(const at::Tensor& tensor);
+
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   // The segment's size in bytes (header + (W + 1) chunks).
@@ -146,7 +157,13 @@ class ShmAllReduce {
 
   void WorkerLoop();
   // Runs one operation; REQUIRES: busy_ was set by this thread.
-  Status Execute(const at::Tensor& tensor);
+  Status Execute(const at::Tensor& tensor, bool broadcast = false);
+  Status BroadcastChunk(char* data, size_t total_bytes, size_t offset, size_t bytes,
+                        c10::ScalarType dtype);
+  // Publishes this rank's descriptor of the next chunk, arrives and checks that every rank
+  // issued the same operation.
+  Status AgreeOnChunk(size_t total_bytes, uint64_t descriptor, c10::ScalarType dtype,
+                      size_t offset);
   Status ExecuteChunk(char* data, size_t total_bytes, size_t offset, size_t bytes,
                       c10::ScalarType dtype);
   void Arrive(uint64_t phase);

@@ -194,6 +194,32 @@ void RunStall(ShmAllReduce& shm, c10d::Store& store) {
   ::pause();
 }
 
+// Broadcasts (any dtype, several chunks) between all-reduces still in flight: every rank ends
+// with rank 0's bytes, and the all-reduces around them stay exact.
+void RunBroadcast(ShmAllReduce& shm, const Env& env) {
+  at::Tensor before = Input(env.rank, 0, 5000, c10::kFloat);
+  auto work = shm.AllReduceAsync(before);
+  at::Tensor ints = at::arange(100003, at::kLong) * (env.rank + 1);
+  REQUIRE(shm.BroadcastFromRank0(ints)->wait());
+  CHECK(at::equal(ints, at::arange(100003, at::kLong)));
+  at::Tensor floats = at::full({3000}, static_cast<float>(env.rank) + 0.5f);
+  REQUIRE(shm.BroadcastFromRank0(floats)->wait());
+  CHECK(at::equal(floats, at::full({3000}, 0.5f)));
+  at::Tensor after = Input(env.rank, 1, 3000, c10::kDouble);
+  REQUIRE(shm.AllReduceNow(after).ok());
+  REQUIRE(work->wait());
+  CHECK(at::equal(before, Reference(env.world, 0, 5000, c10::kFloat)));
+  CHECK(at::equal(after, Reference(env.world, 1, 3000, c10::kDouble)));
+  // A broadcast where the peers all-reduce is an error, not silent corruption.
+  at::Tensor odd = at::ones({64});
+  if (env.rank == 0) {
+    CHECK_THROWS_WITH_AS(shm.BroadcastFromRank0(odd)->wait(),
+                         doctest::Contains("ranks issued different operations"), c10::Error);
+  } else {
+    CHECK_FALSE(shm.AllReduceNow(odd).ok());
+  }
+}
+
 void RunMismatch(ShmAllReduce& shm, const Env& env) {
   at::Tensor t = at::ones({env.rank == 0 ? 100 : 50});
   auto work = shm.AllReduceAsync(t);
@@ -214,6 +240,7 @@ void RunPeer(const Env& env) {
   if (env.scenario == "exact") RunExact(*shm, env);
   if (env.scenario == "kill" || env.scenario == "stuck") RunStall(*shm, *store);
   if (env.scenario == "mismatch") RunMismatch(*shm, env);
+  if (env.scenario == "broadcast") RunBroadcast(*shm, env);
 }
 
 // Rank 0's side: hosts the store, spawns ranks 1..world-1, runs `body`, reaps the peers.
@@ -265,6 +292,13 @@ TEST_CASE("ShmAllReduceIsBitIdenticalToRankOrderSumForEveryDtypeAndOddSizes") {
   // The segment's fd was closed after setup; pidfds went with the transport; the store's
   // sockets with the store.
   CHECK(CountOpenFds() == fds_before);
+}
+
+TEST_CASE("ShmBroadcastFromRank0CopiesAnyDtypeInOrderWithAllReduces") {
+  Group g("broadcast", 3);
+  auto shm = MustCreate(*g.store, g.env);
+  RunBroadcast(*shm, g.env);
+  g.ExpectPeersSucceed();
 }
 
 TEST_CASE("ShmAllReduceFailsFastWhenAPeerIsKilledMidOperation") {
