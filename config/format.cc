@@ -113,6 +113,8 @@ std::vector<std::pair<std::string, std::string>> TrajectorySettings(const TrainC
   add("loss.class_weights", ListText(t.loss.class_weights));
   const ParallelConfig& p = t.parallel;
   add("parallel.mode", ToString(p.mode));
+  if (p.mode == ParallelMode::kDdp && p.comm_hook != CommHook::kNone)
+    add("parallel.comm_hook", ToString(p.comm_hook));
   if (p.mode == ParallelMode::kDp) {
     add("parallel.replicas", std::to_string(p.replicas));
     add("parallel.loss_in_replica", Bool(p.loss_in_replica));

@@ -121,6 +121,7 @@ const EnumTable<ParallelMode> kParallelModes = {{"none", ParallelMode::kNone},
                                                 {"pipeline", ParallelMode::kPipeline}};
 const EnumTable<PipelineSchedule> kSchedules = {{"gpipe", PipelineSchedule::kGPipe},
                                                 {"1f1b", PipelineSchedule::k1F1B}};
+const EnumTable<CommHook> kCommHooks = {{"none", CommHook::kNone}, {"bf16", CommHook::kBf16}};
 const EnumTable<DistributedType> kDistributedTypes = {
     {"NO", DistributedType::kNo},
     {"MULTI_CPU", DistributedType::kMultiCpu},
@@ -1341,8 +1342,13 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, TrainConfig* t)
     LAUNCH_RETURN_IF_ERROR(p.GetList<int64_t>("partition", &pc.partition, 1));
     LAUNCH_RETURN_IF_ERROR(p.Get("loss_in_replica", &pc.loss_in_replica));
     LAUNCH_RETURN_IF_ERROR(p.Get("find_unused_parameters", &pc.find_unused_parameters));
+    LAUNCH_RETURN_IF_ERROR(p.GetEnum("comm_hook", kCommHooks, &pc.comm_hook));
     LAUNCH_RETURN_IF_ERROR(p.Get("dp_seeded_replicas", &pc.dp_seeded_replicas));
     LAUNCH_RETURN_IF_ERROR(p.Finish());
+    if (pc.comm_hook != CommHook::kNone && pc.mode != ParallelMode::kDdp)
+      return p.Error(
+          pn["comm_hook"], "comm_hook",
+          "applies to mode ddp (its gradient buckets), not " + std::string(ToString(pc.mode)));
     if (pc.mode == ParallelMode::kPipeline && pc.schedule == PipelineSchedule::k1F1B &&
         pc.microbatches < pc.stages)
       return p.Error(pn["microbatches"].IsDefined() ? pn["microbatches"] : pn, "microbatches",
@@ -1706,6 +1712,7 @@ const char* ToString(OptimizerType v) { return NameOf(kOptimizers, v); }
 const char* ToString(SchedulerType v) { return NameOf(kSchedulers, v); }
 const char* ToString(ParallelMode v) { return NameOf(kParallelModes, v); }
 const char* ToString(PipelineSchedule v) { return NameOf(kSchedules, v); }
+const char* ToString(CommHook v) { return NameOf(kCommHooks, v); }
 const char* ToString(DistributedType v) {
   return v == DistributedType::kAuto ? "auto" : NameOf(kDistributedTypes, v);
 }

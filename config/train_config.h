@@ -25,6 +25,9 @@ enum class OptimizerType { kSgd, kAdam, kAdamW };
 enum class SchedulerType { kConstant, kLinear, kCosine };
 enum class ParallelMode { kNone, kDp, kDdp, kPipeline };
 enum class PipelineSchedule { kGPipe, k1F1B };
+// ddp: how gradient buckets travel (accelerate's DDPCommunicationHookType): as they are, or
+// cast to bfloat16 for the all-reduce and back (PyTorch's bf16_compress_hook).
+enum class CommHook { kNone, kBf16 };
 
 struct ModelConfig {
   ModelType type = ModelType::kMlp;  // mlp | transformer | torchscript (key `torchscript: PATH`)
@@ -130,6 +133,7 @@ struct ParallelConfig {
   // ddp: find the parameters a forward did not use (PyTorch DDP's option of the same name), so
   // a model with an unused head or branch trains; costs a graph walk per synchronised step.
   bool find_unused_parameters = false;
+  CommHook comm_hook = CommHook::kNone;  // ddp
   // dp: each replica's forward pass runs alone, drawing from its own seeded random stream, so
   // dropout is reproducible and resumes exactly (backward passes still run in parallel).
   // false runs the forwards concurrently: faster, for models that draw no random numbers.
@@ -193,5 +197,6 @@ const char* ToString(OptimizerType v);
 const char* ToString(SchedulerType v);
 const char* ToString(ParallelMode v);
 const char* ToString(PipelineSchedule v);
+const char* ToString(CommHook v);
 
 }  // namespace launch::config

@@ -114,6 +114,36 @@ class AverageHook : public c10d::CommHookInterface {
   size_t exchange_max_bytes_;
 };
 
+// PyTorch's bf16_compress_hook (accelerate's `comm_hook: bf16`): each bucket is cast to
+// bfloat16, divided by the world size and all-reduced in bfloat16 (half the bytes), then cast
+// back into the bucket. Replicas still agree bit for bit (every rank receives the same sum);
+// the averaged gradient keeps bfloat16's 8 bits of mantissa.
+class Bf16CompressHook : public c10d::CommHookInterface {
+ public:
+  explicit Bf16CompressHook(c10::intrusive_ptr<CountingProcessGroup> pg) : pg_(std::move(pg)) {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    at::Tensor buffer = bucket.getBufferRef();
+    at::Tensor compressed = buffer.to(at::kBFloat16).div_(pg_->getSize());
+    std::vector<at::Tensor> tensors = {compressed};
+    return pg_->allreduce(tensors, c10d::AllreduceOptions())
+        ->getFuture()
+        ->then(
+            [buffer, compressed](c10::ivalue::Future& done) mutable {
+              // then() runs this even when the all-reduce failed: keep its error.
+              if (done.hasError()) std::rethrow_exception(done.exception_ptr());
+              buffer.copy_(compressed);
+              return c10::IValue(buffer);
+            },
+            c10::TensorType::get());
+  }
+
+  at::Tensor parseHookResult(const c10::IValue& result) override { return result.toTensor(); }
+
+ private:
+  c10::intrusive_ptr<CountingProcessGroup> pg_;
+};
+
 // A last bucket up to this size takes the two-rank exchange; LAUNCH_DDP_EXCHANGE_MAX_KB overrides
 // (0 = always Gloo's all-reduce, for comparisons).
 size_t ExchangeMaxBytes() {
@@ -142,11 +172,12 @@ class NoneStrategy : public ParallelStrategy {
 class DdpStrategy : public ParallelStrategy {
  public:
   DdpStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, double bucket_cap_mb,
-              bool sync_each_batch, bool find_unused_parameters)
+              bool sync_each_batch, bool find_unused_parameters, bool bf16_buckets)
       : model_(model),
         bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
         sync_each_batch_(sync_each_batch),
-        find_unused_(find_unused_parameters) {
+        find_unused_(find_unused_parameters),
+        bf16_buckets_(bf16_buckets) {
     pg_ = std::move(pg);
   }
 
@@ -181,7 +212,9 @@ class DdpStrategy : public ParallelStrategy {
       last_bucket_bytes +=
           static_cast<size_t>(params_[index].numel() * params_[index].element_size());
     const size_t exchange_max = ExchangeMaxBytes();
-    if (pg_->getSize() == 2 && last_bucket_bytes <= exchange_max)
+    if (bf16_buckets_)
+      reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
+    else if (pg_->getSize() == 2 && last_bucket_bytes <= exchange_max)
       reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, exchange_max));
     // Tensor hooks on every parameter record when backward produced its gradient; the last
     // one marks the end of gradient computation, against which bucket launch times are
@@ -257,6 +290,7 @@ class DdpStrategy : public ParallelStrategy {
   size_t bucket_cap_bytes_;
   bool sync_each_batch_;
   bool find_unused_;
+  bool bf16_buckets_;                    // parallel.comm_hook bf16
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as PyTorch's does
   std::vector<at::Tensor> params_;
   std::unique_ptr<c10d::Reducer> reducer_;
@@ -337,9 +371,9 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     auto none = std::make_unique<NoneStrategy>();
     return std::unique_ptr<ParallelStrategy>(std::move(none));
   }
-  return std::unique_ptr<ParallelStrategy>(
-      std::make_unique<DdpStrategy>(model, std::move(pg), cfg.parallel.bucket_cap_mb,
-                                    cfg.sync_each_batch, cfg.parallel.find_unused_parameters));
+  return std::unique_ptr<ParallelStrategy>(std::make_unique<DdpStrategy>(
+      model, std::move(pg), cfg.parallel.bucket_cap_mb, cfg.sync_each_batch,
+      cfg.parallel.find_unused_parameters, cfg.parallel.comm_hook == config::CommHook::kBf16));
 }
 
 void AllReduceSum(const c10::intrusive_ptr<CountingProcessGroup>& pg, torch::Tensor& values) {

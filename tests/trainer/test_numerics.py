@@ -8,7 +8,8 @@ import json
 import os
 import unittest
 
-from trainer_helpers import TRAIN, final, metrics, params, rel_diff, run_ranks, write_config
+from trainer_helpers import (TRAIN, final, metrics, params, rel_diff, run_ranks, start_ranks,
+                             wait_all, write_config)
 import harness
 
 BASE = """
@@ -75,6 +76,31 @@ class DdpNumericsTest(unittest.TestCase):
         self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}",
                                         env={"LAUNCH_DDP_EXCHANGE_MAX_KB": "0"},
                                         exchanged=False)
+
+    def test_bf16_comm_hook(self):
+        # comm_hook bf16: buckets travel as bfloat16. Replicas still agree bit for bit, and the
+        # result is near (not equal to) the float32 all-reduce's.
+        mode = "ddp, comm_hook: bf16"
+        bf_cfg, bf_out = config(self.tmp, "bf16hook", batch=8, mode=mode, cap=0.001)
+        ref_cfg, ref_out = config(self.tmp, "fp32hook", batch=8, cap=0.001)
+        run_ranks(bf_cfg, 2, ["--dump_params"], timeout=90)
+        run_ranks(ref_cfg, 2, ["--dump_params"], timeout=90)
+        self.assertEqual(params(bf_out, 0), params(bf_out, 1), "replicas diverged")
+        rel, worst = rel_diff(params(bf_out, 0), params(ref_out, 0))
+        self.assertGreater(rel, 1e-7, "bfloat16 buckets changed nothing: hook not used")
+        self.assertLess(rel, 1e-2, f"relative difference {rel:g} (max abs {worst:g})")
+        self.assertEqual(final(bf_out)["pair_exchanges_total"], 0)
+        m = metrics(bf_out)
+        self.assertLess(m[-1]["loss"], m[0]["loss"])
+
+    def test_bf16_comm_hook_needs_shared_memory(self):
+        # This LibTorch's Gloo has no bfloat16 all-reduce: a clear setup error, never a crash.
+        cfg, _ = config(self.tmp, "bf16gloo", batch=8, mode="ddp, comm_hook: bf16")
+        procs, _ = start_ranks(cfg, 2, [], 0, {"LAUNCH_SHM_ALLREDUCE": "0"})
+        for rc, out, err in wait_all(procs, 90):
+            self.assertEqual(rc, 2, out + err)
+            self.assertIn("comm_hook: bf16", err)
+            self.assertIn("Gloo", err)
 
     def test_ddp_many_buckets_sgd(self):
         # ~1 KB buckets: several asynchronous all-reduces during backward plus the exchange.
