@@ -17,12 +17,16 @@
 namespace launch::trainer {
 
 CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner,
-                                           std::unique_ptr<ShmAllReduce> shm)
+                                           std::unique_ptr<ShmAllReduce> shm,
+                                           std::unique_ptr<ShmPointToPoint> p2p)
     : c10d::ProcessGroup(inner->getRank(), inner->getSize()),
       inner_(std::move(inner)),
-      shm_(std::move(shm)) {
+      shm_(std::move(shm)),
+      p2p_(std::move(p2p)) {
   if (shm_) transport_ = "shared memory";
 }
+
+CountingProcessGroup::~CountingProcessGroup() { p2p_.reset(); }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                                const c10d::BroadcastOptions& opts) {
@@ -86,11 +90,17 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::barrier(const c10d::Barrier
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::send(std::vector<at::Tensor>& tensors,
                                                           int dst_rank, int tag) {
+  if (p2p_ && ShmPointToPoint::Supports(tensors) && dst_rank != getRank() && dst_rank >= 0 &&
+      dst_rank < getSize())
+    return p2p_->Send(tensors[0], dst_rank, tag);
   return inner_->send(tensors, dst_rank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::recv(std::vector<at::Tensor>& tensors,
                                                           int src_rank, int tag) {
+  if (p2p_ && ShmPointToPoint::Supports(tensors) && src_rank != getRank() && src_rank >= 0 &&
+      src_rank < getSize())
+    return p2p_->Recv(tensors[0], src_rank, tag);
   return inner_->recv(tensors, src_rank, tag);
 }
 
@@ -178,7 +188,14 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
   LAUNCH_ASSIGN_OR_RETURN(ShmSetup shm,
                           ShmAllReduce::Create(*shm_store, env.rank, env.world_size,
                                                ShmAllReduce::EnabledByEnvironment(), shm_options));
-  auto pg = c10::make_intrusive<CountingProcessGroup>(gloo, std::move(shm.shm));
+  std::unique_ptr<ShmPointToPoint> p2p;
+  if (shm.shm) {
+    ShmPointToPointOptions p2p_options;
+    p2p_options.timeout = timeout;
+    p2p = std::make_unique<ShmPointToPoint>(shm_store, env.rank, env.world_size, shm.shm->pids(),
+                                            p2p_options);
+  }
+  auto pg = c10::make_intrusive<CountingProcessGroup>(gloo, std::move(shm.shm), std::move(p2p));
   if (!pg->shm()) pg->set_allreduce_transport("Gloo (" + shm.reason + ")");
   return pg;
 }

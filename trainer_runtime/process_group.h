@@ -14,7 +14,9 @@
 // float, double or bfloat16 with ReduceOp SUM goes there (asynchronous, in issue order, like
 // Gloo's); every other operation, and everything when the ranks span hosts or
 // LAUNCH_SHM_ALLREDUCE=0, goes to Gloo. Each transport sees the same subsequence of operations
-// on every rank, so the two never need ordering between them.
+// on every rank, so the two never need ordering between them. In the same case send() and
+// recv() of a CPU tensor go through shared-memory rings (shm_p2p.h: the pipeline's activations
+// and gradients): all of them, so messages between two ranks never straddle two transports.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
@@ -30,6 +32,7 @@
 #include "base/status.h"
 #include "trainer_runtime/env.h"
 #include "trainer_runtime/shm_allreduce.h"
+#include "trainer_runtime/shm_p2p.h"
 
 namespace gloo::transport {
 class Device;
@@ -41,9 +44,13 @@ class CountingProcessGroup : public c10d::ProcessGroup {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // `shm`: the shared-memory all-reduce to route supported all-reduces to; null: Gloo only.
+  // `shm`: the shared-memory all-reduce to route supported all-reduces to; `p2p`: the
+  // shared-memory send/recv; null: Gloo.
   explicit CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner,
-                                std::unique_ptr<ShmAllReduce> shm = nullptr);
+                                std::unique_ptr<ShmAllReduce> shm = nullptr,
+                                std::unique_ptr<ShmPointToPoint> p2p = nullptr);
+  // The send/recv channels go first: their threads may still be streaming.
+  ~CountingProcessGroup() override;
 
   const std::string getBackendName() const override { return inner_->getBackendName(); }
 
@@ -69,6 +76,8 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // The shared-memory all-reduce, or null when all-reduces go to Gloo. For callers that run
   // one inline (ShmAllReduce::AllReduceNow) and account for it with RecordAllreduce.
   ShmAllReduce* shm() const { return shm_.get(); }
+  // The shared-memory send/recv, or null when send/recv go to Gloo.
+  ShmPointToPoint* p2p() const { return p2p_.get(); }
   // "shared memory" or "Gloo (<why not shared memory>)", for logs.
   const std::string& allreduce_transport() const { return transport_; }
   void set_allreduce_transport(std::string description) { transport_ = std::move(description); }
@@ -89,6 +98,7 @@ class CountingProcessGroup : public c10d::ProcessGroup {
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> inner_;
   std::unique_ptr<ShmAllReduce> shm_;
+  std::unique_ptr<ShmPointToPoint> p2p_;
   std::string transport_ = "Gloo";
   mutable std::mutex mu_;
   int64_t allreduce_count_ = 0;

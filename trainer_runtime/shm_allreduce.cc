@@ -22,66 +22,23 @@
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
 
+#include "trainer_runtime/shm_common.h"
+
 namespace launch::trainer {
 
 namespace {
 
+using shm::CpuRelax;
+using shm::FutexWait;
+using shm::FutexWakeAll;
+using shm::kCacheLine;
+using shm::kSpins;
+using shm::RoundUp;
+using shm::StoreGet;
+using shm::StoreSet;
+
 constexpr uint64_t kMagic = 0x6c61756e63687368ull;  // "launchsh"
 constexpr uint32_t kVersion = 1;
-constexpr size_t kCacheLine = 64;
-// Spins before sleeping in the kernel: about a microsecond or two of polling, enough to catch
-// a peer that is just arriving without burning a core that the other rank's compute needs.
-constexpr int kSpins = 256;
-
-static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared atomics must be lock-free");
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared atomics must be lock-free");
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-// Not FUTEX_PRIVATE_FLAG: the word lives in memory shared between processes.
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec ts;
-  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
-  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWakeAll(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
-int PidfdOpen(pid_t pid) {
-#ifdef SYS_pidfd_open
-  // pidfds are close-on-exec by definition.
-  return static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-#else
-  errno = ENOSYS;
-  return -1;
-#endif
-}
-
-// Whether `pid` has exited (a zombie counts: kill(pid, 0) still succeeds on one, so a peer that
-// is our own unreaped child would look alive without the /proc check).
-bool PidExited(int pid, int pidfd) {
-  if (pidfd >= 0) {
-    pollfd p{pidfd, POLLIN, 0};
-    return ::poll(&p, 1, 0) > 0;
-  }
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const size_t paren = line.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= line.size()) return false;
-  const char state = line[paren + 2];
-  return state == 'Z' || state == 'X';
-}
 
 std::string ReadFirstLine(const char* path) {
   std::ifstream in(path);
@@ -101,43 +58,9 @@ std::string HostIdentity() {
   return std::string(host) + " boot " + ReadFirstLine("/proc/sys/kernel/random/boot_id") + " " + ns;
 }
 
-std::string StoreGet(c10d::Store& store, const std::string& key) {
-  const std::vector<uint8_t> v = store.get(key);
-  return std::string(v.begin(), v.end());
-}
-
-void StoreSet(c10d::Store& store, const std::string& key, const std::string& value) {
-  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
-}
-
-size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-// The Work the Reducer (and any caller) gets: completion and errors come from the future, and
-// unlike c10d's FutureWrappingWork, wait() rethrows the error (callers such as AllReduceFlat
-// only wait()).
 // Marks a broadcast's chunk descriptor, so a rank broadcasting while another reduces is an
 // error (offsets stay far below 2^55).
 constexpr uint64_t kBroadcastBit = uint64_t(1) << 63;
-
-class ShmWork : public c10d::Work {
- public:
-  explicit ShmWork(c10::intrusive_ptr<c10::ivalue::Future> future)
-      : c10d::Work(-1, c10d::OpType::ALLREDUCE), future_(std::move(future)) {}
-  bool isCompleted() override { return future_->completed(); }
-  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
-  std::exception_ptr exception() const override { return future_->exception_ptr(); }
-  std::vector<at::Tensor> result() override { return future_->value().toTensorVector(); }
-  bool wait(std::chrono::milliseconds) override {
-    // No timeout of its own: the operation itself fails within the group's timeout.
-    future_->wait();
-    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
-    return true;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
- private:
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
 
 // Sums n elements over `in` (one pointer per rank) in rank order into `acc`. `acc` is a small
 // local buffer, so the loops vectorise without aliasing concerns even though one input (this
@@ -281,23 +204,7 @@ StatusOr<ShmSetup> ShmAllReduce::Create(c10d::Store& store, int rank, int world_
     uint64_t token = 0;
     if (rank == 0) {
       std::string error;
-      memfd = ::memfd_create("launch-shm-allreduce", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-      if (memfd < 0) error = std::string("memfd_create: ") + std::strerror(errno);
-      if (error.empty() && ::ftruncate(memfd, static_cast<off_t>(size)) != 0)
-        error = std::string("ftruncate: ") + std::strerror(errno);
-      // Allocate now: running out of memory here falls back to Gloo; later it would SIGBUS.
-      if (error.empty()) {
-        const int rc = ::posix_fallocate(memfd, 0, static_cast<off_t>(size));
-        if (rc != 0 && rc != EOPNOTSUPP && rc != EINVAL)
-          error = "allocating " + std::to_string(size) + " bytes: " + std::strerror(rc);
-      }
-      if (error.empty() &&
-          ::fcntl(memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-        error = std::string("sealing: ") + std::strerror(errno);
-      if (error.empty()) {
-        base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-        if (base == MAP_FAILED) error = std::string("mmap: ") + std::strerror(errno);
-      }
+      memfd = shm::CreateSegment("launch-shm-allreduce", size, &base, &error);
       if (error.empty()) {
         token = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
         auto* h = new (base) Header();
@@ -330,25 +237,17 @@ StatusOr<ShmSetup> ShmAllReduce::Create(c10d::Store& store, int rank, int world_
       } else if (!(in >> pid >> fd >> seg_size >> seg_token) || seg_size != size) {
         mine = "rank " + me + " got a malformed segment record '" + seg + "'";
       } else {
-        const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-        memfd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-        struct stat st {};
-        if (memfd < 0) {
-          mine = "rank " + me + " could not open " + path + ": " + std::strerror(errno);
-        } else if (::fstat(memfd, &st) != 0 || static_cast<size_t>(st.st_size) != size) {
-          mine = "rank " + me + ": " + path + " is not the segment (size)";
-        } else {
-          base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
-          const auto* h = static_cast<const Header*>(base);
-          if (base == MAP_FAILED)
-            mine = "rank " + me + " could not map the segment: " + std::strerror(errno);
-          else if (h->magic != kMagic || h->token != seg_token || h->version != kVersion ||
-                   h->world != static_cast<uint32_t>(world_size))
-            mine = "rank " + me + ": " + path + " is not this group's segment";
+        std::string error;
+        base = shm::OpenSegment(static_cast<int>(pid), static_cast<int>(fd), size, &error);
+        const auto* h = static_cast<const Header*>(base);
+        if (!base) {
+          base = MAP_FAILED;
+          mine = "rank " + me + " " + error;
+        } else if (h->magic != kMagic || h->token != seg_token || h->version != kVersion ||
+                   h->world != static_cast<uint32_t>(world_size)) {
+          mine =
+              "rank " + me + ": the segment of pid " + std::to_string(pid) + " is not this group's";
         }
-        // The mapping keeps the memory; the fd is not needed any more.
-        if (memfd >= 0) ::close(memfd);
-        memfd = -1;
         if (mine != "ok") release();
       }
     }
@@ -395,7 +294,7 @@ ShmAllReduce::ShmAllReduce(int rank, int world, const ShmAllReduceOptions& optio
       pids_(std::move(pids)),
       pidfds_(world, -1) {
   for (int r = 0; r < world_; ++r)
-    if (r != rank_) pidfds_[r] = PidfdOpen(pids_[r]);  // -1: fall back to kill() and /proc
+    if (r != rank_) pidfds_[r] = shm::PidfdOpen(pids_[r]);  // -1: fall back to kill() and /proc
   worker_ = std::thread([this] { WorkerLoop(); });
 }
 
@@ -421,8 +320,7 @@ ShmAllReduce::~ShmAllReduce() {
 }
 
 c10::intrusive_ptr<c10d::Work> ShmAllReduce::AllReduceAsync(const at::Tensor& tensor) {
-  auto future =
-      c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  auto future = shm::TensorListFuture();
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) {
@@ -433,7 +331,7 @@ c10::intrusive_ptr<c10d::Work> ShmAllReduce::AllReduceAsync(const at::Tensor& te
     }
   }
   cv_.notify_all();
-  return c10::make_intrusive<ShmWork>(future);
+  return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::ALLREDUCE);
 }
 
 Status ShmAllReduce::AllReduceNow(const at::Tensor& tensor) {
@@ -581,8 +479,7 @@ bool ShmAllReduce::SupportsBroadcast(const at::Tensor& t) {
 }
 
 c10::intrusive_ptr<c10d::Work> ShmAllReduce::BroadcastFromRank0(const at::Tensor& tensor) {
-  auto future =
-      c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  auto future = shm::TensorListFuture();
   Status status;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -603,7 +500,7 @@ c10::intrusive_ptr<c10d::Work> ShmAllReduce::BroadcastFromRank0(const at::Tensor
   } else {
     future->setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
   }
-  return c10::make_intrusive<ShmWork>(future);
+  return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::ALLREDUCE);
 }
 
 // Lost wake-ups cannot happen: a waiter increments `waiters`, then reads `wake_seq`, then checks
@@ -659,7 +556,7 @@ Status ShmAllReduce::WaitAll(uint64_t phase) {
 Status ShmAllReduce::CheckPeersAlive(uint64_t phase) {
   for (int r = 0; r < world_; ++r) {
     if (r == rank_ || state(r)->phase.load(std::memory_order_acquire) >= phase) continue;
-    if (PidExited(pids_[r], pidfds_[r]))
+    if (shm::PidExited(pids_[r], pidfds_[r]))
       return Status::PeerLost("shared-memory all-reduce: rank " + std::to_string(r) + " (pid " +
                               std::to_string(pids_[r]) + ") exited while rank " +
                               std::to_string(rank_) + " waited for it");

@@ -141,6 +141,8 @@ class ShmAllReduce {
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }
+  // Each rank's pid, as the ranks published them at setup (for ShmPointToPoint's liveness checks).
+  const std::vector<int>& pids() const { return pids_; }
   // The segment's size in bytes (header + (W + 1) chunks).
   size_t segment_bytes() const { return size_; }
 
