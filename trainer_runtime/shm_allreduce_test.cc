@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "trainer_runtime/shm_allreduce.h"
+#include "trainer_runtime/shm_p2p.h"
 
 #include "trainer_runtime/doctest_torch.h"  // last: after every torch header
 
@@ -47,6 +48,23 @@ int CountOpenFds() {
     if (e->d_name[0] != '.') ++n;
   ::closedir(dir);
   return n - 1;  // the directory's own fd
+}
+
+// The descriptors the transports open: memfd segments and pidfds. Tests where a peer is killed
+// count these rather than all fds: the store server hosted here closes its socket to the dead
+// peer whenever its thread notices, which is not the transport's business.
+int CountShmFds() {
+  int n = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  while (dirent* e = ::readdir(dir)) {
+    char target[256] = {};
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
+    if (e->d_name[0] == '.' || ::readlink(path.c_str(), target, sizeof(target) - 1) <= 0) continue;
+    const std::string t = target;
+    if (t.rfind("/memfd:launch-shm", 0) == 0 || t == "anon_inode:[pidfd]") ++n;
+  }
+  ::closedir(dir);
+  return n;
 }
 
 // Rank `rank`'s input for operation `op`: values spread over several magnitudes, so the order
@@ -92,11 +110,25 @@ c10::intrusive_ptr<c10d::TCPStore> ConnectStore(int port, bool server, int world
   return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
 }
 
+bool ShortTimeout(const std::string& scenario) {
+  return scenario == "stuck" || scenario == "p2p_stuck";
+}
+
 ShmAllReduceOptions TestOptions(const std::string& scenario) {
   ShmAllReduceOptions o;
   o.chunk_bytes = 4096;  // small: the odd sizes cross chunk boundaries
-  o.timeout = scenario == "stuck" ? milliseconds(300) : milliseconds(60000);
+  o.timeout = ShortTimeout(scenario) ? milliseconds(300) : milliseconds(60000);
   return o;
+}
+
+// Send/recv over rings of 4 KiB: most messages are streamed and wrap around the ring.
+std::unique_ptr<ShmPointToPoint> MakeP2P(const ShmAllReduce& shm,
+                                         const c10::intrusive_ptr<c10d::Store>& store,
+                                         const Env& env) {
+  ShmPointToPointOptions o;
+  o.ring_bytes = 4096;
+  o.timeout = ShortTimeout(env.scenario) ? milliseconds(300) : milliseconds(60000);
+  return std::make_unique<ShmPointToPoint>(store, env.rank, env.world, shm.pids(), o);
 }
 
 pid_t SpawnPeer(int rank, int world, int port, const std::string& scenario) {
@@ -227,6 +259,92 @@ void RunMismatch(ShmAllReduce& shm, const Env& env) {
                        c10::Error);
 }
 
+// Ranks in a ring: each sends every dtype and odd size to the next rank before it receives
+// anything from the previous one (messages far bigger than the 4 KiB ring: the sends must not
+// wait for the receiver), from a non-contiguous source and into a non-contiguous target too.
+// Rank 0 first waits for a message rank 1 sends only after a pause (the receiver opens a
+// channel the sender has not created yet).
+void RunP2P(ShmPointToPoint& p2p, const Env& env) {
+  const int next = (env.rank + 1) % env.world;
+  const int prev = (env.rank + env.world - 1) % env.world;
+  if (env.rank == 1) {
+    std::this_thread::sleep_for(milliseconds(200));
+    REQUIRE(p2p.Send(at::full({3}, 7.0, at::kDouble), 0, 9)->wait());
+  }
+  if (env.rank == 0) {
+    at::Tensor hello = at::zeros({3}, at::kDouble);
+    REQUIRE(p2p.Recv(hello, 1, 9)->wait());
+    CHECK(at::equal(hello, at::full({3}, 7.0)));
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  std::vector<at::Tensor> sent;
+  int op = 0;
+  for (c10::ScalarType dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      sent.push_back(Input(env.rank, op, n, dtype));
+      sends.push_back(p2p.Send(sent.back(), next, op));
+      ++op;
+    }
+  }
+  at::Tensor wide = Input(env.rank, op, 2 * 3001, c10::kFloat).view({3001, 2});
+  sends.push_back(p2p.Send(wide.t(), next, op));  // non-contiguous source
+  struct Posted {
+    at::Tensor tensor;
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor want;
+  };
+  std::vector<Posted> posted;
+  op = 0;
+  for (c10::ScalarType dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      at::Tensor t = at::empty({n}, at::TensorOptions().dtype(dtype));
+      posted.push_back({t, p2p.Recv(t, prev, op), Input(prev, op, n, dtype)});
+      ++op;
+    }
+  }
+  at::Tensor target = at::empty({3001, 2}).t();  // non-contiguous target
+  posted.push_back({target, p2p.Recv(target, prev, op),
+                    Input(prev, op, 2 * 3001, c10::kFloat).view({3001, 2}).t()});
+  // Waiting for the last receive completes every earlier one from that rank, in order.
+  REQUIRE(posted.back().work->wait());
+  for (auto& p : posted) {
+    CHECK(p.work->isCompleted());
+    CHECK_MESSAGE(at::equal(p.tensor, p.want),
+                  p.tensor.scalar_type() << " x" << p.tensor.numel() << " on rank " << env.rank);
+  }
+  for (auto& w : sends) REQUIRE(w->wait());
+  // A message already complete in the ring is received by isCompleted() without wait().
+  REQUIRE(p2p.Send(at::full({4}, 1.0f * env.rank), next, 1000)->wait());
+  at::Tensor small = at::zeros({4});
+  auto work = p2p.Recv(small, prev, 1000);
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (!work->isCompleted() && Clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(1));
+  CHECK(at::equal(small, at::full({4}, 1.0f * prev)));
+}
+
+// Rank 1 sends one message with the expected tag, then one with another: the receive fails,
+// naming both, and the channel stays failed.
+void RunP2PMismatch(ShmPointToPoint& p2p, const Env& env) {
+  if (env.rank == 1) {
+    REQUIRE(p2p.Send(at::ones({8}), 0, 1)->wait());
+    REQUIRE(p2p.Send(at::ones({8}), 0, 2)->wait());
+    return;
+  }
+  at::Tensor t = at::zeros({8});
+  REQUIRE(p2p.Recv(t, 1, 1)->wait());
+  CHECK_THROWS_WITH_AS(p2p.Recv(t, 1, 1)->wait(), doctest::Contains("whose next message is tag 2"),
+                       c10::Error);
+  CHECK_THROWS_WITH_AS(p2p.Recv(t, 1, 2)->wait(), doctest::Contains("tag 2"), c10::Error);
+}
+
+// The peer sends one message (or none, for "p2p_silent"), says so, then stalls.
+void RunP2PStall(ShmPointToPoint& p2p, c10d::Store& store, const Env& env) {
+  if (env.scenario != "p2p_silent") REQUIRE(p2p.Send(at::ones({1000}), 0, 0)->wait());
+  store.set("stalled", std::vector<uint8_t>{1});
+  ::pause();
+}
+
 void RunPeer(const Env& env) {
   auto tcp = ConnectStore(env.port, /*server=*/false, env.world);
   auto store = c10::make_intrusive<c10d::PrefixStore>(env.scenario, tcp);
@@ -237,6 +355,14 @@ void RunPeer(const Env& env) {
     return;
   }
   auto shm = MustCreate(*store, env);
+  if (env.scenario.rfind("p2p", 0) == 0) {
+    auto p2p = MakeP2P(*shm, store, env);
+    if (env.scenario == "p2p") RunP2P(*p2p, env);
+    if (env.scenario == "p2p_mismatch") RunP2PMismatch(*p2p, env);
+    if (env.scenario == "p2p_kill" || env.scenario == "p2p_silent" || env.scenario == "p2p_stuck")
+      RunP2PStall(*p2p, *store, env);
+    return;
+  }
   if (env.scenario == "exact") RunExact(*shm, env);
   if (env.scenario == "kill" || env.scenario == "stuck") RunStall(*shm, *store);
   if (env.scenario == "mismatch") RunMismatch(*shm, env);
@@ -303,12 +429,13 @@ TEST_CASE("ShmBroadcastFromRank0CopiesAnyDtypeInOrderWithAllReduces") {
 
 TEST_CASE("ShmAllReduceFailsFastWhenAPeerIsKilledMidOperation") {
   Group g("kill", 2);
-  const int fds_before_shm = CountOpenFds();
+  const int fds_before_shm = CountShmFds();
   {
     auto shm = MustCreate(*g.store, g.env);
     at::Tensor first = at::ones({1000});
     REQUIRE(shm->AllReduceAsync(first)->wait());
     CHECK(first[0].item<float>() == 2.0f);
+    CHECK(CountShmFds() > fds_before_shm);  // the peer's pidfd
     g.store->wait({"stalled"});
     // Rank 0 is inside the operation, asleep on the futex, when the peer dies.
     at::Tensor t = at::ones({100000});
@@ -328,7 +455,7 @@ TEST_CASE("ShmAllReduceFailsFastWhenAPeerIsKilledMidOperation") {
     const Status now = shm->AllReduceNow(later);
     CHECK(now.code() == Status::Code::kPeerLost);
   }
-  CHECK(CountOpenFds() == fds_before_shm);
+  CHECK(CountShmFds() == fds_before_shm);
 }
 
 TEST_CASE("ShmAllReduceTimesOutWhenAPeerNeverArrives") {
@@ -377,6 +504,76 @@ TEST_CASE("ShmAllReduceSupportsOnlyDenseContiguousSumOfFloatingTypes") {
   CHECK_FALSE(ok(at::ones({4}), max));
   CHECK_FALSE(ok(at::ones({4, 4}).t(), sum));  // not contiguous
   CHECK_FALSE(ShmAllReduce::Supports({at::ones({4}), at::ones({4})}, sum));
+}
+
+TEST_CASE("ShmSendRecvDeliversEveryMessageExactlyInOrderThroughSmallRings") {
+  const int fds_before = CountOpenFds();
+  {
+    Group g("p2p", 3);
+    auto shm = MustCreate(*g.store, g.env);
+    auto p2p = MakeP2P(*shm, g.store, g.env);
+    RunP2P(*p2p, g.env);
+    g.ExpectPeersSucceed();
+  }
+  // Segments unmapped, memfds and pidfds closed, threads joined.
+  CHECK(CountOpenFds() == fds_before);
+}
+
+TEST_CASE("ShmRecvRejectsAMessageOtherThanThePostedOne") {
+  Group g("p2p_mismatch", 2);
+  auto shm = MustCreate(*g.store, g.env);
+  auto p2p = MakeP2P(*shm, g.store, g.env);
+  RunP2PMismatch(*p2p, g.env);
+  g.ExpectPeersSucceed();
+}
+
+TEST_CASE("ShmRecvFailsFastWhenTheSenderIsKilled") {
+  for (const char* scenario : {"p2p_kill", "p2p_silent"}) {
+    CAPTURE(scenario);
+    Group g(scenario, 2);
+    const int fds_before = CountShmFds();
+    {
+      auto shm = MustCreate(*g.store, g.env);
+      auto p2p = MakeP2P(*shm, g.store, g.env);
+      at::Tensor t = at::zeros({1000});
+      if (std::string(scenario) == "p2p_kill") {
+        REQUIRE(p2p->Recv(t, 1, 0)->wait());
+        CHECK(t[999].item<float>() == 1.0f);
+      }
+      g.store->wait({"stalled"});
+      auto work = p2p->Recv(t, 1, 0);
+      std::thread killer([&] {
+        std::this_thread::sleep_for(milliseconds(100));
+        ::kill(g.peers[0], SIGKILL);  // not reaped: a zombie must count as gone
+      });
+      const auto start = Clock::now();
+      CHECK_THROWS_WITH_AS(work->wait(),
+                           doctest::Contains(std::string(scenario) == "p2p_kill"
+                                                 ? "exited while rank 0 waited"
+                                                 : "exited before it sent to rank 0"),
+                           c10::Error);
+      killer.join();
+      CHECK(Clock::now() - start < std::chrono::seconds(3));  // the timeout is 60 s
+      // The channel stays failed.
+      CHECK_THROWS_AS(p2p->Recv(t, 1, 0)->wait(), c10::Error);
+      CHECK(CountShmFds() > fds_before);  // pidfds of the peer: the count below means something
+    }
+    CHECK(CountShmFds() == fds_before);
+  }
+}
+
+TEST_CASE("ShmRecvTimesOutWhenTheSenderSendsNothing") {
+  Group g("p2p_stuck", 2);
+  auto shm = MustCreate(*g.store, g.env);
+  auto p2p = MakeP2P(*shm, g.store, g.env);  // timeout 300 ms
+  at::Tensor t = at::zeros({1000});
+  REQUIRE(p2p->Recv(t, 1, 0)->wait());
+  g.store->wait({"stalled"});
+  const auto start = Clock::now();
+  CHECK_THROWS_WITH_AS(p2p->Recv(t, 1, 0)->wait(), doctest::Contains("waited 300 ms"), c10::Error);
+  const auto took = Clock::now() - start;
+  CHECK(took >= milliseconds(300));
+  CHECK(took < std::chrono::seconds(5));
 }
 
 }  // namespace

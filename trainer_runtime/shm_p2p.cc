@@ -189,9 +189,10 @@ struct ShmPointToPoint::Outgoing : Channel {
     return m;
   }
 
-  // The whole message if it fits in the free space now, without waiting. REQUIRES: mu held,
-  // queue empty (nobody else writes).
+  // The whole message if the receiver has mapped the ring and it fits in the free space now,
+  // without waiting. REQUIRES: mu held, queue empty (nobody else writes).
   bool TryWriteWhole(const Op& op) {
+    if (!h()->receiver_opened.load(std::memory_order_acquire)) return false;
     const MessageHeader m = HeaderFor(op);
     const uint64_t head = h()->head.load(std::memory_order_relaxed);
     const uint64_t free = capacity() - (head - h()->tail.load(std::memory_order_acquire));
@@ -211,6 +212,11 @@ struct ShmPointToPoint::Outgoing : Channel {
     const char* parts[2] = {reinterpret_cast<const char*>(&m),
                             static_cast<const char*>(op.tensor.data_ptr())};
     const uint64_t lengths[2] = {sizeof(m), m.bytes};
+    // Until the receiver has mapped the segment, only this process holds it: a send completed
+    // before that would be lost if this process exited.
+    LAUNCH_RETURN_IF_ERROR(
+        Wait([&] { return h()->receiver_opened.load(std::memory_order_acquire) != 0; }, options,
+             "the receiver to open the channel"));
     const std::string what = "room in the ring to send " + Describe(m);
     for (int part = 0; part < 2; ++part) {
       uint64_t done = 0;

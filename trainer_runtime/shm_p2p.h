@@ -26,10 +26,12 @@
 // receiver drains it.
 //
 // Semantics, and where they differ from Gloo's:
-//   - send() completes when the bytes are in the ring (the caller may reuse the tensor at once).
-//     It copies on the calling thread when the whole message fits and no earlier send to that
-//     receiver is still pending, which in a pipeline is every send; otherwise a thread of the
-//     channel streams it, in order, so a send never waits for the receiver to post a recv.
+//   - send() completes when the bytes are in a ring the receiver has mapped (the caller may
+//     reuse the tensor; the message survives the sender's exit). It copies on the calling
+//     thread when the receiver has opened the channel, the whole message fits and no earlier
+//     send to that receiver is pending, which in a pipeline's steady state is every send;
+//     otherwise a thread of the channel streams it, in order, so send() never blocks on the
+//     receiver. The destructor fails sends still pending (as Gloo's does not wait for them).
 //   - recv() only posts the receive; the copy happens in the Work's wait() on the waiting thread
 //     (isCompleted() also completes it when the whole message is already in the ring). Receives
 //     from one sender complete in the order they were posted, and messages are matched in the
