@@ -167,8 +167,12 @@ Status Trainer::Prepare() {
   phase_ = "joining the process group";
   LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
   tty_ = accel_->IsMainProcess() && ::isatty(STDOUT_FILENO);
-  if (accel_->world_size() > 1 && !pipeline_)
-    accel_->Print("train: gradient all-reduce over " + accel_->allreduce_transport());
+  // The pipeline's send/recv use shared memory exactly when the all-reduce does (one decision
+  // per group, process_group.h).
+  if (accel_->world_size() > 1)
+    accel_->Print(std::string(pipeline_ ? "train: pipeline send/recv over "
+                                        : "train: gradient all-reduce over ") +
+                  accel_->allreduce_transport());
   if (accel_->bf16())
     accel_->Print(
         "train: mixed precision bf16 (CPU autocast; weights, gradients and optimizer state in "

@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from trainer_helpers import (TRAIN, final, free_port, metrics, params, rank_env, rel_diff,
                              run_ranks, start_ranks, wait_all, write_config)
 import harness
+from test_shm_allreduce import maps_have_segment, run_watching
 
 BASE = """
 mixed_precision: {precision}
@@ -290,6 +291,60 @@ class PipelineTimelineTest(unittest.TestCase):
                       [e["name"] for e in events if e["pid"] == 1])
         self.assertIn("idle: receive gradient from rank 1",
                       [e["name"] for e in events if e["pid"] == 0])
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class PipelineSharedMemoryTest(unittest.TestCase):
+    """Stages on one host send activations and gradients through shared-memory rings
+    (trainer_runtime/shm_p2p.h): every stage maps its peers' ring segments, the result is bit for
+    bit the one over Gloo (send/recv only move bytes), and a SIGKILLed stage fails the other
+    promptly."""
+
+    P2P_SEGMENT = "memfd:launch-shm-p2p"
+
+    def run_stages(self, tmp, name, stages, micro, shm):
+        # Activations of 8 rows x 24 floats: several messages per step in each direction.
+        cfg, out = config(tmp, name, 8, f"{{mode: pipeline, stages: {stages}, "
+                          f"microbatches: {micro}, schedule: 1f1b}}", steps=10)
+        env = {} if shm else {"LAUNCH_SHM_ALLREDUCE": "0"}
+        results, seen = run_watching(cfg, stages, env, segment=self.P2P_SEGMENT)
+        self.assertEqual(seen, set(range(stages)) if shm else set())
+        logs = "".join(out_text for _, out_text, _ in results)
+        self.assertIn("pipeline send/recv over " + ("shared memory" if shm else "Gloo"), logs)
+        return pipeline_params(out, stages)
+
+    def test_stages_over_shared_memory_equal_gloo_bit_for_bit(self):
+        tmp = harness.tmpdir()
+        for stages, micro in ((2, 4), (4, 4)):
+            shm = self.run_stages(tmp, f"shm{stages}", stages, micro, True)
+            gloo = self.run_stages(tmp, f"gloo{stages}", stages, micro, False)
+            self.assertEqual(shm, gloo, f"{stages} stages: shared memory and Gloo differ")
+
+    def test_killed_stage_fails_the_other_promptly(self):
+        tmp = harness.tmpdir()
+        cfg, out = config(tmp, "kill", 8, "{mode: pipeline, stages: 2, microbatches: 4, "
+                          "schedule: 1f1b}", steps=1000000)
+        procs, _ = start_ranks(cfg, 2)
+        try:
+            up = harness.wait_until(
+                lambda: all(maps_have_segment(p.pid, self.P2P_SEGMENT) for p in procs)
+                and os.path.exists(os.path.join(out, "metrics.jsonl")), 60)
+            self.assertTrue(up, "the stages did not start sending through shared memory")
+            time.sleep(0.3)
+            procs[1].send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            (rc, _, err), _ = wait_all(procs, 20)
+            self.assertNotEqual(rc, 0, err)
+            # Whichever transport noticed first (a shared-memory receive, or Gloo in a
+            # collective) names the failure.
+            self.assertIn("train: error: rank 0", err)
+            # The group's timeout is 30 s: a prompt exit means the death was noticed.
+            self.assertLess(time.monotonic() - killed, 10, err)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")

@@ -30,22 +30,22 @@ train:
 SEGMENT = "memfd:launch-shm-allreduce"
 
 
-def maps_have_segment(pid):
+def maps_have_segment(pid, segment=SEGMENT):
     try:
         with open(f"/proc/{pid}/maps") as f:
-            return SEGMENT in f.read()
+            return segment in f.read()
     except OSError:
         return False
 
 
-def run_watching(cfg, world, extra_env, timeout=120):
-    """Runs `world` ranks to completion; returns (results, ranks seen with the segment mapped)."""
+def run_watching(cfg, world, extra_env, timeout=120, segment=SEGMENT):
+    """Runs `world` ranks to completion; returns (results, ranks seen with `segment` mapped)."""
     procs, _ = start_ranks(cfg, world, ["--dump_params"], extra_env=extra_env)
     seen = set()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         for r, p in enumerate(procs):
-            if r not in seen and maps_have_segment(p.pid):
+            if r not in seen and maps_have_segment(p.pid, segment):
                 seen.add(r)
         time.sleep(0.005)
     results = wait_all(procs, max(1.0, deadline - time.monotonic()))
