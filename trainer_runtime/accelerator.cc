@@ -380,6 +380,15 @@ Status Accelerator::SaveForPython(const std::string& path) {
 // --- Across ranks ----------------------------------------------------------------------------
 
 torch::Tensor& Accelerator::AllReduceSum(torch::Tensor& t) {
+  // Through shared memory when the group has it: the trainer agrees on signals with this after
+  // every step, and a Gloo round trip costs 0.2-2 ms on 2 busy cores (most of a small model's
+  // step) against ~20 us. Not counted as gradient communication either way.
+  ShmAllReduce* shm = pg_ ? pg_->shm() : nullptr;
+  if (shm && ShmAllReduce::Supports({t}, c10d::AllreduceOptions())) {
+    const Status status = shm->AllReduceNow(t);
+    if (!status.ok()) throw c10::Error(status.ToString(), "");
+    return t;
+  }
   if (c10d::ProcessGroup* pg = control()) {
     std::vector<at::Tensor> v = {t};
     pg->allreduce(v, c10d::AllreduceOptions())->wait();
@@ -427,21 +436,22 @@ void Accelerator::InstallSignalHandlers() {
 SignalRequest Accelerator::PollSignals() {
   const int local = g_signal;
   if (local != 0) g_signal = 0;
-  // Agree by maximum over (stop, signal): a stop anywhere stops everyone at this step.
-  auto t =
-      torch::tensor({local == 0 ? 0.0 : (IsStop(local) ? 1000.0 : 0.0) + local}, torch::kDouble);
-  if (c10d::ProcessGroup* pg = control()) {
-    std::vector<at::Tensor> v = {t};
-    c10d::AllreduceOptions opts;
-    opts.reduceOp = c10d::ReduceOp::MAX;
-    pg->allreduce(v, opts)->wait();
-  }
-  const int agreed = static_cast<int>(t.item<double>());
+  // Agree on the largest (stop, signal) any rank received: a stop anywhere stops everyone at
+  // this step. Each rank marks its own in a presence vector, summed over the ranks (a sum, so it
+  // takes the shared-memory path; see AllReduceSum).
+  constexpr int kSignals = 65;  // signal numbers below 65; index = stop * kSignals + signo
+  auto t = torch::zeros({2 * kSignals}, torch::kDouble);
+  if (local > 0 && local < kSignals) t[(IsStop(local) ? kSignals : 0) + local] = 1.0;
+  AllReduceSum(t);
   SignalRequest r;
-  if (agreed == 0) return r;
-  r.signal = agreed % 1000;
-  r.stop = agreed >= 1000;
-  r.checkpoint = true;
+  const auto seen = t.accessor<double, 1>();
+  for (int code = 2 * kSignals - 1; code > 0; --code) {
+    if (seen[code] == 0) continue;
+    r.signal = code % kSignals;
+    r.stop = code >= kSignals;
+    r.checkpoint = true;
+    break;
+  }
   return r;
 }
 
