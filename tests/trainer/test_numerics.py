@@ -6,11 +6,16 @@ bucket all-reduces are launched while backward still computes (overlap)."""
 
 import json
 import os
+import subprocess
+import sys
 import unittest
+import xml.etree.ElementTree as ET
 
 from trainer_helpers import (TRAIN, final, metrics, params, rel_diff, run_ranks, start_ranks,
                              wait_all, write_config)
 import harness
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 BASE = """
 train:
@@ -292,6 +297,21 @@ train:
         s4 = [e for e in events if e.get("name") == "step 4"]
         a, b = sorted(s4, key=lambda e: e["pid"])
         self.assertLess(max(a["ts"], b["ts"]), min(a["ts"] + a["dur"], b["ts"] + b["dur"]))
+        # scripts/timeline_svg draws it: a lane per rank and track, a box per slice (every
+        # phase of every step, every bucket's all-reduce).
+        svg = os.path.join(tmp, "trace.svg")
+        subprocess.run([sys.executable, os.path.join(REPO, "scripts", "timeline_svg"),
+                        os.path.join(out, "timeline.json"), svg], check=True, timeout=60)
+        root = ET.parse(svg).getroot()
+        ns = "{http://www.w3.org/2000/svg}"
+        titles = [r.find(ns + "title").text for r in root.iter(ns + "rect")
+                  if r.find(ns + "title") is not None]
+        for phase in ("data", "forward", "backward", "optimizer"):
+            self.assertEqual(sum(t.startswith(phase + ":") for t in titles), 6, phase)
+        self.assertEqual(sum(t.startswith(("all-reduce", "allreduce")) for t in titles),
+                         6 * buckets)
+        labels = {t.text for t in root.iter(ns + "text")}
+        self.assertTrue({"rank 0 train", "rank 1 train", "rank 0 allreduce"} <= labels, labels)
 
 
 if __name__ == "__main__":
