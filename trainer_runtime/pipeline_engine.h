@@ -2,7 +2,8 @@
 
 // The step engine of pipeline mode: runs one stage's schedule (GPipe or 1F1B, see
 // pipeline_schedule.h) over the micro-batches of a batch, moves activations forward and their
-// gradients back with Gloo send/recv, all-reduces the stage's gradients with the same stage of
+// gradients back with the job group's send/recv (shared-memory rings when the ranks share a
+// host, Gloo otherwise: process_group.h), all-reduces the stage's gradients with the same stage of
 // the other pipeline replicas, and clips by the norm over all stages. The Accelerator owns one
 // in pipeline mode (PreparePipeline); everything else (data, checkpoints, signals, metrics) is
 // shared with the other modes.
