@@ -3,10 +3,14 @@
 MLP 784-H-H-10, SGD, synthetic data, loss.item() every step (as any logging loop does).
 Rank 0 writes {"loop_s": ..., "steps": ..., "global_batch": ...} to --out.
 
+--accum K: K micro-batches per optimizer step (gradient accumulation), each synchronised, or
+with --no_sync all but the last under DDP's no_sync() (as accelerate's accumulate()).
+
 Also --mode allreduce: time all-reducing NUMEL floats split into buckets of CAP_MB (the
 communication-only baseline of the overlap benchmark)."""
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -25,6 +29,8 @@ def main():
     ap.add_argument("--bucket_cap_mb", type=float, default=25)
     ap.add_argument("--numel", type=int, default=0)
     ap.add_argument("--sizes", default="", help="bucket sizes in floats, comma-separated")
+    ap.add_argument("--accum", type=int, default=1)
+    ap.add_argument("--no_sync", action="store_true")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     dist.init_process_group("gloo")
@@ -65,12 +71,15 @@ def main():
     g = torch.Generator().manual_seed(rank)
     start = time.perf_counter()
     for step in range(a.steps):
-        idx = torch.randint(0, n, (a.batch,), generator=g)
-        loss = torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx])
         opt.zero_grad()
-        loss.backward()
+        for micro in range(a.accum):
+            idx = torch.randint(0, n, (a.batch,), generator=g)
+            last = micro == a.accum - 1
+            with ddp.no_sync() if a.no_sync and not last else contextlib.nullcontext():
+                loss = torch.nn.functional.cross_entropy(ddp(x[idx]), y[idx]) / a.accum
+                loss.backward()
+            loss.item()
         opt.step()
-        loss.item()
     elapsed = time.perf_counter() - start
     if rank == 0:
         json.dump({"loop_s": elapsed, "steps": a.steps,
