@@ -348,6 +348,9 @@ ShmPointToPoint::~ShmPointToPoint() {
     out->Fail(shut);
   }
   for (auto& [src, in] : incoming_) {
+    // A receive waiting on another thread (it holds the channel's mutex) gives up at its next
+    // wake-up, within liveness_interval.
+    in->stopping.store(true);
     std::lock_guard<std::mutex> lock(in->mu);
     for (auto& op : in->posted)
       op.future->setError(std::make_exception_ptr(c10::Error(shut.ToString(), "")));
@@ -514,7 +517,9 @@ void ShmPointToPoint::Progress(Incoming* in, const c10::ivalue::Future* until) {
         auto pause = std::chrono::microseconds(50);
         const auto deadline = Clock::now() + options_.timeout;
         while (status.ok() && !store_->check({key})) {
-          if (shm::PidExited(in->peer_pid, in->peer_pidfd)) {
+          if (in->stopping.load()) {
+            status = Status::Interrupted("shared-memory send/recv shut down");
+          } else if (shm::PidExited(in->peer_pid, in->peer_pidfd)) {
             status = Status::PeerLost("shared-memory send/recv: rank " + std::to_string(in->peer) +
                                       " (pid " + std::to_string(in->peer_pid) +
                                       ") exited before it sent to rank " + std::to_string(rank_));
