@@ -229,7 +229,6 @@ StatusOr<ErrorMessage> ParseError(const Fields& f);
 // Parses the payload of a frame of any type with its typed parser (fuzzer entry point).
 Status ValidateMessage(MessageType type, const Fields& fields);
 
-
 // "host:port", or "[v6]:port" for IPv6 literals.
 std::string FormatEndpoint(const std::string& host, int port);
 
