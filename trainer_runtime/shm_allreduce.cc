@@ -367,11 +367,7 @@ void ShmAllReduce::WorkerLoop() {
     // Completing runs the future's callbacks on this thread, outside mu_ and after busy_ is
     // cleared: a callback may issue the next operation, or wait for a lock held by a thread
     // that is in AllReduceNow (which may then run as soon as this operation's data is done).
-    if (status.ok()) {
-      op.future->markCompleted(c10::IValue(std::vector<at::Tensor>{op.tensor}));
-    } else {
-      op.future->setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
-    }
+    shm::Complete(*op.future, status, op.tensor);
     op = Op();
     lock.lock();
   }
@@ -495,11 +491,7 @@ c10::intrusive_ptr<c10d::Work> ShmAllReduce::BroadcastFromRank0(const at::Tensor
     }
     cv_.notify_all();
   }
-  if (status.ok()) {
-    future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
-  } else {
-    future->setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
-  }
+  shm::Complete(*future, status, tensor);
   return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::ALLREDUCE);
 }
 

@@ -116,4 +116,12 @@ c10::intrusive_ptr<c10::ivalue::Future> TensorListFuture() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
 }
 
+void Complete(c10::ivalue::Future& future, const Status& status, const at::Tensor& tensor) {
+  if (status.ok()) {
+    future.markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
+  } else {
+    future.setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
+  }
+}
+
 }  // namespace launch::trainer::shm

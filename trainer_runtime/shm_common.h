@@ -11,6 +11,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "base/status.h"
+
 namespace launch::trainer::shm {
 
 constexpr size_t kCacheLine = 64;
@@ -77,5 +79,7 @@ class FutureWork : public c10d::Work {
 
 // A future of a tensor list, as c10d's Work futures are.
 c10::intrusive_ptr<c10::ivalue::Future> TensorListFuture();
+// Completes `future` with [tensor] when `status` is OK, else with a c10::Error carrying it.
+void Complete(c10::ivalue::Future& future, const Status& status, const at::Tensor& tensor);
 
 }  // namespace launch::trainer::shm

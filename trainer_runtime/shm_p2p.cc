@@ -340,8 +340,7 @@ ShmPointToPoint::~ShmPointToPoint() {
     out->cv.notify_all();
     if (out->base) out->Wake();  // a streaming send sleeping on the futex sees `stopping`
     if (out->thread.joinable()) out->thread.join();
-    for (auto& op : out->queue)
-      op.future->setError(std::make_exception_ptr(c10::Error(shut.ToString(), "")));
+    for (auto& op : out->queue) shm::Complete(*op.future, shut, op.tensor);
     out->queue.clear();
     // The receiver stops waiting for messages that will not come (what is in the ring it
     // still gets: it reads before it looks at the flag).
@@ -352,8 +351,7 @@ ShmPointToPoint::~ShmPointToPoint() {
     // wake-up, within liveness_interval.
     in->stopping.store(true);
     std::lock_guard<std::mutex> lock(in->mu);
-    for (auto& op : in->posted)
-      op.future->setError(std::make_exception_ptr(c10::Error(shut.ToString(), "")));
+    for (auto& op : in->posted) shm::Complete(*op.future, shut, op.user);
     in->posted.clear();
     in->Fail(shut);
   }
@@ -426,7 +424,7 @@ StatusOr<ShmPointToPoint::Incoming*> ShmPointToPoint::GetIncoming(int src) {
 c10::intrusive_ptr<c10d::Work> ShmPointToPoint::Send(const at::Tensor& tensor, int dst, int tag) {
   auto future = shm::TensorListFuture();
   auto fail = [&](const Status& s) {
-    future->setError(std::make_exception_ptr(c10::Error(s.ToString(), "")));
+    shm::Complete(*future, s, tensor);
     return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::SEND);
   };
   StatusOr<Outgoing*> got = GetOutgoing(dst);
@@ -446,7 +444,7 @@ c10::intrusive_ptr<c10d::Work> ShmPointToPoint::Send(const at::Tensor& tensor, i
       return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::SEND);
     }
   }
-  future->markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
+  shm::Complete(*future, Status::Ok(), tensor);
   return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::SEND);
 }
 
@@ -467,11 +465,7 @@ void ShmPointToPoint::SenderLoop(Outgoing* out) {
     }
     out->queue.pop_front();
     lock.unlock();
-    if (status.ok()) {
-      op.future->markCompleted(c10::IValue(std::vector<at::Tensor>{op.tensor}));
-    } else {
-      op.future->setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
-    }
+    shm::Complete(*op.future, status, op.tensor);
     op = Outgoing::Op();
     lock.lock();
   }
@@ -481,7 +475,7 @@ c10::intrusive_ptr<c10d::Work> ShmPointToPoint::Recv(const at::Tensor& tensor, i
   auto future = shm::TensorListFuture();
   StatusOr<Incoming*> got = GetIncoming(src);
   if (!got.ok()) {
-    future->setError(std::make_exception_ptr(c10::Error(got.status().ToString(), "")));
+    shm::Complete(*future, got.status(), tensor);
     return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::RECV);
   }
   Incoming* in = *got;
@@ -497,6 +491,74 @@ c10::intrusive_ptr<c10d::Work> ShmPointToPoint::Recv(const at::Tensor& tensor, i
   return c10::make_intrusive<RecvWork>(this, in, future);
 }
 
+Status ShmPointToPoint::OpenIncoming(Incoming* in, bool block, bool* not_yet) {
+  *not_yet = false;
+  Status status;
+  const std::string key = Key(in->peer, rank_);
+  try {
+    if (!block && !store_->check({key})) {
+      *not_yet = true;
+      return status;
+    }
+    auto pause = std::chrono::microseconds(50);
+    const auto deadline = Clock::now() + options_.timeout;
+    while (status.ok() && !store_->check({key})) {
+      if (in->stopping.load()) {
+        status = Status::Interrupted("shared-memory send/recv shut down");
+      } else if (shm::PidExited(in->peer_pid, in->peer_pidfd)) {
+        status = Status::PeerLost("shared-memory send/recv: rank " + std::to_string(in->peer) +
+                                  " (pid " + std::to_string(in->peer_pid) +
+                                  ") exited before it sent to rank " + std::to_string(rank_));
+      } else if (Clock::now() >= deadline) {
+        status = Status::Timeout("shared-memory send/recv: rank " + std::to_string(rank_) +
+                                 " waited " + std::to_string(options_.timeout.count()) +
+                                 " ms for a message from rank " + std::to_string(in->peer));
+      } else {
+        std::this_thread::sleep_for(pause);
+        pause = std::min<std::chrono::microseconds>(pause * 2, options_.liveness_interval);
+      }
+    }
+    if (status.ok()) {
+      const std::string record = shm::StoreGet(*store_, key);
+      std::istringstream fields(record);
+      long long pid = 0, fd = -1;
+      unsigned long long size = 0, token = 0;
+      if (record.rfind("error ", 0) == 0) {
+        status = Status::IoError("shared-memory send/recv: rank " + std::to_string(in->peer) +
+                                 " could not create its channel to rank " + std::to_string(rank_) +
+                                 ": " + record.substr(6));
+      } else if (!(fields >> pid >> fd >> size >> token) || size <= kHeaderBytes) {
+        status = Status::ProtocolError("shared-memory send/recv: malformed channel record '" +
+                                       record + "'");
+      } else {
+        std::string error;
+        void* base = shm::OpenSegment(static_cast<int>(pid), static_cast<int>(fd), size, &error);
+        const auto* h = static_cast<const SegmentHeader*>(base);
+        if (!base) {
+          status = Status::IoError("shared-memory send/recv: rank " + std::to_string(rank_) + " " +
+                                   error);
+        } else if (h->magic != kMagic || h->token != token || h->version != kVersion ||
+                   h->sender != in->peer || h->receiver != rank_ ||
+                   h->ring_bytes != size - kHeaderBytes) {
+          ::munmap(base, size);
+          status = Status::ProtocolError("shared-memory send/recv: the segment of rank " +
+                                         std::to_string(in->peer) + " is not its channel to rank " +
+                                         std::to_string(rank_));
+        } else {
+          in->base = base;
+          in->size = size;
+          in->h()->receiver_opened.store(1);
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    status = Status::IoError("shared-memory send/recv: rank " + std::to_string(rank_) +
+                             " reading rank " + std::to_string(in->peer) +
+                             "'s channel record from the store: " + e.what());
+  }
+  return status;
+}
+
 void ShmPointToPoint::Progress(Incoming* in, const c10::ivalue::Future* until) {
   const bool block = until != nullptr;
   std::unique_lock<std::mutex> lock(in->mu, std::defer_lock);
@@ -510,67 +572,9 @@ void ShmPointToPoint::Progress(Incoming* in, const c10::ivalue::Future* until) {
     Incoming::Op& op = in->posted.front();
     Status status = in->failed;
     if (status.ok() && !in->base) {
-      // Open the sender's segment: its record is in the store once it has sent anything.
-      const std::string key = Key(in->peer, rank_);
-      try {
-        if (!block && !store_->check({key})) break;
-        auto pause = std::chrono::microseconds(50);
-        const auto deadline = Clock::now() + options_.timeout;
-        while (status.ok() && !store_->check({key})) {
-          if (in->stopping.load()) {
-            status = Status::Interrupted("shared-memory send/recv shut down");
-          } else if (shm::PidExited(in->peer_pid, in->peer_pidfd)) {
-            status = Status::PeerLost("shared-memory send/recv: rank " + std::to_string(in->peer) +
-                                      " (pid " + std::to_string(in->peer_pid) +
-                                      ") exited before it sent to rank " + std::to_string(rank_));
-          } else if (Clock::now() >= deadline) {
-            status = Status::Timeout("shared-memory send/recv: rank " + std::to_string(rank_) +
-                                     " waited " + std::to_string(options_.timeout.count()) +
-                                     " ms for a message from rank " + std::to_string(in->peer));
-          } else {
-            std::this_thread::sleep_for(pause);
-            pause = std::min<std::chrono::microseconds>(pause * 2, options_.liveness_interval);
-          }
-        }
-        if (status.ok()) {
-          const std::string record = shm::StoreGet(*store_, key);
-          std::istringstream fields(record);
-          long long pid = 0, fd = -1;
-          unsigned long long size = 0, token = 0;
-          if (record.rfind("error ", 0) == 0) {
-            status = Status::IoError("shared-memory send/recv: rank " + std::to_string(in->peer) +
-                                     " could not create its channel to rank " +
-                                     std::to_string(rank_) + ": " + record.substr(6));
-          } else if (!(fields >> pid >> fd >> size >> token) || size <= kHeaderBytes) {
-            status = Status::ProtocolError("shared-memory send/recv: malformed channel record '" +
-                                           record + "'");
-          } else {
-            std::string error;
-            void* base =
-                shm::OpenSegment(static_cast<int>(pid), static_cast<int>(fd), size, &error);
-            const auto* h = static_cast<const SegmentHeader*>(base);
-            if (!base) {
-              status = Status::IoError("shared-memory send/recv: rank " + std::to_string(rank_) +
-                                       " " + error);
-            } else if (h->magic != kMagic || h->token != token || h->version != kVersion ||
-                       h->sender != in->peer || h->receiver != rank_ ||
-                       h->ring_bytes != size - kHeaderBytes) {
-              ::munmap(base, size);
-              status = Status::ProtocolError(
-                  "shared-memory send/recv: the segment of rank " + std::to_string(in->peer) +
-                  " is not its channel to rank " + std::to_string(rank_));
-            } else {
-              in->base = base;
-              in->size = size;
-              in->h()->receiver_opened.store(1);
-            }
-          }
-        }
-      } catch (const std::exception& e) {
-        status = Status::IoError("shared-memory send/recv: rank " + std::to_string(rank_) +
-                                 " reading rank " + std::to_string(in->peer) +
-                                 "'s channel record from the store: " + e.what());
-      }
+      bool not_yet = false;
+      status = OpenIncoming(in, block, &not_yet);
+      if (not_yet) break;
     }
     if (status.ok()) {
       bool not_yet = false;
@@ -585,12 +589,8 @@ void ShmPointToPoint::Progress(Incoming* in, const c10::ivalue::Future* until) {
   }
   lock.unlock();
   for (auto& [op, status] : done) {
-    if (status.ok()) {
-      if (!op.target.is_same(op.user)) op.user.copy_(op.target);
-      op.future->markCompleted(c10::IValue(std::vector<at::Tensor>{op.user}));
-    } else {
-      op.future->setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
-    }
+    if (status.ok() && !op.target.is_same(op.user)) op.user.copy_(op.target);
+    shm::Complete(*op.future, status, op.user);
   }
 }
 

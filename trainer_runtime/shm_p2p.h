@@ -114,6 +114,11 @@ class ShmPointToPoint {
   // `src` is alive) for the sender's record.
   StatusOr<Incoming*> GetIncoming(int src);
 
+  // Maps the segment of the channel `in` (its sender publishes the record with its first
+  // send): waits for the record (bounded by the timeout, checking that the sender is alive), or
+  // with block = false sets *not_yet when there is none yet. REQUIRES: in->mu held.
+  Status OpenIncoming(Incoming* in, bool block, bool* not_yet);
+
   void SenderLoop(Outgoing* out);
   // Completes the posted receives of `in` in order, up to and including the one whose future
   // is `until` (null: only as far as complete messages are already in the ring, never waiting).
