@@ -1,6 +1,7 @@
 #pragma once
 
-// The one place where configuration is parsed and merged.
+// The one place where configuration is parsed and merged (the files of config/: key tables in
+// key_table.h and train_keys.h, the YAML reader, the merge, the printers).
 //
 //   LaunchConfig cfg;                                  // documented defaults
 //   LoadYamlFile("train.yaml", &cfg);                  // YAML over defaults
@@ -27,9 +28,10 @@ Status LoadYamlFile(const std::string& path, LaunchConfig* cfg);
 // Same for YAML text; `name` is used in messages in place of a file name.
 Status LoadYamlString(const std::string& text, const std::string& name, LaunchConfig* cfg);
 
-// The `train:` section of the YAML file at `path`, over TrainConfig's defaults: what a program
-// on the trainer runtime reads to take the same section `train` takes. InvalidConfig naming the
-// file and line of a bad key, or saying the file has no `train:` section.
+// The `train:` section of the YAML file at `path`, over TrainConfig's defaults, validated
+// (ValidateTrain): what a program on the trainer runtime reads to take the same section `train`
+// takes (train_cli.h's ResolveTrainConfig also applies the environment and flags). InvalidConfig
+// naming the file and line of a bad key, or saying the file has no `train:` section.
 StatusOr<TrainConfig> LoadTrainConfigFile(const std::string& path);
 
 // Sets one top-level key (canonical name or synonym, e.g. "nnodes") from its string form.
@@ -37,11 +39,13 @@ StatusOr<TrainConfig> LoadTrainConfigFile(const std::string& path);
 Status ApplySetting(const std::string& key, const std::string& value, const Origin& origin,
                     LaunchConfig* cfg);
 
-// Applies LAUNCH_<KEY> (and torchrun's PET_<KEY>) variables, plus LAUNCH_RDZV_TOKEN.
+// Applies LAUNCH_<KEY> (and torchrun's PET_<KEY>) variables, plus LAUNCH_RDZV_TOKEN,
+// ACCELERATE_MIXED_PRECISION (under LAUNCH_MIXED_PRECISION) and LAUNCH_TRAIN_<KEY>.
 // `env` maps variable names to values (tests pass their own; main passes ::environ).
 Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchConfig* cfg);
 
-// Cross-field checks after all layers are applied (e.g. machine_rank < nnodes).
+// Cross-field checks after all layers are applied (e.g. machine_rank < nnodes), the train:
+// section's included (ValidateTrain, train_keys.h).
 Status Validate(LaunchConfig* cfg);
 
 // Canonical top-level YAML key names (for help text and suggestions).
@@ -61,7 +65,13 @@ std::vector<FlagSetting> FlagSettings();
 // The top-level settings --print_config shows, in the table's order: (key, value as text).
 std::vector<std::pair<std::string, std::string>> ShownSettings(const LaunchConfig& cfg);
 
-// `launch --print_config`: every key with its effective value and origin.
+// `launch --print_config`: every key with its effective value and origin (every train: key
+// that applies to this configuration too).
 std::string FormatConfig(const LaunchConfig& cfg);
+
+// The effective configuration as a YAML file a worker reads back unchanged: top-level
+// mixed_precision and every train: key that applies, each with its origin as a comment.
+// LoadYamlFile on it gives the same TrainConfig (a tested round trip).
+std::string EffectiveConfigYaml(const LaunchConfig& cfg);
 
 }  // namespace launch::config

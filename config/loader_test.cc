@@ -1,4 +1,5 @@
 #include "config/loader.h"
+#include "config/train_keys.h"
 
 #include <doctest/doctest.h>
 
@@ -7,6 +8,12 @@ namespace {
 
 Status Load(const std::string& yaml, LaunchConfig* cfg) {
   return LoadYamlString(yaml, "train.yaml", cfg);
+}
+
+// The train: section's cross-field rules run once every layer is in (ValidateTrain).
+Status LoadValid(const std::string& yaml, LaunchConfig* cfg) {
+  Status s = LoadYamlString(yaml, "train.yaml", cfg);
+  return s.ok() ? ValidateTrain(cfg) : s;
 }
 
 TEST_CASE("AccelerateFileLoadsWithWarningForIgnoredKeys") {
@@ -152,7 +159,7 @@ TEST_CASE("TrainSectionDefaultsAndValues") {
   CHECK(cfg.train.optimizer.weight_decay == 0.0);
   CHECK(cfg.train.parallel.schedule == PipelineSchedule::kGPipe);
   LaunchConfig bad;
-  CHECK(Load("train:\n  parallel: {mode: pipeline, stages: 4, microbatches: 2}\n", &bad)
+  CHECK(LoadValid("train:\n  parallel: {mode: pipeline, stages: 4, microbatches: 2}\n", &bad)
             .message()
             .find("1F1B needs at least as many micro-batches (2) as stages (4)") !=
         std::string::npos);
@@ -173,6 +180,7 @@ TEST_CASE("ImageDataCnnLossAndOutputKeys") {
                "  save_model: checkpoints\n",
                &cfg)
               .ok());
+  REQUIRE(ValidateTrain(&cfg).ok());
   const TrainConfig& t = cfg.train;
   CHECK(t.model.type == ModelType::kCnn);
   CHECK(t.model.cnn_channels == std::vector<int64_t>{8, 16, 32});
@@ -203,7 +211,7 @@ TEST_CASE("BadImageModelAndLossKeysAreNamed") {
   // A fresh config per case: a failed load leaves what it had read.
   auto error = [](const std::string& yaml) {
     LaunchConfig cfg;
-    return Load(yaml, &cfg).message();
+    return LoadValid(yaml, &cfg).message();
   };
   CHECK(error("train:\n  model: {torchscript: m.pt, inputs: [input, mask]}\n") ==
         "train.yaml:2: train.model.inputs: 'mask' is not a batch field; fields are input, target");
@@ -249,7 +257,8 @@ TEST_CASE("TrajectorySettingsNameWhatShapesARunOnly") {
   };
   CHECK(value("train.batch_size") == "16");
   CHECK(value("train.model.channels") == "[16, 32]");
-  CHECK(value("train.data.augment") == "{crop_padding: 0, flip: false}");
+  CHECK(value("train.data.augment.crop_padding") == "0");
+  CHECK(value("train.data.augment.flip") == "false");
   CHECK(value("train.optimizer.no_decay") == "[bias, norm]");
   CHECK(value("train.model.layers") == "(absent)");  // an MLP key, not this model's
   CHECK(value("train.output_dir") == "(absent)");    // where outputs go changes no weights
@@ -260,7 +269,7 @@ TEST_CASE("TrajectorySettingsNameWhatShapesARunOnly") {
 
 TEST_CASE("MissingDataFileIsAnError") {
   LaunchConfig cfg;
-  Status s = Load("train:\n  data: {type: csv, path: /nonexistent.csv}\n", &cfg);
+  Status s = LoadValid("train:\n  data: {type: csv, path: /nonexistent.csv}\n", &cfg);
   CHECK(s.message() == "train.yaml:2: train.data.path: cannot read '/nonexistent.csv'");
 }
 

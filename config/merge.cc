@@ -1,0 +1,187 @@
+// Layers over the YAML: the environment and flags through the same key tables, then the
+// cross-field checks (Validate) once every layer is in.
+
+#include <algorithm>
+
+#include "base/strings.h"
+#include "config/key_table.h"
+#include "config/loader.h"
+#include "config/scalars.h"
+#include "config/train_keys.h"
+
+namespace launch::config {
+
+Status ApplySetting(const std::string& key, const std::string& value, const Origin& origin,
+                    LaunchConfig* cfg) {
+  const KeyDef* def = FindKey(key, kYaml | kEnv | kFlagOnly);
+  std::string where = origin.kind == Origin::Kind::kFlag ? origin.detail : origin.ToString();
+  if (!def)
+    return Status::InvalidConfig(where + ": unknown setting '" + key + "'" +
+                                 NearMiss(key, AllTopLevelNames()));
+  return SetKey(*def, value, origin, where, cfg);
+}
+
+Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchConfig* cfg) {
+  // What `accelerate launch` (and launch itself) exports to its workers: a trainer started by
+  // either runs the precision they resolved. LAUNCH_MIXED_PRECISION (below) still wins.
+  auto accelerate_mp = env.find("ACCELERATE_MIXED_PRECISION");
+  if (accelerate_mp != env.end() && !accelerate_mp->second.empty())
+    LAUNCH_RETURN_IF_ERROR(
+        ApplySetting("mixed_precision", accelerate_mp->second,
+                     Origin{Origin::Kind::kEnvironment, "ACCELERATE_MIXED_PRECISION"}, cfg));
+  // torchrun runs Python workers with PYTHON_EXEC when set; LAUNCH_PYTHON (below) still wins.
+  auto exec = env.find("PYTHON_EXEC");
+  if (exec != env.end() && !exec->second.empty())
+    LAUNCH_RETURN_IF_ERROR(ApplySetting("python", exec->second,
+                                        Origin{Origin::Kind::kEnvironment, "PYTHON_EXEC"}, cfg));
+  // torchrun's --shutdown_timeout falls back to this; LAUNCH_STOP_GRACE (below) still wins.
+  auto shutdown = env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  if (shutdown != env.end() && !shutdown->second.empty())
+    LAUNCH_RETURN_IF_ERROR(
+        ApplySetting("stop_grace", shutdown->second,
+                     Origin{Origin::Kind::kEnvironment, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"}, cfg));
+  for (const KeyDef& def : TopLevelTable()) {
+    if ((def.places & kEnv) == 0) continue;
+    // LAUNCH_* is ours; PET_* is what torchrun reads for its flags (PET_NPROC_PER_NODE, ...).
+    std::vector<std::string> names = {def.name};
+    names.insert(names.end(), def.synonyms.begin(), def.synonyms.end());
+    for (const std::string& f : def.flags)
+      if (f.size() > 1 && std::find(names.begin(), names.end(), f) == names.end())
+        names.push_back(f);
+    for (const std::string& n : names) {
+      std::string upper = n;
+      for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      const bool is_flag_name = n != def.name && std::find(def.synonyms.begin(), def.synonyms.end(),
+                                                           n) == def.synonyms.end();
+      for (const std::string& var : {"LAUNCH_" + upper, "PET_" + upper}) {
+        auto it = env.find(var);
+        if (it == env.end() || it->second.empty()) continue;
+        Origin origin{Origin::Kind::kEnvironment, var};
+        std::string value = it->second;
+        if (is_flag_name && def.switch_value) {
+          // A switch given as a variable (PET_MULTI_GPU=1): its value says whether it is on.
+          bool on = false;
+          std::string err = ParseValue(value, &on);
+          if (!err.empty()) return Status::InvalidConfig(origin.ToString() + ": " + err);
+          if (!on) continue;
+          value = def.switch_value;
+        }
+        LAUNCH_RETURN_IF_ERROR(SetKey(def, value, origin, origin.ToString(), cfg));
+      }
+    }
+  }
+  return ApplyTrainEnvironment(env, cfg);
+}
+
+std::vector<FlagSetting> FlagSettings() {
+  std::vector<FlagSetting> out;
+  for (const KeyDef& def : TopLevelTable()) {
+    if (def.flags.empty()) continue;
+    FlagSetting f;
+    f.key = def.name;
+    f.names = def.flags;
+    f.group = def.group;
+    f.help = def.help;
+    f.switch_value = def.switch_value ? def.switch_value : "";
+    out.push_back(f);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> ShownSettings(const LaunchConfig& cfg) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const KeyDef& def : TopLevelTable())
+    if (def.show) out.emplace_back(def.Label(), def.show(cfg));
+  return out;
+}
+
+Status Validate(LaunchConfig* cfg) {
+  if (cfg->machine_rank >= cfg->max_nodes)
+    return Status::InvalidConfig(cfg->origins["machine_rank"].ToString() + ": machine_rank " +
+                                 std::to_string(cfg->machine_rank) +
+                                 " must be below num_machines (" + std::to_string(cfg->max_nodes) +
+                                 ")");
+  // num_processes (total) and nproc_per_node (per node) describe the same thing; a value from
+  // a higher-precedence layer wins, and two values from the same layer must agree.
+  bool nproc_explicit =
+      cfg->nproc_per_node != "auto" && cfg->nproc_per_node != "gpu" && cfg->nproc_per_node != "cpu";
+  if (cfg->num_processes > 0) {
+    // Which layer set a key: flag > environment > file > default. A derived value ranks as
+    // its default: it is what no layer asked for.
+    auto rank_of = [&](const char* key) {
+      auto it = cfg->origins.find(key);
+      if (it == cfg->origins.end()) return 0;
+      switch (it->second.kind) {
+        case Origin::Kind::kFlag:
+          return 3;
+        case Origin::Kind::kEnvironment:
+          return 2;
+        case Origin::Kind::kFile:
+          return 1;
+        case Origin::Kind::kDefault:
+        case Origin::Kind::kDerived:
+          return 0;
+      }
+      return 0;
+    };
+    int np_rank = rank_of("num_processes"), ppn_rank = rank_of("nproc_per_node");
+    if (!nproc_explicit || np_rank > ppn_rank) {
+      if (cfg->min_nodes != cfg->max_nodes || cfg->num_processes % cfg->min_nodes != 0)
+        return Status::InvalidConfig(cfg->origins["num_processes"].ToString() + ": num_processes " +
+                                     std::to_string(cfg->num_processes) +
+                                     " is not divisible by num_machines " +
+                                     std::to_string(cfg->min_nodes) +
+                                     " (give nproc_per_node instead for elastic or uneven nodes)");
+      cfg->nproc_per_node = std::to_string(cfg->num_processes / cfg->min_nodes);
+      cfg->origins["nproc_per_node"] =
+          Origin{Origin::Kind::kDerived, "num_processes / num_machines"};
+    } else if (np_rank == ppn_rank) {
+      long long ppn = 0;
+      ParseInt64(cfg->nproc_per_node, &ppn);
+      if (ppn * cfg->min_nodes != cfg->num_processes)
+        return Status::InvalidConfig(
+            cfg->origins["num_processes"].ToString() + ": num_processes " +
+            std::to_string(cfg->num_processes) + " disagrees with nproc_per_node " +
+            cfg->nproc_per_node + " x num_machines " + std::to_string(cfg->min_nodes) + " (" +
+            cfg->origins["nproc_per_node"].ToString() + "); give one of the two");
+    }
+  }
+  if (cfg->distributed_type == DistributedType::kNo && cfg->nproc_per_node == "auto" &&
+      cfg->num_processes == 0) {
+    cfg->nproc_per_node = "1";
+    cfg->origins["nproc_per_node"] = Origin{Origin::Kind::kDerived, "distributed_type: NO"};
+  }
+  if (!cfg->no_effect.empty()) {
+    std::vector<std::string> unique;
+    for (const std::string& n : cfg->no_effect)
+      if (std::find(unique.begin(), unique.end(), n) == unique.end()) unique.push_back(n);
+    cfg->warnings.push_back("these accelerate settings have no effect with launch: " +
+                            Join(unique, ", "));
+    cfg->no_effect.clear();
+  }
+  LAUNCH_RETURN_IF_ERROR(ValidateTrain(cfg));
+  if (cfg->train.present) {
+    const TrainConfig& t = cfg->train;
+    if (t.parallel.mode == ParallelMode::kPipeline) {
+      long long ppn = 0;
+      if (ParseInt64(cfg->nproc_per_node, &ppn) && cfg->min_nodes == cfg->max_nodes) {
+        long long world = ppn * cfg->min_nodes;
+        if (world % t.parallel.stages != 0)
+          return Status::InvalidConfig(cfg->origins["train.parallel.stages"].ToString() +
+                                       ": train.parallel.stages " +
+                                       std::to_string(t.parallel.stages) +
+                                       " does not divide the world size " + std::to_string(world));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<std::string> TopLevelKeys() {
+  std::vector<std::string> names;
+  for (const KeyDef& def : TopLevelTable())
+    if (def.places & kYaml) names.push_back(def.name);
+  return names;
+}
+
+}  // namespace launch::config
