@@ -87,7 +87,7 @@ void Emit(YAML::Emitter& y, const Node& node, const LaunchConfig& c, const std::
       for (const std::string& item : v.items) y << item;
       y << YAML::EndSeq;
     } else {
-      y << YAML::DoubleQuoted << v.scalar;
+      y << v.scalar;  // quoted by the emitter where plain text would read back otherwise
     }
     auto origin = c.origins.find("train." + path);
     if (origin != c.origins.end()) y << YAML::Comment(origin->second.ToString());
@@ -110,18 +110,18 @@ std::string EffectiveConfigYaml(const LaunchConfig& c) {
   }
   YAML::Emitter y;
   y << YAML::BeginMap;
-  y << YAML::Key << "mixed_precision" << YAML::Value << YAML::DoubleQuoted << c.mixed_precision;
+  y << YAML::Key << "mixed_precision" << YAML::Value << c.mixed_precision;
   auto mp = c.origins.find("mixed_precision");
   if (mp != c.origins.end()) y << YAML::Comment(mp->second.ToString());
   y << YAML::Key << "train" << YAML::Value;
   Emit(y, root, c, "");
   y << YAML::EndMap;
-  return "# The effective configuration of this run, resolved once by launch (flag > environment "
-         ">\n"
-         "# YAML > default; each value's origin in its comment) from " +
+  return "# The effective configuration of this run: " +
          (c.config_path.empty() ? std::string("no config file") : c.config_path) +
-         ". Every worker trains\n# exactly this: `train --effective_config FILE` applies no "
-         "environment and no flags.\n" +
+         " resolved once by launch\n"
+         "# (flag > environment > YAML > default; a value's origin is its comment, none = "
+         "default).\n# Every worker trains exactly this: `train --effective_config FILE` applies "
+         "no environment\n# and no flags.\n" +
          y.c_str() + "\n";
 }
 

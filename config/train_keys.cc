@@ -627,7 +627,6 @@ Status ApplyTrainSetting(const std::string& path, const TrainValue& value, const
   }
   std::string err = key->set(value, &cfg->train);
   if (!err.empty()) return Status::InvalidConfig(where + ": train." + p + ": " + err);
-  cfg->train.present = true;
   cfg->origins["train." + p] = origin;
   return Status::Ok();
 }

@@ -22,6 +22,7 @@
 #include "base/log.h"
 #include "base/strings.h"
 #include "config/loader.h"
+#include "config/train_cli.h"
 #include "launcher/accelerate_env.h"
 #include "launcher/env_report.h"
 #include "launcher/scheduler_env.h"
@@ -97,6 +98,24 @@ std::string DerivedRunId(const config::LaunchConfig& cfg) {
 }
 
 void Warn(const std::string& msg) { log::Warn(msg); }
+
+// Where the trainer's effective configuration goes: beside the run's outputs, for the user to
+// read. The nodes of a job may share output_dir, so there each node writes its own.
+std::string EffectiveConfigPath(const config::LaunchConfig& cfg) {
+  std::string name = "effective_config";
+  if (cfg.max_nodes > 1) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    name += cfg.machine_rank >= 0 ? ".node" + std::to_string(cfg.machine_rank)
+                                  : "." + std::string(host);
+  }
+  return cfg.train.output_dir + "/" + name + ".yaml";
+}
+
+Status WriteEffectiveConfig(const config::LaunchConfig& cfg, const std::string& path) {
+  LAUNCH_RETURN_IF_ERROR(MakeDirs(cfg.train.output_dir));
+  return WriteFileAtomically(path, config::EffectiveConfigYaml(cfg));
+}
 
 // What runs under the interpreter without --no_python: a .py file, or (torchrun runs every
 // program under Python) a file that exists but is not executable. An executable (an ELF binary,
@@ -277,6 +296,22 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
     if (value.empty()) value = g.option->as<std::string>();
     LAUNCH_RETURN_IF_ERROR(config::ApplySetting(g.setting.key, value, origin, cfg));
   }
+  // `launch CONFIG.yaml -- ARGS`: the trainer's config flags among ARGS are resolved here, once
+  // for every worker (they reach the workers in the effective configuration); the rest of ARGS
+  // (--dump_params) is passed on.
+  if (cfg->train.present && !cfg->extra_args.empty()) {
+    StatusOr<config::TrainCommandLine> train_args = config::ParseTrainCommandLine(cfg->extra_args);
+    if (!train_args.ok())
+      return Status::InvalidConfig("after --: " + train_args.status().message());
+    if (train_args->help || train_args->self_test || !train_args->config_path.empty() ||
+        !train_args->effective_config.empty())
+      return Status::InvalidConfig(
+          "after --: give the trainer's flags only (--KEY VALUE for train: keys, --dump_params); "
+          "the config is " +
+          cfg->config_path);
+    LAUNCH_RETURN_IF_ERROR(config::ApplyTrainFlags(*train_args, " (after --)", cfg));
+    cfg->extra_args = train_args->ProgramOptions();
+  }
   // The scheduler's values go under flags and LAUNCH_* variables (it only fills keys nothing
   // above the YAML set); applied last so that it sees what they asked for (--cpu).
   LAUNCH_RETURN_IF_ERROR(config::ApplySchedulerEnvironment(env, cfg));
@@ -375,7 +410,10 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
       argv = cfg.program;
     }
   } else if (cfg.train.present) {
-    argv = {bin_dir + "/train", cfg.config_path};
+    // The workers train on the configuration resolved here (Main writes it before they
+    // start), not on the YAML file again: flags and environment reach every rank.
+    plan.effective_config = EffectiveConfigPath(cfg);
+    argv = {bin_dir + "/train", "--effective_config", plan.effective_config};
     argv.insert(argv.end(), cfg.extra_args.begin(), cfg.extra_args.end());
   } else {
     return Status::InvalidConfig(
@@ -526,6 +564,13 @@ int Main(int argc, char** argv) {
   if (!plan.ok()) {
     std::fprintf(stderr, "launch: error: %s\n", plan.status().message().c_str());
     return kExitUsage;
+  }
+  if (!plan->effective_config.empty()) {
+    Status written = WriteEffectiveConfig(cfg, plan->effective_config);
+    if (!written.ok()) {
+      std::fprintf(stderr, "launch: error: %s\n", written.message().c_str());
+      return kExitUsage;
+    }
   }
 
   agent::AgentOptions opts;

@@ -31,6 +31,9 @@ struct Plan {
   std::vector<int> file_streams;     // per local rank
   std::vector<int> console_streams;  // per local rank
   std::map<std::string, std::string> extra_env;
+  // The built-in trainer: where the effective configuration goes (train.output_dir/
+  // effective_config[.nodeR].yaml); the workers run `train --effective_config` on it.
+  std::string effective_config;
 };
 
 // Parses argv into `cfg` (config file, environment, flags, validation). Returns InvalidConfig on

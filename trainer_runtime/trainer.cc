@@ -78,10 +78,7 @@ class TrainRows : public torch::data::datasets::BatchDataset<TrainRows, torch::d
 
 class Trainer {
  public:
-  Trainer(const config::TrainConfig& cfg, const TrainerOptions& opts) : cfg_(cfg), opts_(opts) {
-    if (!opts_.output_dir.empty()) cfg_.output_dir = opts_.output_dir;
-    if (opts_.max_steps > 0) cfg_.max_steps = opts_.max_steps;
-  }
+  Trainer(const config::TrainConfig& cfg, const TrainerOptions& opts) : cfg_(cfg), opts_(opts) {}
 
   Status Run();
   // What the loop was doing, for error messages: "rank 1, stage 0, backward at step 12".

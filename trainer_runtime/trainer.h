@@ -13,16 +13,15 @@
 
 namespace launch::trainer {
 
+// What a run does beyond its configuration (train.output_dir, max_steps and every other key
+// come from config::TrainConfig, resolved once: config/train_cli.h).
 struct TrainerOptions {
-  // Overrides train.output_dir when non-empty (`train CONFIG --output_dir D`).
-  std::string output_dir;
   // Also write <output_dir>/params_rank<R>.bin: every parameter as raw little-endian float32,
   // concatenated in parameter order (the numerics tests compare these between runs).
   bool dump_params = false;
-  // How long to wait for all ranks to join the process group (env LAUNCH_INIT_TIMEOUT_S).
+  // How long to wait for all ranks to join the process group (env LAUNCH_INIT_TIMEOUT_S, read
+  // by Accelerator::Create, overrides it).
   double init_timeout_s = 300;
-  // Overrides train.max_steps when > 0 (`--max_steps N`).
-  int64_t max_steps = 0;
 };
 
 // Trains to completion. Returns InvalidConfig (exit 2: nothing was trained) for settings the
