@@ -24,7 +24,7 @@ struct Plan {
   std::string master_addr = "127.0.0.1";
   int master_port = 0;  // resolved (a free port when 0 was asked for)
   std::string run_id;
-  std::string log_root;              // <log_dir>/<run_id>; empty = no files
+  std::string log_root;  // <log_dir>/<run_id>; empty = no files
   // No log_dir but --tee/--redirects: a mkdtemp template the job's files go under (made when
   // the job starts, not by --print_config); log_root is set then.
   std::string private_log_parent;
