@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/check.h"
 #include "base/strings.h"
 #include "config/scalars.h"
 #include "config/value_text.h"
@@ -770,6 +771,21 @@ Status ValidateTrain(LaunchConfig* cfg) {
   }
   return Status::Ok();
 }
+
+namespace {
+const TrainKey& KeyNamed(const std::string& path) {
+  for (const TrainKey& k : TrainKeys())
+    if (k.path == path) return k;
+  LAUNCH_CHECK(false, "no train key " + path);
+  return TrainKeys().front();
+}
+}  // namespace
+
+std::string TrainDefault(const std::string& path) {
+  return KeyNamed(path).show(TrainConfig{}).Text();
+}
+std::string TrainChoices(const std::string& path) { return Join(KeyNamed(path).choices, " | "); }
+std::string TrainDoc(const std::string& path) { return KeyNamed(path).doc; }
 
 std::vector<std::pair<std::string, std::string>> TrainSettings(const TrainConfig& t) {
   std::vector<std::pair<std::string, std::string>> out;

@@ -79,6 +79,12 @@ Status ApplyTrainEnvironment(const std::map<std::string, std::string>& env, Laun
 // the key in question, from cfg->origins.
 Status ValidateTrain(LaunchConfig* cfg);
 
+// For the wizard and docs: a key's default (as printed from TrainConfig{}), its enum names
+// joined as "a | b | c", its doc line. The key must exist (a broken invariant otherwise).
+std::string TrainDefault(const std::string& path);
+std::string TrainChoices(const std::string& path);
+std::string TrainDoc(const std::string& path);
+
 // Every key that applies to `t`, in table order: ("train.<path>", value as text).
 std::vector<std::pair<std::string, std::string>> TrainSettings(const TrainConfig& t);
 

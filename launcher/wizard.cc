@@ -20,6 +20,7 @@
 #include "base/environment.h"
 #include "base/strings.h"
 #include "config/loader.h"
+#include "config/train_keys.h"
 #include "launcher/terminal.h"
 
 namespace launch::launcher {
@@ -672,9 +673,8 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   }
   y << "\n# The built-in trainer (`launch` runs it when no program is given after `--`).\n";
   y << "train:\n";
-  y << Line("  ", "seed", "42", "");
-  y << Line("  ", "output_dir", YamlString(a.output_dir),
-            "metrics.jsonl, final.json, checkpoints/");
+  y << Line("  ", "seed", config::TrainDefault("seed"), "");
+  y << Line("  ", "output_dir", YamlString(a.output_dir), config::TrainDoc("output_dir"));
   if (a.model == "transformer") {
     y << "  model: {type: transformer, vocab: bytes, d_model: 128, layers: 4, heads: 4, "
          "context: 128}\n";
@@ -701,26 +701,31 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   } else {
     y << "  data: {type: text, path: " << YamlString(a.data_path) << ", context: 128}\n";
   }
-  y << Line("  ", "eval_fraction", "0.1", "held-out share of the data");
+  y << Line("  ", "eval_fraction", config::TrainDefault("eval_fraction"),
+            "held-out share of the data");
   y << Line("  ", "batch_size", std::to_string(a.batch_size), "per process, per micro-batch");
   y << Line("  ", "max_steps", std::to_string(a.max_steps), "optimizer steps");
-  y << "  optimizer: {type: adamw, lr: 3.0e-4, weight_decay: 0.01}   # sgd | adam | adamw\n";
+  y << "  optimizer: {type: " << config::TrainDefault("optimizer.type")
+    << ", lr: " << config::TrainDefault("optimizer.lr") << ", weight_decay: 0.01}   # "
+    << config::TrainChoices("optimizer.type") << "\n";
   y << "  scheduler: {type: cosine, warmup_steps: " << std::min(20, a.max_steps / 10)
-    << "}              # constant | linear | cosine\n";
+    << "}              # " << config::TrainChoices("scheduler.type") << "\n";
   y << Line("  ", "max_grad_norm", "1.0", "gradient clipping; 0 = none");
   y << "  parallel:\n";
-  y << Line("    ", "mode", a.parallel_mode, "none | dp | ddp | pipeline");
-  if (a.parallel_mode == "ddp") y << Line("    ", "bucket_cap_mb", "25", "gradient bucket size");
+  y << Line("    ", "mode", a.parallel_mode, config::TrainChoices("parallel.mode"));
+  if (a.parallel_mode == "ddp")
+    y << Line("    ", "bucket_cap_mb", config::TrainDefault("parallel.bucket_cap_mb"),
+              "gradient bucket size");
   if (a.parallel_mode == "pipeline") {
     y << Line("    ", "stages", std::to_string(a.stages), "processes per pipeline");
     y << Line("    ", "microbatches", std::to_string(a.microbatches), "per optimizer step");
-    y << Line("    ", "schedule", "1f1b", "1f1b | gpipe");
+    y << Line("    ", "schedule", config::TrainDefault("parallel.schedule"),
+              config::TrainChoices("parallel.schedule"));
   }
   y << Line("  ", "gradient_accumulation_steps", std::to_string(a.gradient_accumulation_steps),
             "micro-batches per optimizer step");
-  y << Line("  ", "sync_each_batch", "false", "true: all-reduce every micro-batch (no no_sync)");
-  y << Line("  ", "checkpoint_every", "100", "optimizer steps; 0 = only at the end");
-  y << Line("  ", "resume", "auto", "auto | never | PATH");
+  for (const char* key : {"sync_each_batch", "checkpoint_every", "resume"})
+    y << Line("  ", key, config::TrainDefault(key), config::TrainDoc(key));
   return y.str();
 }
 
