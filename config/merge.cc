@@ -159,21 +159,13 @@ Status Validate(LaunchConfig* cfg) {
                             Join(unique, ", "));
     cfg->no_effect.clear();
   }
-  LAUNCH_RETURN_IF_ERROR(ValidateTrain(cfg));
-  if (cfg->train.present) {
-    const TrainConfig& t = cfg->train;
-    if (t.parallel.mode == ParallelMode::kPipeline) {
-      long long ppn = 0;
-      if (ParseInt64(cfg->nproc_per_node, &ppn) && cfg->min_nodes == cfg->max_nodes) {
-        long long world = ppn * cfg->min_nodes;
-        if (world % t.parallel.stages != 0)
-          return Status::InvalidConfig(cfg->origins["train.parallel.stages"].ToString() +
-                                       ": train.parallel.stages " +
-                                       std::to_string(t.parallel.stages) +
-                                       " does not divide the world size " + std::to_string(world));
-      }
-    }
-  }
+  // The world size, where this node alone knows it (fixed node count, numeric workers per
+  // node): rules about it are then checked before anything starts.
+  long long ppn = 0;
+  const int world = ParseInt64(cfg->nproc_per_node, &ppn) && cfg->min_nodes == cfg->max_nodes
+                        ? static_cast<int>(ppn * cfg->min_nodes)
+                        : 0;
+  LAUNCH_RETURN_IF_ERROR(ValidateTrain(cfg, world));
   return Status::Ok();
 }
 

@@ -4,8 +4,6 @@
 #include "config/train_keys.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "base/check.h"
@@ -541,35 +539,6 @@ std::string Section(const std::string& path) {
   return dot == std::string::npos ? "" : path.substr(0, dot);
 }
 
-// Where a rule about `keys` points: the first of them given anywhere, else the section they
-// live in, else the train: section itself.
-std::string WhereOf(const LaunchConfig& cfg, std::initializer_list<const char*> keys) {
-  for (const char* k : keys) {
-    auto it = cfg.origins.find(std::string("train.") + k);
-    if (it != cfg.origins.end()) return it->second.ToString();
-  }
-  for (const char* k : keys) {
-    for (std::string s = Section(k); !s.empty(); s = Section(s)) {
-      auto it = cfg.origins.find("train." + s);
-      if (it != cfg.origins.end()) return it->second.ToString();
-    }
-  }
-  auto it = cfg.origins.find("train");
-  return it == cfg.origins.end() ? cfg.config_path : it->second.ToString();
-}
-
-Status Rule(const LaunchConfig& cfg, const char* key, const std::string& msg,
-            std::initializer_list<const char*> also = {}) {
-  std::string where = WhereOf(cfg, {key});
-  if (!cfg.origins.count(std::string("train.") + key))
-    for (const char* k : also)
-      if (cfg.origins.count(std::string("train.") + k)) {
-        where = WhereOf(cfg, {k});
-        break;
-      }
-  return Status::InvalidConfig(where + ": train." + key + ": " + msg);
-}
-
 }  // namespace
 
 const std::vector<TrainKey>& TrainKeys() {
@@ -661,113 +630,6 @@ Status ApplyTrainEnvironment(const std::map<std::string, std::string>& env, Laun
     Origin origin{Origin::Kind::kEnvironment, var};
     LAUNCH_RETURN_IF_ERROR(ApplyTrainSetting(k.path, TrainValue::FromText(it->second, k.is_list),
                                              origin, origin.ToString(), cfg));
-  }
-  return Status::Ok();
-}
-
-Status ValidateTrain(LaunchConfig* cfg) {
-  TrainConfig& t = cfg->train;
-  if (!t.present) return Status::Ok();
-  // Derived defaults: they depend on other keys, so they are settled once every layer is in.
-  if (!cfg->origins.count("train.optimizer.weight_decay"))
-    t.optimizer.weight_decay = t.optimizer.type == OptimizerType::kAdamW ? 0.01 : 0.0;
-  if (t.data.type == DataType::kIdx && t.data.path.empty()) t.data.path = kFashionMnistDir;
-
-  if (t.mixed_precision == "fp8") {
-    auto it = cfg->origins.find("mixed_precision");
-    return Status::InvalidConfig(
-        (it == cfg->origins.end() ? std::string("mixed_precision") : it->second.ToString()) +
-        ": mixed_precision fp8 is for a script's Accelerator; the built-in trainer takes no, "
-        "bf16 or fp16");
-  }
-  const ModelConfig& m = t.model;
-  switch (m.type) {
-    case ModelType::kTransformer:
-      if (m.d_model % m.heads != 0)
-        return Rule(*cfg, "model.heads",
-                    "d_model " + std::to_string(m.d_model) + " is not divisible by heads " +
-                        std::to_string(m.heads),
-                    {"model.d_model"});
-      if (t.data.type != DataType::kText)
-        return Status::InvalidConfig(WhereOf(*cfg, {"model.type"}) +
-                                     ": train.model: a transformer needs `data: {type: text, "
-                                     "...}`");
-      break;
-    case ModelType::kCnn: {
-      if (m.cnn_channels.empty())
-        return Rule(*cfg, "model.channels", "needs at least one block, e.g. [16, 32]");
-      const int64_t shrink = int64_t{1} << std::min<size_t>(m.cnn_channels.size(), 30);
-      if (m.input_shape[1] < shrink || m.input_shape[2] < shrink)
-        return Rule(*cfg, "model.channels",
-                    std::to_string(m.cnn_channels.size()) + " blocks halve a " +
-                        std::to_string(m.input_shape[1]) + "x" + std::to_string(m.input_shape[2]) +
-                        " image to nothing; use fewer blocks (each 2x2 pooling halves it)",
-                    {"model.input"});
-      break;
-    }
-    case ModelType::kMlp:
-      if (m.mlp_layers.size() < 2)
-        return Rule(*cfg, "model.layers",
-                    "an MLP needs at least an input and an output width, e.g. [32, 10]");
-      break;
-    case ModelType::kTorchScript:
-      if (m.torchscript_path.empty() && m.torchscript_stages.empty())
-        return Status::InvalidConfig(WhereOf(*cfg, {"model.type"}) +
-                                     ": train.model: type torchscript needs `torchscript: PATH`");
-      break;
-  }
-
-  const DataConfig& d = t.data;
-  if ((d.type == DataType::kCsv || d.type == DataType::kText) && d.path.empty())
-    return Status::InvalidConfig(WhereOf(*cfg, {"data.type"}) + ": train.data: type " +
-                                 ToString(d.type) + " needs `path: FILE`");
-  if (d.type == DataType::kIdx) {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(d.path, ec))
-      return Rule(
-          *cfg, "data.path",
-          "'" + d.path + "' is not a directory of IDX files" +
-              (d.path == kFashionMnistDir ? std::string(" (install Debian's dataset-fashion-mnist)")
-                                          : std::string()),
-          {"data.type"});
-  } else if (!d.path.empty() && d.type != DataType::kSynthetic) {
-    std::ifstream probe(d.path);
-    if (!probe) return Rule(*cfg, "data.path", "cannot read '" + d.path + "'");
-  }
-
-  const LossConfig& l = t.loss;
-  const bool ce = l.type == LossType::kAuto || l.type == LossType::kCrossEntropy;
-  if (!ce && (l.label_smoothing > 0 || !l.class_weights.empty() ||
-              cfg->origins.count("train.loss.ignore_index")))
-    return Rule(*cfg, "loss.type",
-                std::string("label_smoothing, ignore_index and class_weights are cross_entropy "
-                            "options, not ") +
-                    ToString(l.type));
-
-  const ParallelConfig& p = t.parallel;
-  if (p.comm_hook != CommHook::kNone && p.mode != ParallelMode::kDdp)
-    return Rule(*cfg, "parallel.comm_hook",
-                "applies to mode ddp (its gradient buckets), not " + std::string(ToString(p.mode)));
-  if (p.mode == ParallelMode::kPipeline) {
-    if (p.schedule == PipelineSchedule::k1F1B && p.microbatches < p.stages)
-      return Rule(*cfg, "parallel.microbatches",
-                  "1F1B needs at least as many micro-batches (" + std::to_string(p.microbatches) +
-                      ") as stages (" + std::to_string(p.stages) + ")",
-                  {"parallel.stages"});
-    if (!p.partition.empty() && static_cast<int>(p.partition.size()) != p.stages)
-      return Rule(*cfg, "parallel.partition",
-                  "has " + std::to_string(p.partition.size()) + " entries but stages is " +
-                      std::to_string(p.stages));
-    if (m.type == ModelType::kCnn)
-      return Status::InvalidConfig(WhereOf(*cfg, {"parallel.mode"}) +
-                                   ": train.model: pipeline mode splits mlp, transformer or a "
-                                   "list of TorchScript stages, not a cnn");
-    if (m.inputs != std::vector<std::string>{"input"} || !m.output_loss.empty())
-      return Status::InvalidConfig(WhereOf(*cfg, {"model.inputs", "model.outputs.loss"}) +
-                                   ": train.model: pipeline stages take one tensor and return "
-                                   "one tensor (no `inputs` or `outputs.loss`)");
-    if (t.local_sgd_steps > 0)
-      return Rule(*cfg, "local_sgd_steps", "Local SGD does not combine with pipeline mode");
   }
   return Status::Ok();
 }

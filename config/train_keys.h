@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -74,10 +75,28 @@ Status ApplyTrainSetting(const std::string& path, const TrainValue& value, const
 std::string TrainEnvName(const std::string& path);
 Status ApplyTrainEnvironment(const std::map<std::string, std::string>& env, LaunchConfig* cfg);
 
-// Cross-field rules of `train:`, once all layers are applied (YAML, environment, flags), plus
-// derived defaults (idx data's directory). Errors name the file:line (or flag, or variable) of
-// the key in question, from cfg->origins.
-Status ValidateTrain(LaunchConfig* cfg);
+// A cross-field rule of `train:` that a configuration breaks: the key it is about ("model" for
+// the model as a whole), the message, and the keys whose origin locates it (first given wins;
+// empty = the key itself).
+struct TrainRuleViolation {
+  std::string key;
+  std::string message;
+  std::vector<std::string> at;
+};
+
+// The cross-field rules of `train:`, each written once (train_rules.cc): ValidateTrain reports
+// them with the place of the key, and the trainer runtime (Accelerator::Create) for
+// configurations built in code, as "train.<key>: <message>". `world_size` is the job's process
+// count, 0 when not known (launch across elastic nodes; a rule about it then waits for the
+// runtime).
+std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int world_size);
+// InvalidConfig "train.<key>: <message>" for the first broken rule, else Ok.
+Status CheckTrainRulesStatus(const TrainConfig& t, int world_size);
+
+// Once all layers are applied (YAML, environment, flags): derived defaults (weight_decay for
+// the optimizer type, idx data's directory), then the rules and the data files' presence.
+// Errors name the file:line (or flag, or variable) of the key in question, from cfg->origins.
+Status ValidateTrain(LaunchConfig* cfg, int world_size = 0);
 
 // For the wizard and docs: a key's default (as printed from TrainConfig{}), its enum names
 // joined as "a | b | c", its doc line. The key must exist (a broken invariant otherwise).

@@ -15,6 +15,7 @@
 #include "base/environment.h"
 #include "base/files.h"
 #include "base/strings.h"
+#include "config/train_keys.h"
 #include "trainer_runtime/atomic_file.h"
 #include "trainer_runtime/checkpoint.h"
 #include "trainer_runtime/loop_util.h"
@@ -111,21 +112,9 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
 StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
                                                            const DistEnv& env,
                                                            double init_timeout_s) {
-  const ParallelMode mode = options.parallel.mode;
-  if (options.gradient_accumulation_steps < 1)
-    return Status::InvalidConfig("train.gradient_accumulation_steps must be at least 1");
-  if (options.local_sgd_steps < 0)
-    return Status::InvalidConfig("train.local_sgd_steps must be 0 (off) or positive");
-  if (mode == ParallelMode::kDp && env.world_size > 1)
-    return Status::InvalidConfig(
-        "train.parallel.mode: dp drives its replicas inside one process (WORLD_SIZE " +
-        std::to_string(env.world_size) + "); use ddp across processes");
-  if (mode == ParallelMode::kDp && options.local_sgd_steps > 0)
-    return Status::InvalidConfig(
-        "train.local_sgd_steps: Local SGD averages replicas across processes; it does not "
-        "combine with parallel.mode dp");
-  if (mode == ParallelMode::kPipeline)
-    LAUNCH_RETURN_IF_ERROR(PipelineEngine::CheckLayout(options, env.world_size));
+  // The configuration's own rules (config/train_keys.h), for options built in code: what
+  // launch and train checked with the keys' places, here with the real world size.
+  LAUNCH_RETURN_IF_ERROR(config::CheckTrainRulesStatus(options, env.world_size));
   if (options.mixed_precision != "no" && options.mixed_precision != "bf16")
     return Status::InvalidConfig(
         "mixed_precision: '" + options.mixed_precision +
@@ -136,7 +125,7 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   if (env.distributed()) {
     LAUNCH_ASSIGN_OR_RETURN(accel->pg_, CreateProcessGroup(env, timeout));
   }
-  if (mode == ParallelMode::kPipeline) {
+  if (options.parallel.mode == ParallelMode::kPipeline) {
     LAUNCH_ASSIGN_OR_RETURN(accel->pipeline_,
                             PipelineEngine::Create(options, env, accel->pg_, timeout));
   }

@@ -66,32 +66,9 @@ PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const DistEnv& en
   ops_ = BuildPipelineSchedule(cfg_.parallel.schedule, stages_, stage_, cfg_.parallel.microbatches);
 }
 
-Status PipelineEngine::CheckLayout(const config::TrainConfig& cfg, int world_size) {
-  const config::ParallelConfig& pc = cfg.parallel;
-  if (pc.stages < 1) return Status::InvalidConfig("train.parallel.stages must be at least 1");
-  if (world_size % pc.stages != 0)
-    return Status::InvalidConfig("train.parallel.stages " + std::to_string(pc.stages) +
-                                 " does not divide the world size " + std::to_string(world_size) +
-                                 " (world = stages x data-parallel replicas)");
-  if (pc.schedule == config::PipelineSchedule::k1F1B && pc.microbatches < pc.stages)
-    return Status::InvalidConfig("train.parallel.microbatches (" + std::to_string(pc.microbatches) +
-                                 ") must be at least train.parallel.stages (" +
-                                 std::to_string(pc.stages) + ") for the 1f1b schedule");
-  if (cfg.batch_size < pc.microbatches)
-    return Status::InvalidConfig("train.batch_size " + std::to_string(cfg.batch_size) +
-                                 " is smaller than train.parallel.microbatches " +
-                                 std::to_string(pc.microbatches) +
-                                 "; every micro-batch needs at least one row");
-  if (cfg.local_sgd_steps > 0)
-    return Status::InvalidConfig(
-        "train.local_sgd_steps: Local SGD does not combine with pipeline mode");
-  return Status::Ok();
-}
-
 StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
     const config::TrainConfig& cfg, const DistEnv& env, c10::intrusive_ptr<CountingProcessGroup> pg,
     std::chrono::milliseconds timeout) {
-  LAUNCH_RETURN_IF_ERROR(CheckLayout(cfg, env.world_size));
   std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, env, pg));
   if (engine->replicas_ > 1) {
     LAUNCH_ASSIGN_OR_RETURN(

@@ -41,11 +41,10 @@ class PipelineEngine {
   using ForwardFn = std::function<torch::Tensor(const torch::Tensor&)>;
   using LossFn = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
 
-  // The layout checks (InvalidConfig naming train.parallel.*): stages dividing the world,
-  // 1F1B micro-batches >= stages, batch_size >= micro-batches, no Local SGD. Needs no peers.
-  static Status CheckLayout(const config::TrainConfig& cfg, int world_size);
-  // CheckLayout, then joins the stage's data-parallel group when there is more than one
-  // replica. `pg` is the world (null for one process).
+  // Joins the stage's data-parallel group when there is more than one replica. `pg` is the
+  // world (null for one process).
+  // REQUIRES: config::CheckTrainRules(cfg, env.world_size) holds (the layout: stages divide
+  // the world, 1F1B micro-batches >= stages, batch_size >= micro-batches, no Local SGD).
   static StatusOr<std::unique_ptr<PipelineEngine>> Create(
       const config::TrainConfig& cfg, const DistEnv& env,
       c10::intrusive_ptr<CountingProcessGroup> pg, std::chrono::milliseconds timeout);

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "base/strings.h"
+#include "config/train_keys.h"
 #include "trainer_runtime/dp.h"
 #include "trainer_runtime/timeline.h"
 
@@ -358,16 +359,11 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg) {
   using config::ParallelMode;
   const ParallelMode mode = cfg.parallel.mode;
-  if (mode == ParallelMode::kDp) {
-    if (pg)
-      return Status::InvalidConfig(
-          "train.parallel.mode: dp drives its replicas inside one process (WORLD_SIZE " +
-          std::to_string(pg->getSize()) + "); use ddp across processes");
-    return CreateDpStrategy(cfg, model);
-  }
+  LAUNCH_RETURN_IF_ERROR(config::CheckTrainRulesStatus(cfg, pg ? pg->getSize() : 1));
+  if (mode == ParallelMode::kDp) return CreateDpStrategy(cfg, model);
   if (mode == ParallelMode::kPipeline)
     return Status::InvalidConfig(
-        "train.parallel.mode: pipeline runs its own loop (RunPipelineTrainer), not a strategy");
+        "train.parallel.mode: pipeline runs on PipelineEngine, not a strategy");
   if (cfg.local_sgd_steps > 0)
     return std::unique_ptr<ParallelStrategy>(
         std::make_unique<LocalSgdStrategy>(model, std::move(pg), cfg.local_sgd_steps));

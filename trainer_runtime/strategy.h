@@ -93,7 +93,8 @@ class ParallelStrategy {
 
 // Builds the strategy for `cfg` (parallel.mode and local_sgd_steps). `pg` may be null only
 // for a single process. `model` must outlive the strategy.
-// InvalidConfig for pipeline (not a strategy) and dp across processes.
+// InvalidConfig for pipeline (not a strategy) and for a configuration that breaks
+// config::CheckTrainRules at this world size (e.g. dp across processes).
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg);
 

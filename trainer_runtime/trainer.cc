@@ -144,19 +144,6 @@ Status Trainer::Prepare() {
         partition_,
         PartitionLayers(LayerCosts(cfg_.model), cfg_.parallel.stages, cfg_.parallel.partition));
   }
-  if (pipeline_ && cfg_.model.type == config::ModelType::kTorchScript) {
-    if (static_cast<int>(cfg_.model.torchscript_stages.size()) != cfg_.parallel.stages)
-      return Status::InvalidConfig(
-          "train.model.torchscript: pipeline mode needs a list of " +
-          std::to_string(cfg_.parallel.stages) +
-          " TorchScript files (one per stage, train.parallel.stages), got " +
-          (cfg_.model.torchscript_stages.empty()
-               ? std::string("one file")
-               : std::to_string(cfg_.model.torchscript_stages.size())));
-    if (!cfg_.parallel.partition.empty())
-      return Status::InvalidConfig(
-          "train.parallel.partition does not apply to a list of TorchScript stages");
-  }
   // A built-in model draws random numbers only for dropout: without it, DP replicas need no
   // seeded streams and run their forward passes concurrently (same results, faster).
   if (cfg_.model.type != config::ModelType::kTorchScript && cfg_.model.dropout == 0)

@@ -1,0 +1,199 @@
+// The cross-field rules of `train:` (config/train_keys.h), written once for launch, train and
+// programs that build a TrainConfig in code.
+
+#include <filesystem>
+#include <fstream>
+
+#include "base/strings.h"
+#include "config/train_keys.h"
+
+namespace launch::config {
+namespace {
+
+std::string Section(const std::string& path) {
+  size_t dot = path.rfind('.');
+  return dot == std::string::npos ? "" : path.substr(0, dot);
+}
+
+// Where a rule about `keys` points: the first of them given anywhere, else the section they
+// live in, else the train: section itself.
+std::string WhereOf(const LaunchConfig& cfg, const std::vector<std::string>& keys) {
+  for (const std::string& k : keys) {
+    auto it = cfg.origins.find("train." + k);
+    if (it != cfg.origins.end()) return it->second.ToString();
+  }
+  for (const std::string& k : keys) {
+    for (std::string s = Section(k); !s.empty(); s = Section(s)) {
+      auto it = cfg.origins.find("train." + s);
+      if (it != cfg.origins.end()) return it->second.ToString();
+    }
+  }
+  auto it = cfg.origins.find("train");
+  return it == cfg.origins.end() ? cfg.config_path : it->second.ToString();
+}
+
+TrainRuleViolation Broken(std::string key, std::string message, std::vector<std::string> at = {}) {
+  return TrainRuleViolation{std::move(key), std::move(message), std::move(at)};
+}
+
+std::string N(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int world_size) {
+  if (t.gradient_accumulation_steps < 1)
+    return Broken("gradient_accumulation_steps", "must be at least 1");
+  if (t.local_sgd_steps < 0) return Broken("local_sgd_steps", "must be 0 (off) or positive");
+
+  const ModelConfig& m = t.model;
+  switch (m.type) {
+    case ModelType::kTransformer:
+      if (m.heads < 1 || m.d_model % m.heads != 0)
+        return Broken("model.heads",
+                      "d_model " + N(m.d_model) + " is not divisible by heads " + N(m.heads),
+                      {"model.heads", "model.d_model"});
+      if (t.data.type != DataType::kText)
+        return Broken("model", "a transformer needs `data: {type: text, ...}`", {"model.type"});
+      break;
+    case ModelType::kCnn: {
+      if (m.cnn_channels.empty())
+        return Broken("model.channels", "needs at least one block, e.g. [16, 32]");
+      if (m.input_shape.size() != 3)
+        return Broken("model.input", "expected [channels, height, width], e.g. [1, 28, 28]");
+      const int64_t shrink = int64_t{1} << std::min<size_t>(m.cnn_channels.size(), 30);
+      if (m.input_shape[1] < shrink || m.input_shape[2] < shrink)
+        return Broken("model.channels",
+                      N(static_cast<int64_t>(m.cnn_channels.size())) + " blocks halve a " +
+                          N(m.input_shape[1]) + "x" + N(m.input_shape[2]) +
+                          " image to nothing; use fewer blocks (each 2x2 pooling halves it)",
+                      {"model.channels", "model.input"});
+      break;
+    }
+    case ModelType::kMlp:
+      if (m.mlp_layers.size() < 2)
+        return Broken("model.layers",
+                      "an MLP needs at least an input and an output width, e.g. [32, 10]");
+      break;
+    case ModelType::kTorchScript:
+      if (m.torchscript_path.empty() && m.torchscript_stages.empty())
+        return Broken("model", "type torchscript needs `torchscript: PATH`", {"model.type"});
+      break;
+  }
+
+  const DataConfig& d = t.data;
+  if ((d.type == DataType::kCsv || d.type == DataType::kText) && d.path.empty())
+    return Broken("data", std::string("type ") + ToString(d.type) + " needs `path: FILE`",
+                  {"data.type"});
+
+  const LossConfig& l = t.loss;
+  const bool ce = l.type == LossType::kAuto || l.type == LossType::kCrossEntropy;
+  if (!ce && (l.label_smoothing > 0 || !l.class_weights.empty() || l.ignore_index != -100))
+    return Broken("loss.type", std::string("label_smoothing, ignore_index and class_weights are "
+                                           "cross_entropy options, not ") +
+                                   ToString(l.type));
+
+  const ParallelConfig& p = t.parallel;
+  if (p.comm_hook != CommHook::kNone && p.mode != ParallelMode::kDdp)
+    return Broken("parallel.comm_hook", "applies to mode ddp (its gradient buckets), not " +
+                                            std::string(ToString(p.mode)));
+  if (p.mode == ParallelMode::kDp) {
+    if (world_size > 1)
+      return Broken("parallel.mode", "dp drives its replicas inside one process (WORLD_SIZE " +
+                                         N(world_size) + "); use ddp across processes");
+    if (t.local_sgd_steps > 0)
+      return Broken("local_sgd_steps",
+                    "Local SGD averages replicas across processes; it does not combine with "
+                    "parallel.mode dp");
+  }
+  if (p.mode == ParallelMode::kPipeline) {
+    if (p.stages < 1) return Broken("parallel.stages", "must be at least 1");
+    if (world_size > 0 && world_size % p.stages != 0)
+      return Broken("parallel.stages", N(p.stages) + " does not divide the world size " +
+                                           N(world_size) +
+                                           " (world = stages x data-parallel replicas)");
+    if (p.schedule == PipelineSchedule::k1F1B && p.microbatches < p.stages)
+      return Broken("parallel.microbatches",
+                    "1F1B needs at least as many micro-batches (" + N(p.microbatches) +
+                        ") as stages (" + N(p.stages) + ")",
+                    {"parallel.microbatches", "parallel.stages"});
+    if (t.batch_size < p.microbatches)
+      return Broken("batch_size",
+                    N(t.batch_size) + " is smaller than train.parallel.microbatches " +
+                        N(p.microbatches) + "; every micro-batch needs at least one row",
+                    {"batch_size", "parallel.microbatches"});
+    if (!p.partition.empty() && static_cast<int>(p.partition.size()) != p.stages)
+      return Broken("parallel.partition", "has " + N(static_cast<int64_t>(p.partition.size())) +
+                                              " entries but stages is " + N(p.stages));
+    if (t.local_sgd_steps > 0)
+      return Broken("local_sgd_steps", "Local SGD does not combine with pipeline mode");
+    if (m.type == ModelType::kCnn)
+      return Broken("model",
+                    "pipeline mode splits mlp, transformer or a list of TorchScript stages, not "
+                    "a cnn",
+                    {"parallel.mode"});
+    if (m.inputs != std::vector<std::string>{"input"} || !m.output_loss.empty())
+      return Broken("model",
+                    "pipeline stages take one tensor and return one tensor (no `inputs` or "
+                    "`outputs.loss`)",
+                    {"model.inputs", "model.outputs.loss"});
+    if (m.type == ModelType::kTorchScript) {
+      if (static_cast<int>(m.torchscript_stages.size()) != p.stages)
+        return Broken("model.torchscript",
+                      "pipeline mode needs a list of " + N(p.stages) +
+                          " TorchScript files (one per stage, train.parallel.stages), got " +
+                          (m.torchscript_stages.empty()
+                               ? std::string("one file")
+                               : N(static_cast<int64_t>(m.torchscript_stages.size()))));
+      if (!p.partition.empty())
+        return Broken("parallel.partition", "does not apply to a list of TorchScript stages");
+    }
+  }
+  return std::nullopt;
+}
+
+Status CheckTrainRulesStatus(const TrainConfig& t, int world_size) {
+  std::optional<TrainRuleViolation> v = CheckTrainRules(t, world_size);
+  if (!v) return Status::Ok();
+  return Status::InvalidConfig("train." + v->key + ": " + v->message);
+}
+
+Status ValidateTrain(LaunchConfig* cfg, int world_size) {
+  TrainConfig& t = cfg->train;
+  if (!t.present) return Status::Ok();
+  // Derived defaults: they depend on other keys, so they are settled once every layer is in.
+  if (!cfg->origins.count("train.optimizer.weight_decay"))
+    t.optimizer.weight_decay = t.optimizer.type == OptimizerType::kAdamW ? 0.01 : 0.0;
+  if (t.data.type == DataType::kIdx && t.data.path.empty()) t.data.path = kFashionMnistDir;
+
+  if (t.mixed_precision == "fp8") {
+    auto it = cfg->origins.find("mixed_precision");
+    return Status::InvalidConfig(
+        (it == cfg->origins.end() ? std::string("mixed_precision") : it->second.ToString()) +
+        ": mixed_precision fp8 is for a script's Accelerator; the built-in trainer takes no, "
+        "bf16 or fp16");
+  }
+  if (std::optional<TrainRuleViolation> v = CheckTrainRules(t, world_size))
+    return Status::InvalidConfig(
+        WhereOf(*cfg, v->at.empty() ? std::vector<std::string>{v->key} : v->at) + ": train." +
+        v->key + ": " + v->message);
+
+  // The data must be there before any process starts.
+  const DataConfig& d = t.data;
+  if (d.type == DataType::kIdx) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(d.path, ec))
+      return Status::InvalidConfig(
+          WhereOf(*cfg, {"data.path", "data.type"}) + ": train.data.path: '" + d.path +
+          "' is not a directory of IDX files" +
+          (d.path == kFashionMnistDir ? std::string(" (install Debian's dataset-fashion-mnist)")
+                                      : std::string()));
+  } else if (!d.path.empty() && d.type != DataType::kSynthetic) {
+    std::ifstream probe(d.path);
+    if (!probe)
+      return Status::InvalidConfig(WhereOf(*cfg, {"data.path"}) +
+                                   ": train.data.path: cannot read '" + d.path + "'");
+  }
+  return Status::Ok();
+}
+
+}  // namespace launch::config
