@@ -5,7 +5,8 @@
 // LaunchConfig), or set in code by a program that links the trainer runtime: both `train` and
 // user programs read the same struct, so a YAML section means the same thing to both.
 //
-// No YAML types and no LibTorch here: this header sits below every module that uses it.
+// No YAML types and no LibTorch here: this header sits below every module that uses it. Each
+// field's YAML key, bounds, doc line and run-identity flag are one row of config/train_keys.cc.
 
 #include <cstdint>
 #include <string>
@@ -103,9 +104,9 @@ struct OptimizerConfig {
   double lr = 3e-4;
   double weight_decay = 0.0;  // adamw: 0.01 unless given
   double momentum = 0.0;      // sgd
-  double beta1 = 0.9;         // adam, adamw
-  double beta2 = 0.999;
-  double eps = 1e-8;
+  double beta1 = 0.9;         // adam, adamw: decay of the first-moment estimate
+  double beta2 = 0.999;       // adam, adamw: decay of the second-moment estimate
+  double eps = 1e-8;          // adam, adamw: added to the denominator
   // Parameters left out of weight decay: those whose name contains one of these strings; the
   // entry `norm` also takes every parameter of a normalisation layer (BatchNorm, LayerNorm,
   // GroupNorm, InstanceNorm), whatever its name. The default leaves out biases and
@@ -133,7 +134,7 @@ struct ParallelConfig {
   // ddp: find the parameters a forward did not use (PyTorch DDP's option of the same name), so
   // a model with an unused head or branch trains; costs a graph walk per synchronised step.
   bool find_unused_parameters = false;
-  CommHook comm_hook = CommHook::kNone;  // ddp
+  CommHook comm_hook = CommHook::kNone;  // ddp: none, or bf16 (buckets travel in bfloat16)
   // dp: each replica's forward pass runs alone, drawing from its own seeded random stream, so
   // dropout is reproducible and resumes exactly (backward passes still run in parallel).
   // false runs the forwards concurrently: faster, for models that draw no random numbers.

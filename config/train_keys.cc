@@ -42,14 +42,18 @@ TrainValue TrainValue::FromText(const std::string& text, bool list_key) {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Row builders. A field is reached through a function (captureless lambda) so rows can name
-// nested members; `show` goes through the same accessor.
+// Row builders. A row reaches its field through FIELD(path.in.struct), a captureless accessor,
+// so rows can name nested members; `show` goes through the same accessor.
 
-template <typename T>
-using Ref = T& (*)(TrainConfig&);
+#define FIELD(member) \
+  [](TrainConfig & t) -> auto& { return t.member; }
 
-template <typename T>
-T& Get(Ref<T> ref, const TrainConfig& t) {
+template <typename Ref>
+using FieldType =
+    std::remove_reference_t<decltype(std::declval<Ref>()(std::declval<TrainConfig&>()))>;
+
+template <typename Ref>
+FieldType<Ref>& Get(Ref ref, const TrainConfig& t) {
   return ref(const_cast<TrainConfig&>(t));
 }
 
@@ -69,8 +73,9 @@ TrainKey Row(std::string path, std::string doc) {
   return k;
 }
 
-template <typename T>
-TrainKey Value(std::string path, Ref<T> ref, std::string doc) {
+// Any value its parser takes: text, a boolean, a number.
+template <typename Ref>
+TrainKey Value(std::string path, Ref ref, std::string doc) {
   TrainKey k = Row(std::move(path), std::move(doc));
   k.set = [ref](const TrainValue& v, TrainConfig* t) {
     std::string err = NeedScalar(v);
@@ -82,12 +87,12 @@ TrainKey Value(std::string path, Ref<T> ref, std::string doc) {
 }
 
 // A number in [lo, hi]; out of range leaves the field as it was.
-template <typename T>
-TrainKey Range(std::string path, Ref<T> ref, T lo, T hi, std::string doc) {
+template <typename Ref>
+TrainKey Range(std::string path, Ref ref, FieldType<Ref> lo, FieldType<Ref> hi, std::string doc) {
   TrainKey k = Value(std::move(path), ref, std::move(doc));
   k.set = [ref, lo, hi](const TrainValue& v, TrainConfig* t) {
     std::string err = NeedScalar(v);
-    T x{};
+    FieldType<Ref> x{};
     if (err.empty()) err = ParseValue(v.scalar, &x);
     if (!err.empty()) return err;
     if (x < lo || x > hi) {
@@ -101,8 +106,8 @@ TrainKey Range(std::string path, Ref<T> ref, T lo, T hi, std::string doc) {
   return k;
 }
 
-template <typename E>
-TrainKey Enum(std::string path, Ref<E> ref, const EnumTable<E>& table, std::string doc) {
+template <typename Ref, typename E>
+TrainKey Enum(std::string path, Ref ref, const EnumTable<E>& table, std::string doc) {
   TrainKey k = Row(std::move(path), std::move(doc));
   k.set = [ref, &table](const TrainValue& v, TrainConfig* t) {
     std::string err = NeedScalar(v);
@@ -118,15 +123,17 @@ TrainKey Enum(std::string path, Ref<E> ref, const EnumTable<E>& table, std::stri
 }
 
 // A list whose items are each >= min_value.
-template <typename T>
-TrainKey List(std::string path, Ref<std::vector<T>> ref, T min_value, std::string doc) {
+template <typename Ref>
+TrainKey List(std::string path, Ref ref, typename FieldType<Ref>::value_type min_value,
+              std::string doc) {
+  using Item = typename FieldType<Ref>::value_type;
   TrainKey k = Row(std::move(path), std::move(doc));
   k.is_list = true;
   k.set = [ref, min_value](const TrainValue& v, TrainConfig* t) {
     if (!v.is_list) return std::string("expected a list like [a, b, c]");
-    std::vector<T> items;
+    std::vector<Item> items;
     for (const std::string& item : v.items) {
-      T x{};
+      Item x{};
       std::string err = ParseValue(item, &x);
       if (err.empty() && x < min_value) {
         std::ostringstream msg;
@@ -141,32 +148,8 @@ TrainKey List(std::string path, Ref<std::vector<T>> ref, T min_value, std::strin
   };
   k.show = [ref](const TrainConfig& t) {
     std::vector<std::string> items;
-    for (const T& x : Get(ref, t)) items.push_back(Text(x));
+    for (const Item& x : Get(ref, t)) items.push_back(Text(x));
     return TrainValue::List(items);
-  };
-  return k;
-}
-
-// Chainable refinements of a row.
-TrainKey When(TrainKey k, std::function<bool(const TrainConfig&)> applies, std::string doc) {
-  k.applies = std::move(applies);
-  k.applies_doc = std::move(doc);
-  return k;
-}
-TrainKey Identity(TrainKey k, std::function<bool(const TrainConfig&)> only_if = nullptr) {
-  k.identity = true;
-  k.identity_if = std::move(only_if);
-  return k;
-}
-// Also checked when set: a rule about this key alone.
-TrainKey Check(TrainKey k, std::function<std::string(const TrainConfig&)> rule) {
-  auto set = k.set;
-  k.set = [set, rule](const TrainValue& v, TrainConfig* t) {
-    TrainConfig before = *t;
-    std::string err = set(v, t);
-    if (err.empty()) err = rule(*t);
-    if (!err.empty()) *t = before;
-    return err;
   };
   return k;
 }
@@ -174,6 +157,7 @@ TrainKey Check(TrainKey k, std::function<std::string(const TrainConfig&)> rule) 
 bool ModelIs(const TrainConfig& t, ModelType m) { return t.model.type == m; }
 bool DataIs(const TrainConfig& t, DataType d) { return t.data.type == d; }
 bool ModeIs(const TrainConfig& t, ParallelMode m) { return t.parallel.mode == m; }
+bool OptimizerIs(const TrainConfig& t, OptimizerType o) { return t.optimizer.type == o; }
 
 auto Model(ModelType m) {
   return [m](const TrainConfig& t) { return ModelIs(t, m); };
@@ -185,350 +169,260 @@ auto Mode(ParallelMode m) {
   return [m](const TrainConfig& t) { return ModeIs(t, m); };
 }
 
+// `torchscript: PATH` (or a list, one module per pipeline stage) selects the TorchScript model
+// without a `type`.
+TrainKey TorchScriptKey() {
+  TrainKey k =
+      Row("model.torchscript", "a module saved by torch.jit.save (a list: one per pipeline stage)");
+  k.set = [](const TrainValue& v, TrainConfig* t) {
+    t->model.type = ModelType::kTorchScript;
+    if (v.is_list) {
+      t->model.torchscript_stages = v.items;
+    } else {
+      t->model.torchscript_path = v.scalar;
+    }
+    return std::string();
+  };
+  k.show = [](const TrainConfig& t) {
+    return t.model.torchscript_stages.empty() ? TrainValue::Scalar(t.model.torchscript_path)
+                                              : TrainValue::List(t.model.torchscript_stages);
+  };
+  return k;
+}
+
+// `vocab: bytes` is 256 byte tokens; otherwise a count.
+TrainKey VocabKey() {
+  TrainKey k = Range("model.vocab", FIELD(model.vocab_size), 2, 1 << 20,
+                     "token count; `bytes` = 256 byte tokens");
+  auto number = k.set;
+  k.set = [number](const TrainValue& v, TrainConfig* t) {
+    if (!v.is_list && ToLower(Trim(v.scalar)) == "bytes") {
+      t->model.vocab_size = 256;
+      return std::string();
+    }
+    return number(v, t);
+  };
+  return k;
+}
+
+// The table. Order matters: a key that selects (torchscript, the types, parallel.mode) comes
+// before the keys whose applicability depends on it.
 std::vector<TrainKey> BuildTable() {
-  using T = TrainConfig;
   const int64_t kBig = int64_t{1} << 40;
+  const auto mlp_or_script = [](const TrainConfig& t) {
+    return ModelIs(t, ModelType::kMlp) || ModelIs(t, ModelType::kTorchScript);
+  };
+  const auto sgd = [](const TrainConfig& t) { return OptimizerIs(t, OptimizerType::kSgd); };
+  const auto not_sgd = [](const TrainConfig& t) { return !OptimizerIs(t, OptimizerType::kSgd); };
+  const char* kTransformer = "model.type transformer";
+  const char* kCnn = "model.type cnn";
+  const char* kScript = "model.type torchscript";
+  const char* kIdx = "data.type idx";
   std::vector<TrainKey> rows = {
-      Identity(Value<uint64_t>(
-          "seed", [](T& t) -> uint64_t& { return t.seed; },
-          "seed of initialisation, data order, dropout and augmentation")),
-      Value<std::string>(
-          "output_dir", [](T& t) -> std::string& { return t.output_dir; },
-          "metrics.jsonl, final.json, model.pt, checkpoints/ (and effective_config.yaml)"),
+      Value("seed", FIELD(seed), "seed of initialisation, data order, dropout, augmentation")
+          .Identity(),
+      Value("output_dir", FIELD(output_dir),
+            "metrics.jsonl, final.json, model.pt, checkpoints/, effective_config.yaml"),
 
-      // ---- model: `torchscript: PATH` (or a list, one module per pipeline stage) selects the
-      // TorchScript model without a type, so it comes first.
-      [] {
-        TrainKey k = Row("model.torchscript",
-                         "a module saved by torch.jit.save (a list: one per pipeline stage)");
-        k.applies = Model(ModelType::kTorchScript);
-        k.applies_doc = "model.type torchscript";
-        k.set = [](const TrainValue& v, T* t) {
-          t->model.type = ModelType::kTorchScript;
-          if (v.is_list) {
-            t->model.torchscript_stages = v.items;
-          } else {
-            t->model.torchscript_path = v.scalar;
-          }
-          return std::string();
-        };
-        k.show = [](const T& t) {
-          return t.model.torchscript_stages.empty() ? TrainValue::Scalar(t.model.torchscript_path)
-                                                    : TrainValue::List(t.model.torchscript_stages);
-        };
-        return Identity(k);
-      }(),
-      Identity(Enum<ModelType>(
-          "model.type", [](T& t) -> ModelType& { return t.model.type; }, kModelTypes,
-          "the network")),
-      Identity(
-          When(
-              List<int64_t>(
-                  "model.layers", [](T& t) -> std::vector<int64_t>& { return t.model.mlp_layers; },
-                  1, "layer widths, input first and output last"),
-              [](const T& t) {
-                return !ModelIs(t, ModelType::kTransformer) && !ModelIs(t, ModelType::kCnn);
-              },
-              "model.type mlp or torchscript"),
-          Model(ModelType::kMlp)),
-      Identity(When(
-          [] {
-            TrainKey k = Range<int64_t>(
-                "model.vocab", [](T& t) -> int64_t& { return t.model.vocab_size; }, 2, 1 << 20,
-                "token count; `bytes` = 256 byte tokens");
-            auto number = k.set;
-            k.set = [number](const TrainValue& v, T* t) {
-              if (!v.is_list && ToLower(Trim(v.scalar)) == "bytes") {
-                t->model.vocab_size = 256;
-                return std::string();
-              }
-              return number(v, t);
-            };
-            return k;
-          }(),
-          Model(ModelType::kTransformer), "model.type transformer")),
-      Identity(When(Range<int64_t>(
-                        "model.d_model", [](T& t) -> int64_t& { return t.model.d_model; }, 1,
-                        1 << 16, "embedding width"),
-                    Model(ModelType::kTransformer), "model.type transformer")),
-      Identity(When(Range<int64_t>(
-                        "model.layers", [](T& t) -> int64_t& { return t.model.transformer_layers; },
-                        1, 1024, "transformer blocks"),
-                    Model(ModelType::kTransformer), "model.type transformer")),
-      Identity(When(Range<int64_t>(
-                        "model.heads", [](T& t) -> int64_t& { return t.model.heads; }, 1, 1024,
-                        "attention heads (divide d_model)"),
-                    Model(ModelType::kTransformer), "model.type transformer")),
-      Identity(When(Range<int64_t>(
-                        "model.context", [](T& t) -> int64_t& { return t.model.context; }, 1,
-                        1 << 20, "maximum sequence length"),
-                    Model(ModelType::kTransformer), "model.type transformer")),
-      Identity(When(
-          List<int64_t>(
-              "model.channels", [](T& t) -> std::vector<int64_t>& { return t.model.cnn_channels; },
-              1, "one conv/batch-norm/ReLU/pool block per entry"),
-          Model(ModelType::kCnn), "model.type cnn")),
-      Identity(When(Range<int64_t>(
-                        "model.hidden", [](T& t) -> int64_t& { return t.model.cnn_hidden; }, 0,
-                        1 << 24, "classifier's hidden width; 0 = none"),
-                    Model(ModelType::kCnn), "model.type cnn")),
-      Identity(When(Range<int64_t>(
-                        "model.classes", [](T& t) -> int64_t& { return t.model.classes; }, 2,
-                        1 << 24, "outputs of the head"),
-                    Model(ModelType::kCnn), "model.type cnn")),
-      Identity(When(Value<bool>(
-                        "model.batch_norm", [](T& t) -> bool& { return t.model.batch_norm; },
-                        "batch norm in each block"),
-                    Model(ModelType::kCnn), "model.type cnn")),
-      Identity(When(Check(List<int64_t>(
-                              "model.input",
-                              [](T& t) -> std::vector<int64_t>& { return t.model.input_shape; }, 1,
-                              "one image's [channels, height, width]"),
-                          [](const T& t) {
-                            return t.model.input_shape.size() != 3
-                                       ? "expected [channels, height, width], e.g. [1, 28, 28]"
-                                       : "";
-                          }),
-                    Model(ModelType::kCnn), "model.type cnn")),
-      Identity(Range<double>(
-                   "model.dropout", [](T& t) -> double& { return t.model.dropout; }, 0.0, 0.99,
-                   "dropout probability"),
-               [](const T& t) { return !ModelIs(t, ModelType::kTorchScript); }),
-      Identity(When(Check(List<std::string>(
-                              "model.inputs",
-                              [](T& t) -> std::vector<std::string>& { return t.model.inputs; },
-                              std::string(), "batch fields passed to forward: input, target"),
-                          [](const T& t) -> std::string {
-                            for (const std::string& field : t.model.inputs)
-                              if (field != "input" && field != "target")
-                                return "'" + field +
-                                       "' is not a batch field; fields are input, target";
-                            if (t.model.inputs.empty())
-                              return "forward needs at least one input, e.g. [input]";
-                            return "";
-                          }),
-                    Model(ModelType::kTorchScript), "model.type torchscript")),
-      Identity(When(
-          Value<std::string>(
-              "model.outputs.logits", [](T& t) -> std::string& { return t.model.output_logits; },
-              "where the logits are: tuple index or dict key (default 0 / logits)"),
-          Model(ModelType::kTorchScript), "model.type torchscript")),
-      Identity(
-          When(Value<std::string>(
-                   "model.outputs.loss", [](T& t) -> std::string& { return t.model.output_loss; },
-                   "where a model's own loss is (tuple index or dict key); none by default"),
-               Model(ModelType::kTorchScript), "model.type torchscript")),
+      // ---- model
+      TorchScriptKey().When(Model(ModelType::kTorchScript), kScript).Identity(),
+      Enum("model.type", FIELD(model.type), kModelTypes, "the network").Identity(),
+      List("model.layers", FIELD(model.mlp_layers), 1, "layer widths, input first, output last")
+          .When(mlp_or_script, "model.type mlp or torchscript")
+          .Identity(Model(ModelType::kMlp)),
+      VocabKey().When(Model(ModelType::kTransformer), kTransformer).Identity(),
+      Range("model.d_model", FIELD(model.d_model), 1, 1 << 16, "embedding width")
+          .When(Model(ModelType::kTransformer), kTransformer)
+          .Identity(),
+      Range("model.layers", FIELD(model.transformer_layers), 1, 1024, "transformer blocks")
+          .When(Model(ModelType::kTransformer), kTransformer)
+          .Identity(),
+      Range("model.heads", FIELD(model.heads), 1, 1024, "attention heads (divide d_model)")
+          .When(Model(ModelType::kTransformer), kTransformer)
+          .Identity(),
+      Range("model.context", FIELD(model.context), 1, 1 << 20, "maximum sequence length")
+          .When(Model(ModelType::kTransformer), kTransformer)
+          .Identity(),
+      List("model.channels", FIELD(model.cnn_channels), 1,
+           "one conv/batch-norm/ReLU/pool block per entry")
+          .When(Model(ModelType::kCnn), kCnn)
+          .Identity(),
+      Range("model.hidden", FIELD(model.cnn_hidden), 0, 1 << 24,
+            "classifier's hidden width; 0 = none")
+          .When(Model(ModelType::kCnn), kCnn)
+          .Identity(),
+      Range("model.classes", FIELD(model.classes), 2, 1 << 24, "outputs of the head")
+          .When(Model(ModelType::kCnn), kCnn)
+          .Identity(),
+      Value("model.batch_norm", FIELD(model.batch_norm), "batch norm in each block")
+          .When(Model(ModelType::kCnn), kCnn)
+          .Identity(),
+      List("model.input", FIELD(model.input_shape), 1, "one image's [channels, height, width]")
+          .When(Model(ModelType::kCnn), kCnn)
+          .Identity(),
+      Range("model.dropout", FIELD(model.dropout), 0.0, 0.99, "dropout probability")
+          .Identity([](const TrainConfig& t) { return !ModelIs(t, ModelType::kTorchScript); }),
+      List("model.inputs", FIELD(model.inputs), std::string(),
+           "batch fields forward takes: input, target")
+          .When(Model(ModelType::kTorchScript), kScript)
+          .Identity(),
+      Value("model.outputs.logits", FIELD(model.output_logits),
+            "where the logits are: tuple index or dict key (default 0 / logits)")
+          .When(Model(ModelType::kTorchScript), kScript)
+          .Identity(),
+      Value("model.outputs.loss", FIELD(model.output_loss),
+            "where a model's own loss is: tuple index or dict key; none by default")
+          .When(Model(ModelType::kTorchScript), kScript)
+          .Identity(),
 
-      // ---- data
-      Identity(Enum<DataType>(
-          "data.type", [](T& t) -> DataType& { return t.data.type; }, kDataTypes, "the data set")),
-      Identity(Range<int64_t>(
-                   "data.samples", [](T& t) -> int64_t& { return t.data.samples; }, 1, kBig,
-                   "synthetic: samples drawn"),
-               Data(DataType::kSynthetic)),
-      Identity(Value<uint64_t>(
-                   "data.teacher_seed", [](T& t) -> uint64_t& { return t.data.teacher_seed; },
-                   "synthetic: the teacher network's seed"),
-               Data(DataType::kSynthetic)),
-      Identity(Value<std::string>(
-                   "data.path", [](T& t) -> std::string& { return t.data.path; },
-                   "csv/text: the file; idx: the directory (default Debian's Fashion-MNIST)"),
-               [](const T& t) { return !DataIs(t, DataType::kSynthetic); }),
-      Identity(Value<std::string>(
-                   "data.label_column", [](T& t) -> std::string& { return t.data.label_column; },
-                   "csv: the label's column"),
-               Data(DataType::kCsv)),
-      Identity(Range<int64_t>(
-                   "data.context", [](T& t) -> int64_t& { return t.data.context; }, 0, 1 << 20,
-                   "text: bytes per sample; 0 = model.context"),
-               Data(DataType::kText)),
-      Identity(When(Range<double>(
-                        "data.mean", [](T& t) -> double& { return t.data.mean; }, -1e6, 1e6,
-                        "pixel normalisation: (byte / 255 - mean) / std"),
-                    Data(DataType::kIdx), "data.type idx")),
-      Identity(When(Range<double>(
-                        "data.std", [](T& t) -> double& { return t.data.std; }, 1e-9, 1e6,
-                        "pixel normalisation: (byte / 255 - mean) / std"),
-                    Data(DataType::kIdx), "data.type idx")),
-      Identity(When(
-          Range<int64_t>(
-              "data.augment.crop_padding", [](T& t) -> int64_t& { return t.data.crop_padding; }, 0,
-              1024, "random crop after padding each side by this many pixels; 0 = none"),
-          Data(DataType::kIdx), "data.type idx")),
-      Identity(When(Value<bool>(
-                        "data.augment.flip", [](T& t) -> bool& { return t.data.flip; },
-                        "random horizontal flips"),
-                    Data(DataType::kIdx), "data.type idx")),
-      Identity(Value<bool>(
-          "data.shuffle", [](T& t) -> bool& { return t.data.shuffle; },
-          "reshuffle every epoch (DistributedSampler's order)")),
-      Identity(Range<double>(
-          "eval_fraction", [](T& t) -> double& { return t.eval_fraction; }, 0.0, 0.9,
-          "held-out share of the data (idx: the t10k-* files when present)")),
-      Identity(Range<int64_t>(
-          "batch_size", [](T& t) -> int64_t& { return t.batch_size; }, 1, 1 << 24,
-          "per process, per micro-batch")),
-      Range<int64_t>(
-          "max_steps", [](T& t) -> int64_t& { return t.max_steps; }, 0, kBig,
-          "optimizer steps; 0 = run `epochs`"),
-      Range<int64_t>(
-          "epochs", [](T& t) -> int64_t& { return t.epochs; }, 0, 1 << 20,
-          "used when max_steps is 0 (then at least 1)"),
+      // ---- data (keys of one data type are accepted with any: a flag may change the type)
+      Enum("data.type", FIELD(data.type), kDataTypes, "the data set").Identity(),
+      Range("data.samples", FIELD(data.samples), 1, kBig, "synthetic: samples drawn")
+          .Identity(Data(DataType::kSynthetic)),
+      Value("data.teacher_seed", FIELD(data.teacher_seed), "synthetic: the teacher's seed")
+          .Identity(Data(DataType::kSynthetic)),
+      Value("data.path", FIELD(data.path),
+            "csv/text: the file; idx: the directory (default Debian's Fashion-MNIST)")
+          .Identity([](const TrainConfig& t) { return !DataIs(t, DataType::kSynthetic); }),
+      Value("data.label_column", FIELD(data.label_column), "csv: the label's column")
+          .Identity(Data(DataType::kCsv)),
+      Range("data.context", FIELD(data.context), 0, 1 << 20,
+            "text: bytes per sample; 0 = model.context")
+          .Identity(Data(DataType::kText)),
+      Range("data.mean", FIELD(data.mean), -1e6, 1e6, "normalisation: (byte/255 - mean) / std")
+          .When(Data(DataType::kIdx), kIdx)
+          .Identity(),
+      Range("data.std", FIELD(data.std), 1e-9, 1e6, "normalisation: (byte/255 - mean) / std")
+          .When(Data(DataType::kIdx), kIdx)
+          .Identity(),
+      Range("data.augment.crop_padding", FIELD(data.crop_padding), 0, 1024,
+            "random crop after padding each side by this many pixels; 0 = none")
+          .When(Data(DataType::kIdx), kIdx)
+          .Identity(),
+      Value("data.augment.flip", FIELD(data.flip), "random horizontal flips")
+          .When(Data(DataType::kIdx), kIdx)
+          .Identity(),
+      Value("data.shuffle", FIELD(data.shuffle), "reshuffle every epoch (DistributedSampler)")
+          .Identity(),
+      Range("eval_fraction", FIELD(eval_fraction), 0.0, 0.9,
+            "held-out share of the data (idx: the t10k-* files when present)")
+          .Identity(),
+      Range("batch_size", FIELD(batch_size), 1, 1 << 24, "per process, per micro-batch").Identity(),
+      Range("max_steps", FIELD(max_steps), 0, kBig, "optimizer steps; 0 = run `epochs`"),
+      Range("epochs", FIELD(epochs), 0, 1 << 20, "used when max_steps is 0 (then at least 1)"),
 
-      // ---- optimizer (its type sets weight_decay's default: 0.01 for adamw, else 0)
-      Identity(Enum<OptimizerType>(
-          "optimizer.type", [](T& t) -> OptimizerType& { return t.optimizer.type; }, kOptimizers,
-          "the optimizer")),
-      Identity(Range<double>(
-          "optimizer.lr", [](T& t) -> double& { return t.optimizer.lr; }, 1e-12, 1e3,
-          "learning rate (peak, with a scheduler)")),
-      Identity(Range<double>(
-          "optimizer.weight_decay", [](T& t) -> double& { return t.optimizer.weight_decay; }, 0.0,
-          10.0, "decoupled for adamw; default 0.01 for adamw, else 0")),
-      Identity(Range<double>(
-                   "optimizer.momentum", [](T& t) -> double& { return t.optimizer.momentum; }, 0.0,
-                   0.9999, "sgd: momentum"),
-               [](const T& t) { return t.optimizer.type == OptimizerType::kSgd; }),
-      Identity(Range<double>(
-                   "optimizer.beta1", [](T& t) -> double& { return t.optimizer.beta1; }, 0.0,
-                   0.9999999, "adam/adamw: first-moment decay"),
-               [](const T& t) { return t.optimizer.type != OptimizerType::kSgd; }),
-      Identity(Range<double>(
-                   "optimizer.beta2", [](T& t) -> double& { return t.optimizer.beta2; }, 0.0,
-                   0.9999999, "adam/adamw: second-moment decay"),
-               [](const T& t) { return t.optimizer.type != OptimizerType::kSgd; }),
-      Identity(Range<double>(
-                   "optimizer.eps", [](T& t) -> double& { return t.optimizer.eps; }, 1e-30, 1.0,
-                   "adam/adamw: denominator term"),
-               [](const T& t) { return t.optimizer.type != OptimizerType::kSgd; }),
-      Identity(List<std::string>(
-          "optimizer.no_decay",
-          [](T& t) -> std::vector<std::string>& { return t.optimizer.no_decay; }, std::string(),
-          "parameters without weight decay (name contains; `norm`: norm layers)")),
+      // ---- optimizer (its type sets weight_decay's default: ValidateTrain)
+      Enum("optimizer.type", FIELD(optimizer.type), kOptimizers, "the optimizer").Identity(),
+      Range("optimizer.lr", FIELD(optimizer.lr), 1e-12, 1e3, "learning rate (peak)").Identity(),
+      Range("optimizer.weight_decay", FIELD(optimizer.weight_decay), 0.0, 10.0,
+            "decoupled for adamw; default 0.01 for adamw, else 0")
+          .Identity(),
+      Range("optimizer.momentum", FIELD(optimizer.momentum), 0.0, 0.9999, "sgd: momentum")
+          .Identity(sgd),
+      Range("optimizer.beta1", FIELD(optimizer.beta1), 0.0, 0.9999999,
+            "adam/adamw: first-moment decay")
+          .Identity(not_sgd),
+      Range("optimizer.beta2", FIELD(optimizer.beta2), 0.0, 0.9999999,
+            "adam/adamw: second-moment decay")
+          .Identity(not_sgd),
+      Range("optimizer.eps", FIELD(optimizer.eps), 1e-30, 1.0, "adam/adamw: denominator term")
+          .Identity(not_sgd),
+      List("optimizer.no_decay", FIELD(optimizer.no_decay), std::string(),
+           "no weight decay where the name contains one (`norm`: every norm layer)")
+          .Identity(),
 
-      // ---- scheduler
-      Identity(Enum<SchedulerType>(
-          "scheduler.type", [](T& t) -> SchedulerType& { return t.scheduler.type; }, kSchedulers,
-          "learning-rate schedule")),
-      Identity(Range<int64_t>(
-          "scheduler.warmup_steps", [](T& t) -> int64_t& { return t.scheduler.warmup_steps; }, 0,
-          kBig, "linear warm-up from 0 to lr")),
-      Identity(
-          Range<double>(
-              "scheduler.min_lr_ratio", [](T& t) -> double& { return t.scheduler.min_lr_ratio; },
-              0.0, 1.0, "decay floor as a fraction of lr"),
-          [](const T& t) { return t.scheduler.type != SchedulerType::kConstant; }),
-      Identity(Range<double>(
-          "max_grad_norm", [](T& t) -> double& { return t.max_grad_norm; }, 0.0, 1e9,
-          "clip the global gradient norm; 0 = no clipping")),
+      // ---- scheduler, clipping, loss
+      Enum("scheduler.type", FIELD(scheduler.type), kSchedulers, "learning-rate schedule")
+          .Identity(),
+      Range("scheduler.warmup_steps", FIELD(scheduler.warmup_steps), 0, kBig,
+            "linear warm-up from 0 to lr")
+          .Identity(),
+      Range("scheduler.min_lr_ratio", FIELD(scheduler.min_lr_ratio), 0.0, 1.0,
+            "decay floor as a fraction of lr")
+          .Identity(
+              [](const TrainConfig& t) { return t.scheduler.type != SchedulerType::kConstant; }),
+      Range("max_grad_norm", FIELD(max_grad_norm), 0.0, 1e9,
+            "clip the global gradient norm; 0 = no clipping")
+          .Identity(),
+      Enum("loss.type", FIELD(loss.type), kLossTypes,
+           "auto: cross_entropy for classes, mse for regression")
+          .Identity(),
+      Range("loss.label_smoothing", FIELD(loss.label_smoothing), 0.0, 1.0, "cross_entropy")
+          .Identity(),
+      Value("loss.ignore_index", FIELD(loss.ignore_index),
+            "cross_entropy: targets equal to it do not count")
+          .Identity(),
+      List("loss.class_weights", FIELD(loss.class_weights), 0.0,
+           "cross_entropy: one weight per class; [] = equal")
+          .Identity(),
+      Enum("save_model", FIELD(save_model), kSaveModel,
+           "model.pt for PyTorch: at the end, at every checkpoint too, or never"),
 
-      // ---- loss
-      Identity(Enum<LossType>(
-          "loss.type", [](T& t) -> LossType& { return t.loss.type; }, kLossTypes,
-          "auto: cross_entropy for classes, mse for regression")),
-      Identity(Range<double>(
-          "loss.label_smoothing", [](T& t) -> double& { return t.loss.label_smoothing; }, 0.0, 1.0,
-          "cross_entropy")),
-      Identity(Value<int64_t>(
-          "loss.ignore_index", [](T& t) -> int64_t& { return t.loss.ignore_index; },
-          "cross_entropy: targets equal to it do not count")),
-      Identity(List<double>(
-          "loss.class_weights", [](T& t) -> std::vector<double>& { return t.loss.class_weights; },
-          0.0, "cross_entropy: one weight per class; [] = equal")),
-      Enum<SaveModel>(
-          "save_model", [](T& t) -> SaveModel& { return t.save_model; }, kSaveModel,
-          "model.pt for PyTorch: at the end, at every checkpoint too, or never"),
-
-      // ---- parallel
-      Identity(Enum<ParallelMode>(
-          "parallel.mode", [](T& t) -> ParallelMode& { return t.parallel.mode; }, kParallelModes,
-          "how processes share the work")),
-      Range<double>(
-          "parallel.bucket_cap_mb", [](T& t) -> double& { return t.parallel.bucket_cap_mb; }, 0.001,
-          1e5, "ddp: gradient bucket size (the first bucket is 1 MB)"),
-      Identity(Range<int>(
-                   "parallel.replicas", [](T& t) -> int& { return t.parallel.replicas; }, 1, 1024,
-                   "dp: replicas (threads or devices) in one process"),
-               Mode(ParallelMode::kDp)),
-      Identity(Range<int>(
-                   "parallel.stages", [](T& t) -> int& { return t.parallel.stages; }, 1, 1024,
-                   "pipeline: processes per pipeline (world = stages x replicas)"),
-               Mode(ParallelMode::kPipeline)),
-      Identity(Range<int>(
-                   "parallel.microbatches", [](T& t) -> int& { return t.parallel.microbatches; }, 1,
-                   1 << 20, "pipeline: micro-batches per optimizer step"),
-               Mode(ParallelMode::kPipeline)),
-      Identity(
-          Enum<PipelineSchedule>(
-              "parallel.schedule", [](T& t) -> PipelineSchedule& { return t.parallel.schedule; },
-              kSchedules, "pipeline schedule"),
-          Mode(ParallelMode::kPipeline)),
-      Identity(List<int64_t>(
-                   "parallel.partition",
-                   [](T& t) -> std::vector<int64_t>& { return t.parallel.partition; }, 1,
-                   "pipeline: layers per stage; [] = balanced by parameters"),
-               Mode(ParallelMode::kPipeline)),
-      Identity(
-          Value<bool>(
-              "parallel.loss_in_replica", [](T& t) -> bool& { return t.parallel.loss_in_replica; },
-              "dp: the loss inside each replica (scalar gather)"),
-          Mode(ParallelMode::kDp)),
-      Value<bool>(
-          "parallel.find_unused_parameters",
-          [](T& t) -> bool& { return t.parallel.find_unused_parameters; },
-          "ddp: find parameters a forward did not use (costs a graph walk)"),
-      Identity(Enum<CommHook>(
-                   "parallel.comm_hook", [](T& t) -> CommHook& { return t.parallel.comm_hook; },
-                   kCommHooks, "ddp: buckets all-reduced as they are, or in bfloat16"),
-               [](const T& t) {
-                 return ModeIs(t, ParallelMode::kDdp) && t.parallel.comm_hook != CommHook::kNone;
-               }),
-      Identity(Value<bool>(
-                   "parallel.dp_seeded_replicas",
-                   [](T& t) -> bool& { return t.parallel.dp_seeded_replicas; },
-                   "dp: forwards one at a time, each from its own seeded stream"),
-               Mode(ParallelMode::kDp)),
+      // ---- parallel (a mode's keys are accepted with any mode: a flag may change the mode)
+      Enum("parallel.mode", FIELD(parallel.mode), kParallelModes, "how processes share the work")
+          .Identity(),
+      Range("parallel.bucket_cap_mb", FIELD(parallel.bucket_cap_mb), 0.001, 1e5,
+            "ddp: gradient bucket size (the first bucket is 1 MB)"),
+      Range("parallel.replicas", FIELD(parallel.replicas), 1, 1024,
+            "dp: replicas (threads or devices) in one process")
+          .Identity(Mode(ParallelMode::kDp)),
+      Range("parallel.stages", FIELD(parallel.stages), 1, 1024,
+            "pipeline: processes per pipeline (world = stages x replicas)")
+          .Identity(Mode(ParallelMode::kPipeline)),
+      Range("parallel.microbatches", FIELD(parallel.microbatches), 1, 1 << 20,
+            "pipeline: micro-batches per optimizer step")
+          .Identity(Mode(ParallelMode::kPipeline)),
+      Enum("parallel.schedule", FIELD(parallel.schedule), kSchedules, "pipeline schedule")
+          .Identity(Mode(ParallelMode::kPipeline)),
+      List("parallel.partition", FIELD(parallel.partition), 1,
+           "pipeline: layers per stage; [] = balanced by parameters")
+          .Identity(Mode(ParallelMode::kPipeline)),
+      Value("parallel.loss_in_replica", FIELD(parallel.loss_in_replica),
+            "dp: the loss inside each replica (scalar gather)")
+          .Identity(Mode(ParallelMode::kDp)),
+      Value("parallel.find_unused_parameters", FIELD(parallel.find_unused_parameters),
+            "ddp: find parameters a forward did not use (costs a graph walk)"),
+      // In the identity only when on: checkpoints from before the key still match.
+      Enum("parallel.comm_hook", FIELD(parallel.comm_hook), kCommHooks,
+           "ddp: buckets all-reduced as they are, or in bfloat16")
+          .Identity([](const TrainConfig& t) {
+            return ModeIs(t, ParallelMode::kDdp) && t.parallel.comm_hook != CommHook::kNone;
+          }),
+      Value("parallel.dp_seeded_replicas", FIELD(parallel.dp_seeded_replicas),
+            "dp: forwards one at a time, each from its own seeded stream")
+          .Identity(Mode(ParallelMode::kDp)),
 
       // ---- the step
-      Identity(Range<int>(
-          "gradient_accumulation_steps", [](T& t) -> int& { return t.gradient_accumulation_steps; },
-          1, 1 << 20, "micro-batches per optimizer step")),
-      Identity(Value<bool>(
-          "sync_each_batch", [](T& t) -> bool& { return t.sync_each_batch; },
-          "all-reduce every micro-batch (no no_sync)")),
-      Identity(Value<bool>(
-          "sync_with_dataloader", [](T& t) -> bool& { return t.sync_with_dataloader; },
-          "the accumulation window also closes at the loader's end")),
-      Identity(Range<int>(
-          "local_sgd_steps", [](T& t) -> int& { return t.local_sgd_steps; }, 0, 1 << 20,
-          "> 0: no gradient all-reduce; average parameters every K steps")),
+      Range("gradient_accumulation_steps", FIELD(gradient_accumulation_steps), 1, 1 << 20,
+            "micro-batches per optimizer step")
+          .Identity(),
+      Value("sync_each_batch", FIELD(sync_each_batch), "all-reduce every micro-batch (no no_sync)")
+          .Identity(),
+      Value("sync_with_dataloader", FIELD(sync_with_dataloader),
+            "the accumulation window also closes at the loader's end")
+          .Identity(),
+      Range("local_sgd_steps", FIELD(local_sgd_steps), 0, 1 << 20,
+            "> 0: no gradient all-reduce; average parameters every K steps")
+          .Identity(),
 
       // ---- checkpoints, logs
-      Range<int64_t>(
-          "checkpoint_every", [](T& t) -> int64_t& { return t.checkpoint_every; }, 0, kBig,
-          "optimizer steps; 0 = only at the end"),
-      Value<std::string>(
-          "resume", [](T& t) -> std::string& { return t.resume; },
-          "auto | never | PATH of a checkpoint file"),
-      Value<bool>(
-          "resume_allow_changes", [](T& t) -> bool& { return t.resume_allow_changes; },
-          "resume although trajectory settings changed (they are listed)"),
-      Range<int64_t>(
-          "log_every", [](T& t) -> int64_t& { return t.log_every; }, 1, kBig,
-          "optimizer steps between log lines"),
-      Range<int64_t>(
-          "eval_every", [](T& t) -> int64_t& { return t.eval_every; }, 0, kBig,
-          "optimizer steps between evaluations; 0 = only at the end"),
-      Range<int64_t>(
-          "timeline.from_step", [](T& t) -> int64_t& { return t.timeline.from_step; }, 1, kBig,
-          "first optimizer step traced into output_dir/timeline.json"),
+      Range("checkpoint_every", FIELD(checkpoint_every), 0, kBig,
+            "optimizer steps; 0 = only at the end"),
+      Value("resume", FIELD(resume), "auto | never | PATH of a checkpoint file"),
+      Value("resume_allow_changes", FIELD(resume_allow_changes),
+            "resume although trajectory settings changed (they are listed)"),
+      Range("log_every", FIELD(log_every), 1, kBig, "optimizer steps between log lines"),
+      Range("eval_every", FIELD(eval_every), 0, kBig,
+            "optimizer steps between evaluations; 0 = only at the end"),
+      Range("timeline.from_step", FIELD(timeline.from_step), 1, kBig,
+            "first optimizer step traced into output_dir/timeline.json"),
       // Bounded: every event of these steps is kept in memory until the end.
-      Range<int64_t>(
-          "timeline.steps", [](T& t) -> int64_t& { return t.timeline.steps; }, 0, 1000,
-          "steps traced; 0 = none"),
+      Range("timeline.steps", FIELD(timeline.steps), 0, 1000, "steps traced; 0 = none"),
   };
   return rows;
 }
+
+#undef FIELD
 
 std::string StripTrainPrefix(const std::string& path) {
   return StartsWith(path, "train.") ? path.substr(6) : path;

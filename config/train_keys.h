@@ -51,6 +51,18 @@ struct TrainKey {
   std::function<bool(const TrainConfig&)> identity_if;
 
   bool AppliesTo(const TrainConfig& t) const { return !applies || applies(t); }
+
+  // Builder steps, in the style of the top-level KeyDef chain.
+  TrainKey& When(std::function<bool(const TrainConfig&)> p, std::string doc) {
+    applies = std::move(p);
+    applies_doc = std::move(doc);
+    return *this;
+  }
+  TrainKey& Identity(std::function<bool(const TrainConfig&)> only_if = nullptr) {
+    identity = true;
+    identity_if = std::move(only_if);
+    return *this;
+  }
 };
 
 // Every row, in application order (a type before the keys that depend on it).

@@ -77,6 +77,12 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
     case ModelType::kTorchScript:
       if (m.torchscript_path.empty() && m.torchscript_stages.empty())
         return Broken("model", "type torchscript needs `torchscript: PATH`", {"model.type"});
+      for (const std::string& field : m.inputs)
+        if (field != "input" && field != "target")
+          return Broken("model.inputs",
+                        "'" + field + "' is not a batch field; fields are input, target");
+      if (m.inputs.empty())
+        return Broken("model.inputs", "forward needs at least one input, e.g. [input]");
       break;
   }
 
