@@ -2,8 +2,9 @@
 #
 #   cmake --install build --prefix P
 #     P/bin/{launch, launch-exec, train}          launch finds the other two beside itself
-#     P/lib/liblaunch_{base,config,trainer}.a
-#     P/include/launch/<folder>/<header>.h         includes stay repo-rooted: "config/loader.h"
+#     P/lib/liblaunch_{base,config,trainer}.a      and liblaunch_trainer_<folder>.a below it
+#     P/include/launch/<folder>/<header>.h         includes stay repo-rooted: "config/loader.h",
+#                                                  "trainer_runtime/api/accelerator.h"
 #     P/lib/cmake/launch/launchConfig.cmake        find_package(launch) -> launch::base,
 #                                                  launch::config, launch::trainer
 #
@@ -30,14 +31,16 @@ set(_launch_public_headers
   config/launch_config.h
   config/loader.h)
 if(LAUNCH_BUILD_TRAINER)
-  list(APPEND _launch_libraries launch_trainer)
+  # launch::trainer is api/; the folders below it come along as launch::trainer_<folder>.
+  list(APPEND _launch_libraries launch_trainer launch_trainer_parallel launch_trainer_state
+       launch_trainer_data launch_trainer_model launch_trainer_comm launch_trainer_util)
   list(APPEND _launch_programs train)
   list(APPEND _launch_public_headers
-    trainer_runtime/accelerator.h
-    trainer_runtime/env.h
-    trainer_runtime/sampler.h
-    trainer_runtime/idx.h
-    trainer_runtime/pipeline.h)
+    trainer_runtime/api/accelerator.h
+    trainer_runtime/util/env.h
+    trainer_runtime/data/sampler.h
+    trainer_runtime/data/idx.h
+    trainer_runtime/model/pipeline_stages.h)
 endif()
 
 # launch_base -> launch::base, ...

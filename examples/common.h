@@ -15,8 +15,8 @@
 #include <torch/torch.h>
 
 #include "base/status.h"
-#include "trainer_runtime/accelerator.h"
-#include "trainer_runtime/idx.h"
+#include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/data/idx.h"
 
 namespace examples {
 

@@ -32,8 +32,8 @@
 #include "common.h"
 #include "config/loader.h"
 #include "config/train_config.h"
-#include "trainer_runtime/accelerator.h"
-#include "trainer_runtime/idx.h"
+#include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/data/idx.h"
 
 namespace {
 

@@ -22,9 +22,9 @@
 #include "base/status.h"
 #include "common.h"
 #include "config/train_config.h"
-#include "trainer_runtime/accelerator.h"
-#include "trainer_runtime/idx.h"
-#include "trainer_runtime/pipeline.h"
+#include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/data/idx.h"
+#include "trainer_runtime/model/pipeline_stages.h"
 
 namespace {
 

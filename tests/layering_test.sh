@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Keeps the module DAG from regressing: base < config < {rendezvous < agent, trainer_runtime} <
-# launcher. Fails on any `#include "X/..."` from a module that may not see X (and names it).
-# `launch` never links LibTorch, so launcher/ may not include trainer_runtime/ either.
+# launcher, and inside trainer_runtime/ the order of its folders (`inner` below: util at the
+# bottom, train at the top). Fails on any `#include "X/..."` from a module or folder that may not
+# see X (and names it). `launch` never links LibTorch, so launcher/ may not include
+# trainer_runtime/ either.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,9 +28,44 @@ for module in "${!allowed[@]}"; do
     esac
   done < <(grep -rnE '^#include "[a-z_]+/' "$module" --include='*.h' --include='*.cc' || true)
 done
+# Inside trainer_runtime/, one folder per layer (docs/layout.md): a folder includes only itself
+# and the folders below it. Files at trainer_runtime/'s top (its cross-folder tests) may include
+# any folder; no header lives there.
+declare -A inner=(
+  [util]="util"
+  [comm]="util comm"
+  [model]="util model"
+  [data]="util data"
+  [state]="util model state"
+  [parallel]="util comm model parallel"
+  [api]="util comm model data state parallel api"
+  [train]="util comm model data state parallel api train"
+)
+folders="util comm model data state parallel api train"
+while IFS= read -r hit; do
+  [ -n "$hit" ] || continue
+  file=${hit%%:*}
+  included=$(sed -E 's/.*#include "trainer_runtime\/([^"]+)".*/\1/' <<<"$hit")
+  target=${included%%/*}
+  if [ "$target" = "$included" ] || [ -z "${inner[$target]+x}" ]; then
+    echo "layering: $hit  (trainer_runtime/ headers live in its folders: $folders)"; bad=1
+    continue
+  fi
+  from=$(sed -E 's|^trainer_runtime/([^/]+)/.*|\1|' <<<"$file")
+  [ -n "${inner[$from]+x}" ] || continue  # a file at the top, or shim/
+  case " ${inner[$from]} " in
+    *" $target "*) ;;
+    *) echo "layering: $hit  (trainer_runtime/$from/ may include only: ${inner[$from]})"; bad=1 ;;
+  esac
+done < <(grep -rnE '^#include "trainer_runtime/' trainer_runtime tests examples \
+           --include='*.h' --include='*.cc' || true)
+# util/ is the trainer's plain C++: it builds and tests without LibTorch.
+if grep -rnE '#include <(torch|ATen|c10)/' trainer_runtime/util; then
+  echo "layering: trainer_runtime/util/ must not include LibTorch"; bad=1
+fi
 # config/ must stay cheap to include: no LibTorch, no Asio anywhere in it.
 if grep -rnE '#include <(torch|boost|ATen|c10)/' config; then
   echo "layering: config/ must not include LibTorch or Boost"; bad=1
 fi
-if [ "$bad" = 0 ]; then echo "layering: ok ($modules)"; fi
+if [ "$bad" = 0 ]; then echo "layering: ok ($modules; trainer_runtime/: $folders)"; fi
 exit "$bad"

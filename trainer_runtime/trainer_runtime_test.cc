@@ -8,18 +8,16 @@
 #include <fstream>
 #include <set>
 
-#include "trainer_runtime/atomic_file.h"
-#include "trainer_runtime/autocast.h"
-#include "trainer_runtime/checkpoint.h"
-#include "trainer_runtime/data.h"
-#include "trainer_runtime/env.h"
-#include "trainer_runtime/model.h"
-#include "trainer_runtime/sampler.h"
-#include "trainer_runtime/schedule.h"
+#include "trainer_runtime/data/data.h"
+#include "trainer_runtime/data/sampler.h"
+#include "trainer_runtime/model/autocast.h"
+#include "trainer_runtime/model/model.h"
+#include "trainer_runtime/state/checkpoint.h"
+#include "trainer_runtime/util/atomic_file.h"
 
 #include <torch/script.h>
 
-#include "trainer_runtime/doctest_torch.h"  // last: after every torch header
+#include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
 namespace launch::trainer {
 namespace {
@@ -65,71 +63,6 @@ std::string TempDir() {
   char tmpl[] = "/tmp/trainer-test-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   return tmpl;
-}
-
-TEST_CASE("ParseDistEnvDefaultsToSingleProcess") {
-  auto env = ParseDistEnv({});
-  REQUIRE(env.ok());
-  CHECK(env->rank == 0);
-  CHECK(env->world_size == 1);
-  CHECK_FALSE(env->distributed());
-}
-
-TEST_CASE("ParseDistEnvReadsTorchrunContract") {
-  auto env = ParseDistEnv({{"RANK", "1"},
-                           {"WORLD_SIZE", "2"},
-                           {"LOCAL_RANK", "1"},
-                           {"MASTER_ADDR", "10.0.0.2"},
-                           {"MASTER_PORT", "29600"},
-                           {"TORCHELASTIC_RESTART_COUNT", "3"}});
-  REQUIRE(env.ok());
-  CHECK(env->rank == 1);
-  CHECK(env->world_size == 2);
-  CHECK(env->master_addr == "10.0.0.2");
-  CHECK(env->master_port == 29600);
-  CHECK(env->restart_count == 3);
-  CHECK_FALSE(env->use_agent_store);
-  auto agent = ParseDistEnv({{"TORCHELASTIC_USE_AGENT_STORE", "True"}});
-  REQUIRE(agent.ok());
-  CHECK(agent->use_agent_store);
-}
-
-TEST_CASE("ParseDistEnvFallsBackToOpenMpi") {
-  auto env = ParseDistEnv({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
-  REQUIRE(env.ok());
-  CHECK(env->rank == 1);
-  CHECK(env->world_size == 4);
-}
-
-TEST_CASE("ParseDistEnvRejectsBadValuesNamingTheVariable") {
-  auto bad = ParseDistEnv({{"RANK", "x"}, {"WORLD_SIZE", "2"}});
-  REQUIRE_FALSE(bad.ok());
-  CHECK(bad.status().message().find("RANK") != std::string::npos);
-  auto too_big = ParseDistEnv({{"RANK", "2"}, {"WORLD_SIZE", "2"}});
-  REQUIRE_FALSE(too_big.ok());
-  CHECK(too_big.status().message().find("WORLD_SIZE 2") != std::string::npos);
-  auto half = ParseDistEnv({{"RANK", "0"}});
-  CHECK_FALSE(half.ok());
-}
-
-TEST_CASE("LearningRateWarmupThenCosineReachesFloor") {
-  config::SchedulerConfig s;
-  s.type = config::SchedulerType::kCosine;
-  s.warmup_steps = 10;
-  s.min_lr_ratio = 0.1;
-  CHECK(LearningRate(s, 1.0, 0, 110) == doctest::Approx(0.1));
-  CHECK(LearningRate(s, 1.0, 9, 110) == doctest::Approx(1.0));
-  CHECK(LearningRate(s, 1.0, 10, 110) == doctest::Approx(1.0));
-  CHECK(LearningRate(s, 1.0, 60, 110) == doctest::Approx(0.55));
-  CHECK(LearningRate(s, 1.0, 110, 110) == doctest::Approx(0.1));
-}
-
-TEST_CASE("LearningRateLinearAndConstant") {
-  config::SchedulerConfig s;
-  CHECK(LearningRate(s, 0.5, 1000, 10) == 0.5);
-  s.type = config::SchedulerType::kLinear;
-  CHECK(LearningRate(s, 1.0, 0, 100) == doctest::Approx(1.0));
-  CHECK(LearningRate(s, 1.0, 50, 100) == doctest::Approx(0.5));
 }
 
 TEST_CASE("SamplerShardsAreDisjointEqualAndReshuffledEachEpoch") {

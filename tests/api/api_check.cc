@@ -1,4 +1,4 @@
-// A user's program on the public API only (accelerator.h, pipeline.h, sampler.h), for
+// A user's program on the public API only (accelerator.h, pipeline_stages.h, sampler.h), for
 // tests/api/test_api.py: trains a small model of its own on a torch::data dataset of its own in
 // the mode given by flags, or (--reference) computes the same training with plain LibTorch in one
 // process. Both write the final parameters as raw float32 to --out (rank R appends .R).
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "trainer_runtime/accelerator.h"
-#include "trainer_runtime/pipeline.h"
-#include "trainer_runtime/sampler.h"
+#include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/data/sampler.h"
+#include "trainer_runtime/model/pipeline_stages.h"
 
 namespace {
 

@@ -73,9 +73,9 @@ class ExamplesOutOfTreeTest(unittest.TestCase):
                      "lib/cmake/launch/launchConfig.cmake",
                      "lib/cmake/launch/launchConfigVersion.cmake",
                      "include/launch/base/status.h", "include/launch/config/loader.h",
-                     "include/launch/trainer_runtime/accelerator.h",
-                     "include/launch/trainer_runtime/idx.h",
-                     "include/launch/trainer_runtime/pipeline.h"]:
+                     "include/launch/trainer_runtime/api/accelerator.h",
+                     "include/launch/trainer_runtime/data/idx.h",
+                     "include/launch/trainer_runtime/model/pipeline_stages.h"]:
             self.assertTrue(os.path.exists(os.path.join(self.prefix, path)), path)
         include = os.path.join(self.prefix, "include", "launch")
         quoted = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)

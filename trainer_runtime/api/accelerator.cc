@@ -1,0 +1,645 @@
+#include "trainer_runtime/api/accelerator.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+
+#include "base/environment.h"
+#include "base/files.h"
+#include "base/strings.h"
+#include "config/train_keys.h"
+#include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/model/model.h"
+#include "trainer_runtime/parallel/pipeline_engine.h"
+#include "trainer_runtime/parallel/strategy.h"
+#include "trainer_runtime/parallel/strategy_factory.h"
+#include "trainer_runtime/state/checkpoint.h"
+#include "trainer_runtime/util/atomic_file.h"
+#include "trainer_runtime/util/loop_util.h"
+#include "trainer_runtime/util/timeline.h"
+
+namespace launch::trainer {
+namespace {
+
+using config::ParallelMode;
+
+// The one signal flag (STYLE.md): the last signal received, 0 when none. A stop (SIGTERM,
+// SIGINT) outranks a checkpoint request (SIGUSR1, SIGUSR2). PollSignals reads and clears it at
+// a step boundary, where the state is consistent.
+volatile std::sig_atomic_t g_signal = 0;
+
+extern "C" void OnSignal(int signo) {
+  const bool stop_pending = g_signal == SIGTERM || g_signal == SIGINT;
+  if ((signo == SIGUSR1 || signo == SIGUSR2) && stop_pending) return;
+  g_signal = signo;
+}
+
+bool IsStop(int signo) { return signo == SIGTERM || signo == SIGINT; }
+
+// The run settings a checkpoint was written with (Accelerator::AddRunSetting), "key: value"
+// per line: small, and readable by whoever wonders why a resume was refused.
+constexpr const char* kRunFile = "run.txt";
+
+std::string StepDir(const std::string& dir, int64_t step) {
+  return dir + "/step" + std::to_string(step);
+}
+
+// Removes `dir`'s step<N> folders other than step<keep> (files first; they hold no folders).
+void RemoveOtherSteps(const std::string& dir, int64_t keep) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    long long n = 0;
+    if (StartsWith(name, "step") && ParseInt64(name.substr(4), &n) && n != keep)
+      stale.push_back(dir + "/" + name);
+  }
+  ::closedir(d);
+  for (const std::string& path : stale) {
+    if (DIR* sd = ::opendir(path.c_str())) {
+      while (dirent* e = ::readdir(sd)) {
+        std::string name = e->d_name;
+        if (name != "." && name != "..") std::remove((path + "/" + name).c_str());
+      }
+      ::closedir(sd);
+    }
+    ::rmdir(path.c_str());
+  }
+}
+
+}  // namespace
+
+Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
+    : options_(options), env_(env), run_settings_(config::TrajectorySettings(options)) {
+  bf16_ = options_.mixed_precision == "bf16";
+  Timeline::Get().Configure(env_.rank, options_.timeline.from_step, options_.timeline.steps);
+  data_world_ = env_.world_size;
+  data_rank_ = env_.rank;
+  if (options_.parallel.mode == ParallelMode::kPipeline && options_.parallel.stages >= 1) {
+    stages_ = options_.parallel.stages;
+    stage_ = env_.rank % stages_;
+    data_world_ = std::max(1, env_.world_size / stages_);
+    data_rank_ = env_.rank / stages_;
+    main_rank_ = stages_ - 1;  // the last stage of the first pipeline has the loss
+  }
+}
+
+Accelerator::~Accelerator() = default;
+
+StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
+                                                           double init_timeout_s) {
+  const std::map<std::string, std::string> environment = CurrentEnvironment();
+  LAUNCH_ASSIGN_OR_RETURN(DistEnv env, ParseDistEnv(environment));
+  auto it = environment.find("LAUNCH_INIT_TIMEOUT_S");
+  if (it != environment.end()) {
+    double v = 0;
+    if (!ParseDouble(it->second, &v) || v <= 0)
+      return Status::InvalidConfig(
+          "environment LAUNCH_INIT_TIMEOUT_S: expected seconds > 0, got '" + it->second + "'");
+    init_timeout_s = v;
+  }
+  return Create(options, env, init_timeout_s);
+}
+
+StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
+                                                           const DistEnv& env,
+                                                           double init_timeout_s) {
+  // The configuration's own rules (config/train_keys.h), for options built in code: what
+  // launch and train checked with the keys' places, here with the real world size.
+  LAUNCH_RETURN_IF_ERROR(config::CheckTrainRulesStatus(options, env.world_size));
+  if (options.mixed_precision != "no" && options.mixed_precision != "bf16")
+    return Status::InvalidConfig(
+        "mixed_precision: '" + options.mixed_precision +
+        "' needs a GPU (CUDA autocast) and this LibTorch is CPU-only; use bf16 (CPU autocast) "
+        "or no");
+  std::unique_ptr<Accelerator> accel(new Accelerator(options, env));
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(init_timeout_s * 1000));
+  if (env.distributed()) {
+    LAUNCH_ASSIGN_OR_RETURN(accel->pg_, CreateProcessGroup(env, timeout));
+  }
+  if (options.parallel.mode == ParallelMode::kPipeline) {
+    LAUNCH_ASSIGN_OR_RETURN(accel->pipeline_,
+                            PipelineEngine::Create(options, env, accel->pg_, timeout));
+  }
+  return accel;
+}
+
+const char* Accelerator::mode_name() const {
+  if (pipeline_) return "pipeline";
+  if (strategy_) return strategy_->Name();
+  return config::ToString(options_.parallel.mode);
+}
+
+void Accelerator::Print(const std::string& line) const {
+  if (!IsMainProcess()) return;
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+c10d::ProcessGroup* Accelerator::control() const { return pg_ ? &pg_->inner() : nullptr; }
+
+// --- Model and optimizer ---------------------------------------------------------------------
+
+Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
+                            std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  LAUNCH_CHECK(!prepared_);
+  if (pipeline_)
+    return Status::InvalidConfig(
+        "train.parallel.mode is pipeline: hand over this rank's stage with PreparePipeline");
+  if (!model || !optimizer) return Status::InvalidArgument("Prepare: model and optimizer needed");
+  module_ = std::move(model);
+  model_ = std::make_shared<Model>(module_);
+  optimizer_ = std::move(optimizer);
+  // A model whose parameters are all frozen trains nothing: say so instead of a Reducer error.
+  if (model_->NamedParameters().empty())
+    return Status::InvalidConfig("the model has no parameters that require grad");
+  if (options_.parallel.comm_hook == config::CommHook::kBf16 && pg_ && !pg_->shm())
+    return Status::InvalidConfig(
+        "train.parallel.comm_hook: bf16 all-reduces the buckets in bfloat16, which this "
+        "LibTorch's Gloo cannot do; it needs every rank on one host (the shared-memory "
+        "transport), here: " +
+        pg_->allreduce_transport());
+  LAUNCH_ASSIGN_OR_RETURN(strategy_, CreateStrategy(options_, model_.get(), pg_));
+  strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
+  strategy_->TakeStepStats();
+  prepared_ = true;
+  return Status::Ok();
+}
+
+Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
+                                    std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  LAUNCH_CHECK(!prepared_);
+  if (!pipeline_)
+    return Status::InvalidConfig("PreparePipeline needs train.parallel.mode: pipeline (got " +
+                                 std::string(config::ToString(options_.parallel.mode)) + ")");
+  module_ = stage.ptr();
+  model_ = std::make_shared<Model>(module_);
+  optimizer_ = std::move(optimizer);
+  pipeline_->SetStage(
+      model_, [stage](const torch::Tensor& x) mutable { return stage.forward<torch::Tensor>(x); });
+  prepared_ = true;
+  return Status::Ok();
+}
+
+std::vector<torch::Tensor> Accelerator::parameters() const {
+  return model_ ? model_->Parameters() : std::vector<torch::Tensor>();
+}
+
+// --- Data ------------------------------------------------------------------------------------
+
+void Accelerator::AttachCursor(std::shared_ptr<LoaderCursor> cursor) {
+  cursor_ = std::move(cursor);
+  if (restored_cursor_) {
+    cursor_->epoch = restored_cursor_->epoch;
+    cursor_->batch = std::min(restored_cursor_->batch, cursor_->batches_per_epoch);
+  }
+}
+
+// --- One micro-batch -------------------------------------------------------------------------
+
+void Accelerator::Accumulate() {
+  LAUNCH_CHECK(prepared_);
+  const bool end_of_data = options_.sync_with_dataloader && cursor_ && cursor_->last_was_end;
+  const bool closes = micro_in_window_ + 1 >= options_.gradient_accumulation_steps || end_of_data;
+  if (micro_in_window_ == 0) Timeline::Get().BeginStep(step_ + 1);
+  sync_ = pipeline_ ? closes : strategy_->SyncGradients(closes);
+  window_closes_ = closes;
+  if (strategy_) strategy_->BeforeForward(sync_);
+  in_micro_ = true;
+}
+
+void Accelerator::Backward(const torch::Tensor& loss) {
+  if (!in_micro_) Accumulate();
+  strategy_->BeforeBackward(loss, sync_);
+  // Accelerate's convention: the loss of every micro-batch is divided by N.
+  {
+    // Includes waiting for the last buckets' all-reduces (the Reducer's final callback).
+    Timeline::Scope span("train", sync_ ? "backward" : "backward (no_sync)");
+    (loss / static_cast<double>(options_.gradient_accumulation_steps)).backward();
+  }
+  strategy_->AfterBackward(sync_);
+  EndMicroBatch();
+}
+
+void Accelerator::EndMicroBatch() {
+  in_micro_ = false;
+  ++micro_in_window_;
+}
+
+torch::Tensor Accelerator::ForwardBackward(const torch::data::Example<>& batch,
+                                           const ChunkLoss& fn) {
+  LAUNCH_CHECK(!pipeline_);
+  if (!in_micro_) Accumulate();
+  if (!strategy_->RunsForwardBackward()) {
+    torch::Tensor loss;
+    {
+      Timeline::Scope span("train", "forward");
+      AutocastScope amp(bf16_);
+      loss = fn(*module_, batch);
+    }
+    Backward(loss);
+    return loss.detach();
+  }
+  const double scale = 1.0 / static_cast<double>(options_.gradient_accumulation_steps);
+  Timeline::Scope span("train", "forward + backward (replicas)");
+  torch::Tensor loss = strategy_->ForwardBackward(
+      batch.data, batch.target,
+      [&fn, this](Model& replica, const torch::Tensor& x, const torch::Tensor& y) {
+        AutocastScope amp(bf16_);  // on the replica's own thread (dp)
+        return fn(replica.module(), torch::data::Example<>(x, y));
+      },
+      criterion_, scale);
+  EndMicroBatch();
+  return loss;
+}
+
+torch::Tensor Accelerator::PipelineForwardBackward(
+    const torch::data::Example<>& batch,
+    const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& loss_fn) {
+  LAUNCH_CHECK(pipeline_ != nullptr);
+  if (!in_micro_) Accumulate();
+  const int64_t rows = pipeline_->first() ? batch.data.size(0) : batch.target.size(0);
+  const double scale = 1.0 / static_cast<double>(options_.gradient_accumulation_steps);
+  const double loss = pipeline_->ForwardBackward(batch.data, batch.target, rows, loss_fn, scale);
+  window_loss_ += loss;
+  EndMicroBatch();
+  return pipeline_->last() ? torch::tensor(loss, torch::kDouble) : torch::Tensor();
+}
+
+torch::Tensor Accelerator::PipelineForward(const torch::Tensor& inputs) {
+  LAUNCH_CHECK(pipeline_ != nullptr);
+  return pipeline_->Forward(inputs);
+}
+
+double Accelerator::ClipGradNorm(double max_norm) {
+  if (pipeline_) return pipeline_->ClipGradNorm(max_norm);
+  return torch::nn::utils::clip_grad_norm_(model_->Parameters(), max_norm);
+}
+
+bool Accelerator::Step() {
+  LAUNCH_CHECK(prepared_);
+  if (in_micro_) EndMicroBatch();  // a micro-batch whose loss did not need a backward
+  if (!window_closes_) return false;
+  if (pipeline_) {
+    Timeline::Scope span("train", "gradient all-reduce (stage replicas)");
+    pipeline_loss_ = pipeline_->AllReduceGradients(window_loss_ / micro_in_window_);
+    window_loss_ = 0;
+  }
+  Timeline::Scope span("train", "optimizer");
+  if (options_.max_grad_norm > 0) ClipGradNorm(options_.max_grad_norm);
+  if (lr_schedule_) {
+    const double lr = lr_schedule_(step_);
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  }
+  optimizer_->step();
+  // Zero in place (not set to undefined) so gradient memory stays put across steps.
+  for (auto& p : model_->Parameters())
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  ++step_;
+  micro_last_step_ = micro_in_window_;
+  micro_in_window_ = 0;
+  window_closes_ = false;
+  if (strategy_) strategy_->AfterOptimizerStep(step_);
+  Timeline::Get().EndStep();
+  return true;
+}
+
+double Accelerator::learning_rate() const {
+  const auto& groups = optimizer_->param_groups();
+  return groups.empty() ? 0.0 : groups.front().options().get_lr();
+}
+
+std::string Accelerator::allreduce_transport() const {
+  return pg_ ? pg_->allreduce_transport() : std::string();
+}
+
+Status Accelerator::Finish() {
+  if (strategy_) strategy_->Finish(step_);
+  SyncBuffers();
+  if (options_.timeline.steps > 0) WriteTimeline();
+  return Status::Ok();
+}
+
+void Accelerator::WriteTimeline() {
+  // Each rank writes its events; once all have (the barrier), the main process merges them.
+  // A failure costs the trace, never the run.
+  const std::string dir = options_.output_dir + "/timeline";
+  Status s = MakeDirs(dir);
+  if (s.ok()) s = Timeline::Get().WriteRank(dir + "/rank" + std::to_string(rank()) + ".json");
+  if (!s.ok())
+    std::fprintf(stderr, "train: warning: rank %d could not write its timeline: %s\n", rank(),
+                 s.message().c_str());
+  Barrier();
+  if (rank() != 0) return;
+  std::vector<std::string> files;
+  for (int r = 0; r < world_size(); ++r)
+    files.push_back(dir + "/rank" + std::to_string(r) + ".json");
+  s = Timeline::Merge(files, options_.output_dir + "/timeline.json");
+  if (!s.ok())
+    std::fprintf(stderr, "train: warning: could not merge the ranks' timelines: %s\n",
+                 s.message().c_str());
+  else
+    std::printf("train: wrote %s/timeline.json (open it in ui.perfetto.dev)\n",
+                options_.output_dir.c_str());
+  std::fflush(stdout);
+}
+
+void Accelerator::SyncBuffers() {
+  if (strategy_) strategy_->SyncBuffers();
+  if (pipeline_) pipeline_->SyncBuffers();
+}
+
+Status Accelerator::SaveForPython(const std::string& path) {
+  if (!model_ || pipeline_)
+    return Status::InvalidArgument(
+        "SaveForPython: needs a model prepared with Prepare (a pipeline stage writes its own "
+        "module: trainer::SaveForPython in model.h)");
+  SyncBuffers();
+  return IsMainProcess() ? ::launch::trainer::SaveForPython(*model_, path) : Status::Ok();
+}
+
+// --- Across ranks ----------------------------------------------------------------------------
+
+torch::Tensor& Accelerator::AllReduceSum(torch::Tensor& t) {
+  // Through shared memory when the group has it: the trainer agrees on signals with this after
+  // every step, and a Gloo round trip costs 0.2-2 ms on 2 busy cores (most of a small model's
+  // step) against ~20 us. Not counted as gradient communication either way.
+  ShmAllReduce* shm = pg_ ? pg_->shm() : nullptr;
+  if (shm && ShmAllReduce::Supports({t}, c10d::AllreduceOptions())) {
+    const Status status = shm->AllReduceNow(t);
+    if (!status.ok()) throw c10::Error(status.ToString(), "");
+    return t;
+  }
+  if (c10d::ProcessGroup* pg = control()) {
+    std::vector<at::Tensor> v = {t};
+    pg->allreduce(v, c10d::AllreduceOptions())->wait();
+  }
+  return t;
+}
+
+double Accelerator::Mean(double value) {
+  auto t = torch::tensor({value}, torch::kDouble);
+  AllReduceSum(t);
+  return t.item<double>() / world_size();
+}
+
+torch::Tensor Accelerator::Gather(const torch::Tensor& t) {
+  c10d::ProcessGroup* pg = control();
+  if (!pg) return t.clone();
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < world_size(); ++r) out[0].push_back(torch::empty_like(t));
+  std::vector<at::Tensor> in = {t.contiguous()};
+  pg->allgather(out, in, c10d::AllgatherOptions())->wait();
+  return torch::cat(out[0]);
+}
+
+void Accelerator::Barrier() {
+  if (c10d::ProcessGroup* pg = control()) pg->barrier(c10d::BarrierOptions())->wait();
+}
+
+bool Accelerator::CheckTrigger() {
+  auto t = torch::tensor({trigger_ ? 1.0 : 0.0}, torch::kDouble);
+  AllReduceSum(t);
+  trigger_ = false;
+  return t.item<double>() > 0;
+}
+
+// --- Signals and state -----------------------------------------------------------------------
+
+void Accelerator::InstallSignalHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int signo : {SIGUSR1, SIGUSR2, SIGTERM, SIGINT}) sigaction(signo, &sa, nullptr);
+}
+
+SignalRequest Accelerator::PollSignals() {
+  const int local = g_signal;
+  if (local != 0) g_signal = 0;
+  // Agree on the largest (stop, signal) any rank received: a stop anywhere stops everyone at
+  // this step. Each rank marks its own in a presence vector, summed over the ranks (a sum, so it
+  // takes the shared-memory path; see AllReduceSum).
+  constexpr int kSignals = 65;  // signal numbers below 65; index = stop * kSignals + signo
+  auto t = torch::zeros({2 * kSignals}, torch::kDouble);
+  if (local > 0 && local < kSignals) t[(IsStop(local) ? kSignals : 0) + local] = 1.0;
+  AllReduceSum(t);
+  SignalRequest r;
+  const auto seen = t.accessor<double, 1>();
+  for (int code = 2 * kSignals - 1; code > 0; --code) {
+    if (seen[code] == 0) continue;
+    r.signal = code % kSignals;
+    r.stop = code >= kSignals;
+    r.checkpoint = true;
+    break;
+  }
+  return r;
+}
+
+bool Accelerator::WritesModelFile() const {
+  if (pipeline_) return data_rank_ == 0;  // one copy per stage
+  const bool replicas_equal = std::string(strategy_->Name()) == "ddp" ||
+                              std::string(strategy_->Name()) == "dp" || world_size() == 1;
+  return replicas_equal ? rank() == 0 : true;
+}
+
+std::string Accelerator::ModelFileName() const {
+  if (pipeline_) return "stage" + std::to_string(stage_) + ".pt";
+  const bool per_rank = std::string(strategy_->Name()) == "local_sgd" ||
+                        (std::string(strategy_->Name()) == "none" && world_size() > 1);
+  return per_rank ? "model_rank" + std::to_string(rank()) + ".pt" : "model.pt";
+}
+
+Status Accelerator::SaveState(const std::string& dir) {
+  LAUNCH_CHECK(prepared_);
+  const std::string step_dir = StepDir(dir, step_);
+  TrainState state;
+  state.step = step_;
+  state.epoch = cursor_ ? cursor_->epoch : 0;
+  state.batch_in_epoch = cursor_ ? cursor_->batch : 0;
+  state.samples_seen = samples_seen_;
+  state.world_size = world_size();
+  Status status = MakeDirs(step_dir);
+  if (status.ok() && rank() == 0) {
+    std::string run;
+    for (const auto& [key, value] : run_settings_) run += key + ": " + value + "\n";
+    status = WriteFileAtomically(step_dir + "/" + kRunFile, run);
+  }
+  if (status.ok() && WritesModelFile())
+    status = SaveModelState(step_dir + "/" + ModelFileName(), *model_, *optimizer_);
+  if (status.ok())
+    status = SaveRankState(step_dir + "/rank" + std::to_string(rank()) + ".pt", state);
+  // Everyone learns whether every file was written before `latest` moves.
+  auto failed = torch::tensor({status.ok() ? 0.0 : 1.0}, torch::kDouble);
+  AllReduceSum(failed);
+  if (!status.ok()) return status;
+  if (failed.item<double>() > 0)
+    return Status::IoError("another rank failed to write its part of the checkpoint for step " +
+                           std::to_string(step_));
+  if (rank() == 0) {
+    LAUNCH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/latest", std::to_string(step_) + "\n"));
+    RemoveOtherSteps(dir, step_);  // superseded once `latest` names the new step
+  }
+  Barrier();  // nobody reads `latest` before it is written
+  return Status::Ok();
+}
+
+void Accelerator::AddRunSetting(const std::string& key, const std::string& value) {
+  run_settings_.emplace_back(key, value);
+}
+
+std::vector<std::string> Accelerator::ChangedSettings(const std::string& dir) const {
+  std::vector<std::string> changes;
+  StatusOr<int64_t> latest = LatestStep(dir);
+  if (!latest.ok()) return changes;
+  StatusOr<std::string> text = ReadFile(StepDir(dir, *latest) + "/" + kRunFile);
+  if (!text.ok()) return changes;
+  std::vector<std::pair<std::string, std::string>> recorded;
+  for (const std::string& line : Split(*text, '\n')) {
+    const size_t colon = line.find(": ");
+    if (colon != std::string::npos)
+      recorded.emplace_back(line.substr(0, colon), line.substr(colon + 2));
+  }
+  auto find = [](const auto& list, const std::string& key) -> const std::string* {
+    for (const auto& [k, v] : list)
+      if (k == key) return &v;
+    return nullptr;
+  };
+  for (const auto& [key, value] : run_settings_) {
+    const std::string* old = find(recorded, key);
+    if (!old) {
+      changes.push_back(key + ": (not set) -> " + value);
+    } else if (*old != value) {
+      changes.push_back(key + ": " + *old + " -> " + value);
+    }
+  }
+  for (const auto& [key, value] : recorded)
+    if (!find(run_settings_, key)) changes.push_back(key + ": " + value + " -> (not set)");
+  return changes;
+}
+
+StatusOr<int64_t> Accelerator::LatestStep(const std::string& dir) {
+  StatusOr<std::string> latest = ReadFile(dir + "/latest");
+  if (!latest.ok()) return Status::NotFound("no checkpoint in '" + dir + "'");
+  long long step = 0;
+  if (!ParseInt64(Trim(*latest), &step) || step < 0)
+    return Status::IoError(dir + "/latest: expected a step number, got '" + *latest + "'");
+  return static_cast<int64_t>(step);
+}
+
+StatusOr<bool> Accelerator::LoadState(const std::string& dir) {
+  LAUNCH_CHECK(prepared_);
+  StatusOr<int64_t> latest = LatestStep(dir);
+  if (!latest.ok() && latest.status().code() != Status::Code::kNotFound) return latest.status();
+  const int64_t mine = latest.ok() ? *latest : -1;
+  // Every rank must resume the same step (or none): a rank that sees another file system would
+  // otherwise run a different number of steps and hang in a mismatched collective.
+  auto range =
+      torch::tensor({static_cast<double>(mine), -static_cast<double>(mine)}, torch::kDouble);
+  if (c10d::ProcessGroup* pg = control()) {
+    std::vector<at::Tensor> v = {range};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    pg->allreduce(v, opts)->wait();
+  }
+  const int64_t highest = static_cast<int64_t>(range[0].item<double>());
+  const int64_t lowest = -static_cast<int64_t>(range[1].item<double>());
+  if (highest != lowest)
+    return Status::Internal("rank " + std::to_string(rank()) + " sees checkpoint step " +
+                            (mine < 0 ? std::string("none") : std::to_string(mine)) + " in " + dir +
+                            " but other ranks see steps " + std::to_string(lowest) + ".." +
+                            std::to_string(highest) +
+                            " (is the output folder on a file system every node shares?)");
+  if (mine < 0) return false;
+  // Every rank reads the same run.txt and holds the same settings, so all decide alike.
+  const std::vector<std::string> changes = ChangedSettings(dir);
+  if (!changes.empty() && !options_.resume_allow_changes)
+    return Status::InvalidConfig(
+        "the checkpoint in " + dir + " (step " + std::to_string(mine) +
+        ") was written with other settings: " + Join(changes, "; ") +
+        ". Resume with the settings it was written with, start a new run (another output_dir "
+        "or `resume: never`), or set `train.resume_allow_changes: true` to continue with the "
+        "new settings");
+  if (!changes.empty())
+    Print("train: resuming step " + std::to_string(mine) +
+          " with changed settings: " + Join(changes, "; "));
+  const std::string step_dir = StepDir(dir, mine);
+  std::string rank_file = step_dir + "/rank" + std::to_string(rank()) + ".pt";
+  const bool own_rng = ReadFile(rank_file).ok();
+  if (!own_rng) rank_file = step_dir + "/rank0.pt";
+  LAUNCH_ASSIGN_OR_RETURN(TrainState state, LoadRankState(rank_file, own_rng));
+  std::string model_file = step_dir + "/" + ModelFileName();
+  if (!ReadFile(model_file).ok() && ModelFileName() != "model.pt" && !pipeline_)
+    model_file = step_dir + "/model_rank0.pt";  // fewer ranks wrote it: start from rank 0's
+  LAUNCH_RETURN_IF_ERROR(LoadModelState(model_file, *model_, *optimizer_));
+  step_ = state.step;
+  samples_seen_ = state.samples_seen;
+  LoaderCursor cursor;
+  cursor.epoch = state.epoch;
+  cursor.batch = state.batch_in_epoch;
+  if (state.world_size != world_size()) {
+    Print(WorldSizeChangedWarning(state.world_size, world_size()));
+    cursor.batch = 0;
+    ++cursor.epoch;
+  }
+  if (!own_rng)
+    std::fprintf(stderr,
+                 "train: rank %d: the checkpoint has no RNG state for this rank (written by %lld "
+                 "ranks); dropout masks continue from rank 0's stream\n",
+                 rank(), static_cast<long long>(state.world_size));
+  restored_cursor_ = cursor;
+  if (cursor_) AttachCursor(cursor_);
+  return true;
+}
+
+// --- Internal --------------------------------------------------------------------------------
+
+Accelerator::CommStats Accelerator::TakeCommStats() {
+  CommStats out;
+  if (strategy_) {
+    StepCommStats s = strategy_->TakeStepStats();
+    out.allreduces = s.allreduces;
+    out.blocking_comm_ms = s.blocking_comm_ms;
+    out.launched_before_grads_done = s.launched_before_grads_done;
+  } else if (pipeline_) {
+    out.blocking_comm_ms = pipeline_->last_comm_ms();
+    const int64_t now = pipeline_->stage_allreduces();
+    out.allreduces = now - pipeline_allreduces_seen_;
+    pipeline_allreduces_seen_ = now;
+  }
+  return out;
+}
+
+int64_t Accelerator::num_buckets() const { return strategy_ ? strategy_->num_buckets() : 0; }
+
+int64_t Accelerator::allreduces_total() const {
+  if (pipeline_) return pipeline_->stage_allreduces();
+  return pg_ ? pg_->allreduce_count() : 0;
+}
+
+int64_t Accelerator::pair_exchanges_total() const { return pg_ ? pg_->recorded_count() : 0; }
+
+std::vector<double> Accelerator::GatherPipelineStats(uint64_t checksum) {
+  LAUNCH_CHECK(pipeline_ != nullptr);
+  constexpr int kFields = PipelineEngine::kStatFields;
+  auto gathered = torch::zeros({stages_ * kFields}, torch::kDouble);
+  if (data_rank_ == 0) {
+    std::vector<double> mine = pipeline_->Stats(checksum);
+    auto g = gathered.accessor<double, 1>();
+    for (int f = 0; f < kFields; ++f) g[stage_ * kFields + f] = mine[static_cast<size_t>(f)];
+  }
+  AllReduceSum(gathered);
+  return std::vector<double>(gathered.data_ptr<double>(),
+                             gathered.data_ptr<double>() + gathered.numel());
+}
+
+}  // namespace launch::trainer

@@ -1,0 +1,251 @@
+#include "trainer_runtime/comm/process_group.h"
+
+#include <torch/csrc/distributed/c10d/comm.hpp>
+
+#include <algorithm>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "base/strings.h"
+#include "trainer_runtime/util/timeline.h"
+
+namespace launch::trainer {
+
+CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner,
+                                           std::unique_ptr<ShmAllReduce> shm,
+                                           std::unique_ptr<ShmPointToPoint> p2p)
+    : c10d::ProcessGroup(inner->getRank(), inner->getSize()),
+      inner_(std::move(inner)),
+      shm_(std::move(shm)),
+      p2p_(std::move(p2p)) {
+  if (shm_) transport_ = "shared memory";
+}
+
+CountingProcessGroup::~CountingProcessGroup() { p2p_.reset(); }
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                               const c10d::BroadcastOptions& opts) {
+  // DDP's buffers before every forward (and the parameters at the start): through shared
+  // memory when the group has it, a round trip through Gloo's threads otherwise.
+  if (shm_ && tensors.size() == 1 && opts.rootRank == 0 && opts.rootTensor == 0 &&
+      ShmAllReduce::SupportsBroadcast(tensors[0]))
+    return shm_->BroadcastFromRank0(tensors[0]);
+  return inner_->broadcast(tensors, opts);
+}
+
+namespace {
+// "all-reduce 1.5 MB" for the timeline.
+std::string AllreduceName(const std::vector<at::Tensor>& tensors) {
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) bytes += t.numel() * t.element_size();
+  char text[64];
+  std::snprintf(text, sizeof text, "all-reduce %.2f MB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                               const c10d::AllreduceOptions& opts) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++allreduce_count_;
+    for (const at::Tensor& t : tensors) allreduce_bytes_ += t.numel() * t.element_size();
+    launch_times_.push_back(Clock::now());
+  }
+  const uint64_t trace = Timeline::Get().BeginAsync("allreduce", AllreduceName(tensors));
+  c10::intrusive_ptr<c10d::Work> work = shm_ && ShmAllReduce::Supports(tensors, opts)
+                                            ? shm_->AllReduceAsync(tensors[0])
+                                            : inner_->allreduce(tensors, opts);
+  if (trace != 0)
+    work->getFuture()->addCallback(
+        [trace](c10::ivalue::Future&) { Timeline::Get().EndAsync(trace); });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++allreduce_count_;
+    for (const at::Tensor& t : tensors) allreduce_bytes_ += t.numel() * t.element_size();
+    launch_times_.push_back(Clock::now());
+  }
+  return inner_->allreduce_coalesced(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  return inner_->allgather(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::barrier(const c10d::BarrierOptions& opts) {
+  return inner_->barrier(opts);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::send(std::vector<at::Tensor>& tensors,
+                                                          int dst_rank, int tag) {
+  if (p2p_ && ShmPointToPoint::Supports(tensors) && dst_rank != getRank() && dst_rank >= 0 &&
+      dst_rank < getSize())
+    return p2p_->Send(tensors[0], dst_rank, tag);
+  return inner_->send(tensors, dst_rank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::recv(std::vector<at::Tensor>& tensors,
+                                                          int src_rank, int tag) {
+  if (p2p_ && ShmPointToPoint::Supports(tensors) && src_rank != getRank() && src_rank >= 0 &&
+      src_rank < getSize())
+    return p2p_->Recv(tensors[0], src_rank, tag);
+  return inner_->recv(tensors, src_rank, tag);
+}
+
+void CountingProcessGroup::RecordAllreduce(int64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++allreduce_count_;
+  ++recorded_count_;
+  allreduce_bytes_ += bytes;
+  launch_times_.push_back(Clock::now());
+}
+
+int64_t CountingProcessGroup::recorded_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return recorded_count_;
+}
+
+int64_t CountingProcessGroup::allreduce_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allreduce_count_;
+}
+
+int64_t CountingProcessGroup::allreduce_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allreduce_bytes_;
+}
+
+std::vector<CountingProcessGroup::Clock::time_point> CountingProcessGroup::TakeLaunchTimes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Clock::time_point> out;
+  out.swap(launch_times_);
+  return out;
+}
+
+std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr) {
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname && *ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (IsLoopbackHost(master_addr))
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
+    const DistEnv& env, std::chrono::milliseconds timeout) {
+  const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(env.master_port);
+    opts.isServer = env.rank == 0 && !env.use_agent_store;
+    opts.numWorkers = env.world_size;
+    // Waiting for workers happens in the Gloo rendezvous below, under the same timeout; the
+    // constructor only has to connect.
+    opts.waitWorkers = false;
+    opts.timeout = timeout;
+    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    if (env.rank == 0 && !env.use_agent_store)
+      return Status::IoError("rank 0 could not host the process-group store at " + where +
+                             " (is the port in use?): " + e.what());
+    return Status::Timeout("rank " + std::to_string(env.rank) +
+                           " could not reach the process-group store at " + where + " within " +
+                           seconds + " (is MASTER_ADDR right and rank 0 running?): " + e.what());
+  }
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  try {
+    // A prefix per restart keeps keys of an earlier attempt from confusing this one.
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+        "launch_pg/" + std::to_string(env.restart_count), store);
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    options->devices.push_back(GlooDevice(env.master_addr));
+    options->threads = GlooThreads();
+    gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, options);
+  } catch (const std::exception& e) {
+    return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group of " +
+                           std::to_string(env.world_size) + " ranks via store " + where +
+                           " did not form within " + seconds + ": " + e.what());
+  }
+  // After Gloo formed, so every rank is known to reach the store. Its own prefix per restart,
+  // like Gloo's: a restarted job builds a fresh segment.
+  auto shm_store = c10::make_intrusive<c10d::PrefixStore>(
+      "launch_shm/" + std::to_string(env.restart_count), store);
+  ShmAllReduceOptions shm_options;
+  shm_options.timeout = timeout;
+  LAUNCH_ASSIGN_OR_RETURN(ShmSetup shm,
+                          ShmAllReduce::Create(*shm_store, env.rank, env.world_size,
+                                               ShmAllReduce::EnabledByEnvironment(), shm_options));
+  std::unique_ptr<ShmPointToPoint> p2p;
+  if (shm.shm) {
+    ShmPointToPointOptions p2p_options;
+    p2p_options.timeout = timeout;
+    p2p = std::make_unique<ShmPointToPoint>(shm_store, env.rank, env.world_size, shm.shm->pids(),
+                                            p2p_options);
+  }
+  auto pg = c10::make_intrusive<CountingProcessGroup>(gloo, std::move(shm.shm), std::move(p2p));
+  if (!pg->shm()) pg->set_allreduce_transport("Gloo (" + shm.reason + ")");
+  return pg;
+}
+
+int GlooThreads() {
+  // Gloo's worker threads run the collectives. PyTorch uses 2; LAUNCH_GLOO_THREADS overrides
+  // (on a 2-core machine with 2 ranks, fewer threads can mean fewer context switches).
+  if (const char* t = std::getenv("LAUNCH_GLOO_THREADS")) {
+    long long n = 0;
+    if (ParseInt64(t, &n) && n >= 1 && n <= 64) return static_cast<int>(n);
+  }
+  return 2;
+}
+
+void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensors,
+                   int64_t divisor) {
+  std::vector<std::pair<c10::ScalarType, std::vector<size_t>>> groups;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == tensors[i].scalar_type(); });
+    if (it == groups.end()) {
+      groups.push_back({tensors[i].scalar_type(), {}});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(i);
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [dtype, members] : groups) {
+    std::vector<at::Tensor> parts;
+    for (size_t i : members) parts.push_back(tensors[i].detach().reshape({-1}));
+    std::vector<at::Tensor> flat = {at::cat(parts)};
+    pg.allreduce(flat, c10d::AllreduceOptions())->wait();
+    if (divisor != 1) flat[0].div_(divisor);
+    int64_t offset = 0;
+    for (size_t i : members) {
+      const int64_t n = tensors[i].numel();
+      tensors[i].detach().copy_(flat[0].narrow(0, offset, n).view_as(tensors[i]));
+      offset += n;
+    }
+  }
+}
+
+void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+                        std::vector<at::Tensor> tensors) {
+  if (tensors.empty()) return;
+  // One buffer of up to 250 MB per call: a model's parameters usually go in one broadcast.
+  constexpr size_t kBucketBytes = 250u << 20;
+  at::NoGradGuard no_grad;
+  for (auto& t : tensors) t = t.detach();
+  c10d::broadcast_coalesced(pg, tensors, kBucketBytes, /*rank=*/0);
+}
+
+}  // namespace launch::trainer

@@ -1,0 +1,139 @@
+#pragma once
+
+// The c10d process group the workers communicate through, built from DistEnv: a TCPStore at
+// MASTER_ADDR:MASTER_PORT (rank 0 hosts it) and ProcessGroupGloo on CPU (ProcessGroupNCCL is
+// compiled in only when LibTorch has CUDA; it does not here).
+//
+// CountingProcessGroup wraps the real group and forwards every collective the trainer uses,
+// counting all-reduces and recording when each was launched. The DDP Reducer talks to the
+// wrapper, so tests and metrics see real counts (no_sync really skips communication) and real
+// launch times (buckets really start during backward), not assumptions.
+//
+// When every rank of the group is on this host, CreateProcessGroup also gives the wrapper a
+// shared-memory all-reduce (shm_allreduce.h): allreduce() of one dense contiguous CPU tensor of
+// float, double or bfloat16 with ReduceOp SUM goes there (asynchronous, in issue order, like
+// Gloo's); every other operation, and everything when the ranks span hosts or
+// LAUNCH_SHM_ALLREDUCE=0, goes to Gloo. Each transport sees the same subsequence of operations
+// on every rank, so the two never need ordering between them. In the same case send() and
+// recv() of a CPU tensor go through shared-memory rings (shm_p2p.h: the pipeline's activations
+// and gradients): all of them, so messages between two ranks never straddle two transports.
+//
+// Internal to trainer_runtime (includes LibTorch).
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "base/status.h"
+#include "trainer_runtime/comm/shm_allreduce.h"
+#include "trainer_runtime/comm/shm_p2p.h"
+#include "trainer_runtime/util/env.h"
+
+namespace gloo::transport {
+class Device;
+}  // namespace gloo::transport
+
+namespace launch::trainer {
+
+class CountingProcessGroup : public c10d::ProcessGroup {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `shm`: the shared-memory all-reduce to route supported all-reduces to; `p2p`: the
+  // shared-memory send/recv; null: Gloo.
+  explicit CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner,
+                                std::unique_ptr<ShmAllReduce> shm = nullptr,
+                                std::unique_ptr<ShmPointToPoint> p2p = nullptr);
+  // The send/recv channels go first: their threads may still be streaming.
+  ~CountingProcessGroup() override;
+
+  const std::string getBackendName() const override { return inner_->getBackendName(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                      int tag) override;
+
+  // The wrapped group, for control-plane collectives (signals, triggers, metrics) that are not
+  // part of a step's gradient communication and must not show in its counts.
+  c10d::ProcessGroup& inner() { return *inner_; }
+
+  // The shared-memory all-reduce, or null when all-reduces go to Gloo. For callers that run
+  // one inline (ShmAllReduce::AllReduceNow) and account for it with RecordAllreduce.
+  ShmAllReduce* shm() const { return shm_.get(); }
+  // The shared-memory send/recv, or null when send/recv go to Gloo.
+  ShmPointToPoint* p2p() const { return p2p_.get(); }
+  // "shared memory" or "Gloo (<why not shared memory>)", for logs.
+  const std::string& allreduce_transport() const { return transport_; }
+  void set_allreduce_transport(std::string description) { transport_ = std::move(description); }
+
+  // Counts an all-reduce carried by other means than allreduce() (strategy.cc's direct path for
+  // the last bucket: the two-rank exchange, or the shared-memory all-reduce run inline), so
+  // counts and launch times cover every gradient reduction whatever its transport.
+  void RecordAllreduce(int64_t bytes);
+
+  // Counters. Thread-safe: the Reducer launches all-reduces from the autograd engine.
+  int64_t allreduce_count() const;
+  // How many of those went through RecordAllreduce (the direct last-bucket path).
+  int64_t recorded_count() const;
+  int64_t allreduce_bytes() const;
+  // Launch times of all-reduces since the last TakeLaunchTimes() call.
+  std::vector<Clock::time_point> TakeLaunchTimes();
+
+ private:
+  c10::intrusive_ptr<c10d::ProcessGroup> inner_;
+  std::unique_ptr<ShmAllReduce> shm_;
+  std::unique_ptr<ShmPointToPoint> p2p_;
+  std::string transport_ = "Gloo";
+  mutable std::mutex mu_;
+  int64_t allreduce_count_ = 0;
+  int64_t allreduce_bytes_ = 0;
+  int64_t recorded_count_ = 0;
+  std::vector<Clock::time_point> launch_times_;
+};
+
+// The Gloo transport device for a group whose store is at `master_addr`: the interface named by
+// GLOO_SOCKET_IFNAME when set, 127.0.0.1 when the master is a loopback address, Gloo's default
+// device otherwise. Every group a worker builds (the job's, a pipeline stage's) picks it alike.
+std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr);
+
+// Sum-all-reduces `tensors` in place over `pg`, then divides them by `divisor`: one flat
+// all-reduce per dtype (Gloo's per-call latency dominates small tensors; a model may mix
+// dtypes), groups in order of first appearance so every rank builds the same calls.
+// COLLECTIVE: every rank passes tensors of the same dtypes and sizes, in the same order.
+// Throws c10::Error when a peer fails.
+void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int64_t divisor);
+
+// Makes `tensors` (in place) equal to the group's rank 0's, packed into as few broadcasts as
+// their total size allows (c10d::broadcast_coalesced; mixed dtypes are fine). COLLECTIVE.
+void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
+                        std::vector<at::Tensor> tensors);
+
+// Gloo worker threads per group: 2 (PyTorch's choice), or LAUNCH_GLOO_THREADS. Every group a
+// worker builds uses it.
+int GlooThreads();
+
+// Connects to (rank 0: hosts) the store and builds the Gloo group; waits at most `timeout`
+// for all ranks. Then sets up the shared-memory all-reduce when every rank is on this host and
+// none has LAUNCH_SHM_ALLREDUCE=0 (all ranks decide alike; see allreduce_transport()); its
+// operations fail within the same `timeout`. Errors name the store address and the rank:
+// "rank 1 could not reach the process-group store at 10.0.0.9:29500 within 30 s: ...".
+StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
+    const DistEnv& env, std::chrono::milliseconds timeout);
+
+}  // namespace launch::trainer

@@ -1,0 +1,580 @@
+// ShmAllReduce between real processes: this test binary is rank 0 and re-runs itself (posix_spawn
+// of /proc/self/exe, test case ShmAllReducePeerProcess) as the other ranks, so the segment, the
+// futexes and the liveness checks work across address spaces exactly as in training. The peers
+// meet through a real TCPStore hosted here.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <dirent.h>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "trainer_runtime/comm/shm_allreduce.h"
+#include "trainer_runtime/comm/shm_p2p.h"
+
+#include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
+
+extern char** environ;
+
+namespace launch::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr const char* kPeerTest = "ShmAllReducePeerProcess";
+const std::vector<c10::ScalarType> kDtypes = {c10::kFloat, c10::kDouble, c10::kBFloat16};
+// Odd sizes: below a cache line, not a multiple of anything, across several 4 KiB chunks.
+const std::vector<int64_t> kSizes = {0, 1, 3, 17, 1000, 4099, 100003};
+
+int CountOpenFds() {
+  int n = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  while (dirent* e = ::readdir(dir))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(dir);
+  return n - 1;  // the directory's own fd
+}
+
+// The descriptors the transports open: memfd segments and pidfds. Tests where a peer is killed
+// count these rather than all fds: the store server hosted here closes its socket to the dead
+// peer whenever its thread notices, which is not the transport's business.
+int CountShmFds() {
+  int n = 0;
+  DIR* dir = ::opendir("/proc/self/fd");
+  while (dirent* e = ::readdir(dir)) {
+    char target[256] = {};
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
+    if (e->d_name[0] == '.' || ::readlink(path.c_str(), target, sizeof(target) - 1) <= 0) continue;
+    const std::string t = target;
+    if (t.rfind("/memfd:launch-shm", 0) == 0 || t == "anon_inode:[pidfd]") ++n;
+  }
+  ::closedir(dir);
+  return n;
+}
+
+// Rank `rank`'s input for operation `op`: values spread over several magnitudes, so the order
+// of summation shows in the low bits (and in bfloat16's rounding).
+at::Tensor Input(int rank, int op, int64_t n, c10::ScalarType dtype) {
+  auto gen = at::detail::createCPUGenerator(1000 * op + rank + 1);
+  at::Tensor x = at::randn({n}, gen, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor scale =
+      at::pow(10.0, at::randint(-3, 4, {n}, gen, at::TensorOptions().dtype(at::kDouble)));
+  return (x * scale).to(dtype);
+}
+
+// What one process computes: ((t0 + t1) + t2) + ... in LibTorch.
+at::Tensor Reference(int world, int op, int64_t n, c10::ScalarType dtype) {
+  at::Tensor sum = Input(0, op, n, dtype);
+  for (int r = 1; r < world; ++r) sum = sum + Input(r, op, n, dtype);
+  return sum;
+}
+
+struct Env {
+  int rank = 0;
+  int world = 1;
+  int port = 0;
+  std::string scenario;
+};
+
+Env PeerEnv() {
+  Env env;
+  env.rank = std::atoi(std::getenv("LAUNCH_SHM_TEST_RANK"));
+  env.world = std::atoi(std::getenv("LAUNCH_SHM_TEST_WORLD"));
+  env.port = std::atoi(std::getenv("LAUNCH_SHM_TEST_PORT"));
+  env.scenario = std::getenv("LAUNCH_SHM_TEST_SCENARIO");
+  return env;
+}
+
+c10::intrusive_ptr<c10d::TCPStore> ConnectStore(int port, bool server, int world) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(port);
+  opts.isServer = server;
+  opts.numWorkers = world;
+  opts.waitWorkers = false;
+  opts.timeout = std::chrono::seconds(30);
+  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+}
+
+bool ShortTimeout(const std::string& scenario) {
+  return scenario == "stuck" || scenario == "p2p_stuck";
+}
+
+ShmAllReduceOptions TestOptions(const std::string& scenario) {
+  ShmAllReduceOptions o;
+  o.chunk_bytes = 4096;  // small: the odd sizes cross chunk boundaries
+  o.timeout = ShortTimeout(scenario) ? milliseconds(300) : milliseconds(60000);
+  return o;
+}
+
+// Send/recv over rings of 4 KiB: most messages are streamed and wrap around the ring.
+std::unique_ptr<ShmPointToPoint> MakeP2P(const ShmAllReduce& shm,
+                                         const c10::intrusive_ptr<c10d::Store>& store,
+                                         const Env& env) {
+  ShmPointToPointOptions o;
+  o.ring_bytes = 4096;
+  o.timeout = ShortTimeout(env.scenario) ? milliseconds(300) : milliseconds(60000);
+  return std::make_unique<ShmPointToPoint>(store, env.rank, env.world, shm.pids(), o);
+}
+
+pid_t SpawnPeer(int rank, int world, int port, const std::string& scenario) {
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "LAUNCH_SHM_TEST_", 16) != 0) env_strings.push_back(*e);
+  env_strings.push_back("LAUNCH_SHM_TEST_RANK=" + std::to_string(rank));
+  env_strings.push_back("LAUNCH_SHM_TEST_WORLD=" + std::to_string(world));
+  env_strings.push_back("LAUNCH_SHM_TEST_PORT=" + std::to_string(port));
+  env_strings.push_back("LAUNCH_SHM_TEST_SCENARIO=" + scenario);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe";
+  std::string filter = std::string("--test-case=") + kPeerTest;
+  std::string quiet = "--minimal";
+  char* argv[] = {exe.data(), filter.data(), quiet.data(), nullptr};
+  pid_t pid = -1;
+  REQUIRE(::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) == 0);
+  return pid;
+}
+
+// The child's wait status, or kills it when it outlives `timeout` (a hang fails the test,
+// bounded, instead of hanging it).
+int WaitChild(pid_t pid, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL_CHECK("peer " << pid << " did not finish in time");
+      return status;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  return status;
+}
+
+std::unique_ptr<ShmAllReduce> MustCreate(c10d::Store& store, const Env& env, bool enabled = true) {
+  auto setup = ShmAllReduce::Create(store, env.rank, env.world, enabled, TestOptions(env.scenario));
+  REQUIRE_MESSAGE(setup.ok(), setup.status().ToString());
+  REQUIRE_MESSAGE(setup->shm != nullptr, setup->reason);
+  return std::move(setup->shm);
+}
+
+// --- scenarios: run by rank 0 (this process) and by the peers alike ---------------------------
+
+// Every dtype and odd size, all issued back to back before any is waited for (plus one run
+// inline), each checked bit for bit against the one-process rank-order sum; completions must
+// come in issue order.
+void RunExact(ShmAllReduce& shm, const Env& env) {
+  struct Pending {
+    at::Tensor tensor;
+    c10::intrusive_ptr<c10d::Work> work;
+    int op;
+  };
+  std::vector<Pending> pending;
+  std::mutex mu;
+  std::vector<int> completed;
+  int op = 0;
+  for (c10::ScalarType dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      at::Tensor t = Input(env.rank, op, n, dtype);
+      auto work = shm.AllReduceAsync(t);
+      work->getFuture()->addCallback([&mu, &completed, op](c10::ivalue::Future&) {
+        std::lock_guard<std::mutex> lock(mu);
+        completed.push_back(op);
+      });
+      pending.push_back({t, work, op});
+      ++op;
+    }
+  }
+  at::Tensor inline_tensor = Input(env.rank, op, 777, c10::kFloat);
+  REQUIRE(shm.AllReduceNow(inline_tensor).ok());
+  CHECK(at::equal(inline_tensor, Reference(env.world, op, 777, c10::kFloat)));
+  for (auto& p : pending) {
+    REQUIRE(p.work->wait());
+    CHECK(p.work->isSuccess());
+    const at::Tensor want = Reference(env.world, p.op, p.tensor.numel(), p.tensor.scalar_type());
+    CHECK_MESSAGE(at::equal(p.tensor, want), "op " << p.op << " " << p.tensor.scalar_type() << " x"
+                                                   << p.tensor.numel() << " on rank " << env.rank);
+    CHECK(p.work->getFuture()->value().toTensorVector()[0].data_ptr() == p.tensor.data_ptr());
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  REQUIRE(completed.size() == pending.size());
+  for (size_t i = 0; i < completed.size(); ++i) CHECK(completed[i] == static_cast<int>(i));
+}
+
+// The peer joins one operation, says so, then stalls (killed by rank 0, or just never coming).
+void RunStall(ShmAllReduce& shm, c10d::Store& store) {
+  at::Tensor t = at::ones({1000});
+  REQUIRE(shm.AllReduceAsync(t)->wait());
+  store.set("stalled", std::vector<uint8_t>{1});
+  ::pause();
+}
+
+// Broadcasts (any dtype, several chunks) between all-reduces still in flight: every rank ends
+// with rank 0's bytes, and the all-reduces around them stay exact.
+void RunBroadcast(ShmAllReduce& shm, const Env& env) {
+  at::Tensor before = Input(env.rank, 0, 5000, c10::kFloat);
+  auto work = shm.AllReduceAsync(before);
+  at::Tensor ints = at::arange(100003, at::kLong) * (env.rank + 1);
+  REQUIRE(shm.BroadcastFromRank0(ints)->wait());
+  CHECK(at::equal(ints, at::arange(100003, at::kLong)));
+  at::Tensor floats = at::full({3000}, static_cast<float>(env.rank) + 0.5f);
+  REQUIRE(shm.BroadcastFromRank0(floats)->wait());
+  CHECK(at::equal(floats, at::full({3000}, 0.5f)));
+  at::Tensor after = Input(env.rank, 1, 3000, c10::kDouble);
+  REQUIRE(shm.AllReduceNow(after).ok());
+  REQUIRE(work->wait());
+  CHECK(at::equal(before, Reference(env.world, 0, 5000, c10::kFloat)));
+  CHECK(at::equal(after, Reference(env.world, 1, 3000, c10::kDouble)));
+  // A broadcast where the peers all-reduce is an error, not silent corruption.
+  at::Tensor odd = at::ones({64});
+  if (env.rank == 0) {
+    CHECK_THROWS_WITH_AS(shm.BroadcastFromRank0(odd)->wait(),
+                         doctest::Contains("ranks issued different operations"), c10::Error);
+  } else {
+    CHECK_FALSE(shm.AllReduceNow(odd).ok());
+  }
+}
+
+void RunMismatch(ShmAllReduce& shm, const Env& env) {
+  at::Tensor t = at::ones({env.rank == 0 ? 100 : 50});
+  auto work = shm.AllReduceAsync(t);
+  CHECK_THROWS_WITH_AS(work->wait(), doctest::Contains("ranks issued different operations"),
+                       c10::Error);
+}
+
+// Ranks in a ring: each sends every dtype and odd size to the next rank before it receives
+// anything from the previous one (messages far bigger than the 4 KiB ring: the sends must not
+// wait for the receiver), from a non-contiguous source and into a non-contiguous target too.
+// Rank 0 first waits for a message rank 1 sends only after a pause (the receiver opens a
+// channel the sender has not created yet).
+void RunP2P(ShmPointToPoint& p2p, const Env& env) {
+  const int next = (env.rank + 1) % env.world;
+  const int prev = (env.rank + env.world - 1) % env.world;
+  if (env.rank == 1) {
+    std::this_thread::sleep_for(milliseconds(200));
+    REQUIRE(p2p.Send(at::full({3}, 7.0, at::kDouble), 0, 9)->wait());
+  }
+  if (env.rank == 0) {
+    at::Tensor hello = at::zeros({3}, at::kDouble);
+    REQUIRE(p2p.Recv(hello, 1, 9)->wait());
+    CHECK(at::equal(hello, at::full({3}, 7.0)));
+  }
+  std::vector<c10::intrusive_ptr<c10d::Work>> sends;
+  std::vector<at::Tensor> sent;
+  int op = 0;
+  for (c10::ScalarType dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      sent.push_back(Input(env.rank, op, n, dtype));
+      sends.push_back(p2p.Send(sent.back(), next, op));
+      ++op;
+    }
+  }
+  at::Tensor wide = Input(env.rank, op, 2 * 3001, c10::kFloat).view({3001, 2});
+  sends.push_back(p2p.Send(wide.t(), next, op));  // non-contiguous source
+  struct Posted {
+    at::Tensor tensor;
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor want;
+  };
+  std::vector<Posted> posted;
+  op = 0;
+  for (c10::ScalarType dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      at::Tensor t = at::empty({n}, at::TensorOptions().dtype(dtype));
+      posted.push_back({t, p2p.Recv(t, prev, op), Input(prev, op, n, dtype)});
+      ++op;
+    }
+  }
+  at::Tensor target = at::empty({3001, 2}).t();  // non-contiguous target
+  posted.push_back({target, p2p.Recv(target, prev, op),
+                    Input(prev, op, 2 * 3001, c10::kFloat).view({3001, 2}).t()});
+  // Waiting for the last receive completes every earlier one from that rank, in order.
+  REQUIRE(posted.back().work->wait());
+  for (auto& p : posted) {
+    CHECK(p.work->isCompleted());
+    CHECK_MESSAGE(at::equal(p.tensor, p.want),
+                  p.tensor.scalar_type() << " x" << p.tensor.numel() << " on rank " << env.rank);
+  }
+  for (auto& w : sends) REQUIRE(w->wait());
+  // A message already complete in the ring is received by isCompleted() without wait().
+  REQUIRE(p2p.Send(at::full({4}, 1.0f * env.rank), next, 1000)->wait());
+  at::Tensor small = at::zeros({4});
+  auto work = p2p.Recv(small, prev, 1000);
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (!work->isCompleted() && Clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(1));
+  CHECK(at::equal(small, at::full({4}, 1.0f * prev)));
+}
+
+// Rank 1 sends one message with the expected tag, then one with another: the receive fails,
+// naming both, and the channel stays failed.
+void RunP2PMismatch(ShmPointToPoint& p2p, const Env& env) {
+  if (env.rank == 1) {
+    REQUIRE(p2p.Send(at::ones({8}), 0, 1)->wait());
+    REQUIRE(p2p.Send(at::ones({8}), 0, 2)->wait());
+    return;
+  }
+  at::Tensor t = at::zeros({8});
+  REQUIRE(p2p.Recv(t, 1, 1)->wait());
+  CHECK_THROWS_WITH_AS(p2p.Recv(t, 1, 1)->wait(), doctest::Contains("whose next message is tag 2"),
+                       c10::Error);
+  CHECK_THROWS_WITH_AS(p2p.Recv(t, 1, 2)->wait(), doctest::Contains("tag 2"), c10::Error);
+}
+
+// The peer sends one message (or none, for "p2p_silent"), says so, then stalls.
+void RunP2PStall(ShmPointToPoint& p2p, c10d::Store& store, const Env& env) {
+  if (env.scenario != "p2p_silent") REQUIRE(p2p.Send(at::ones({1000}), 0, 0)->wait());
+  store.set("stalled", std::vector<uint8_t>{1});
+  ::pause();
+}
+
+void RunPeer(const Env& env) {
+  auto tcp = ConnectStore(env.port, /*server=*/false, env.world);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(env.scenario, tcp);
+  if (env.scenario == "disabled") {
+    auto setup = ShmAllReduce::Create(*store, env.rank, env.world, /*enabled=*/false);
+    REQUIRE(setup.ok());
+    CHECK(setup->shm == nullptr);
+    return;
+  }
+  auto shm = MustCreate(*store, env);
+  if (env.scenario.rfind("p2p", 0) == 0) {
+    auto p2p = MakeP2P(*shm, store, env);
+    if (env.scenario == "p2p") RunP2P(*p2p, env);
+    if (env.scenario == "p2p_mismatch") RunP2PMismatch(*p2p, env);
+    if (env.scenario == "p2p_kill" || env.scenario == "p2p_silent" || env.scenario == "p2p_stuck")
+      RunP2PStall(*p2p, *store, env);
+    return;
+  }
+  if (env.scenario == "exact") RunExact(*shm, env);
+  if (env.scenario == "kill" || env.scenario == "stuck") RunStall(*shm, *store);
+  if (env.scenario == "mismatch") RunMismatch(*shm, env);
+  if (env.scenario == "broadcast") RunBroadcast(*shm, env);
+}
+
+// Rank 0's side: hosts the store, spawns ranks 1..world-1, runs `body`, reaps the peers.
+struct Group {
+  Env env;
+  c10::intrusive_ptr<c10d::TCPStore> tcp;
+  c10::intrusive_ptr<c10d::PrefixStore> store;
+  std::vector<pid_t> peers;
+
+  Group(const std::string& scenario, int world) {
+    tcp = ConnectStore(0, /*server=*/true, world);
+    env = Env{0, world, tcp->getPort(), scenario};
+    store = c10::make_intrusive<c10d::PrefixStore>(scenario, tcp);
+    for (int r = 1; r < world; ++r) peers.push_back(SpawnPeer(r, world, env.port, scenario));
+  }
+  // REQUIRES: the peers exit by themselves.
+  void ExpectPeersSucceed() {
+    for (pid_t p : peers) {
+      const int status = WaitChild(p, milliseconds(60000));
+      CHECK_MESSAGE((WIFEXITED(status) && WEXITSTATUS(status) == 0),
+                    "peer " << p << " failed (status " << status << ")");
+    }
+    peers.clear();
+  }
+  ~Group() {
+    for (pid_t p : peers) {
+      ::kill(p, SIGKILL);
+      ::waitpid(p, nullptr, 0);
+    }
+  }
+};
+
+TEST_CASE("ShmAllReducePeerProcess") {
+  // Only meaningful when spawned by the tests below; a plain run of the suite skips it.
+  if (!std::getenv("LAUNCH_SHM_TEST_SCENARIO")) return;
+  RunPeer(PeerEnv());
+}
+
+TEST_CASE("ShmAllReduceIsBitIdenticalToRankOrderSumForEveryDtypeAndOddSizes") {
+  // Three ranks: with two, a + b == b + a would hide a wrong order.
+  const int fds_before = CountOpenFds();
+  {
+    Group g("exact", 3);
+    auto shm = MustCreate(*g.store, g.env);
+    CHECK(shm->world_size() == 3);
+    RunExact(*shm, g.env);
+    g.ExpectPeersSucceed();
+  }
+  // The segment's fd was closed after setup; pidfds went with the transport; the store's
+  // sockets with the store.
+  CHECK(CountOpenFds() == fds_before);
+}
+
+TEST_CASE("ShmBroadcastFromRank0CopiesAnyDtypeInOrderWithAllReduces") {
+  Group g("broadcast", 3);
+  auto shm = MustCreate(*g.store, g.env);
+  RunBroadcast(*shm, g.env);
+  g.ExpectPeersSucceed();
+}
+
+TEST_CASE("ShmAllReduceFailsFastWhenAPeerIsKilledMidOperation") {
+  Group g("kill", 2);
+  const int fds_before_shm = CountShmFds();
+  {
+    auto shm = MustCreate(*g.store, g.env);
+    at::Tensor first = at::ones({1000});
+    REQUIRE(shm->AllReduceAsync(first)->wait());
+    CHECK(first[0].item<float>() == 2.0f);
+    CHECK(CountShmFds() > fds_before_shm);  // the peer's pidfd
+    g.store->wait({"stalled"});
+    // Rank 0 is inside the operation, asleep on the futex, when the peer dies.
+    at::Tensor t = at::ones({100000});
+    auto work = shm->AllReduceAsync(t);
+    std::this_thread::sleep_for(milliseconds(100));
+    CHECK_FALSE(work->isCompleted());
+    const auto killed = Clock::now();
+    ::kill(g.peers[0], SIGKILL);
+    // Not reaped yet: a zombie must count as dead (kill(pid, 0) would still succeed).
+    CHECK_THROWS_WITH_AS(work->wait(), doctest::Contains("exited while rank 0 waited"), c10::Error);
+    const auto took = Clock::now() - killed;
+    CHECK(took < std::chrono::seconds(2));  // the timeout is 60 s
+    // The transport stays failed: later operations fail at once with the first error.
+    at::Tensor later = at::ones({10});
+    CHECK_THROWS_WITH_AS(shm->AllReduceAsync(later)->wait(), doctest::Contains("exited"),
+                         c10::Error);
+    const Status now = shm->AllReduceNow(later);
+    CHECK(now.code() == Status::Code::kPeerLost);
+  }
+  CHECK(CountShmFds() == fds_before_shm);
+}
+
+TEST_CASE("ShmAllReduceTimesOutWhenAPeerNeverArrives") {
+  Group g("stuck", 2);
+  auto shm = MustCreate(*g.store, g.env);  // timeout 300 ms
+  at::Tensor first = at::ones({1000});
+  REQUIRE(shm->AllReduceAsync(first)->wait());
+  g.store->wait({"stalled"});
+  at::Tensor t = at::ones({1000});
+  const auto start = Clock::now();
+  CHECK_THROWS_WITH_AS(shm->AllReduceAsync(t)->wait(), doctest::Contains("did not reach"),
+                       c10::Error);
+  const auto took = Clock::now() - start;
+  CHECK(took >= milliseconds(300));
+  CHECK(took < std::chrono::seconds(5));
+}
+
+TEST_CASE("ShmAllReduceRejectsRanksIssuingDifferentOperations") {
+  Group g("mismatch", 2);
+  auto shm = MustCreate(*g.store, g.env);
+  RunMismatch(*shm, g.env);
+  g.ExpectPeersSucceed();
+}
+
+TEST_CASE("ShmAllReduceIsOffForAllRanksWhenOneRankDisablesIt") {
+  Group g("disabled", 2);
+  auto setup = ShmAllReduce::Create(*g.store, 0, 2, /*enabled=*/true);
+  REQUIRE(setup.ok());
+  CHECK(setup->shm == nullptr);
+  CHECK(setup->reason.find("LAUNCH_SHM_ALLREDUCE=0 on rank 1") != std::string::npos);
+  g.ExpectPeersSucceed();
+}
+
+TEST_CASE("ShmAllReduceSupportsOnlyDenseContiguousSumOfFloatingTypes") {
+  c10d::AllreduceOptions sum;
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  auto ok = [&](at::Tensor t, const c10d::AllreduceOptions& o) {
+    return ShmAllReduce::Supports({t}, o);
+  };
+  CHECK(ok(at::ones({4}), sum));
+  CHECK(ok(at::ones({4}, at::kDouble), sum));
+  CHECK(ok(at::ones({4}, at::kBFloat16), sum));
+  CHECK_FALSE(ok(at::ones({4}, at::kHalf), sum));
+  CHECK_FALSE(ok(at::ones({4}, at::kLong), sum));
+  CHECK_FALSE(ok(at::ones({4}), max));
+  CHECK_FALSE(ok(at::ones({4, 4}).t(), sum));  // not contiguous
+  CHECK_FALSE(ShmAllReduce::Supports({at::ones({4}), at::ones({4})}, sum));
+}
+
+TEST_CASE("ShmSendRecvDeliversEveryMessageExactlyInOrderThroughSmallRings") {
+  const int fds_before = CountOpenFds();
+  {
+    Group g("p2p", 3);
+    auto shm = MustCreate(*g.store, g.env);
+    auto p2p = MakeP2P(*shm, g.store, g.env);
+    RunP2P(*p2p, g.env);
+    g.ExpectPeersSucceed();
+  }
+  // Segments unmapped, memfds and pidfds closed, threads joined.
+  CHECK(CountOpenFds() == fds_before);
+}
+
+TEST_CASE("ShmRecvRejectsAMessageOtherThanThePostedOne") {
+  Group g("p2p_mismatch", 2);
+  auto shm = MustCreate(*g.store, g.env);
+  auto p2p = MakeP2P(*shm, g.store, g.env);
+  RunP2PMismatch(*p2p, g.env);
+  g.ExpectPeersSucceed();
+}
+
+TEST_CASE("ShmRecvFailsFastWhenTheSenderIsKilled") {
+  for (const char* scenario : {"p2p_kill", "p2p_silent"}) {
+    CAPTURE(scenario);
+    Group g(scenario, 2);
+    const int fds_before = CountShmFds();
+    {
+      auto shm = MustCreate(*g.store, g.env);
+      auto p2p = MakeP2P(*shm, g.store, g.env);
+      at::Tensor t = at::zeros({1000});
+      if (std::string(scenario) == "p2p_kill") {
+        REQUIRE(p2p->Recv(t, 1, 0)->wait());
+        CHECK(t[999].item<float>() == 1.0f);
+      }
+      g.store->wait({"stalled"});
+      auto work = p2p->Recv(t, 1, 0);
+      std::thread killer([&] {
+        std::this_thread::sleep_for(milliseconds(100));
+        ::kill(g.peers[0], SIGKILL);  // not reaped: a zombie must count as gone
+      });
+      const auto start = Clock::now();
+      CHECK_THROWS_WITH_AS(work->wait(),
+                           doctest::Contains(std::string(scenario) == "p2p_kill"
+                                                 ? "exited while rank 0 waited"
+                                                 : "exited before it sent to rank 0"),
+                           c10::Error);
+      killer.join();
+      CHECK(Clock::now() - start < std::chrono::seconds(3));  // the timeout is 60 s
+      // The channel stays failed.
+      CHECK_THROWS_AS(p2p->Recv(t, 1, 0)->wait(), c10::Error);
+      CHECK(CountShmFds() > fds_before);  // pidfds of the peer: the count below means something
+    }
+    CHECK(CountShmFds() == fds_before);
+  }
+}
+
+TEST_CASE("ShmRecvTimesOutWhenTheSenderSendsNothing") {
+  Group g("p2p_stuck", 2);
+  auto shm = MustCreate(*g.store, g.env);
+  auto p2p = MakeP2P(*shm, g.store, g.env);  // timeout 300 ms
+  at::Tensor t = at::zeros({1000});
+  REQUIRE(p2p->Recv(t, 1, 0)->wait());
+  g.store->wait({"stalled"});
+  const auto start = Clock::now();
+  CHECK_THROWS_WITH_AS(p2p->Recv(t, 1, 0)->wait(), doctest::Contains("waited 300 ms"), c10::Error);
+  const auto took = Clock::now() - start;
+  CHECK(took >= milliseconds(300));
+  CHECK(took < std::chrono::seconds(5));
+}
+
+}  // namespace
+}  // namespace launch::trainer

@@ -1,0 +1,54 @@
+#include "trainer_runtime/data/sampler.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include "base/check.h"
+
+namespace launch::trainer {
+
+ShardedSampler::ShardedSampler(int64_t num_samples, int rank, int world_size, int64_t batch_size,
+                               uint64_t seed, bool shuffle)
+    : num_samples_(num_samples),
+      rank_(rank),
+      world_size_(world_size),
+      batch_size_(batch_size),
+      seed_(seed),
+      shuffle_(shuffle) {
+  LAUNCH_CHECK(num_samples >= 1 && rank >= 0 && rank < world_size && batch_size >= 1,
+               "bad sampler arguments");
+  per_rank_ = (num_samples + world_size - 1) / world_size;
+  batches_per_epoch_ = per_rank_ / batch_size;
+}
+
+std::vector<int64_t> ShardedSampler::Permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  // LibTorch's randperm is the same ATen code as Python's, so a PyTorch job that shuffles with
+  // DistributedSampler(seed=seed) visits the samples in exactly this order.
+  at::Generator gen = at::detail::createCPUGenerator(seed + static_cast<uint64_t>(epoch));
+  torch::Tensor perm = torch::randperm(n, gen, torch::kLong);
+  const int64_t* p = perm.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + n);
+}
+
+std::vector<int64_t> ShardedSampler::Batch(int64_t epoch, int64_t batch) {
+  LAUNCH_CHECK(batch >= 0 && batch < batches_per_epoch_, "batch index out of range");
+  if (epoch != cached_epoch_) {
+    if (shuffle_) {
+      cached_perm_ = Permutation(num_samples_, seed_, epoch);
+    } else {
+      cached_perm_.resize(static_cast<size_t>(num_samples_));
+      for (int64_t i = 0; i < num_samples_; ++i) cached_perm_[static_cast<size_t>(i)] = i;
+    }
+    cached_epoch_ = epoch;
+  }
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(batch_size_));
+  for (int64_t j = 0; j < batch_size_; ++j) {
+    const int64_t i = batch * batch_size_ + j;                     // position in this rank's share
+    const int64_t pos = (rank_ + world_size_ * i) % num_samples_;  // wrap-around padding
+    out.push_back(cached_perm_[static_cast<size_t>(pos)]);
+  }
+  return out;
+}
+
+}  // namespace launch::trainer

@@ -1,0 +1,452 @@
+#include "trainer_runtime/model/model.h"
+
+#include <torch/script.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <unordered_set>
+
+#include "base/strings.h"
+#include "trainer_runtime/model/layers.h"
+#include "trainer_runtime/util/atomic_file.h"
+
+namespace launch::trainer {
+
+NamedTensors Model::NamedParameters() const {
+  NamedTensors out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    const torch::Tensor& p = item.value();
+    if (!p.requires_grad() || !seen.insert(p.unsafeGetTensorImpl()).second) continue;
+    out.emplace_back(item.key(), p);
+  }
+  return out;
+}
+
+NamedTensors Model::NamedBuffers() const {
+  NamedTensors out;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+    if (!item.value().defined() || !seen.insert(item.value().unsafeGetTensorImpl()).second)
+      continue;
+    out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+std::vector<torch::Tensor> Model::Parameters() const {
+  std::vector<torch::Tensor> out;
+  for (auto& [name, p] : NamedParameters()) out.push_back(p);
+  return out;
+}
+
+torch::Tensor Model::Forward(const torch::Tensor& input) {
+  auto* f = dynamic_cast<TensorForward*>(module_.get());
+  TORCH_CHECK(f != nullptr, "this module has no one-tensor forward (TensorForward)");
+  return f->Forward(input);
+}
+
+namespace {
+
+// --- MLP: Linear -> ReLU -> ... -> Linear. --------------------------------------------------
+class MlpImpl : public torch::nn::Cloneable<MlpImpl>, public TensorForward {
+ public:
+  MlpImpl(const std::vector<int64_t>& widths, double dropout) : widths_(widths), dropout_(dropout) {
+    reset();
+  }
+  void reset() override {
+    layers_.clear();
+    for (size_t i = 0; i + 1 < widths_.size(); ++i)
+      layers_.push_back(
+          register_module("fc" + std::to_string(i), torch::nn::Linear(widths_[i], widths_[i + 1])));
+  }
+  torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
+  torch::Tensor forward(torch::Tensor x) {
+    if (x.dim() > 2) x = x.flatten(1);  // images [B, C, H, W] -> [B, C*H*W]
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      x = layers_[i]->forward(x);
+      if (i + 1 < layers_.size()) {
+        x = torch::relu(x);
+        if (dropout_ > 0) x = torch::dropout(x, dropout_, is_training());
+      }
+    }
+    return x;
+  }
+
+ private:
+  std::vector<int64_t> widths_;
+  std::vector<torch::nn::Linear> layers_;
+  double dropout_;
+};
+TORCH_MODULE(Mlp);
+
+// --- CNN: [conv 3x3 -> batch norm -> ReLU -> max pool 2x2] per block, then a classifier. -------
+// Names follow PyTorch's usual spelling (conv1, bn1, ..., fc, head), so the state dict
+// SaveForPython writes loads into the same architecture written in Python.
+class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
+ public:
+  explicit CnnImpl(const config::ModelConfig& cfg) : cfg_(cfg) { reset(); }
+  void reset() override {
+    convs_.clear();
+    norms_.clear();
+    int64_t c = cfg_.input_shape[0], h = cfg_.input_shape[1], w = cfg_.input_shape[2];
+    for (size_t i = 0; i < cfg_.cnn_channels.size(); ++i) {
+      const int64_t out = cfg_.cnn_channels[i];
+      const std::string n = std::to_string(i + 1);
+      // A bias before batch norm is cancelled by its mean subtraction: leave it out.
+      convs_.push_back(register_module(
+          "conv" + n, torch::nn::Conv2d(
+                          torch::nn::Conv2dOptions(c, out, 3).padding(1).bias(!cfg_.batch_norm))));
+      if (cfg_.batch_norm) norms_.push_back(register_module("bn" + n, torch::nn::BatchNorm2d(out)));
+      c = out;
+      h /= 2;
+      w /= 2;
+    }
+    const int64_t flat = c * h * w;
+    fc_ = nullptr;
+    if (cfg_.cnn_hidden > 0) fc_ = register_module("fc", torch::nn::Linear(flat, cfg_.cnn_hidden));
+    head_ = register_module(
+        "head", torch::nn::Linear(cfg_.cnn_hidden > 0 ? cfg_.cnn_hidden : flat, cfg_.classes));
+  }
+  torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
+  torch::Tensor forward(torch::Tensor x) {
+    for (size_t i = 0; i < convs_.size(); ++i) {
+      // Activations in channels-last (NHWC) layout: LibTorch's CPU max-pool and its backward
+      // are several times faster on it than on NCHW, and BatchNorm, ReLU and the next
+      // convolution (oneDNN) keep the layout. A 1-channel input cannot carry the layout, hence
+      // the conversion after each convolution (a no-op once the layout is there). Values are
+      // unchanged; only the order of some sums differs.
+      x = convs_[i]->forward(x).contiguous(at::MemoryFormat::ChannelsLast);
+      if (!norms_.empty()) x = norms_[i]->forward(x);
+      x = torch::max_pool2d(torch::relu(x), 2);
+    }
+    x = x.flatten(1);  // back to NCHW order for the classifier (state dicts match PyTorch's)
+    if (fc_) x = torch::relu(fc_->forward(x));
+    if (cfg_.dropout > 0) x = torch::dropout(x, cfg_.dropout, is_training());
+    return head_->forward(x);
+  }
+
+ private:
+  config::ModelConfig cfg_;
+  std::vector<torch::nn::Conv2d> convs_;
+  std::vector<torch::nn::BatchNorm2d> norms_;
+  torch::nn::Linear fc_{nullptr}, head_{nullptr};
+};
+TORCH_MODULE(Cnn);
+
+class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public TensorForward {
+ public:
+  explicit TransformerImpl(const config::ModelConfig& cfg) : cfg_(cfg), context_(cfg.context) {
+    reset();
+  }
+  void reset() override {
+    const config::ModelConfig& cfg = cfg_;
+    blocks_.clear();
+    tok_ = register_module("tok", torch::nn::Embedding(cfg.vocab_size, cfg.d_model));
+    pos_ = register_module("pos", torch::nn::Embedding(cfg.context, cfg.d_model));
+    for (int64_t i = 0; i < cfg.transformer_layers; ++i)
+      blocks_.push_back(
+          register_module("block" + std::to_string(i), Block(cfg.d_model, cfg.heads, cfg.dropout)));
+    ln_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
+    head_ = register_module("head", torch::nn::Linear(cfg.d_model, cfg.vocab_size));
+    // GPT-style small init keeps the first losses near log(vocab).
+    for (auto& p : parameters()) {
+      if (p.dim() == 2) torch::nn::init::normal_(p, 0.0, 0.02);
+    }
+  }
+  torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
+  torch::Tensor forward(const torch::Tensor& tokens) {
+    const int64_t t = tokens.size(1);
+    TORCH_CHECK(t <= context_, "sequence length ", t, " exceeds the model context ", context_);
+    auto positions = torch::arange(t, torch::kLong);
+    auto x = tok_->forward(tokens) + pos_->forward(positions);
+    // True above the diagonal: position i may not look at j > i.
+    auto mask = torch::ones({t, t}, torch::kBool).triu(1);
+    for (auto& block : blocks_) x = block->forward(x, mask);
+    return head_->forward(ln_->forward(x));
+  }
+
+ private:
+  config::ModelConfig cfg_;
+  int64_t context_;
+  torch::nn::Embedding tok_{nullptr}, pos_{nullptr};
+  std::vector<Block> blocks_;
+  torch::nn::LayerNorm ln_{nullptr};
+  torch::nn::Linear head_{nullptr};
+};
+TORCH_MODULE(Transformer);
+
+// Whether a module type name (torch::nn's "torch::nn::BatchNorm2dImpl", TorchScript's
+// "__torch__.torch.nn.modules.batchnorm.BatchNorm2d") is a normalisation layer.
+bool IsNormType(const std::string& type) { return type.find("Norm") != std::string::npos; }
+
+// A TorchScript module behind torch::nn::Module (see LoadScriptModule).
+class ScriptModuleImpl : public torch::nn::Module, public TensorForward {
+ public:
+  explicit ScriptModuleImpl(torch::jit::Module script) : script_(std::move(script)) {
+    std::unordered_set<const void*> seen;
+    // The parameter_list iterator is not STL-compatible (PLATFORM.md): plain loops.
+    for (const auto& item : script_.named_parameters(/*recurse=*/true)) {
+      if (!seen.insert(item.value.unsafeGetTensorImpl()).second) continue;  // tied weights
+      register_parameter(Flat(item.name), item.value, item.value.requires_grad());
+    }
+    for (const auto& item : script_.named_buffers(/*recurse=*/true)) {
+      if (!seen.insert(item.value.unsafeGetTensorImpl()).second) continue;
+      register_buffer(Flat(item.name), item.value);
+    }
+    for (const auto& sub : script_.named_modules()) {
+      const auto type = sub.value.type()->name();
+      if (!type || !IsNormType(type->qualifiedName())) continue;
+      for (const auto& item : sub.value.named_parameters(/*recurse=*/false))
+        norm_parameters_.insert(Flat(sub.name.empty() ? item.name : sub.name + "." + item.name));
+    }
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return Output(Call({x}), "", "").logits; }
+  torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
+  c10::IValue Call(std::vector<c10::IValue> args) { return script_.forward(std::move(args)); }
+  void train(bool on) override {
+    torch::nn::Module::train(on);
+    script_.train(on);
+  }
+  std::shared_ptr<torch::nn::Module> clone(
+      const c10::optional<torch::Device>& device = c10::nullopt) const override {
+    auto copy = std::make_shared<ScriptModuleImpl>(script_.deepcopy());
+    copy->train(is_training());
+    return copy;
+  }
+  bool InNormLayer(const std::string& flat_name) const {
+    return norm_parameters_.count(flat_name) > 0;
+  }
+  void Save(std::ostream& out) const { script_.save(out); }
+
+  // Reads logits and loss out of what forward returned (see ModelConfig::output_logits).
+  static ForwardOutput Output(const c10::IValue& out, const std::string& logits_at,
+                              const std::string& loss_at) {
+    ForwardOutput r;
+    if (out.isTensor()) {
+      const torch::Tensor& t = out.toTensor();
+      (t.dim() == 0 && logits_at.empty() ? r.loss : r.logits) = t;
+      return r;
+    }
+    if (out.isTuple() || out.isList()) {
+      std::vector<c10::IValue> items;
+      if (out.isTuple()) {
+        items = out.toTupleRef().elements().vec();
+      } else {
+        for (const c10::IValue& v : out.toListRef()) items.push_back(v);
+      }
+      auto pick = [&](const std::string& at, const char* what) -> torch::Tensor {
+        long long i = 0;
+        TORCH_CHECK(ParseInt64(at, &i) && i >= 0 && i < static_cast<int64_t>(items.size()),
+                    "train.model.outputs.", what, ": '", at, "' is not an index of the ",
+                    items.size(), "-element tuple the model returns");
+        TORCH_CHECK(items[static_cast<size_t>(i)].isTensor(), "train.model.outputs.", what,
+                    ": element ", i, " of the model's output is a ",
+                    items[static_cast<size_t>(i)].tagKind(), ", not a tensor");
+        return items[static_cast<size_t>(i)].toTensor();
+      };
+      r.logits = pick(logits_at.empty() ? "0" : logits_at, "logits");
+      if (!loss_at.empty()) r.loss = pick(loss_at, "loss");
+      return r;
+    }
+    if (out.isGenericDict()) {
+      std::vector<std::string> keys;
+      auto get = [&](const std::string& key) -> torch::Tensor {
+        for (const auto& entry : out.toGenericDict()) {
+          if (!entry.key().isString() || entry.key().toStringRef() != key) continue;
+          if (entry.value().isNone()) return {};
+          TORCH_CHECK(entry.value().isTensor(), "the model's output '", key, "' is a ",
+                      entry.value().tagKind(), ", not a tensor");
+          return entry.value().toTensor();
+        }
+        return {};
+      };
+      r.logits = get(logits_at.empty() ? "logits" : logits_at);
+      r.loss = get(loss_at.empty() ? "loss" : loss_at);
+      TORCH_CHECK(r.logits.defined() || r.loss.defined(), "the model returns a dict without '",
+                  logits_at.empty() ? "logits" : logits_at, "' or '",
+                  loss_at.empty() ? "loss" : loss_at,
+                  "' (set train.model.outputs: {logits: KEY, loss: KEY})");
+      return r;
+    }
+    TORCH_CHECK(false, "the model returns a ", out.tagKind(),
+                "; train reads a tensor, a tuple or a dict of tensors");
+    return r;
+  }
+
+ private:
+  static std::string Flat(std::string name) {
+    for (char& c : name)
+      if (c == '.') c = '_';
+    return name;
+  }
+  torch::jit::Module script_;
+  std::unordered_set<std::string> norm_parameters_;
+};
+
+}  // namespace
+
+StatusOr<torch::nn::AnyModule> LoadScriptModule(const std::string& path, const std::string& key) {
+  if (!std::ifstream(path)) return Status::NotFound(key + ": cannot read '" + path + "'");
+  try {
+    torch::jit::Module m = torch::jit::load(path);
+    // A module saved in eval mode loads in eval mode (PLATFORM.md).
+    m.train();
+    return torch::nn::AnyModule(std::make_shared<ScriptModuleImpl>(std::move(m)));
+  } catch (const c10::Error& e) {
+    return Status::InvalidConfig(key + ": cannot load '" + path +
+                                 "': " + e.what_without_backtrace());
+  }
+}
+
+StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg) {
+  switch (cfg.type) {
+    case config::ModelType::kMlp:
+      return std::make_unique<Model>(Mlp(cfg.mlp_layers, cfg.dropout).ptr());
+    case config::ModelType::kTransformer:
+      return std::make_unique<Model>(Transformer(cfg).ptr());
+    case config::ModelType::kCnn:
+      return std::make_unique<Model>(Cnn(cfg).ptr());
+    case config::ModelType::kTorchScript: {
+      if (cfg.torchscript_path.empty())
+        return Status::InvalidConfig(
+            "train.model.torchscript: a list of TorchScript files is for pipeline mode (one per "
+            "stage); give one file");
+      LAUNCH_ASSIGN_OR_RETURN(auto module,
+                              LoadScriptModule(cfg.torchscript_path, "train.model.torchscript"));
+      auto model = std::make_unique<Model>(module.ptr());
+      if (model->NamedParameters().empty())
+        return Status::InvalidConfig("train.model.torchscript: '" + cfg.torchscript_path +
+                                     "' has no parameters to train");
+      return model;
+    }
+  }
+  return Status::Internal("unknown model type");
+}
+
+namespace {
+
+// One optimizer over two groups: `decay` with the options as configured, `plain` with
+// weight_decay 0 (PyTorch's param_groups, in that order; an empty group is left out).
+template <typename Opt, typename Options>
+std::unique_ptr<torch::optim::Optimizer> Build(std::vector<torch::Tensor> decay,
+                                               std::vector<torch::Tensor> plain,
+                                               const Options& options) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  if (!decay.empty()) groups.emplace_back(std::move(decay), std::make_unique<Options>(options));
+  if (!plain.empty()) {
+    auto no_decay = std::make_unique<Options>(options);
+    no_decay->weight_decay(0.0);
+    groups.emplace_back(std::move(plain), std::move(no_decay));
+  }
+  return std::make_unique<Opt>(std::move(groups), options);
+}
+
+std::unique_ptr<torch::optim::Optimizer> BuildGroups(const config::OptimizerConfig& c,
+                                                     std::vector<torch::Tensor> decay,
+                                                     std::vector<torch::Tensor> plain) {
+  using config::OptimizerType;
+  namespace optim = torch::optim;
+  switch (c.type) {
+    case OptimizerType::kSgd:
+      return Build<optim::SGD>(
+          std::move(decay), std::move(plain),
+          optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
+    case OptimizerType::kAdam:
+      return Build<optim::Adam>(std::move(decay), std::move(plain),
+                                optim::AdamOptions(c.lr)
+                                    .betas({c.beta1, c.beta2})
+                                    .eps(c.eps)
+                                    .weight_decay(c.weight_decay));
+    case OptimizerType::kAdamW:
+      return Build<optim::AdamW>(std::move(decay), std::move(plain),
+                                 optim::AdamWOptions(c.lr)
+                                     .betas({c.beta1, c.beta2})
+                                     .eps(c.eps)
+                                     .weight_decay(c.weight_decay));
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
+                                                       std::vector<torch::Tensor> params) {
+  return BuildGroups(c, std::move(params), {});
+}
+
+std::vector<std::string> NoDecayParameters(const config::OptimizerConfig& c, const Model& model) {
+  std::vector<std::string> out;
+  const bool norm = std::find(c.no_decay.begin(), c.no_decay.end(), "norm") != c.no_decay.end();
+  for (const auto& [name, p] : model.NamedParameters()) {
+    bool excluded = norm && model.InNormLayer(name);
+    for (const std::string& pattern : c.no_decay)
+      excluded = excluded || name.find(pattern) != std::string::npos;
+    if (excluded) out.push_back(name);
+  }
+  return out;
+}
+
+std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
+                                                       const Model& model) {
+  const std::vector<std::string> excluded = NoDecayParameters(c, model);
+  const std::unordered_set<std::string> plain_names(excluded.begin(), excluded.end());
+  std::vector<torch::Tensor> decay, plain;
+  for (const auto& [name, p] : model.NamedParameters())
+    (plain_names.count(name) ? plain : decay).push_back(p);
+  return BuildGroups(c, std::move(decay), std::move(plain));
+}
+
+bool Model::InNormLayer(const std::string& name) const {
+  if (const auto* script = dynamic_cast<const ScriptModuleImpl*>(module_.get()))
+    return script->InNormLayer(name);
+  for (const auto& item : module_->named_modules()) {
+    if (!IsNormType(item.value()->name())) continue;
+    for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
+      if ((item.key().empty() ? param.key() : item.key() + "." + param.key()) == name) return true;
+    }
+  }
+  return false;
+}
+
+ForwardOutput RunForward(torch::nn::Module& module, const torch::data::Example<>& batch,
+                         const config::ModelConfig& cfg) {
+  if (auto* script = dynamic_cast<ScriptModuleImpl*>(&module)) {
+    std::vector<c10::IValue> args;
+    for (const std::string& field : cfg.inputs)
+      args.emplace_back(field == "target" ? batch.target : batch.data);
+    return ScriptModuleImpl::Output(script->Call(std::move(args)), cfg.output_logits,
+                                    cfg.output_loss);
+  }
+  auto* f = dynamic_cast<TensorForward*>(&module);
+  TORCH_CHECK(f != nullptr, "this module has no one-tensor forward (TensorForward)");
+  return {f->Forward(batch.data), torch::Tensor()};
+}
+
+Status SaveForPython(const Model& model, const std::string& path) {
+  std::string bytes;
+  try {
+    if (const auto* script = dynamic_cast<const ScriptModuleImpl*>(&model.module())) {
+      std::ostringstream out;
+      script->Save(out);
+      bytes = out.str();
+    } else {
+      // Every name, tied and frozen parameters included, as PyTorch's state_dict lists them.
+      c10::Dict<std::string, torch::Tensor> state;
+      for (const auto& item : model.module().named_parameters(/*recurse=*/true))
+        state.insert(item.key(), item.value().detach());
+      for (const auto& item : model.module().named_buffers(/*recurse=*/true))
+        state.insert(item.key(), item.value().detach());
+      std::vector<char> data = torch::pickle_save(c10::IValue(state));
+      bytes.assign(data.begin(), data.end());
+    }
+  } catch (const c10::Error& e) {
+    return Status::IoError("writing " + path + ": " + e.what_without_backtrace());
+  }
+  return WriteFileAtomically(path, bytes);
+}
+
+}  // namespace launch::trainer

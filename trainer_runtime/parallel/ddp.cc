@@ -1,0 +1,289 @@
+#include "trainer_runtime/parallel/ddp.h"
+
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "base/strings.h"
+#include "trainer_runtime/util/timeline.h"
+
+namespace launch::trainer {
+namespace {
+
+// PyTorch DDP's first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES): small, so communication
+// starts as soon as the last layers' gradients exist.
+constexpr size_t kFirstBucketBytes = 1u << 20;
+
+// --- DDP communication hook ------------------------------------------------------------------
+// Averages each bucket over the world. One special case, measured to matter when per-call
+// latency dominates (small models): the LAST bucket of backward with two ranks. Nothing is left
+// to overlap it with, so the training thread waits for it anyway; exchanging it directly (each
+// rank sends its bucket to the peer and adds the peer's: one round trip, no thread hand-off)
+// beats Gloo's ring all-reduce (reduce-scatter + all-gather: two round trips, each through a
+// Gloo worker thread). Both ranks compute a + b and b + a, bit-identical in IEEE arithmetic,
+// so replicas stay in lockstep. When the group has the shared-memory all-reduce
+// (shm_allreduce.h), that bucket is all-reduced through it instead, inline on this thread
+// (cheaper than a Gloo round trip; the same hand-off saved). Every other bucket goes to the
+// group's asynchronous all-reduce (shared memory or Gloo) and overlaps with the rest of
+// backward, as in PyTorch.
+
+class AverageHook : public c10d::CommHookInterface {
+ public:
+  AverageHook(c10::intrusive_ptr<CountingProcessGroup> pg, size_t exchange_max_bytes)
+      : pg_(std::move(pg)), exchange_max_bytes_(exchange_max_bytes) {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    at::Tensor& buffer = bucket.getBufferRef();
+    // Divide first (as PyTorch's default path does while copying into the bucket), so the
+    // result equals sum_r(g_r / W) bit for bit whichever transport carried it.
+    buffer.div_(pg_->getSize());
+    const size_t bytes = static_cast<size_t>(buffer.numel() * buffer.element_size());
+    if (pg_->getSize() == 2 && bucket.isLast() && bytes <= exchange_max_bytes_)
+      return pg_->shm() ? ShmNow(buffer) : Exchange(buffer);
+    std::vector<at::Tensor> tensors = {buffer};
+    return pg_->allreduce(tensors, c10d::AllreduceOptions())->getFuture();
+  }
+
+  at::Tensor parseHookResult(const c10::IValue& result) override {
+    if (result.isTensor()) return result.toTensor();
+    return result.toTensorVector()[0];  // Gloo's all-reduce future holds a tensor list
+  }
+
+ private:
+  // Synchronous two-rank exchange; errors (a dead peer) become the future's error, which the
+  // reducer rethrows on the training thread.
+  c10::intrusive_ptr<c10::ivalue::Future> Exchange(const at::Tensor& buffer) {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+    pg_->RecordAllreduce(buffer.numel() * buffer.element_size());
+    const uint64_t trace = Timeline::Get().BeginAsync("allreduce", "last bucket (pair exchange)");
+    try {
+      const int peer = 1 - pg_->getRank();
+      at::Tensor received = at::empty_like(buffer);
+      std::vector<at::Tensor> out = {buffer}, in = {received};
+      // Tags only need to pair this send with the peer's recv: both ranks exchange the same
+      // sequence of last buckets.
+      auto send = pg_->send(out, peer, kExchangeTag);
+      auto recv = pg_->recv(in, peer, kExchangeTag);
+      recv->wait();
+      send->wait();
+      received.add_(buffer);
+      future->markCompleted(c10::IValue(received));
+    } catch (...) {
+      future->setError(std::current_exception());
+    }
+    Timeline::Get().EndAsync(trace);
+    return future;
+  }
+
+  // The shared-memory all-reduce on this thread, after the buckets issued before it. Its
+  // errors (a dead peer) become the future's error, as Exchange's do.
+  c10::intrusive_ptr<c10::ivalue::Future> ShmNow(const at::Tensor& buffer) {
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
+    pg_->RecordAllreduce(buffer.numel() * buffer.element_size());
+    const uint64_t trace = Timeline::Get().BeginAsync("allreduce", "last bucket (shared memory)");
+    const Status status = pg_->shm()->AllReduceNow(buffer);
+    Timeline::Get().EndAsync(trace);
+    if (status.ok()) {
+      future->markCompleted(c10::IValue(buffer));
+    } else {
+      future->setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
+    }
+    return future;
+  }
+
+  static constexpr int kExchangeTag = 7301;
+  c10::intrusive_ptr<CountingProcessGroup> pg_;
+  size_t exchange_max_bytes_;
+};
+
+// PyTorch's bf16_compress_hook (accelerate's `comm_hook: bf16`): each bucket is cast to
+// bfloat16, divided by the world size and all-reduced in bfloat16 (half the bytes), then cast
+// back into the bucket. Replicas still agree bit for bit (every rank receives the same sum);
+// the averaged gradient keeps bfloat16's 8 bits of mantissa.
+class Bf16CompressHook : public c10d::CommHookInterface {
+ public:
+  explicit Bf16CompressHook(c10::intrusive_ptr<CountingProcessGroup> pg) : pg_(std::move(pg)) {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    at::Tensor buffer = bucket.getBufferRef();
+    at::Tensor compressed = buffer.to(at::kBFloat16).div_(pg_->getSize());
+    std::vector<at::Tensor> tensors = {compressed};
+    return pg_->allreduce(tensors, c10d::AllreduceOptions())
+        ->getFuture()
+        ->then(
+            [buffer, compressed](c10::ivalue::Future& done) mutable {
+              // then() runs this even when the all-reduce failed: keep its error.
+              if (done.hasError()) std::rethrow_exception(done.exception_ptr());
+              buffer.copy_(compressed);
+              return c10::IValue(buffer);
+            },
+            c10::TensorType::get());
+  }
+
+  at::Tensor parseHookResult(const c10::IValue& result) override { return result.toTensor(); }
+
+ private:
+  c10::intrusive_ptr<CountingProcessGroup> pg_;
+};
+
+// A last bucket up to this size takes the two-rank exchange; LAUNCH_DDP_EXCHANGE_MAX_KB overrides
+// (0 = always Gloo's all-reduce, for comparisons).
+size_t ExchangeMaxBytes() {
+  size_t bytes = 512u << 10;
+  if (const char* v = std::getenv("LAUNCH_DDP_EXCHANGE_MAX_KB")) {
+    long long kb = 0;
+    if (ParseInt64(v, &kb) && kb >= 0) bytes = static_cast<size_t>(kb) << 10;
+  }
+  return bytes;
+}
+
+// --- ddp ---------------------------------------------------------------------------------------
+class DdpStrategy : public ParallelStrategy {
+ public:
+  DdpStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, double bucket_cap_mb,
+              bool sync_each_batch, bool find_unused_parameters, bool bf16_buckets)
+      : model_(model),
+        bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
+        sync_each_batch_(sync_each_batch),
+        find_unused_(find_unused_parameters),
+        bf16_buckets_(bf16_buckets) {
+    pg_ = std::move(pg);
+  }
+
+  const char* Name() const override { return "ddp"; }
+
+  void Setup() override {
+    BroadcastModel(pg_, model_);
+    params_ = model_->Parameters();
+    // Gradients are produced roughly in reverse parameter order, so assign buckets walking the
+    // parameters backwards: the first (small) bucket holds the last layers and can be
+    // all-reduced while the earlier layers still compute. Passing tensor_indices makes
+    // compute_bucket_assignment_by_size keep that ready order instead of sorting.
+    std::vector<at::Tensor> reversed(params_.rbegin(), params_.rend());
+    std::vector<int64_t> indices;
+    for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) indices.push_back(i);
+    auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
+        reversed, {std::min(kFirstBucketBytes, bucket_cap_bytes_), bucket_cap_bytes_},
+        std::vector<bool>(params_.size(), false), indices);
+    num_buckets_ = static_cast<int64_t>(buckets.size());
+    std::unordered_map<size_t, std::string> names;
+    size_t i = 0;
+    for (auto& [name, p] : model_->NamedParameters()) names[i++] = name;
+    reducer_ = std::make_unique<c10d::Reducer>(
+        params_, buckets, limits, pg_, std::vector<bool>(params_.size(), false),
+        static_cast<int64_t>(bucket_cap_bytes_), find_unused_,
+        // Gradients are views into the buckets (PyTorch's gradient_as_bucket_view=True): no
+        // copy of every gradient into its bucket and back each step, which on 2 cores cost
+        // as much as the all-reduce itself (large MLP: 1.2x -> 1.5x PyTorch's samples/s).
+        // Gradients are zeroed in place (Accelerator::Step), which keeps the views.
+        /*gradient_as_bucket_view=*/true, names, static_cast<int64_t>(kFirstBucketBytes));
+    // The hook only pays off when the last bucket qualifies for the exchange. Otherwise keep
+    // the reducer's default path, which is PyTorch DDP's exactly (it divides by the world size
+    // while copying gradients into the bucket, saving a pass over them).
+    size_t last_bucket_bytes = 0;
+    for (size_t index : buckets.back())
+      last_bucket_bytes +=
+          static_cast<size_t>(params_[index].numel() * params_[index].element_size());
+    const size_t exchange_max = ExchangeMaxBytes();
+    if (bf16_buckets_)
+      reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
+    else if (pg_->getSize() == 2 && last_bucket_bytes <= exchange_max)
+      reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, exchange_max));
+    // Tensor hooks on every parameter record when backward produced its gradient; the last
+    // one marks the end of gradient computation, against which bucket launch times are
+    // compared to measure overlap.
+    for (auto& p : params_) {
+      p.register_hook([this](const at::Tensor& grad) {
+        std::lock_guard<std::mutex> lock(mu_);
+        last_grad_time_ = Clock::now();
+        return grad;
+      });
+    }
+  }
+
+  bool SyncGradients(bool window_closes) const override {
+    return window_closes || sync_each_batch_;
+  }
+
+  void BeforeForward(bool sync) override {
+    // As PyTorch's DDP does before each forward: after the first synchronised iteration the
+    // reducer rebuilds its buckets in the observed gradient-ready order (a collective: every
+    // rank reaches it at the same micro-batch); later calls are no-ops.
+    reducer_->rebuild_buckets();
+    // PyTorch DDP (broadcast_buffers=True) makes rank 0's buffers (running statistics) every
+    // rank's before a forward that follows a synchronised one: the first micro-batch of each
+    // accumulation window, every micro-batch without accumulation.
+    if (previous_forward_synced_) SyncBuffers();
+    previous_forward_synced_ = sync;
+  }
+
+  void SyncBuffers() override {
+    if (model_->NamedBuffers().empty()) return;
+    auto start = Clock::now();
+    std::vector<at::Tensor> buffers;
+    for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b);
+    BroadcastFromRank0(pg_, std::move(buffers));
+    stats_.blocking_comm_ms += MsSince(start);
+  }
+
+  void BeforeBackward(const torch::Tensor& loss, bool sync) override {
+    pg_->TakeLaunchTimes();  // forget launches outside this backward
+    // With find_unused_parameters the reducer walks the graph back from the loss and marks the
+    // parameters it does not reach ready at once (their gradients stay undefined when no rank
+    // used them, as in PyTorch); without it, such a parameter stalls the reduction.
+    if (sync) reducer_->prepare_for_backward({loss});
+    // Not calling prepare_for_backward is no_sync: the reducer's hooks see
+    // expect_autograd_hooks_ false and leave the gradients to accumulate locally.
+  }
+
+  void AfterBackward(bool sync) override {
+    // backward() returns only after the reducer finalised: every bucket was all-reduced and
+    // copied back into .grad. The time from the last gradient to here is communication the
+    // backward pass could not hide.
+    auto backward_end = Clock::now();
+    Clock::time_point last_grad;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_grad = last_grad_time_;
+    }
+    if (!sync) return;
+    stats_.blocking_comm_ms +=
+        std::max(0.0, std::chrono::duration<double, std::milli>(backward_end - last_grad).count());
+    for (const auto& t : pg_->TakeLaunchTimes()) {
+      if (t < last_grad) ++stats_.launched_before_grads_done;
+    }
+  }
+
+  void AfterOptimizerStep(int64_t) override {}
+  void Finish(int64_t) override {}
+  int64_t num_buckets() const override { return num_buckets_; }
+
+ private:
+  Model* model_;
+  size_t bucket_cap_bytes_;
+  bool sync_each_batch_;
+  bool find_unused_;
+  bool bf16_buckets_;                    // parallel.comm_hook bf16
+  bool previous_forward_synced_ = true;  // the first forward broadcasts, as PyTorch's does
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<c10d::Reducer> reducer_;
+  int64_t num_buckets_ = 0;
+  std::mutex mu_;  // the autograd engine may run hooks on its own thread
+  Clock::time_point last_grad_time_;
+};
+
+}  // namespace
+
+std::unique_ptr<ParallelStrategy> CreateDdpStrategy(const config::TrainConfig& cfg, Model* model,
+                                                    c10::intrusive_ptr<CountingProcessGroup> pg) {
+  return std::make_unique<DdpStrategy>(model, std::move(pg), cfg.parallel.bucket_cap_mb,
+                                       cfg.sync_each_batch, cfg.parallel.find_unused_parameters,
+                                       cfg.parallel.comm_hook == config::CommHook::kBf16);
+}
+
+}  // namespace launch::trainer

@@ -1,0 +1,43 @@
+#include "trainer_runtime/parallel/strategy_factory.h"
+
+#include "config/train_keys.h"
+#include "trainer_runtime/parallel/ddp.h"
+#include "trainer_runtime/parallel/dp.h"
+#include "trainer_runtime/parallel/local_sgd.h"
+
+namespace launch::trainer {
+namespace {
+
+// parallel.mode none, or a single process: each process trains alone.
+class NoneStrategy : public ParallelStrategy {
+ public:
+  const char* Name() const override { return "none"; }
+  void Setup() override {}
+  bool SyncGradients(bool) const override { return false; }
+  void BeforeForward(bool) override {}
+  void BeforeBackward(const torch::Tensor&, bool) override {}
+  void AfterBackward(bool) override {}
+  void AfterOptimizerStep(int64_t) override {}
+  void Finish(int64_t) override {}
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
+    const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg) {
+  using config::ParallelMode;
+  const ParallelMode mode = cfg.parallel.mode;
+  LAUNCH_RETURN_IF_ERROR(config::CheckTrainRulesStatus(cfg, pg ? pg->getSize() : 1));
+  if (mode == ParallelMode::kDp) return CreateDpStrategy(cfg, model);
+  if (mode == ParallelMode::kPipeline)
+    return Status::InvalidConfig(
+        "train.parallel.mode: pipeline runs on PipelineEngine, not a strategy");
+  if (cfg.local_sgd_steps > 0) return CreateLocalSgdStrategy(cfg, model, std::move(pg));
+  if (mode == ParallelMode::kNone || !pg) {
+    auto none = std::make_unique<NoneStrategy>();
+    return std::unique_ptr<ParallelStrategy>(std::move(none));
+  }
+  return CreateDdpStrategy(cfg, model, std::move(pg));
+}
+
+}  // namespace launch::trainer

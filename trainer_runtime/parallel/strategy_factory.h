@@ -1,0 +1,26 @@
+#pragma once
+
+// The one place that knows every ParallelStrategy (strategy.h): picks and builds the one a
+// config asks for. A new strategy adds its own files and one branch here; the interface and
+// the loop stay as they are.
+//
+// Internal to trainer_runtime (includes LibTorch).
+
+#include <memory>
+
+#include "base/status.h"
+#include "config/train_config.h"
+#include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/model/model.h"
+#include "trainer_runtime/parallel/strategy.h"
+
+namespace launch::trainer {
+
+// Builds the strategy for `cfg` (parallel.mode and local_sgd_steps). `pg` may be null only
+// for a single process. `model` must outlive the strategy.
+// InvalidConfig for pipeline (not a strategy) and for a configuration that breaks
+// config::CheckTrainRules at this world size (e.g. dp across processes).
+StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
+    const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg);
+
+}  // namespace launch::trainer

@@ -1,0 +1,44 @@
+#pragma once
+
+// Checkpoint files (LibTorch archives, each written atomically: atomic_file.h). A checkpoint is a
+// folder of them, committed as a whole by Accelerator::SaveState (accelerator.h): model files
+// with parameters, buffers and optimizer state, and one file per rank with the loop position
+// and that rank's RNG state.
+//
+// Internal to trainer_runtime (includes LibTorch).
+
+#include <cstdint>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "base/status.h"
+#include "trainer_runtime/model/model.h"
+
+namespace launch::trainer {
+
+struct TrainState {
+  int64_t step = 0;            // optimizer steps done
+  int64_t epoch = 0;           // data-loader position of the next micro-batch ...
+  int64_t batch_in_epoch = 0;  // ... (epoch, batch within the epoch)
+  int64_t samples_seen = 0;    // per rank
+  int64_t world_size = 1;      // the world that wrote it (data positions depend on it)
+};
+
+// The model file of a checkpoint: parameters ("param/<name>"), buffers ("buffer/<name>") and
+// the optimizer's state. Written by one rank per distinct model state (Accelerator::SaveState
+// decides which). IoError with the path on failure.
+Status SaveModelState(const std::string& path, const Model& model,
+                      torch::optim::Optimizer& optimizer);
+// Restores what SaveModelState wrote. The model must have the same parameter names and shapes
+// (InvalidConfig naming the first mismatch).
+Status LoadModelState(const std::string& path, const Model& model,
+                      torch::optim::Optimizer& optimizer);
+
+// The per-rank file: the loop position and this process's CPU generator state (each rank
+// draws its own dropout masks, so each restores its own).
+Status SaveRankState(const std::string& path, const TrainState& state);
+// Reads it back; restores the default CPU generator when `restore_rng`.
+StatusOr<TrainState> LoadRankState(const std::string& path, bool restore_rng);
+
+}  // namespace launch::trainer

@@ -1,0 +1,645 @@
+// `train`'s one training loop, on the public Accelerator API (accelerator.h): the built-in
+// models and data sets plus what a job needs around the API (resume policy, checkpoint and
+// evaluation cadence, signals, metrics.jsonl, progress, final.json). Every mode (none, ddp,
+// local_sgd, dp, pipeline) runs through the same loop; only the call that runs one micro-batch
+// differs between pipeline stages and the others.
+#include "trainer_runtime/train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <optional>
+#include <sstream>
+
+#include "base/files.h"
+#include "base/strings.h"
+#include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/data/data.h"
+#include "trainer_runtime/model/model.h"
+#include "trainer_runtime/model/pipeline_stages.h"
+#include "trainer_runtime/parallel/pipeline_engine.h"
+#include "trainer_runtime/util/atomic_file.h"
+#include "trainer_runtime/util/loop_util.h"
+#include "trainer_runtime/util/lr_schedule.h"
+#include "trainer_runtime/util/pipeline_schedule.h"
+#include "trainer_runtime/util/timeline.h"
+
+namespace launch::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using config::ParallelMode;
+
+std::string Eta(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--:--";
+  long s = std::lround(seconds);
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof(buf), "%ld:%02ld:%02ld", s / 3600, (s / 60) % 60, s % 60);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%02ld:%02ld", s / 60, s % 60);
+  }
+  return buf;
+}
+
+// FNV-1a over the raw bytes of every parameter: equal checksums mean bit-identical weights.
+uint64_t Fnv(const std::vector<torch::Tensor>& params) {
+  uint64_t h = kFnv1aInit;
+  for (const auto& p : params) {
+    auto t = p.detach().contiguous();
+    const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
+    h = Fnv1a64(std::string_view(static_cast<const char*>(t.data_ptr()), n), h);
+  }
+  return h;
+}
+
+// The built-in data set's training rows as a torch::data batch dataset (positions index
+// train_indices), so the built-in data go through the same sharded loader as a user's.
+class TrainRows : public torch::data::datasets::BatchDataset<TrainRows, torch::data::Example<>,
+                                                             c10::ArrayRef<size_t>> {
+ public:
+  explicit TrainRows(const Dataset* data) : data_(data) {}
+  torch::data::Example<> get_batch(c10::ArrayRef<size_t> positions) override {
+    std::vector<int64_t> rows;
+    rows.reserve(positions.size());
+    for (size_t pos : positions) rows.push_back(data_->train_indices[pos]);
+    return {data_->Inputs(rows), data_->Targets(rows)};
+  }
+  c10::optional<size_t> size() const override { return data_->train_indices.size(); }
+
+ private:
+  const Dataset* data_;
+};
+
+class Trainer {
+ public:
+  Trainer(const config::TrainConfig& cfg, const TrainerOptions& opts) : cfg_(cfg), opts_(opts) {}
+
+  Status Run();
+  // What the loop was doing, for error messages: "rank 1, stage 0, backward at step 12".
+  std::string Phase() const {
+    std::string where = "rank " + std::to_string(accel_ ? accel_->rank() : 0) + ", ";
+    if (pipeline_) where += "stage " + std::to_string(accel_->stage_index()) + ", ";
+    return where + phase_ + " at step " + std::to_string((accel_ ? accel_->step() : 0) + 1);
+  }
+
+ private:
+  Status Prepare();
+  Status PrepareReplica();
+  Status PreparePipelineStage();
+  Status MaybeResume();
+  void TrainStep();
+  void Evaluate(double* loss, double* accuracy);
+  Status WriteMetricsLine(const Accelerator::CommStats& comm, double loss, double step_s,
+                          int64_t samples);
+  Status WriteFinal(double train_loss, double eval_loss, double eval_acc, double wall_s);
+  Status DumpParams();
+  Status SaveModel();
+  void Report(double loss, double samples_per_s, double comm_ms);
+  std::string CheckpointDir() const {
+    return cfg_.resume != "auto" && cfg_.resume != "never" ? cfg_.resume
+                                                           : cfg_.output_dir + "/checkpoints";
+  }
+  std::string WriteDir() const { return cfg_.output_dir + "/checkpoints"; }
+  // Seed of the augmentation of this rank's batch `batch` of epoch `epoch`.
+  uint64_t AugmentSeed(int64_t epoch, int64_t batch) const {
+    uint64_t h = cfg_.seed * 0x9E3779B97F4A7C15ull;
+    for (uint64_t v : {static_cast<uint64_t>(epoch), static_cast<uint64_t>(batch),
+                       static_cast<uint64_t>(accel_->data_parallel_rank())})
+      h = (h ^ (v + 0x632BE59BD9B4E019ull)) * 0xBF58476D1CE4E5B9ull;
+    return h;
+  }
+
+  config::TrainConfig cfg_;
+  TrainerOptions opts_;
+  std::unique_ptr<Accelerator> accel_;
+  bool pipeline_ = false;
+  bool tty_ = false;
+  Dataset data_;
+  Criterion criterion_;
+  std::optional<DistributedDataLoader<TrainRows>> loader_;
+  std::vector<int64_t> partition_;
+  int64_t total_steps_ = 0;
+  std::string phase_ = "setup";
+  std::ofstream metrics_;
+  double last_loss_ = std::nan("");
+  double ema_samples_per_s_ = 0;
+  Clock::time_point train_start_;
+  int64_t steps_this_run_ = 0;
+  double window_loss_sum_ = 0;  // plain log lines: loss summed since the last line
+  int64_t window_steps_ = 0;
+  double loop_s_ = 0;  // the training loop alone (no setup, no final eval): for benchmarks
+};
+
+Status Trainer::Prepare() {
+  pipeline_ = cfg_.parallel.mode == ParallelMode::kPipeline;
+  if (pipeline_ && cfg_.model.type != config::ModelType::kTorchScript) {
+    // Before joining anything: a bad partition fails at once with its key named.
+    LAUNCH_ASSIGN_OR_RETURN(
+        partition_,
+        PartitionLayers(LayerCosts(cfg_.model), cfg_.parallel.stages, cfg_.parallel.partition));
+  }
+  // A built-in model draws random numbers only for dropout: without it, DP replicas need no
+  // seeded streams and run their forward passes concurrently (same results, faster).
+  if (cfg_.model.type != config::ModelType::kTorchScript && cfg_.model.dropout == 0)
+    cfg_.parallel.dp_seeded_replicas = false;
+  phase_ = "joining the process group";
+  LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
+  tty_ = accel_->IsMainProcess() && ::isatty(STDOUT_FILENO);
+  // The pipeline's send/recv use shared memory exactly when the all-reduce does (one decision
+  // per group, process_group.h).
+  if (accel_->world_size() > 1)
+    accel_->Print(std::string(pipeline_ ? "train: pipeline send/recv over "
+                                        : "train: gradient all-reduce over ") +
+                  accel_->allreduce_transport());
+  if (accel_->bf16())
+    accel_->Print(
+        "train: mixed precision bf16 (CPU autocast; weights, gradients and optimizer state in "
+        "float32)");
+
+  phase_ = "loading data";
+  LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
+  LAUNCH_ASSIGN_OR_RETURN(criterion_, Criterion::Create(data_.task, cfg_.loss));
+  loader_.emplace(accel_->PrepareDataLoader(TrainRows(&data_), cfg_.batch_size));
+  const int64_t per_epoch = loader_->batches_per_epoch();
+  if (per_epoch == 0)
+    return Status::InvalidConfig(
+        "train.batch_size " + std::to_string(cfg_.batch_size) + " is larger than the " +
+        std::to_string(data_.train_indices.size() / accel_->data_parallel_size()) +
+        " training samples each of " + std::to_string(accel_->data_parallel_size()) +
+        (pipeline_ ? " pipeline replicas" : " ranks") + " gets; lower it or add data");
+  const int64_t n = cfg_.gradient_accumulation_steps;
+  const int64_t steps_per_epoch =
+      cfg_.sync_with_dataloader ? (per_epoch + n - 1) / n : std::max<int64_t>(1, per_epoch / n);
+  total_steps_ =
+      cfg_.max_steps > 0 ? cfg_.max_steps : std::max<int64_t>(1, cfg_.epochs) * steps_per_epoch;
+
+  phase_ = "building the model";
+  LAUNCH_RETURN_IF_ERROR(pipeline_ ? PreparePipelineStage() : PrepareReplica());
+  const config::SchedulerConfig sched = cfg_.scheduler;
+  const double base_lr = cfg_.optimizer.lr;
+  const int64_t total = total_steps_;
+  accel_->SetLrSchedule(
+      [sched, base_lr, total](int64_t step) { return LearningRate(sched, base_lr, step, total); });
+  // A decaying schedule's learning rates depend on its length: part of the run's identity.
+  if (sched.type != config::SchedulerType::kConstant)
+    accel_->AddRunSetting("train.max_steps/epochs (LR schedule length in steps)",
+                          std::to_string(total_steps_));
+  LAUNCH_RETURN_IF_ERROR(MaybeResume());
+
+  int64_t num_params = 0;
+  for (auto& p : accel_->parameters()) num_params += p.numel();
+  const int world = accel_->world_size();
+  if (pipeline_) {
+    std::vector<std::string> parts;
+    for (int64_t v : partition_) parts.push_back(std::to_string(v));
+    const PipelineEngine& pe = *accel_->pipeline();
+    std::printf(
+        "train: pipeline stage %d/%d of replica %d/%d: %lld parameters%s; schedule %s: %s\n",
+        pe.stage(), pe.stages(), pe.replica(), pe.replicas(), static_cast<long long>(num_params),
+        parts.empty() ? "" : (" (partition " + Join(parts, ",") + ")").c_str(),
+        config::ToString(cfg_.parallel.schedule), ScheduleToString(pe.schedule()).c_str());
+    std::fflush(stdout);
+    accel_->Print("train: " + std::to_string(world) + " process(es), pipeline " +
+                  std::to_string(pe.stages()) + " stages x " + std::to_string(pe.replicas()) +
+                  " replicas, " + std::to_string(cfg_.parallel.microbatches) + " micro-batches, " +
+                  config::ToString(cfg_.parallel.schedule) + "; " + data_.description + "; batch " +
+                  std::to_string(cfg_.batch_size) + " per replica x " +
+                  std::to_string(cfg_.gradient_accumulation_steps) + " accumulation; " +
+                  std::to_string(total_steps_) + " steps; output " + cfg_.output_dir);
+    return Status::Ok();
+  }
+  std::string shape;
+  if (cfg_.model.type == config::ModelType::kMlp) {
+    std::vector<std::string> widths;
+    for (int64_t w : cfg_.model.mlp_layers) widths.push_back(std::to_string(w));
+    shape = " " + Join(widths, "-");
+  } else if (cfg_.model.type == config::ModelType::kCnn) {
+    std::vector<std::string> channels;
+    for (int64_t c : cfg_.model.cnn_channels) channels.push_back(std::to_string(c));
+    shape = " channels " + Join(channels, ",") + " hidden " + std::to_string(cfg_.model.cnn_hidden);
+  }
+  const int64_t buckets = accel_->num_buckets();
+  accel_->Print(
+      "train: " + std::to_string(world) + " process(es), " + accel_->mode_name() +
+      (buckets ? " (" + std::to_string(buckets) + " buckets)" : "") +
+      (cfg_.local_sgd_steps > 0 ? " every " + std::to_string(cfg_.local_sgd_steps) + " steps"
+                                : "") +
+      "; model " + config::ToString(cfg_.model.type) + shape + " (" + std::to_string(num_params) +
+      " parameters); " + data_.description + "; batch " + std::to_string(cfg_.batch_size) + " x " +
+      std::to_string(cfg_.gradient_accumulation_steps) + " micro-batches x " +
+      std::to_string(world) + " ranks; " + std::to_string(total_steps_) + " steps; output " +
+      cfg_.output_dir);
+  return Status::Ok();
+}
+
+Status Trainer::PrepareReplica() {
+  // Same seed on every rank: identical initial weights even before the broadcast.
+  torch::manual_seed(cfg_.seed);
+  LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(cfg_.model));
+  auto optimizer = std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, *model));
+  // Different dropout masks per rank, reproducible per (seed, rank).
+  torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
+  const Criterion criterion = criterion_;
+  accel_->SetDpCriterion([criterion](const torch::Tensor& logits, const torch::Tensor& y) {
+    return criterion(logits, y);
+  });
+  phase_ = "broadcasting parameters";
+  return accel_->Prepare(model->shared_module(), optimizer);
+}
+
+Status Trainer::PreparePipelineStage() {
+  LAUNCH_ASSIGN_OR_RETURN(torch::nn::AnyModule stage,
+                          BuildStage(cfg_, accel_->stage_index(), partition_));
+  Model view(stage.ptr());
+  auto optimizer = std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, view));
+  torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
+  return accel_->PreparePipeline(stage, optimizer);
+}
+
+Status Trainer::MaybeResume() {
+  phase_ = "resuming";
+  if (cfg_.resume == "never") return Status::Ok();
+  const std::string dir = CheckpointDir();
+  const bool explicit_path = cfg_.resume != "auto";
+  StatusOr<int64_t> latest = Accelerator::LatestStep(dir);
+  if (!latest.ok() && explicit_path)
+    return Status::NotFound("train.resume: '" + dir +
+                            "' holds no checkpoint (a checkpoint folder has a `latest` file)");
+  if (latest.ok() && !explicit_path && accel_->env().restart_count == 0 &&
+      *latest >= total_steps_) {
+    // A finished run's checkpoint: running the same command again trains afresh rather than
+    // silently doing nothing, and the old checkpoint must not come back if this run is
+    // restarted before it writes its own (the restart would resume it and "finish" at once).
+    accel_->Print(FinishedRunMessage(dir, *latest));
+    accel_->Barrier();  // every rank has seen `latest` before it goes
+    if (accel_->rank() == 0) std::remove((dir + "/latest").c_str());
+    accel_->Barrier();
+    return Status::Ok();
+  }
+  const std::vector<std::string> changes = accel_->ChangedSettings(dir);
+  if (latest.ok() && !explicit_path && accel_->env().restart_count == 0 && !changes.empty() &&
+      !cfg_.resume_allow_changes) {
+    // Another run's checkpoint (other settings) in this output_dir: a fresh run neither
+    // continues it nor destroys it. Restarts of this run (restart_count > 0) never get here:
+    // for them a mismatch is an error (LoadState).
+    std::string aside = dir + ".set-aside-step" + std::to_string(*latest);
+    for (int i = 2; std::ifstream(aside + "/latest"); ++i)
+      aside = dir + ".set-aside-step" + std::to_string(*latest) + "-" + std::to_string(i);
+    accel_->Barrier();  // every rank has compared before the folder moves
+    if (accel_->rank() == 0) {
+      std::error_code ec;
+      std::filesystem::rename(dir, aside, ec);
+      if (ec) return Status::IoError("moving " + dir + " to " + aside + ": " + ec.message());
+    }
+    accel_->Barrier();
+    accel_->Print("train: " + dir + " holds a checkpoint (step " + std::to_string(*latest) +
+                  ") of a run with other settings (" + Join(changes, "; ") + "); moved it to " +
+                  aside +
+                  " and starting a new run (set `train.resume_allow_changes: true` to "
+                  "continue it instead)");
+    return Status::Ok();
+  }
+  LAUNCH_ASSIGN_OR_RETURN(bool resumed, accel_->LoadState(dir));
+  if (!resumed) {
+    if (accel_->env().restart_count > 0)
+      accel_->Print("train: restart " + std::to_string(accel_->env().restart_count) +
+                    ": no checkpoint yet, starting from step 0");
+    return Status::Ok();
+  }
+  accel_->Print("train: resumed from " + dir + " at step " + std::to_string(accel_->step()) +
+                RestartSuffix(accel_->env().restart_count));
+  return Status::Ok();
+}
+
+void Trainer::TrainStep() {
+  double loss_sum = 0;
+  int64_t micro = 0;
+  Timeline::Get().BeginStep(accel_->step() + 1);  // the span below starts before Accumulate()
+  Timeline::Scope step_span("train", "step " + std::to_string(accel_->step() + 1));
+  do {
+    phase_ = "forward";
+    torch::data::Example<> batch;
+    {
+      Timeline::Scope span("train", "data");
+      // The batch's place in the data order seeds its augmentation: exact again after a resume.
+      const LoaderCursor at = loader_->cursor();
+      batch = loader_->Next();
+      if (data_.crop_padding > 0 || data_.flip)
+        batch.data = Augment(data_, batch.data, AugmentSeed(at.epoch, at.batch));
+    }
+    accel_->Accumulate();
+    if (pipeline_) {
+      torch::Tensor loss = accel_->PipelineForwardBackward(
+          batch,
+          [this](const torch::Tensor& out, const torch::Tensor& y) { return criterion_(out, y); });
+      if (loss.defined()) loss_sum += loss.item<double>();
+    } else {
+      torch::Tensor loss = accel_->ForwardBackward(
+          batch, [this](torch::nn::Module& m, const torch::data::Example<>& b) {
+            ForwardOutput out = RunForward(m, b, cfg_.model);
+            return out.loss.defined() ? out.loss : criterion_(out.logits, b.target);
+          });
+      loss_sum += loss.item<double>();
+    }
+    ++micro;
+    phase_ = "optimizer step";
+  } while (!accel_->Step());
+  last_loss_ = pipeline_ ? accel_->pipeline_loss() : loss_sum / static_cast<double>(micro);
+}
+
+void Trainer::Evaluate(double* loss, double* accuracy) {
+  phase_ = "evaluation";
+  torch::NoGradGuard no_grad;
+  Model* model = accel_->model();
+  model->SetTraining(false);
+  double loss_sum = 0, weight = 0, correct = 0, predictions = 0;
+  const size_t data_rank = static_cast<size_t>(accel_->data_parallel_rank());
+  const size_t data_world = static_cast<size_t>(accel_->data_parallel_size());
+  std::vector<int64_t> mine;
+  for (size_t i = data_rank; i < data_.eval_indices.size(); i += data_world)
+    mine.push_back(data_.eval_indices[i]);
+  const size_t chunk = static_cast<size_t>(std::max<int64_t>(cfg_.batch_size, 256));
+  for (size_t start = 0; start < mine.size(); start += chunk) {
+    std::vector<int64_t> rows(
+        mine.begin() + static_cast<std::ptrdiff_t>(start),
+        mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), start + chunk)));
+    const bool first = !pipeline_ || accel_->pipeline()->first();
+    ForwardOutput out;
+    torch::Tensor y = data_.Targets(rows);
+    if (pipeline_) {
+      out.logits = accel_->PipelineForward(first ? data_.Inputs(rows) : torch::Tensor());
+      if (!out.logits.defined()) continue;  // a pipeline stage before the last
+    } else {
+      auto amp = accel_->Autocast();
+      out = RunForward(model->module(), {data_.Inputs(rows), y}, cfg_.model);
+    }
+    if (accel_->bf16()) {  // loss and accuracy in float32, as in training
+      if (out.logits.defined()) out.logits = out.logits.to(torch::kFloat);
+      if (out.loss.defined()) out.loss = out.loss.to(torch::kFloat);
+    }
+    torch::Tensor loss = out.loss.defined() ? out.loss : criterion_(out.logits, y);
+    loss_sum += loss.item<double>() * static_cast<double>(rows.size());
+    weight += static_cast<double>(rows.size());
+    if (out.logits.defined()) {
+      auto [c, p] = criterion_.CountCorrect(out.logits, y);
+      correct += static_cast<double>(c);
+      predictions += static_cast<double>(p);
+    }
+  }
+  model->SetTraining(true);
+  // Weighted by sample counts, so the average over ranks equals the average over the split.
+  auto totals = torch::tensor({loss_sum, weight, correct, predictions}, torch::kDouble);
+  accel_->AllReduceSum(totals);
+  auto t = totals.accessor<double, 1>();
+  *loss = t[1] > 0 ? t[0] / t[1] : std::nan("");
+  *accuracy = t[3] > 0 ? t[2] / t[3] : std::nan("");
+}
+
+Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss, double step_s,
+                                 int64_t samples) {
+  if (!accel_->IsMainProcess()) return Status::Ok();
+  const double step_ms = step_s * 1000;
+  const double comm_ms = std::min(comm.blocking_comm_ms, step_ms);
+  metrics_ << "{\"step\": " << accel_->step() << ", \"loss\": " << Num(loss)
+           << ", \"lr\": " << Num(accel_->learning_rate())
+           << ", \"samples_per_s\": " << Num(samples / step_s) << ", \"comm_ms\": " << Num(comm_ms)
+           << ", \"compute_ms\": " << Num(step_ms - comm_ms) << ", \"step_ms\": " << Num(step_ms)
+           << ", \"allreduces\": " << comm.allreduces
+           << ", \"micro_batches\": " << accel_->micro_batches_last_step()
+           << ", \"buckets_launched_before_grads_done\": " << comm.launched_before_grads_done;
+  if (pipeline_) metrics_ << ", \"peak_live_microbatches\": " << accel_->pipeline()->peak_live();
+  metrics_ << ", \"epoch\": " << accel_->epoch() << "}\n";
+  metrics_.flush();
+  if (!metrics_) return Status::IoError("writing " + cfg_.output_dir + "/metrics.jsonl");
+  return Status::Ok();
+}
+
+void Trainer::Report(double loss, double samples_per_s, double comm_ms) {
+  if (!accel_->IsMainProcess()) return;
+  const int64_t done = accel_->step();
+  const double elapsed = Seconds(Clock::now() - train_start_);
+  const double eta = steps_this_run_ > 0
+                         ? elapsed / steps_this_run_ * static_cast<double>(total_steps_ - done)
+                         : NAN;
+  if (tty_) {
+    const int width = 24;
+    const int filled = static_cast<int>(width * done / std::max<int64_t>(1, total_steps_));
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.resize(width, '.');
+    std::printf("\r[%s] %lld/%lld loss %.4f %.0f samples/s ETA %s   ", bar.c_str(),
+                static_cast<long long>(done), static_cast<long long>(total_steps_), loss,
+                samples_per_s, Eta(eta).c_str());
+    if (done == total_steps_) std::printf("\n");
+    std::fflush(stdout);
+    return;
+  }
+  window_loss_sum_ += loss;
+  ++window_steps_;
+  if (done % cfg_.log_every != 0 && done != total_steps_ && done != 1) return;
+  // The mean over the steps since the last line: one batch's loss is too noisy to read.
+  const double mean_loss = window_loss_sum_ / static_cast<double>(window_steps_);
+  window_loss_sum_ = 0;
+  window_steps_ = 0;
+  std::ostringstream line;
+  line << "step " << done << "/" << total_steps_ << " loss " << Fixed(mean_loss, 4) << " lr "
+       << std::scientific << std::setprecision(2) << accel_->learning_rate() << std::fixed
+       << " samples/s " << Fixed(samples_per_s, 0) << " comm_ms " << Fixed(comm_ms, 2) << " eta "
+       << Eta(eta);
+  accel_->Print(line.str());
+}
+
+Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc, double wall_s) {
+  const uint64_t mine = Fnv(accel_->parameters());
+  std::vector<double> stats;
+  if (pipeline_) stats = accel_->GatherPipelineStats(mine);  // collective: before the return
+  if (!accel_->IsMainProcess()) return Status::Ok();
+  std::string checksum = Hex64(mine);
+  std::ostringstream pipeline;
+  if (pipeline_) {
+    constexpr int kFields = PipelineEngine::kStatFields;
+    const int stages = accel_->num_stages();
+    auto list = [&](int field, bool integer) {
+      std::string out = "[";
+      for (int s = 0; s < stages; ++s) {
+        const double v = stats[static_cast<size_t>(s * kFields + field)];
+        out += (s ? ", " : "") + (integer ? std::to_string(std::llround(v)) : Num(v));
+      }
+      return out + "]";
+    };
+    std::string checksums = "[";
+    uint64_t combined = kFnv1aInit;
+    for (int s = 0; s < stages; ++s) {
+      const uint64_t h =
+          (static_cast<uint64_t>(stats[static_cast<size_t>(s * kFields + 5)]) << 32) |
+          static_cast<uint64_t>(stats[static_cast<size_t>(s * kFields + 6)]);
+      combined = (combined ^ h) * 1099511628211ull;
+      checksums += std::string(s ? ", " : "") + "\"" + Hex64(h) + "\"";
+    }
+    checksums += "]";
+    checksum = Hex64(combined);
+    pipeline << ",\n  \"pipeline\": {\n    \"stages\": " << stages
+             << ",\n    \"replicas\": " << accel_->data_parallel_size()
+             << ",\n    \"microbatches\": " << cfg_.parallel.microbatches
+             << ",\n    \"schedule\": \"" << config::ToString(cfg_.parallel.schedule)
+             << "\",\n    \"partition\": [";
+    for (size_t i = 0; i < partition_.size(); ++i) pipeline << (i ? ", " : "") << partition_[i];
+    pipeline << "],\n    \"peak_live_microbatches\": " << list(0, true)
+             << ",\n    \"idle_fraction\": " << list(1, false) << ",\n    \"theoretical_bubble\": "
+             << Num(TheoreticalBubble(stages, cfg_.parallel.microbatches))
+             << ",\n    \"busy_s\": " << list(2, false) << ",\n    \"window_s\": " << list(3, false)
+             << ",\n    \"peak_rss_mb\": " << list(4, false)
+             << ",\n    \"peak_boundary_activation_bytes\": " << list(7, true)
+             << ",\n    \"stage_param_checksums\": " << checksums << "\n  }";
+  }
+  std::ostringstream o;
+  o << "{\n  \"steps\": " << accel_->step() << ",\n  \"train_loss\": " << Num(train_loss)
+    << ",\n  \"eval_loss\": " << Num(eval_loss) << ",\n  \"eval_accuracy\": " << Num(eval_acc)
+    << ",\n  \"loss_floor\": " << Num(data_.loss_floor) << ",\n  \"param_checksum\": \"" << checksum
+    << "\""
+    << ",\n  \"world_size\": " << accel_->world_size() << ",\n  \"strategy\": \""
+    << accel_->mode_name() << "\",\n  \"buckets\": " << accel_->num_buckets()
+    << ",\n  \"allreduces_total\": " << accel_->allreduces_total()
+    << ",\n  \"pair_exchanges_total\": " << accel_->pair_exchanges_total()
+    << ",\n  \"samples_seen_per_rank\": " << accel_->samples_seen()
+    << ",\n  \"steps_this_run\": " << steps_this_run_ << ",\n  \"wall_s\": " << Num(wall_s)
+    << ",\n  \"loop_s\": " << Num(loop_s_) << pipeline.str() << "\n}\n";
+  return WriteFileAtomically(cfg_.output_dir + "/final.json", o.str());
+}
+
+Status Trainer::DumpParams() {
+  std::string bytes;
+  for (auto& p : accel_->parameters()) {
+    auto t = p.detach().to(torch::kFloat).contiguous();
+    bytes.append(static_cast<const char*>(t.data_ptr()),
+                 static_cast<size_t>(t.numel()) * sizeof(float));
+  }
+  return WriteFileAtomically(
+      cfg_.output_dir + "/params_rank" + std::to_string(accel_->rank()) + ".bin", bytes);
+}
+
+// output_dir/model.pt for PyTorch (SaveForPython), by rank 0; in pipeline mode each stage's
+// first replica writes model_stage<S>.pt. COLLECTIVE (ddp: rank 0's buffers first).
+Status Trainer::SaveModel() {
+  std::string name = "model.pt";
+  if (pipeline_) {
+    if (accel_->pipeline()->replica() != 0) return Status::Ok();
+    name = "model_stage" + std::to_string(accel_->pipeline()->stage()) + ".pt";
+    return SaveForPython(*accel_->model(), cfg_.output_dir + "/" + name);
+  }
+  return accel_->SaveForPython(cfg_.output_dir + "/" + name);
+}
+
+Status Trainer::Run() {
+  const auto wall_start = Clock::now();
+  LAUNCH_RETURN_IF_ERROR(Prepare());
+  LAUNCH_RETURN_IF_ERROR(MakeDirs(cfg_.output_dir));
+  if (accel_->IsMainProcess()) {
+    // Keep the history of the steps this run continues from; drop lines of redone steps.
+    const std::string metrics_path = cfg_.output_dir + "/metrics.jsonl";
+    const std::string kept = MetricsHistoryUpTo(metrics_path, accel_->step());
+    metrics_.open(metrics_path, std::ios::trunc);
+    if (!metrics_) return Status::IoError("cannot write " + metrics_path);
+    metrics_ << kept;
+  }
+  accel_->model()->SetTraining(true);
+  accel_->TakeCommStats();
+  train_start_ = Clock::now();
+  while (accel_->step() < total_steps_) {
+    const auto step_start = Clock::now();
+    const int64_t samples_before = accel_->samples_seen();
+    TrainStep();
+    const double step_s = std::max(1e-9, Seconds(Clock::now() - step_start));
+    if (++steps_this_run_ == 1 && pipeline_) {
+      // The first step pays for allocations and lazy initialisation: leave it out of the
+      // idle-fraction figures (peak live counts keep it).
+      accel_->pipeline()->ResetTimings();
+    }
+    Accelerator::CommStats comm = accel_->TakeCommStats();
+    const int64_t samples =
+        (accel_->samples_seen() - samples_before) * accel_->data_parallel_size();
+    const double sps = samples / step_s;
+    ema_samples_per_s_ = ema_samples_per_s_ == 0 ? sps : 0.9 * ema_samples_per_s_ + 0.1 * sps;
+    LAUNCH_RETURN_IF_ERROR(WriteMetricsLine(comm, last_loss_, step_s, samples));
+    Report(last_loss_, ema_samples_per_s_, comm.blocking_comm_ms);
+    const int64_t step = accel_->step();
+    if (cfg_.eval_every > 0 && step % cfg_.eval_every == 0 && step < total_steps_) {
+      accel_->SyncBuffers();
+      double el = 0, ea = 0;
+      Evaluate(&el, &ea);
+      accel_->Print("eval at step " + std::to_string(step) + ": loss " + Fixed(el, 4) +
+                    (std::isnan(ea) ? "" : " accuracy " + Fixed(ea, 4)));
+    }
+    // Every rank acts on a signal any rank received, at this same step.
+    phase_ = "checkpoint";
+    const SignalRequest signal = accel_->PollSignals();
+    const bool scheduled = cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0;
+    // At the last step the run's own end writes the checkpoint (and final.json) below.
+    const bool last = step >= total_steps_;
+    if ((scheduled || signal.checkpoint) && !last) {
+      LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
+      if (cfg_.save_model == config::SaveModel::kCheckpoints) LAUNCH_RETURN_IF_ERROR(SaveModel());
+      if (signal.checkpoint)
+        accel_->Print("train: " + SignalName(signal.signal) + ": wrote " + WriteDir() +
+                      " at step " + std::to_string(step));
+    }
+    if (signal.stop && last)
+      accel_->Print("train: " + SignalName(signal.signal) +
+                    " at the last step: finishing the run (checkpoint and final.json)");
+    if (signal.stop && !last)
+      return Status::Interrupted("stopped by " + SignalName(signal.signal) + " at step " +
+                                 std::to_string(step) +
+                                 "; checkpoint written, the next run resumes");
+  }
+  loop_s_ = Seconds(Clock::now() - train_start_);
+  phase_ = "finishing";
+  LAUNCH_RETURN_IF_ERROR(accel_->Finish());
+  double eval_loss = 0, eval_acc = 0;
+  Evaluate(&eval_loss, &eval_acc);
+  double train_loss = last_loss_;
+  if (!pipeline_) {
+    // The final train loss: the last step's loss averaged over ranks.
+    train_loss = std::isnan(last_loss_) ? last_loss_
+                                        : accel_->Mean(std::isnan(last_loss_) ? 0.0 : last_loss_);
+  }
+  LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
+  if (cfg_.save_model != config::SaveModel::kNever) LAUNCH_RETURN_IF_ERROR(SaveModel());
+  if (opts_.dump_params) LAUNCH_RETURN_IF_ERROR(DumpParams());
+  const double wall_s = Seconds(Clock::now() - wall_start);
+  LAUNCH_RETURN_IF_ERROR(WriteFinal(train_loss, eval_loss, eval_acc, wall_s));
+  accel_->Print(
+      "done: " + std::to_string(accel_->step()) + " steps, train loss " + Fixed(train_loss, 4) +
+      ", eval loss " + Fixed(eval_loss, 4) +
+      (std::isnan(eval_acc) ? "" : ", eval accuracy " + Fixed(eval_acc, 4)) +
+      (std::isnan(data_.loss_floor) ? "" : " (teacher floor " + Fixed(data_.loss_floor, 4) + ")") +
+      ", " + Fixed(wall_s, 1) + " s; wrote " + cfg_.output_dir + "/final.json");
+  // Nobody exits while a peer may still need it for the last collective.
+  accel_->Barrier();
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& options) {
+  Accelerator::InstallSignalHandlers();
+  Trainer trainer(train, options);
+  try {
+    return trainer.Run();
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    const std::string where = trainer.Phase() + ": ";
+    if (IsLostPeerError(what))
+      return Status::PeerLost(where + "lost a peer during training: " + what);
+    return Status::Internal(where + what);
+  } catch (const std::exception& e) {
+    return Status::Internal(trainer.Phase() + ": " + e.what());
+  }
+}
+
+}  // namespace launch::trainer

@@ -1,0 +1,67 @@
+#include "trainer_runtime/util/loop_util.h"
+
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "base/strings.h"
+
+namespace launch::trainer {
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+std::string Num(double v) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream o;
+  o << std::setprecision(17) << v;
+  return o.str();
+}
+
+std::string Fixed(double v, int digits) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(digits) << v;
+  return o.str();
+}
+
+std::string FinishedRunMessage(const std::string& path, int64_t step) {
+  return "train: " + path + " is from a finished run (step " + std::to_string(step) +
+         "); starting a new run (set `resume: never` to always start fresh)";
+}
+
+std::string WorldSizeChangedWarning(int64_t written_by, int world_size) {
+  return "train: warning: checkpoint was written by " + std::to_string(written_by) +
+         " processes, now " + std::to_string(world_size) +
+         "; the data order after resuming differs from an uninterrupted run";
+}
+
+std::string RestartSuffix(int restart_count) {
+  return restart_count > 0 ? " (restart " + std::to_string(restart_count) + ")" : "";
+}
+
+std::string MetricsHistoryUpTo(const std::string& path, int64_t step) {
+  std::string kept;
+  if (step <= 0) return kept;
+  std::ifstream old(path);
+  std::string line;
+  while (std::getline(old, line)) {
+    const size_t at = line.find("\"step\": ");
+    if (at == std::string::npos) continue;
+    std::string digits;
+    for (size_t i = at + 8; i < line.size() && std::isdigit(line[i]); ++i) digits += line[i];
+    long long line_step = 0;
+    if (ParseInt64(digits, &line_step) && line_step <= step) kept += line + "\n";
+  }
+  return kept;
+}
+
+bool IsLostPeerError(const std::string& what) {
+  return what.find("Connection closed by peer") != std::string::npos ||
+         what.find("Connection reset") != std::string::npos ||
+         what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos;
+}
+
+}  // namespace launch::trainer
