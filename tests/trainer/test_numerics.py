@@ -56,7 +56,7 @@ class DdpNumericsTest(unittest.TestCase):
         run_ranks(ddp_cfg, 2, ["--dump_params"], timeout=90, extra_env=env)
         f = final(ddp_out)
         self.assertGreaterEqual(f["buckets"], min_buckets)
-        # Which transport carried the last bucket of each step (see strategy.cc).
+        # Which transport carried the last bucket of each step (see parallel/ddp.cc).
         self.assertEqual(f["pair_exchanges_total"], 20 if exchanged else 0, f)
         run_ranks(ref_cfg, 1, ["--dump_params"], timeout=90)
         ddp0, ddp1, ref = params(ddp_out, 0), params(ddp_out, 1), params(ref_out, 0)
@@ -76,7 +76,7 @@ class DdpNumericsTest(unittest.TestCase):
         self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}")
 
     def test_ddp_reducer_default_path_without_exchange_adam(self):
-        # The small model's only bucket normally takes the two-rank exchange (strategy.cc);
+        # The small model's only bucket normally takes the two-rank exchange (parallel/ddp.cc);
         # with it disabled the Reducer's own all-reduce path must agree just as well.
         self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}",
                                         env={"LAUNCH_DDP_EXCHANGE_MAX_KB": "0"},

@@ -90,7 +90,7 @@ class ShmAllReduceTrainingTest(unittest.TestCase):
 
     def test_two_ranks_many_buckets_match_gloo(self):
         # ~1 KB buckets: several asynchronous shm all-reduces during backward, then the last
-        # bucket inline (strategy.cc). With two ranks a + b == b + a: equal to Gloo bit for bit.
+        # bucket inline (parallel/ddp.cc). With two ranks a + b == b + a: equal to Gloo bit for bit.
         shm, gloo = self.check_transports_agree(2, cap=0.001)
         self.assertEqual(shm, gloo)
 

@@ -82,7 +82,7 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   const std::string& allreduce_transport() const { return transport_; }
   void set_allreduce_transport(std::string description) { transport_ = std::move(description); }
 
-  // Counts an all-reduce carried by other means than allreduce() (strategy.cc's direct path for
+  // Counts an all-reduce carried by other means than allreduce() (parallel/ddp.cc's direct path for
   // the last bucket: the two-rank exchange, or the shared-memory all-reduce run inline), so
   // counts and launch times cover every gradient reduction whatever its transport.
   void RecordAllreduce(int64_t bytes);
