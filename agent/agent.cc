@@ -11,6 +11,7 @@
 
 #include "agent/failure_report.h"
 #include "agent/output_writer.h"
+#include "base/exit_code.h"
 #include "base/files.h"
 #include "base/log.h"
 #include "base/strings.h"
@@ -19,12 +20,10 @@ namespace launch::agent {
 
 namespace asio = boost::asio;
 
-namespace {}  // namespace
-
 int ExitCodeFor(const GroupResult& result) {
-  if (result.failures.empty()) return 1;
-  int code = result.failures.front().status.ShellCode();
-  return code == 0 ? 1 : code;
+  if (result.failures.empty()) return kExitFailure;
+  const ExitStatus& s = result.failures.front().status;
+  return ExitCodeForWorker(s.code, s.signaled ? s.signal : 0);
 }
 
 int RunLocalAgent(const AgentOptions& options) {
@@ -105,7 +104,7 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
     }
     if (interrupt_signal != 0) {
       log::Info("workers stopped after " + SignalName(interrupt_signal));
-      return 128 + interrupt_signal;
+      return ExitCodeForSignal(interrupt_signal);
     }
     if (result->outcome == GroupResult::Outcome::kSucceeded) return 0;
     bool will_restart = attempt < options.max_restarts;

@@ -11,6 +11,7 @@
 
 #include "agent/output_writer.h"
 #include "agent/ports.h"
+#include "base/exit_code.h"
 #include "base/files.h"
 #include "base/log.h"
 #include "base/strings.h"
@@ -24,8 +25,6 @@ namespace rdzv = launch::rendezvous;
 
 namespace {
 
-constexpr int kExitSetup = 2;
-constexpr int kExitLost = 1;
 // How long the hosting agent keeps its server up after its own job ended, so every other agent
 // receives the final DONE/FAILED.
 constexpr std::chrono::milliseconds kServerDrainLimit{3000};
@@ -37,9 +36,7 @@ std::string Hostname() {
 }
 
 int ExitCodeForReport(const rdzv::FailureReport& r) {
-  if (r.signal > 0) return 128 + r.signal;
-  if (r.exit_code > 0) return r.exit_code;
-  return 1;
+  return ExitCodeForWorker(r.exit_code, r.signal);
 }
 
 class ElasticAgent {
@@ -61,12 +58,12 @@ class ElasticAgent {
     Status hosted = MaybeHostServer();
     if (!hosted.ok()) {
       log::Error(hosted.message());
-      return kExitSetup;
+      return kExitUsage;
     }
     StatusOr<int> port = ReservePort();
     if (!port.ok()) {
       log::Error(port.status().message());
-      return kExitSetup;
+      return kExitUsage;
     }
     rdzv::ClientOptions co;
     co.host = options_.endpoint_host;
@@ -172,7 +169,7 @@ class ElasticAgent {
           server_->FailAndStop("the rendezvous host " + hosted_endpoint_ +
                                " is leaving: it received " + SignalName(signo));
         if (client_) client_->Close();
-        StopWorkersThen(After::kExit, 128 + signo, signo);
+        StopWorkersThen(After::kExit, ExitCodeForSignal(signo), signo);
       }
       ArmSignals();
     });
@@ -199,7 +196,7 @@ class ElasticAgent {
       if (!port.ok()) {
         log::Error(port.status().message());
         client_->Close();
-        Finish(kExitLost);
+        Finish(kExitFailure);
         return;
       }
       client_->Rejoin(*port);
@@ -310,22 +307,11 @@ class ElasticAgent {
 
   void OnFailed(const Status& status, const rdzv::JobFailure& failure) {
     if (finished_) return;
-    int code = kExitLost;
-    switch (status.code()) {
-      case Status::Code::kInvalidConfig:
-      case Status::Code::kAuthFailed:
-      case Status::Code::kTimeout:
-      case Status::Code::kProtocolError:
-        code = kExitSetup;
-        break;
-      case Status::Code::kWorkerFailed:
-        code = failure.report && failure.report->global_rank >= 0
-                   ? ExitCodeForReport(*failure.report)
-                   : kExitLost;
-        break;
-      default:
-        code = kExitLost;
-    }
+    // The rendezvous decides before and between runs: a timeout there means nothing ran.
+    int code = ExitCodeFor(status, Phase::kSetup);
+    if (status.code() == Status::Code::kWorkerFailed)
+      code = failure.report && failure.report->global_rank >= 0 ? ExitCodeForReport(*failure.report)
+                                                                : kExitFailure;
     if (interrupt_signal_ != 0) return;  // our own leaving; the signal decides the exit code
     log::Error(rdzv::SanitizeForTerminal(status.message()));
     if (failure.report) PrintReport(*failure.report);

@@ -6,8 +6,10 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
-#include <fstream>
+#include <cstring>
 
 #include "base/strings.h"
 
@@ -19,18 +21,107 @@ Status MakeDirs(const std::string& path) {
     cur += part;
     cur += '/';
     if (part.empty()) continue;
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST)
-      return Status::FromErrno("cannot create folder " + cur, errno);
+    if (::mkdir(cur.c_str(), 0755) == 0) continue;
+    const int err = errno;
+    struct stat st;
+    if (err == EEXIST && ::stat(cur.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
+    return Status::FromErrno("cannot create folder " + cur, err == EEXIST ? ENOTDIR : err);
   }
   return Status::Ok();
 }
 
+namespace {
+
+// Writes all of `bytes` to `fd`, retrying short writes and EINTR: 0 or errno.
+int WriteAll(int fd, std::string_view bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno;
+    done += static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Status WriteFileAtomically(const std::string& path, std::string_view bytes, WriteOptions options) {
+  if (path.empty()) return Status::InvalidArgument("no file name to write to");
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  LAUNCH_RETURN_IF_ERROR(MakeDirs(dir));
+  // The pid and a counter keep two writers (threads or processes) off one temp file.
+  static std::atomic<unsigned> counter{0};
+  const std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+                  static_cast<mode_t>(options.mode));
+  if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
+  auto fail = [&](const std::string& what, int err) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    return Status::FromErrno(what, err);
+  };
+  if (int err = WriteAll(fd, bytes)) return fail("cannot write " + tmp, err);
+  // The data must be on disk before the rename makes it visible, or a power cut could expose
+  // an empty file under the final name.
+  if (::fsync(fd) != 0) return fail("cannot write " + tmp, errno);
+  const int closed = ::close(fd);
+  fd = -1;
+  if (closed != 0) return fail("cannot write " + tmp, errno);
+  if (options.exclusive) {
+    if (::link(tmp.c_str(), path.c_str()) != 0) return fail("cannot create " + path, errno);
+    ::unlink(tmp.c_str());
+  } else if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return fail("cannot rename " + tmp + " to " + path, errno);
+  }
+  // Make the new name durable; a failure here loses nothing already visible.
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::NotFound("cannot open '" + path + "': " + std::strerror(errno));
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno("read error on '" + path + "'", err);
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
 std::string ReadSmallFile(const std::string& path, size_t limit) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::string text(limit, '\0');
-  in.read(&text[0], static_cast<std::streamsize>(limit));
-  text.resize(static_cast<size_t>(in.gcount()));
+  // In pieces, growing with what is there: a buffer of `limit` bytes up front would cost its
+  // whole size in resident memory (launch reads /proc/self/mountinfo with a 4 MiB limit at
+  // every start).
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  char buf[16384];
+  while (text.size() < limit) {
+    ssize_t n = ::read(fd, buf, std::min(sizeof(buf), limit - text.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
   return text;
 }
 

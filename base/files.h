@@ -1,14 +1,31 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "base/status.h"
 
 namespace launch {
 
 // mkdir -p: creates `path` and its missing parents (0755). IoError names the folder that
-// could not be created.
+// could not be created (also when a file stands where a folder should be).
 Status MakeDirs(const std::string& path);
+
+struct WriteOptions {
+  unsigned mode = 0644;    // permissions of a new file (umask applies)
+  bool exclusive = false;  // refuse (AlreadyExists... IoError EEXIST) when `path` exists
+};
+
+// Crash-safe file replacement: writes `PATH.tmp.<pid>.<n>` (created O_EXCL, so nothing planted
+// there is followed), fsyncs it, moves it to PATH (rename; link when exclusive, which fails if
+// PATH appeared meanwhile) and fsyncs the folder. A process killed at any point leaves the old
+// complete file or the new complete file at PATH, never a torn one, and no temp file survives
+// a failed call. Creates missing parent folders. IoError naming the file on failure.
+Status WriteFileAtomically(const std::string& path, std::string_view bytes,
+                           WriteOptions options = {});
+
+// A whole file. NotFound when it cannot be opened, IoError on a read error.
+StatusOr<std::string> ReadFile(const std::string& path);
 
 // The first `limit` bytes of a file ("" when it cannot be read): /proc and /sys files, small
 // configuration files.

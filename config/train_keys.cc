@@ -503,6 +503,9 @@ std::string TrainEnvName(const std::string& path) {
 }
 
 Status ApplyTrainEnvironment(const std::map<std::string, std::string>& env, LaunchConfig* cfg) {
+  // Most environments have none: then the table is not even built (launch's start-up).
+  auto first = env.lower_bound("LAUNCH_TRAIN_");
+  if (first == env.end() || !StartsWith(first->first, "LAUNCH_TRAIN_")) return Status::Ok();
   std::vector<std::string> known;
   for (const TrainKey& k : TrainKeys()) known.push_back(TrainEnvName(k.path));
   for (const auto& [var, value] : env) {

@@ -1,5 +1,7 @@
 #include "launcher/env_report.h"
 
+#include <CLI/CLI.hpp>
+
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
@@ -23,10 +25,12 @@
 
 #include "agent/cgroup.h"
 #include "base/environment.h"
+#include "base/exit_code.h"
 #include "base/files.h"
 #include "base/strings.h"
 #include "config/loader.h"
 #include "launcher/scheduler_env.h"
+#include "launcher/subcommands.h"
 #include "launcher/wizard.h"
 
 #ifndef LAUNCH_VERSION
@@ -511,34 +515,18 @@ std::string EnvReport(const std::string& config_file) {
 }
 
 int RunEnvCommand(const std::vector<std::string>& args) {
-  std::string config_file;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "-h" || a == "--help") {
-      std::cout << "usage: launch env [--config_file FILE | FILE]\n\n"
-                   "Prints launch's version, LibTorch and its backends, BLAS, CPU and GPUs, the\n"
-                   "relevant environment variables and the configuration in effect (FILE, else\n"
-                   "the default config file) with where each value comes from. Paste it into bug\n"
-                   "reports.\n";
-      return 0;
-    }
-    if (a == "--config_file" || a == "--config-file") {
-      if (i + 1 >= args.size()) {
-        std::cerr << "launch env: " << a << " needs a file name\n";
-        return 2;
-      }
-      config_file = args[++i];
-    } else if (StartsWith(a, "--config_file=") || StartsWith(a, "--config-file=")) {
-      config_file = a.substr(a.find('=') + 1);
-    } else if (!StartsWith(a, "-") && config_file.empty()) {
-      config_file = a;
-    } else {
-      std::cerr << "launch env: unknown argument '" << a << "' (see launch env --help)\n";
-      return 2;
-    }
-  }
+  std::string config_file, positional;
+  CLI::App app{
+      "Prints launch's version, LibTorch and its backends, BLAS, CPU and GPUs, the relevant\n"
+      "environment variables and the configuration in effect (FILE, else the default config\n"
+      "file) with where each value comes from. Paste it into bug reports.",
+      "launch env"};
+  app.add_option("--config_file,--config-file", config_file, "the config to report");
+  app.add_option("file", positional, "the same, as an argument");
+  if (int rc = ParseSubcommandArgs(app, "env", args); rc >= 0) return rc;
+  if (config_file.empty()) config_file = positional;
   std::cout << EnvReport(config_file) << std::flush;
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace launch::launcher

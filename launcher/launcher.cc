@@ -14,11 +14,11 @@
 #include "agent/agent.h"
 #include "agent/cgroup.h"
 #include "agent/elastic_agent.h"
-#include "agent/gpu.h"
 #include "agent/ports.h"
 #include "agent/subprocess.h"
 #include "base/environment.h"
 #include "base/files.h"
+#include "base/host.h"
 #include "base/log.h"
 #include "base/strings.h"
 #include "config/loader.h"
@@ -26,8 +26,8 @@
 #include "launcher/accelerate_env.h"
 #include "launcher/env_report.h"
 #include "launcher/scheduler_env.h"
+#include "launcher/subcommands.h"
 #include "launcher/wizard.h"
-#include "rendezvous/server_main.h"
 
 #ifndef LAUNCH_VERSION
 #define LAUNCH_VERSION "0.0.0"
@@ -56,6 +56,17 @@ std::vector<std::string> AllFlagNames() {
   for (const auto& f : config::FlagSettings())
     for (const auto& n : f.names) names.push_back(n);
   return names;
+}
+
+// "  launch NAME   SUMMARY" for each subcommand of the table (subcommands.h).
+std::string SubcommandList() {
+  std::string out;
+  for (const Subcommand& s : Subcommands()) {
+    std::string left = std::string("  launch ") + s.name;
+    left.resize(std::max<size_t>(left.size() + 2, 44), ' ');
+    out += left + s.summary + "\n";
+  }
+  return out + "  (see `launch SUBCOMMAND --help`)\n\n";
 }
 
 bool IsYamlPath(const std::string& s) {
@@ -113,7 +124,6 @@ std::string EffectiveConfigPath(const config::LaunchConfig& cfg) {
 }
 
 Status WriteEffectiveConfig(const config::LaunchConfig& cfg, const std::string& path) {
-  LAUNCH_RETURN_IF_ERROR(MakeDirs(cfg.train.output_dir));
   return WriteFileAtomically(path, config::EffectiveConfigYaml(cfg));
 }
 
@@ -184,12 +194,14 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
       "  launch [flags] -- PROGRAM [ARGS...]       (any program; Python scripts run under python3 "
       "-u)\n"
       "  launch [flags] script.py [ARGS...]        (torchrun style)\n"
-      "  launch config | env | rdzv-server          (see `launch SUBCOMMAND --help`)\n"
-      "  launch test [flags] [CONFIG.yaml]         distributed self-check with this config\n\n"
-      "Precedence: flag > environment (LAUNCH_*, PET_*, SLURM_*, OMPI_*) > YAML > default.\n"
-      "Every `accelerate launch` flag is accepted too (not listed below: --use_fsdp, --fsdp_*,\n"
-      "--use_deepspeed, --zero_stage, --dynamo_backend, --debug, ...); what it sets reaches the\n"
-      "script as accelerate would pass it (docs/launcher.md).",
+      "  launch test [flags] [CONFIG.yaml]         distributed self-check with this config\n" +
+          SubcommandList() +
+          "Precedence: flag > environment (LAUNCH_*, PET_*, SLURM_*, OMPI_*) > YAML > default.\n"
+          "Every `accelerate launch` flag is accepted too (not listed below: --use_fsdp, "
+          "--fsdp_*,\n"
+          "--use_deepspeed, --zero_stage, --dynamo_backend, --debug, ...); what it sets reaches "
+          "the\n"
+          "script as accelerate would pass it (docs/launcher.md).",
       "launch"};
   app.prefix_command();
   app.set_help_flag("-h,--help", "show this help and exit");
@@ -331,33 +343,22 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   return Status::Ok();
 }
 
-// The GPUs CUDA would show the workers: NVML's count, limited to the devices an inherited
-// CUDA_VISIBLE_DEVICES lists (CUDA stops at the first entry that is not an index or a GPU-/MIG-
-// UUID, so "" and "-1" hide every GPU), as torch.cuda.device_count() counts under torchrun.
-int VisibleGpus(int nvml) {
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (visible == nullptr) return nvml;
-  int listed = 0;
-  for (std::string item : Split(visible, ',')) {
-    item = Trim(item);
-    const bool index = !item.empty() && item.find_first_not_of("0123456789") == std::string::npos;
-    if (!index && !StartsWith(item, "GPU-") && !StartsWith(item, "MIG-")) break;
-    ++listed;
-  }
-  return std::min(nvml, listed);
-}
-
-StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
+StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, const HostFacts& host,
+                        const std::map<std::string, std::string>& env) {
+  auto getenv = [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
   Plan plan;
   // Worker count on this node.
   bool force_cpu = cfg.distributed_type == config::DistributedType::kMultiCpu;
-  int gpus = force_cpu ? 0 : VisibleGpus(agent::CountGpus());
+  int gpus = force_cpu ? 0 : VisibleGpus(host.gpus, env);
   if (cfg.gpu_ids != "all" && gpus > 0) gpus = static_cast<int>(Split(cfg.gpu_ids, ',').size());
   const std::string& spec = cfg.nproc_per_node;
   if (spec == "gpu" && gpus == 0) {
     // torchrun refuses too: one worker per GPU of none is not a CPU job.
     auto origin = cfg.origins.find("nproc_per_node");
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const char* visible = getenv("CUDA_VISIBLE_DEVICES");
     return Status::InvalidConfig(
         (origin == cfg.origins.end() ? std::string("nproc_per_node") : origin->second.ToString()) +
         ": nproc_per_node gpu: no GPU is visible" +
@@ -371,10 +372,10 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
       plan.nproc_per_node = gpus;
       plan.device_kind = "gpu";
     } else {
-      plan.nproc_per_node = agent::CountCpuSlots();
+      plan.nproc_per_node = host.cpu_slots;
     }
   } else if (spec == "cpu") {
-    plan.nproc_per_node = agent::CountCpuSlots();
+    plan.nproc_per_node = host.cpu_slots;
   } else {
     long long n = 0;
     ParseInt64(spec, &n);
@@ -456,7 +457,7 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   if (!cfg.log_dir.empty()) {
     plan.log_root = cfg.log_dir + "/" + plan.run_id;
   } else if (any_spec) {
-    const char* tmp = std::getenv("TMPDIR");
+    const char* tmp = getenv("TMPDIR");
     plan.private_log_parent = std::string(tmp && *tmp ? tmp : "/tmp") + "/launch-logs-XXXXXX";
   }
   for (int lr = 0; lr < plan.nproc_per_node; ++lr) {
@@ -474,14 +475,14 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
   }
 
   // Environment beyond the rank contract.
-  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const char* omp = getenv("OMP_NUM_THREADS");
   if (plan.nproc_per_node > 1 && (omp == nullptr || *omp == '\0'))
     plan.extra_env["OMP_NUM_THREADS"] = "1";  // N workers x all cores each would thrash
   if (cfg.gpu_ids != "all") plan.extra_env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids;
   // As torchrun: NCCL errors abort the process group instead of hanging it (the default from
   // torch 2.2 on; torch 1.13 reads the older name).
-  if (plan.device_kind == "gpu" && std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr &&
-      std::getenv("NCCL_ASYNC_ERROR_HANDLING") == nullptr) {
+  if (plan.device_kind == "gpu" && getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr &&
+      getenv("NCCL_ASYNC_ERROR_HANDLING") == nullptr) {
     plan.extra_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
     plan.extra_env["NCCL_ASYNC_ERROR_HANDLING"] = "1";
   }
@@ -497,12 +498,9 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir) {
 
 int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty()) {
-    std::vector<std::string> sub_args(args.begin() + 1, args.end());
-    if (args[0] == "config") return RunConfigCommand(sub_args);
-    if (args[0] == "env") return RunEnvCommand(sub_args);
-    if (args[0] == "rdzv-server") return rendezvous::RunRendezvousServerCommand(argc - 1, argv + 1);
-  }
+  if (!args.empty())
+    if (const Subcommand* sub = FindSubcommand(args[0]))
+      return sub->run(std::vector<std::string>(args.begin() + 1, args.end()));
   // `launch test [flags] [CONFIG]`: the same job set-up, running the trainer's distributed
   // self-check on at least 2 processes instead of the configured program.
   bool self_test = !args.empty() && args[0] == "test";
@@ -538,10 +536,12 @@ int Main(int argc, char** argv) {
   bool multi_node = cfg.max_nodes > 1;
   if (multi_node && cfg.main_process_port <= 0) cfg.main_process_port = 29500;
   std::string bin_dir = ExecutableDir();
-  StatusOr<Plan> plan = MakePlan(cfg, bin_dir);
+  const HostFacts host = ProbeHost();
+  const std::map<std::string, std::string> env = CurrentEnvironment();
+  StatusOr<Plan> plan = MakePlan(cfg, bin_dir, host, env);
   if (self_test && plan.ok() && plan->nproc_per_node < 2 && !multi_node) {
     cfg.nproc_per_node = "2";  // a collective check needs company
-    plan = MakePlan(cfg, bin_dir);
+    plan = MakePlan(cfg, bin_dir, host, env);
   }
   if (print_config) {
     std::cout << config::FormatConfig(cfg);
@@ -576,7 +576,7 @@ int Main(int argc, char** argv) {
   agent::AgentOptions opts;
   agent::WorkerGroupSpec& g = opts.group;
   g.argv = plan->argv;
-  for (const auto& [k, v] : CurrentEnvironment()) {
+  for (const auto& [k, v] : env) {
     // The rendezvous secret is the agents' business: not in every worker's environment, where
     // experiment trackers and crash dumps would record it.
     if (k == "LAUNCH_RDZV_TOKEN" || k == "PET_RDZV_TOKEN") continue;

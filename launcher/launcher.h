@@ -3,18 +3,16 @@
 // The `launch` command: flags (CLI11) + YAML + environment -> LaunchConfig -> a plan (how many
 // workers, which program, which ports) -> the agent. main.cc is a thin wrapper around Main().
 
+#include <map>
 #include <string>
 #include <vector>
 
+#include "base/exit_code.h"
+#include "base/host.h"
 #include "base/status.h"
 #include "config/launch_config.h"
 
 namespace launch::launcher {
-
-// Exit codes of `launch` itself (a worker's failure exits with the worker's code instead).
-constexpr int kExitOk = 0;
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;  // bad flags or config; nothing was started
 
 // What `launch` will run on this node, derived from the merged config.
 struct Plan {
@@ -41,8 +39,12 @@ struct Plan {
 Status ParseCommandLine(const std::vector<std::string>& args, config::LaunchConfig* cfg,
                         bool* print_config, bool* exit_now);
 
-// Resolves worker count, program, ports and log layout for a single node.
-StatusOr<Plan> MakePlan(const config::LaunchConfig& cfg, const std::string& bin_dir);
+// Resolves worker count, program, ports and log layout for a single node, from the merged
+// config, this machine's facts (base/host.h) and the environment the workers will inherit
+// (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, TMPDIR, the NCCL error-handling variables): no
+// probe and no getenv inside, so tests plan for machines they are not.
+StatusOr<Plan> MakePlan(const config::LaunchConfig& cfg, const std::string& bin_dir,
+                        const HostFacts& host, const std::map<std::string, std::string>& env);
 
 // Entry point of the `launch` binary; returns the process exit code.
 int Main(int argc, char** argv);

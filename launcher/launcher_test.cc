@@ -63,23 +63,65 @@ TEST_CASE("RdzvConfPairs") {
         "--rdzv_conf: unknown key 'join_timout' (did you mean 'join_timeout'?)");
 }
 
+// Fake machines for the planner: it probes nothing itself.
+const HostFacts kCpuHost{/*cpu_slots=*/6, /*gpus=*/0};
+const HostFacts kGpuHost{/*cpu_slots=*/32, /*gpus=*/4};
+
+StatusOr<Plan> PlanFor(std::vector<std::string> args, const HostFacts& host,
+                       const std::map<std::string, std::string>& env = {}) {
+  args.insert(args.end(), {"--", "/bin/true"});
+  Parsed p = Parse(args);
+  REQUIRE(p.status.ok());
+  return MakePlan(p.cfg, "/nonexistent", host, env);
+}
+
+TEST_CASE("PlanCountsWorkersFromHostFactsAndTheEnvironment") {
+  CHECK(PlanFor({"--nproc_per_node", "auto"}, kCpuHost)->nproc_per_node == 6);
+  CHECK(PlanFor({"--nproc_per_node", "auto"}, kCpuHost)->device_kind == "cpu");
+  CHECK(PlanFor({"--nproc_per_node", "auto"}, kGpuHost)->nproc_per_node == 4);
+  CHECK(PlanFor({"--nproc_per_node", "auto"}, kGpuHost)->device_kind == "gpu");
+  CHECK(PlanFor({"--nproc_per_node", "cpu"}, kGpuHost)->nproc_per_node == 32);
+  CHECK(PlanFor({"--nproc_per_node", "gpu"}, kGpuHost)->nproc_per_node == 4);
+  // CUDA_VISIBLE_DEVICES narrows what CUDA shows the workers, as torch counts.
+  CHECK(PlanFor({"--nproc_per_node", "gpu"}, kGpuHost, {{"CUDA_VISIBLE_DEVICES", "2,0"}})
+            ->nproc_per_node == 2);
+  CHECK(PlanFor({"--nproc_per_node", "gpu"}, kGpuHost, {{"CUDA_VISIBLE_DEVICES", ""}})
+            .status()
+            .message()
+            .find("nproc_per_node gpu: no GPU is visible (CUDA_VISIBLE_DEVICES='')") !=
+        std::string::npos);
+  CHECK(PlanFor({"--nproc_per_node", "gpu"}, kCpuHost).status().message().find("NVML finds none") !=
+        std::string::npos);
+  CHECK(PlanFor({"--gpu_ids", "1,3", "--nproc_per_node", "gpu"}, kGpuHost)->nproc_per_node == 2);
+  CHECK(PlanFor({"--cpu", "--nproc_per_node", "auto"}, kGpuHost)->nproc_per_node == 32);
+  // One thread per worker unless the user chose; GPU workers get NCCL's error handling.
+  StatusOr<Plan> gpu = PlanFor({"--nproc_per_node", "2"}, kGpuHost);
+  CHECK(gpu->extra_env.at("OMP_NUM_THREADS") == "1");
+  CHECK(gpu->extra_env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+  StatusOr<Plan> own = PlanFor({"--nproc_per_node", "2"}, kGpuHost,
+                               {{"OMP_NUM_THREADS", "4"}, {"NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  CHECK(own->extra_env.count("OMP_NUM_THREADS") == 0);
+  CHECK(own->extra_env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0);
+  CHECK(PlanFor({"--nproc_per_node", "1"}, kCpuHost)->extra_env.count("OMP_NUM_THREADS") == 0);
+}
+
 TEST_CASE("PlanResolvesPythonScriptsAndWorkerCount") {
   Parsed p = Parse({"--nproc_per_node", "3", "--python", "/bin/sh", "x.py", "arg"});
   REQUIRE(p.status.ok());
-  StatusOr<Plan> plan = MakePlan(p.cfg, "/nonexistent");
+  StatusOr<Plan> plan = MakePlan(p.cfg, "/nonexistent", kCpuHost, {});
   REQUIRE(plan.ok());
   CHECK(plan->nproc_per_node == 3);
   // -u: unbuffered, as torchrun runs Python workers.
   CHECK(plan->argv == std::vector<std::string>{"/bin/sh", "-u", "x.py", "arg"});
   CHECK(plan->master_port > 0);
-  CHECK(plan->extra_env.count("OMP_NUM_THREADS") + (std::getenv("OMP_NUM_THREADS") ? 1 : 0) >= 1);
+  CHECK(plan->extra_env.at("OMP_NUM_THREADS") == "1");  // 3 workers x all cores would thrash
 }
 
 TEST_CASE("PlanLogStreams") {
   Parsed p = Parse({"--nproc_per_node", "2", "--redirects", "0:3", "--tee", "1",
                     "--local_ranks_filter", "1", "--", "/bin/true"});
   REQUIRE(p.status.ok());
-  StatusOr<Plan> plan = MakePlan(p.cfg, "/nonexistent");
+  StatusOr<Plan> plan = MakePlan(p.cfg, "/nonexistent", kCpuHost, {});
   REQUIRE(plan.ok());
   CHECK(plan->file_streams == std::vector<int>{3, 1});
   CHECK(plan->console_streams == std::vector<int>{0, 3});
@@ -90,12 +132,12 @@ TEST_CASE("PlanLogStreams") {
 TEST_CASE("PlanRejectsMissingPrograms") {
   Parsed p = Parse({"--", "definitely-not-a-program-xyz"});
   REQUIRE(p.status.ok());
-  StatusOr<Plan> plan = MakePlan(p.cfg, "/nonexistent");
+  StatusOr<Plan> plan = MakePlan(p.cfg, "/nonexistent", kCpuHost, {});
   CHECK(plan.status().message() ==
         "cannot run the program: 'definitely-not-a-program-xyz' was not found on PATH");
   Parsed none = Parse({});
   REQUIRE(none.status.ok());
-  CHECK(MakePlan(none.cfg, "/x").status().message().find("nothing to run") == 0);
+  CHECK(MakePlan(none.cfg, "/x", kCpuHost, {}).status().message().find("nothing to run") == 0);
 }
 
 }  // namespace

@@ -1,14 +1,15 @@
 #include "launcher/wizard.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <pwd.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <CLI/CLI.hpp>
 
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -18,9 +19,13 @@
 #include <sstream>
 
 #include "base/environment.h"
+#include "base/exit_code.h"
+#include "base/files.h"
+#include "base/host.h"
 #include "base/strings.h"
 #include "config/loader.h"
 #include "config/train_keys.h"
+#include "launcher/subcommands.h"
 #include "launcher/terminal.h"
 
 namespace launch::launcher {
@@ -28,29 +33,10 @@ namespace {
 
 using Where = ConfigAnswers::Where;
 
-constexpr int kExitWritten = 0;
-constexpr int kExitNotWritten = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitInterrupted = 130;
-
-// NVIDIA's driver lists one directory per GPU here; no driver, no GPUs to offer.
-int CountNvidiaGpus() {
-  DIR* dir = opendir("/proc/driver/nvidia/gpus");
-  if (!dir) return 0;
-  int n = 0;
-  while (struct dirent* e = readdir(dir))
-    if (e->d_name[0] != '.') ++n;
-  closedir(dir);
-  return n;
-}
-
-int CountUsableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
-}
+// Exit codes (base/exit_code.h): written, not written, usage, interrupted by Ctrl-C.
+constexpr int kExitWritten = kExitOk;
+constexpr int kExitNotWritten = kExitFailure;
+constexpr int kExitInterrupted = ExitCodeForSignal(SIGINT);
 
 bool FileExists(const std::string& path) {
   struct stat st {};
@@ -231,7 +217,8 @@ Status AskMachine(Prompter& p, int gpus, bool from_file, ConfigAnswers* a) {
   LAUNCH_ASSIGN_OR_RETURN(
       a->nproc_per_node,
       p.Ask(std::string("How many processes per machine? ('auto': one per ") +
-                (a->use_gpu ? "GPU" : "CPU core, " + std::to_string(CountUsableCpus()) + " here") +
+                (a->use_gpu ? "GPU"
+                            : "CPU core, " + std::to_string(ProbeHost().cpu_slots) + " here") +
                 ")",
             ppn_default, [](const std::string& s) {
               std::string l = ToLower(s);
@@ -339,7 +326,6 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
 struct Args {
   bool is_default = false;
   bool force = false;
-  bool help = false;
   std::string config_file;
 };
 
@@ -358,35 +344,6 @@ const char kUsage[] =
     "                       config is given)\n"
     "  --force              `default` only: overwrite an existing file\n";
 
-bool ParseArgs(const std::vector<std::string>& args, Args* out, std::string* error) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "-h" || a == "--help") {
-      out->help = true;
-    } else if (a == "default" && i == 0) {
-      out->is_default = true;
-    } else if (a == "--force" || a == "-f") {
-      out->force = true;
-    } else if (a == "--config_file" || a == "--config-file") {
-      if (i + 1 >= args.size()) {
-        *error = a + " needs a file name";
-        return false;
-      }
-      out->config_file = args[++i];
-    } else if (StartsWith(a, "--config_file=") || StartsWith(a, "--config-file=")) {
-      out->config_file = a.substr(a.find('=') + 1);
-    } else {
-      *error = "unknown argument '" + a + "'";
-      return false;
-    }
-  }
-  if (out->force && !out->is_default) {
-    *error = "--force goes with `launch config default` (the wizard asks before overwriting)";
-    return false;
-  }
-  return true;
-}
-
 // Renders, checks that the result loads, and writes. Returns an exit code.
 int Save(const ConfigAnswers& answers, const std::string& path) {
   std::string text = RenderConfigYaml(answers);
@@ -398,7 +355,7 @@ int Save(const ConfigAnswers& answers, const std::string& path) {
               << s.message() << "); nothing was written\n";
     return kExitNotWritten;
   }
-  s = WriteFileAtomically(path, text, answers.rdzv_token.empty() ? 0644 : 0600);
+  s = WriteFileAtomically(path, text, {answers.rdzv_token.empty() ? 0644u : 0600u});
   if (!s.ok()) {
     std::cerr << "launch config: " << s.message() << "\n";
     return kExitNotWritten;
@@ -438,7 +395,7 @@ int RunDefault(const Args& args, const std::string& path) {
     return kExitNotWritten;
   }
   ConfigAnswers answers;
-  answers.use_gpu = CountNvidiaGpus() > 0;
+  answers.use_gpu = VisibleGpus(ProbeHost().gpus, CurrentEnvironment()) > 0;
   bool existed = FileExists(path);
   int rc = Save(answers, path);
   if (rc == kExitWritten)
@@ -478,7 +435,7 @@ int RunWizard(const std::string& path, bool is_default_path) {
             "; it is replaced only if you say so at the end)\n");
     }
   }
-  s = AskMachine(p, CountNvidiaGpus(), from_file, &answers);
+  s = AskMachine(p, VisibleGpus(ProbeHost().gpus, CurrentEnvironment()), from_file, &answers);
   if (s.ok()) s = AskTrainer(p, &answers);
   bool overwrite = true;
   if (s.ok() && FileExists(path)) {
@@ -620,8 +577,10 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   y << Line("", "distributed_type", a.use_gpu ? "MULTI_GPU" : "MULTI_CPU",
             a.use_gpu ? "one process per GPU, NCCL (MULTI_CPU: Gloo on CPUs)"
                       : "processes on CPUs, Gloo (MULTI_GPU: NCCL on GPUs)");
-  long long ppn = 0;
-  bool fixed_ppn = ParseInt64(a.nproc_per_node, &ppn);
+  // dp drives all its replicas from one process (train_rules.cc refuses it across processes).
+  const bool dp = a.train && a.parallel_mode == "dp";
+  long long ppn = dp ? 1 : 0;
+  bool fixed_ppn = dp || ParseInt64(a.nproc_per_node, &ppn);
   switch (a.where) {
     case Where::kThisMachine:
       y << Line("", "num_machines", "1", "machines (nodes) in the job");
@@ -647,9 +606,10 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
       break;
   }
   if (fixed_ppn && a.where != Where::kSlurm) {
-    y << Line(
-        "", "num_processes", std::to_string(ppn * a.num_machines),
-        "total over all machines (accelerate's meaning): " + std::to_string(ppn) + " per machine");
+    y << Line("", "num_processes", std::to_string(ppn * a.num_machines),
+              dp ? std::string("parallel.mode dp: one process drives every replica")
+                 : "total over all machines (accelerate's meaning): " + std::to_string(ppn) +
+                       " per machine");
   } else {
     y << Line("", "nproc_per_node", a.nproc_per_node,
               a.nproc_per_node == "auto" ? "per machine: one per GPU, else one per CPU core"
@@ -716,6 +676,9 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   if (a.parallel_mode == "ddp")
     y << Line("    ", "bucket_cap_mb", config::TrainDefault("parallel.bucket_cap_mb"),
               "gradient bucket size");
+  if (dp)
+    y << Line("    ", "replicas", config::TrainDefault("parallel.replicas"),
+              config::TrainDoc("parallel.replicas"));
   if (a.parallel_mode == "pipeline") {
     y << Line("    ", "stages", std::to_string(a.stages), "processes per pipeline");
     y << Line("    ", "microbatches", std::to_string(a.microbatches), "per optimizer step");
@@ -729,61 +692,23 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   return y.str();
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& text, int mode) {
-  if (path.empty()) return Status::InvalidArgument("no file name to write to");
-  std::string dir = ".";
-  size_t slash = path.rfind('/');
-  if (slash != std::string::npos) dir = slash == 0 ? "/" : path.substr(0, slash);
-  // mkdir -p for the parents (~/.config/launch usually does not exist yet).
-  for (size_t pos = 1; pos <= dir.size(); ++pos) {
-    if (pos != dir.size() && dir[pos] != '/') continue;
-    std::string prefix = dir.substr(0, pos);
-    if (mkdir(prefix.c_str(), 0755) != 0 && errno != EEXIST)
-      return Status::FromErrno("cannot create directory " + prefix, errno);
-  }
-  std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-  if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
-  size_t done = 0;
-  while (done < text.size()) {
-    ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      close(fd);
-      unlink(tmp.c_str());
-      return Status::FromErrno("cannot write " + tmp, err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (fsync(fd) != 0 || close(fd) != 0) {
-    int err = errno;
-    unlink(tmp.c_str());
-    return Status::FromErrno("cannot write " + tmp, err);
-  }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
-    unlink(tmp.c_str());
-    return Status::FromErrno("cannot rename " + tmp + " to " + path, err);
-  }
-  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    fsync(dfd);  // make the rename durable; failure here loses nothing already visible
-    close(dfd);
-  }
-  return Status::Ok();
-}
-
 int RunConfigCommand(const std::vector<std::string>& args) {
   Args parsed;
-  std::string error;
-  if (!ParseArgs(args, &parsed, &error)) {
-    std::cerr << "launch config: " << error << "\n" << kUsage;
+  std::string mode;
+  CLI::App app{kUsage, "launch config"};
+  app.add_option("mode", mode, "`default`: write a config for this machine without questions");
+  app.add_option("--config_file,--config-file", parsed.config_file, "where to write");
+  app.add_flag("-f,--force", parsed.force, "`default` only: overwrite an existing file");
+  if (int rc = ParseSubcommandArgs(app, "config", args); rc >= 0) return rc;
+  if (!mode.empty() && mode != "default") {
+    std::cerr << "launch config: unknown argument '" << mode << "' (see launch config --help)\n";
     return kExitUsage;
   }
-  if (parsed.help) {
-    std::cout << kUsage;
-    return kExitWritten;
+  parsed.is_default = mode == "default";
+  if (parsed.force && !parsed.is_default) {
+    std::cerr << "launch config: --force goes with `launch config default` (the wizard asks "
+                 "before overwriting)\n";
+    return kExitUsage;
   }
   std::string path = parsed.config_file.empty() ? DefaultConfigPath() : parsed.config_file;
   if (path.empty()) {

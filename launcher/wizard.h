@@ -77,9 +77,4 @@ StatusOr<ConfigAnswers> LoadAnswers(const std::string& path);
 // The commented YAML for `answers`.
 std::string RenderConfigYaml(const ConfigAnswers& answers);
 
-// Writes `text` to `path` atomically: creates missing parent directories, writes a temporary
-// file beside it with mode `mode`, fsyncs it and renames it over `path`. On failure nothing is
-// left behind and `path` is untouched.
-Status WriteFileAtomically(const std::string& path, const std::string& text, int mode = 0644);
-
 }  // namespace launch::launcher

@@ -8,12 +8,12 @@
 #include <fstream>
 #include <set>
 
+#include "base/files.h"
 #include "trainer_runtime/data/data.h"
 #include "trainer_runtime/data/sampler.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/state/checkpoint.h"
-#include "trainer_runtime/util/atomic_file.h"
 
 #include <torch/script.h>
 
@@ -91,18 +91,6 @@ TEST_CASE("SamplerGlobalBatchEqualsSingleProcessBigBatch") {
     for (int64_t i : b.Batch(2, k)) got.insert(i);
     CHECK(want == got);
   }
-}
-
-TEST_CASE("WriteFileAtomicallyReplacesAndLeavesNoTempFile") {
-  const std::string dir = TempDir();
-  const std::string path = dir + "/sub/file.bin";
-  REQUIRE(WriteFileAtomically(path, "first").ok());
-  REQUIRE(WriteFileAtomically(path, "second").ok());
-  auto read = ReadFile(path);
-  REQUIRE(read.ok());
-  CHECK(*read == "second");
-  CHECK_FALSE(std::ifstream(path + ".tmp." + std::to_string(::getpid())).good());
-  CHECK(ReadFile(dir + "/missing").status().code() == Status::Code::kNotFound);
 }
 
 TEST_CASE("SyntheticDataHasAFloorBelowGuessing") {

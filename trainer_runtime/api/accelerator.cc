@@ -22,7 +22,6 @@
 #include "trainer_runtime/parallel/strategy.h"
 #include "trainer_runtime/parallel/strategy_factory.h"
 #include "trainer_runtime/state/checkpoint.h"
-#include "trainer_runtime/util/atomic_file.h"
 #include "trainer_runtime/util/loop_util.h"
 #include "trainer_runtime/util/timeline.h"
 

@@ -9,9 +9,9 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "base/files.h"
 #include "base/strings.h"
 #include "trainer_runtime/model/layers.h"
-#include "trainer_runtime/util/atomic_file.h"
 
 namespace launch::trainer {
 

@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "trainer_runtime/util/atomic_file.h"
+#include "base/files.h"
 
 namespace launch::trainer {
 namespace {

@@ -1,9 +1,9 @@
 #pragma once
 
-// Checkpoint files (LibTorch archives, each written atomically: atomic_file.h). A checkpoint is a
-// folder of them, committed as a whole by Accelerator::SaveState (accelerator.h): model files
-// with parameters, buffers and optimizer state, and one file per rank with the loop position
-// and that rank's RNG state.
+// Checkpoint files (LibTorch archives, each written atomically: base/files.h WriteFileAtomically).
+// A checkpoint is a folder of them, committed as a whole by Accelerator::SaveState (accelerator.h):
+// model files with parameters, buffers and optimizer state, and one file per rank with the loop
+// position and that rank's RNG state.
 //
 // Internal to trainer_runtime (includes LibTorch).
 

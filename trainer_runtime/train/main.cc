@@ -8,18 +8,18 @@
 #include <vector>
 
 #include "base/environment.h"
+#include "base/exit_code.h"
 #include "config/train_cli.h"
 #include "trainer_runtime/train/self_test.h"
 #include "trainer_runtime/train/trainer.h"
 
 namespace {
 
+// Interrupted (SIGTERM/SIGINT, after checkpointing) is 143, bad configuration 2 (nothing
+// trained), the rest 1: base/exit_code.h.
 int Fail(const launch::Status& status) {
   std::fprintf(stderr, "train: error: %s\n", status.message().c_str());
-  using Code = launch::Status::Code;
-  const Code c = status.code();
-  if (c == Code::kInterrupted) return 128 + 15;  // stopped on request (SIGTERM/SIGINT)
-  return (c == Code::kInvalidConfig || c == Code::kInvalidArgument || c == Code::kNotFound) ? 2 : 1;
+  return launch::ExitCodeFor(status);
 }
 
 }  // namespace

@@ -24,7 +24,6 @@
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/model/pipeline_stages.h"
 #include "trainer_runtime/parallel/pipeline_engine.h"
-#include "trainer_runtime/util/atomic_file.h"
 #include "trainer_runtime/util/loop_util.h"
 #include "trainer_runtime/util/lr_schedule.h"
 #include "trainer_runtime/util/pipeline_schedule.h"

@@ -2,7 +2,7 @@
 
 #include <sstream>
 
-#include "trainer_runtime/util/atomic_file.h"
+#include "base/files.h"
 
 namespace launch::trainer {
 
