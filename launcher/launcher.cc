@@ -163,6 +163,71 @@ agent::ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& c
   return o;
 }
 
+// Without a log_dir but with --tee/--redirects the job's files go to a private folder made
+// now (mkdtemp: 0700, a fresh random name, so no other user can plant or read anything there).
+Status MakePrivateLogRoot(Plan* plan) {
+  if (plan->private_log_parent.empty()) return Status::Ok();
+  std::vector<char> templ(plan->private_log_parent.begin(), plan->private_log_parent.end());
+  templ.push_back('\0');
+  if (::mkdtemp(templ.data()) == nullptr)
+    return Status::FromErrno("cannot create a log directory " + plan->private_log_parent, errno);
+  plan->log_root = std::string(templ.data()) + "/" + plan->run_id;
+  return Status::Ok();
+}
+
+// `--print_config`'s last lines: what would run here.
+std::string PlanSummary(const StatusOr<Plan>& plan, bool multi_node) {
+  if (!plan.ok()) return "# plan: not runnable as is: " + plan.status().message() + "\n";
+  return "# plan: " + std::to_string(plan->nproc_per_node) + " " + plan->device_kind +
+         " worker(s) on this machine, " +
+         (multi_node
+              ? "rendezvous at " + plan->master_addr + ":" + std::to_string(plan->master_port) +
+                    " (the workers' MASTER_ADDR/MASTER_PORT: node 0's address and a free "
+                    "port there, from the rendezvous), run id " +
+                    plan->run_id
+              : "MASTER_ADDR=" + plan->master_addr +
+                    " MASTER_PORT=" + std::to_string(plan->master_port)) +
+         "\n# command: " + Join(plan->argv, " ") + "\n";
+}
+
+// The local agent's options for this node's plan: the worker group's layout, environment,
+// output routing and stop policy (a multi-node job starts from the same template).
+agent::AgentOptions MakeAgentOptions(const LaunchConfig& cfg, const Plan& plan,
+                                     const std::map<std::string, std::string>& env,
+                                     const std::string& bin_dir) {
+  agent::AgentOptions opts;
+  agent::WorkerGroupSpec& g = opts.group;
+  g.argv = plan.argv;
+  for (const auto& [k, v] : env) {
+    // The rendezvous secret is the agents' business: not in every worker's environment, where
+    // experiment trackers and crash dumps would record it.
+    if (k == "LAUNCH_RDZV_TOKEN" || k == "PET_RDZV_TOKEN") continue;
+    g.base_env.push_back(k + "=" + v);
+  }
+  g.extra_env = plan.extra_env;
+  g.local_world_size = plan.nproc_per_node;
+  g.world_size = plan.nproc_per_node;
+  g.rank_offset = 0;
+  g.group_rank = 0;
+  g.group_world_size = 1;
+  g.role = cfg.role;
+  g.master_addr = plan.master_addr;
+  g.master_port = plan.master_port;
+  g.run_id = plan.run_id;
+  g.exec_shim = bin_dir + "/launch-exec";
+  g.file_streams = plan.file_streams;
+  g.console_streams = plan.console_streams;
+  g.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.stop_grace_s * 1000));
+  g.virtual_local_rank = cfg.virtual_local_rank;
+  g.node_view.local_rank = cfg.task_layout.local_rank;
+  g.node_view.local_world_size = cfg.task_layout.local_world_size;
+  g.node_view.node_rank = cfg.task_layout.node_rank;
+  g.node_view.num_nodes = cfg.task_layout.num_nodes;
+  g.gpu_workers = plan.device_kind == "gpu";
+  opts.max_restarts = cfg.max_restarts;
+  return opts;
+}
+
 }  // namespace
 
 std::string ExecutableDir() {
@@ -174,9 +239,9 @@ std::string ExecutableDir() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg, bool* print_config,
-                        bool* exit_now) {
-  *exit_now = false;
+StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
+  CommandLine out;
+  LaunchConfig* cfg = &out.cfg;
   // Everything after the first "--" is the program (or extra args for the trainer).
   std::vector<std::string> before, after;
   bool seen_dashdash = false;
@@ -248,16 +313,16 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   try {
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    *exit_now = true;
-    return Status::Ok();
+    out.action = CommandLine::Action::kPrint;
+    out.text = app.help();
+    return out;
   } catch (const CLI::ParseError& e) {
     return Status::InvalidConfig(e.what());
   }
   if (version) {
-    std::cout << "launch " << LAUNCH_VERSION << "\n";
-    *exit_now = true;
-    return Status::Ok();
+    out.action = CommandLine::Action::kPrint;
+    out.text = std::string("launch ") + LAUNCH_VERSION + "\n";
+    return out;
   }
 
   std::vector<std::string> rest = app.remaining();
@@ -339,8 +404,8 @@ Status ParseCommandLine(const std::vector<std::string>& args, LaunchConfig* cfg,
   if (flag_given("use_cpu") && flag_given("distributed_type"))  // --cpu, --multi_gpu
     return Status::InvalidConfig("--cpu and --multi_gpu ask for different workers; give one");
   LAUNCH_RETURN_IF_ERROR(config::Validate(cfg));
-  *print_config = print;
-  return Status::Ok();
+  if (print) out.action = CommandLine::Action::kPrintConfig;
+  return out;
 }
 
 StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, const HostFacts& host,
@@ -505,14 +570,17 @@ int Main(int argc, char** argv) {
   // self-check on at least 2 processes instead of the configured program.
   bool self_test = !args.empty() && args[0] == "test";
   if (self_test) args.erase(args.begin());
-  LaunchConfig cfg;
-  bool print_config = false, exit_now = false;
-  Status s = ParseCommandLine(args, &cfg, &print_config, &exit_now);
-  if (!s.ok()) {
-    std::fprintf(stderr, "launch: error: %s\n", s.message().c_str());
+  StatusOr<CommandLine> command = ParseCommandLine(args);
+  if (!command.ok()) {
+    std::fprintf(stderr, "launch: error: %s\n", command.status().message().c_str());
     return kExitUsage;
   }
-  if (exit_now) return kExitOk;
+  if (command->action == CommandLine::Action::kPrint) {
+    std::cout << command->text;
+    return kExitOk;
+  }
+  LaunchConfig& cfg = command->cfg;
+  const bool print_config = command->action == CommandLine::Action::kPrintConfig;
   auto token_origin = cfg.origins.find("rdzv_token");
   if (token_origin != cfg.origins.end() && token_origin->second.kind == Origin::Kind::kFlag)
     cfg.warnings.push_back(
@@ -544,21 +612,7 @@ int Main(int argc, char** argv) {
     plan = MakePlan(cfg, bin_dir, host, env);
   }
   if (print_config) {
-    std::cout << config::FormatConfig(cfg);
-    if (plan.ok()) {
-      std::cout << "# plan: " << plan->nproc_per_node << " " << plan->device_kind
-                << " worker(s) on this machine, "
-                << (multi_node ? "rendezvous at " + plan->master_addr + ":" +
-                                     std::to_string(plan->master_port) +
-                                     " (the workers' MASTER_ADDR/MASTER_PORT: node 0's address "
-                                     "and a free port there, from the rendezvous), run id " +
-                                     plan->run_id
-                               : "MASTER_ADDR=" + plan->master_addr +
-                                     " MASTER_PORT=" + std::to_string(plan->master_port))
-                << "\n# command: " << Join(plan->argv, " ") << "\n";
-    } else {
-      std::cout << "# plan: not runnable as is: " << plan.status().message() << "\n";
-    }
+    std::cout << config::FormatConfig(cfg) << PlanSummary(plan, multi_node);
     return kExitOk;
   }
   if (!plan.ok()) {
@@ -573,50 +627,16 @@ int Main(int argc, char** argv) {
     }
   }
 
-  agent::AgentOptions opts;
-  agent::WorkerGroupSpec& g = opts.group;
-  g.argv = plan->argv;
-  for (const auto& [k, v] : env) {
-    // The rendezvous secret is the agents' business: not in every worker's environment, where
-    // experiment trackers and crash dumps would record it.
-    if (k == "LAUNCH_RDZV_TOKEN" || k == "PET_RDZV_TOKEN") continue;
-    g.base_env.push_back(k + "=" + v);
-  }
-  g.extra_env = plan->extra_env;
+  agent::AgentOptions opts = MakeAgentOptions(cfg, *plan, env, bin_dir);
   // Where the kernel allows it, the job's processes live in a cgroup that is killed as a whole
   // (agent/cgroup.h); otherwise the shims' subreapers alone keep the process tree in check.
   std::string no_cgroup;
   std::unique_ptr<agent::JobCgroup> cgroup = agent::JobCgroup::Create(&no_cgroup);
-  if (cgroup) g.extra_env[agent::kJobCgroupEnv] = cgroup->path();  // `launch env` says which
-  g.local_world_size = plan->nproc_per_node;
-  g.world_size = plan->nproc_per_node;
-  g.rank_offset = 0;
-  g.group_rank = 0;
-  g.group_world_size = 1;
-  g.role = cfg.role;
-  g.master_addr = plan->master_addr;
-  g.master_port = plan->master_port;
-  g.run_id = plan->run_id;
-  g.exec_shim = bin_dir + "/launch-exec";
-  g.file_streams = plan->file_streams;
-  g.console_streams = plan->console_streams;
-  g.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.stop_grace_s * 1000));
-  g.virtual_local_rank = cfg.virtual_local_rank;
-  g.node_view.local_rank = cfg.task_layout.local_rank;
-  g.node_view.local_world_size = cfg.task_layout.local_world_size;
-  g.node_view.node_rank = cfg.task_layout.node_rank;
-  g.node_view.num_nodes = cfg.task_layout.num_nodes;
-  g.gpu_workers = plan->device_kind == "gpu";
-  opts.max_restarts = cfg.max_restarts;
-  if (!plan->private_log_parent.empty()) {
-    std::vector<char> templ(plan->private_log_parent.begin(), plan->private_log_parent.end());
-    templ.push_back('\0');
-    if (::mkdtemp(templ.data()) == nullptr) {
-      std::fprintf(stderr, "launch: error: cannot create a log directory %s: %s\n",
-                   plan->private_log_parent.c_str(), std::strerror(errno));
-      return kExitUsage;
-    }
-    plan->log_root = std::string(templ.data()) + "/" + plan->run_id;
+  if (cgroup) opts.group.extra_env[agent::kJobCgroupEnv] = cgroup->path();  // `launch env` says
+  Status logs = MakePrivateLogRoot(&*plan);
+  if (!logs.ok()) {
+    std::fprintf(stderr, "launch: error: %s\n", logs.message().c_str());
+    return kExitUsage;
   }
   opts.log_root = plan->log_root;
   if (!plan->log_root.empty())

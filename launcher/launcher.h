@@ -34,10 +34,22 @@ struct Plan {
   std::string effective_config;
 };
 
-// Parses argv into `cfg` (config file, environment, flags, validation). Returns InvalidConfig on
-// any bad input. `print_config` is set when --print_config was given.
-Status ParseCommandLine(const std::vector<std::string>& args, config::LaunchConfig* cfg,
-                        bool* print_config, bool* exit_now);
+// What a command line asks for: the merged configuration (config file, environment, flags,
+// validated) and what to do with it.
+struct CommandLine {
+  enum class Action {
+    kLaunch,       // start the job
+    kPrintConfig,  // --print_config: print the effective configuration and the plan
+    kPrint,        // --help, --version: print `text` and exit 0
+  };
+  Action action = Action::kLaunch;
+  config::LaunchConfig cfg;
+  std::string text;
+};
+
+// Parses `launch`'s arguments (without the program name and without a subcommand).
+// InvalidConfig on any bad input, naming the flag, variable or file:line.
+StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args);
 
 // Resolves worker count, program, ports and log layout for a single node, from the merged
 // config, this machine's facts (base/host.h) and the environment the workers will inherit

@@ -18,7 +18,13 @@ Parsed Parse(std::vector<std::string> args) {
   // Never pick up the user's ~/.config/launch/default_config.yaml.
   setenv("XDG_CONFIG_HOME", "/nonexistent/launch-test", 1);
   Parsed p;
-  p.status = ParseCommandLine(args, &p.cfg, &p.print, &p.exit_now);
+  StatusOr<CommandLine> cl = ParseCommandLine(args);
+  p.status = cl.status();
+  if (cl.ok()) {
+    p.cfg = cl->cfg;
+    p.print = cl->action == CommandLine::Action::kPrintConfig;
+    p.exit_now = cl->action == CommandLine::Action::kPrint;
+  }
   return p;
 }
 

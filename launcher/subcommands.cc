@@ -17,12 +17,9 @@ namespace launch::launcher {
 
 const std::vector<Subcommand>& Subcommands() {
   static const std::vector<Subcommand> table = {
-      {"config", "write a config interactively, or `config default` (accelerate config)",
-       RunConfigCommand},
-      {"env", "report this machine, LibTorch and the config in effect (accelerate env)",
-       RunEnvCommand},
-      {"rdzv-server", "a standalone rendezvous server for jobs no node should host",
-       RunRendezvousServerCommand},
+      {"config", "write a config: questions, or `default` (accelerate config)", RunConfigCommand},
+      {"env", "this machine, LibTorch, the config in effect (accelerate env)", RunEnvCommand},
+      {"rdzv-server", "a standalone rendezvous server", RunRendezvousServerCommand},
   };
   return table;
 }
@@ -65,14 +62,18 @@ int RunRendezvousServerCommand(const std::vector<std::string>& args) {
       "launch rdzv-server: a standalone rendezvous server, for jobs where no node should "
       "host it. Runs until SIGINT/SIGTERM, serving one job after another.",
       "launch rdzv-server"};
+  options.port = -1;
   app.add_option("--port", options.port, "TCP port to listen on (0 = any free port, printed)")
-      ->required()
       ->check(CLI::Range(0, 65535));
   app.add_option("--host", options.host, "address to listen on ('::' for IPv6)")
       ->capture_default_str();
   app.add_option("--token", argv_token, "shared rendezvous secret (default: $LAUNCH_RDZV_TOKEN)");
   app.add_flag("--quiet", quiet, "do not log rendezvous events");
   if (int rc = ParseSubcommandArgs(app, "rdzv-server", args); rc >= 0) return rc;
+  if (options.port < 0) {
+    std::cerr << "launch rdzv-server: --port is required (see launch rdzv-server --help)\n";
+    return kExitUsage;
+  }
   if (!argv_token.empty()) {
     options.token = argv_token;
     std::cerr << "launch rdzv-server: warning: --token on the command line is visible to every "
