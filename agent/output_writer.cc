@@ -6,17 +6,16 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <condition_variable>
 #include <csignal>
 #include <cstdlib>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "base/log.h"
+#include "base/mutex.h"
 
 namespace launch::agent {
 
@@ -61,31 +60,32 @@ struct OutputWriter::State {
     uint64_t dropped = 0;  // Offer()s dropped since the last notice
   };
 
-  Limits limits;
-  mutable std::mutex mu;
-  std::condition_variable work;  // chunks queued, a sink to close, or stop
-  std::condition_variable idle;  // a write finished (Flush)
-  std::deque<SinkState> sinks;   // a deque: references stay valid while sinks are added
-  std::map<int, std::function<void()>> waiters;
-  int next_waiter = 0;
-  size_t next_sink = 0;  // round robin among sinks with chunks
-  bool stop = false;
+  Limits limits;  // set before the thread starts, then read only
+  mutable Mutex mu;
+  CondVar work{&mu};  // chunks queued, a sink to close, or stop
+  CondVar idle{&mu};  // a write finished (Flush)
+  // A deque: references stay valid while sinks are added.
+  std::deque<SinkState> sinks GUARDED_BY(mu);
+  std::map<int, std::function<void()>> waiters GUARDED_BY(mu);
+  int next_waiter GUARDED_BY(mu) = 0;
+  size_t next_sink GUARDED_BY(mu) = 0;  // round robin among sinks with chunks
+  bool stop GUARDED_BY(mu) = false;
   std::thread thread;
 
-  size_t Backlog() const {
+  size_t Backlog() const REQUIRES(mu) {
     size_t total = 0;
     for (const SinkState& k : sinks) total += k.queued;
     return total;
   }
 
-  void Discard(SinkState& k) {
+  void Discard(SinkState& k) REQUIRES(mu) {
     for (const std::string& c : k.chunks) k.queued -= c.size();
     k.chunks.clear();
     k.done = k.end - k.queued;  // what remains queued is the chunk in flight, if any
   }
 
   // The next sink with work for the thread, or -1.
-  int NextReady() {
+  int NextReady() REQUIRES(mu) {
     for (size_t n = 0; n < sinks.size(); ++n) {
       size_t i = (next_sink + n) % sinks.size();
       SinkState& k = sinks[i];
@@ -97,31 +97,31 @@ struct OutputWriter::State {
     return -1;
   }
 
-  void Run() {
-    std::unique_lock<std::mutex> lock(mu);
+  void Run() EXCLUDES(mu) {
+    MutexLock lock(&mu);
     while (!stop) {
       int i = NextReady();
       if (i < 0) {
-        idle.notify_all();
-        work.wait(lock);
+        idle.NotifyAll();
+        work.Wait();
         continue;
       }
       SinkState& k = sinks[i];
       if (k.chunks.empty()) {  // closing, and everything it held is written
         k.closed = true;
         int fd = k.owns_fd ? k.fd : -1;
-        lock.unlock();
+        lock.Unlock();
         if (fd >= 0) ::close(fd);  // may block (NFS flushes on close): not under the lock
-        lock.lock();
+        lock.Lock();
         continue;
       }
       std::string chunk = std::move(k.chunks.front());
       k.chunks.pop_front();
       k.in_flight = true;
       const int fd = k.fd;
-      lock.unlock();
+      lock.Unlock();
       const int error = WriteFully(fd, chunk);
-      lock.lock();
+      lock.Lock();
       k.in_flight = false;
       k.queued -= chunk.size();
       k.done += chunk.size();
@@ -140,13 +140,13 @@ struct OutputWriter::State {
       }
       if (k.queued <= limits.low_water || k.broken)
         for (auto& [id, fn] : waiters) fn();
-      idle.notify_all();
+      idle.NotifyAll();
     }
     for (SinkState& k : sinks) {
       if (k.owns_fd && !k.closed) ::close(k.fd);
       k.closed = true;
     }
-    idle.notify_all();
+    idle.NotifyAll();
   }
 };
 
@@ -171,7 +171,7 @@ OutputWriter::OutputWriter(Limits limits) : state_(std::make_shared<State>()) {
 OutputWriter::~OutputWriter() {
   bool writing = false;
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     state_->stop = true;
     state_->waiters.clear();
     for (State::SinkState& k : state_->sinks) {
@@ -179,7 +179,7 @@ OutputWriter::~OutputWriter() {
       writing = writing || k.in_flight;
     }
   }
-  state_->work.notify_all();
+  state_->work.NotifyAll();
   // A write in progress may never return (a reader that never reads again): the thread keeps
   // the state alive, ends that write, closes what it owns and exits on its own.
   if (writing) {
@@ -190,7 +190,7 @@ OutputWriter::~OutputWriter() {
 }
 
 OutputWriter::Sink OutputWriter::AddSink(int fd, bool owns_fd) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   State::SinkState& k = state_->sinks.emplace_back();
   k.fd = fd;
   k.owns_fd = owns_fd;
@@ -198,7 +198,7 @@ OutputWriter::Sink OutputWriter::AddSink(int fd, bool owns_fd) {
 }
 
 uint64_t OutputWriter::Write(Sink sink, std::string bytes) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   State::SinkState& k = state_->sinks.at(sink);
   k.end += bytes.size();
   if (k.broken || k.closing || state_->stop || bytes.empty()) {
@@ -207,13 +207,13 @@ uint64_t OutputWriter::Write(Sink sink, std::string bytes) {
   }
   k.queued += bytes.size();
   k.chunks.push_back(std::move(bytes));
-  state_->work.notify_one();
+  state_->work.NotifyOne();
   return k.end;
 }
 
 bool OutputWriter::Offer(Sink sink, std::string bytes) {
   {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    MutexLock lock(&state_->mu);
     State::SinkState& k = state_->sinks.at(sink);
     if (k.broken || k.closing) return false;
     if (k.queued >= state_->limits.drop_above) {
@@ -226,42 +226,44 @@ bool OutputWriter::Offer(Sink sink, std::string bytes) {
 }
 
 void OutputWriter::CloseSink(Sink sink) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   state_->sinks.at(sink).closing = true;
-  state_->work.notify_one();
+  state_->work.NotifyOne();
 }
 
 bool OutputWriter::Full(Sink sink) const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   const State::SinkState& k = state_->sinks.at(sink);
   return !k.broken && k.queued >= state_->limits.high_water;
 }
 
 uint64_t OutputWriter::Done(Sink sink) const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->sinks.at(sink).done;
 }
 
 size_t OutputWriter::Backlog() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   return state_->Backlog();
 }
 
 int OutputWriter::AddWaiter(std::function<void()> fn) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   int id = state_->next_waiter++;
   state_->waiters.emplace(id, std::move(fn));
   return id;
 }
 
 void OutputWriter::RemoveWaiter(int id) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  MutexLock lock(&state_->mu);
   state_->waiters.erase(id);
 }
 
 size_t OutputWriter::Flush(std::chrono::steady_clock::time_point deadline) {
-  std::unique_lock<std::mutex> lock(state_->mu);
-  state_->idle.wait_until(lock, deadline, [&] { return state_->Backlog() == 0 || state_->stop; });
+  MutexLock lock(&state_->mu);
+  // Called by WaitUntil with the mutex held.
+  state_->idle.WaitUntil(
+      deadline, [&]() NO_THREAD_SAFETY_ANALYSIS { return state_->Backlog() == 0 || state_->stop; });
   return state_->Backlog();
 }
 
@@ -277,8 +279,8 @@ struct ConsoleEntry {
 // Console writers live as long as the process (a worker group, a restart and a log line all
 // outlive each other's use of them); their threads end with it.
 struct ConsoleRegistry {
-  std::mutex mu;
-  std::vector<ConsoleEntry> entries;
+  Mutex mu;
+  std::vector<ConsoleEntry> entries GUARDED_BY(mu);
 };
 
 ConsoleRegistry& Consoles() {
@@ -294,7 +296,7 @@ bool SameFile(int fd, dev_t dev, ino_t ino) {
 void FlushConsolesAtExit() {
   std::vector<ConsoleSink> consoles;
   {
-    std::lock_guard<std::mutex> lock(Consoles().mu);
+    MutexLock lock(&Consoles().mu);
     for (const ConsoleEntry& e : Consoles().entries) consoles.push_back(e.console);
   }
   const auto deadline = std::chrono::steady_clock::now() + kExitFlushLimit;
@@ -319,7 +321,7 @@ std::optional<ConsoleSink> ConsoleWriterFor(int fd) {
   struct stat st;
   if (fd < 0 || ::fstat(fd, &st) != 0) return std::nullopt;
   ConsoleRegistry& registry = Consoles();
-  std::lock_guard<std::mutex> lock(registry.mu);
+  MutexLock lock(&registry.mu);
   for (const ConsoleEntry& e : registry.entries) {
     // The descriptor it writes to must still be that file (a test may have closed it since).
     if (e.dev == st.st_dev && e.ino == st.st_ino && SameFile(e.fd, e.dev, e.ino)) return e.console;
