@@ -36,7 +36,7 @@ int64_t Timeline::Micros(Clock::time_point t) {
 }
 
 void Timeline::Configure(int rank, int64_t from_step, int64_t steps) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   rank_ = rank;
   from_step_ = from_step;
   steps_ = steps;
@@ -45,7 +45,7 @@ void Timeline::Configure(int rank, int64_t from_step, int64_t steps) {
 void Timeline::BeginStep(int64_t step) {
   bool on;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     on = steps_ > 0 && step >= from_step_ && step < from_step_ + steps_;
   }
   recording_.store(on, std::memory_order_relaxed);
@@ -54,20 +54,20 @@ void Timeline::BeginStep(int64_t step) {
 void Timeline::EndStep() { recording_.store(false, std::memory_order_relaxed); }
 
 bool Timeline::has_events() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return !events_.empty();
 }
 
 void Timeline::Span(const char* track, const std::string& name, Clock::time_point start,
                     Clock::time_point end) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   events_.push_back(Event{'X', track, name, Micros(start), Micros(end) - Micros(start), 0});
 }
 
 uint64_t Timeline::BeginAsync(const char* track, const std::string& name) {
   if (!recording()) return 0;
   const int64_t now = Micros(Clock::now());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const uint64_t id = next_id_++;
   events_.push_back(Event{'b', track, name, now, 0, id});
   open_.push_back(Open{id, track, name});
@@ -77,7 +77,7 @@ uint64_t Timeline::BeginAsync(const char* track, const std::string& name) {
 void Timeline::EndAsync(uint64_t id) {
   if (id == 0) return;
   const int64_t now = Micros(Clock::now());
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto it = open_.begin(); it != open_.end(); ++it) {
     if (it->id != id) continue;
     // Ends even after the step: an all-reduce launched in it completes when it completes.
@@ -89,7 +89,7 @@ void Timeline::EndAsync(uint64_t id) {
 
 Status Timeline::WriteRank(const std::string& path) const {
   std::ostringstream os;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const std::string pid = std::to_string(rank_);
   os << "[\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" << pid
      << ",\"args\":{\"name\":\"rank " << pid << "\"}},\n"

@@ -21,10 +21,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace launch::trainer {
@@ -90,10 +90,10 @@ class Timeline {
   std::atomic<bool> recording_{false};
   int rank_ = 0;
   int64_t from_step_ = 1, steps_ = 0;
-  mutable std::mutex mu_;
-  std::vector<Event> events_;
-  std::vector<Open> open_;
-  uint64_t next_id_ = 1;
+  mutable Mutex mu_;
+  std::vector<Event> events_ GUARDED_BY(mu_);
+  std::vector<Open> open_ GUARDED_BY(mu_);
+  uint64_t next_id_ GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace launch::trainer
