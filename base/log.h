@@ -3,8 +3,7 @@
 // The launcher's own messages ("[launch] ..."), on stderr, coloured by level on a terminal.
 // Workers' output never goes through here (the agent multiplexes it line by line).
 //
-// Thread-safety: none; every caller runs on the agent's one thread (spdlog's single-threaded
-// logger), SetSink included.
+// Thread-safety: none; every caller runs on the agent's one thread, SetSink included.
 
 #include <functional>
 #include <string>
