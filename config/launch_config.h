@@ -1,6 +1,6 @@
 #pragma once
 
-// The job description: one plain struct tree, filled in exactly one place (config/loader.cc)
+// The job description: one plain struct tree, filled in exactly one place (config/loader.h)
 // from defaults, the YAML file, the environment and command-line flags, in that order of
 // increasing precedence:   flag > environment > YAML > default.
 //
