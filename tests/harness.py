@@ -2,7 +2,9 @@
 hard timeout, and checking the process table for leftovers."""
 
 import os
+import random
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +21,37 @@ _ISOLATED_CONFIG_HOME = tempfile.mkdtemp(prefix="launch-test-xdg-")
 os.environ.setdefault("XDG_CONFIG_HOME", _ISOLATED_CONFIG_HOME)
 # ... nor accelerate's (launch falls back to $HF_HOME/accelerate/default_config.yaml).
 os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="launch-test-hf-"))
+
+
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_ports = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
+def free_port():
+    """A port that is free now and that no outgoing connection can take before the test binds
+    it: outside the kernel's ephemeral range. (Binding port 0 returns one from inside that range,
+    and any connect() on the machine, a Gloo pair of the previous run say, may be given the same
+    port in between: "Address already in use" at the store's bind.)"""
+    lo, hi = _ephemeral_range()
+    span = (20000, lo) if lo > 21000 else (hi + 1, 65536)
+    for _ in range(1000):
+        port = _ports.randrange(*span)
+        try:
+            for family, addr in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+                with socket.socket(family) as s:
+                    s.bind((addr, port))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError(f"no free port in {span}")
 
 
 def run(args, timeout=120, env=None, cwd=None, input=None):

@@ -12,14 +12,13 @@ import fcntl
 import os
 import re
 import signal
-import socket
 import subprocess
 import termios
 import threading
 import time
 import unittest
 
-from harness import LAUNCH, SYSTEM_PYTHON, tmpdir, wait_until
+from harness import LAUNCH, SYSTEM_PYTHON, free_port, tmpdir, wait_until
 
 BIG = 5 << 20  # one line of 5 MiB without a newline per rank (leaves launch in 1 MiB pieces)
 PROGRESS = 2000  # '\r'-terminated redraws per rank
@@ -48,10 +47,6 @@ RECORD = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 PREFIXED = re.compile(rb"\[rank (\d+)\]: (.*?)([\r\n]+)$", re.S)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vm_rss_kib(pid):

@@ -18,10 +18,7 @@ from tcp_proxy import TcpProxy  # noqa: E402
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = harness.free_port  # outside the ephemeral range (tests/harness.py)
 
 
 class Node:

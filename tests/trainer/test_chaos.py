@@ -15,7 +15,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import time
 import unittest
@@ -41,10 +40,7 @@ train:
 WORKERS = (1, 2, 1)  # per stand-in node: world size 4
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = harness.free_port  # outside the ephemeral range (tests/harness.py)
 
 
 def is_worker(pid):

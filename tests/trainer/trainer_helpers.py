@@ -5,7 +5,6 @@ metrics.jsonl / final.json / parameter dumps; write tiny MNIST-format (IDX) data
 import json
 import os
 import random
-import socket
 import struct
 import subprocess
 import sys
@@ -18,10 +17,7 @@ TRAIN = harness.TRAIN
 LAUNCH = harness.LAUNCH
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = harness.free_port  # outside the ephemeral range (tests/harness.py)
 
 
 def write_config(directory, text, name="cfg.yaml"):
