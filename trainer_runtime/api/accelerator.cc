@@ -17,6 +17,7 @@
 #include "base/strings.h"
 #include "config/train_keys.h"
 #include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/comm/torch_compat.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/parallel/pipeline_engine.h"
 #include "trainer_runtime/parallel/strategy.h"
@@ -375,7 +376,7 @@ torch::Tensor& Accelerator::AllReduceSum(torch::Tensor& t) {
   ShmAllReduce* shm = pg_ ? pg_->shm() : nullptr;
   if (shm && ShmAllReduce::Supports({t}, c10d::AllreduceOptions())) {
     const Status status = shm->AllReduceNow(t);
-    if (!status.ok()) throw c10::Error(status.ToString(), "");
+    if (!status.ok()) throw compat::MakeError(status.ToString());
     return t;
   }
   if (c10d::ProcessGroup* pg = control()) {

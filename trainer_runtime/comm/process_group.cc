@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 
 #include "base/strings.h"
+#include "trainer_runtime/comm/torch_compat.h"
 #include "trainer_runtime/util/timeline.h"
 
 namespace launch::trainer {
@@ -134,12 +136,44 @@ std::vector<CountingProcessGroup::Clock::time_point> CountingProcessGroup::TakeL
   return out;
 }
 
+namespace {
+
+// Gloo worker threads per group: 2 (PyTorch's choice), or LAUNCH_GLOO_THREADS.
+int GlooThreads() {
+  // Gloo's worker threads run the collectives. PyTorch uses 2; LAUNCH_GLOO_THREADS overrides
+  // (on a 2-core machine with 2 ranks, fewer threads can mean fewer context switches).
+  if (const char* t = std::getenv("LAUNCH_GLOO_THREADS")) {
+    long long n = 0;
+    if (ParseInt64(t, &n) && n >= 1 && n <= 64) return static_cast<int>(n);
+  }
+  return 2;
+}
+
 std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr) {
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
   if (ifname && *ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
   if (IsLoopbackHost(master_addr))
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+int CudaDeviceOf(const DistEnv& env) {
+  if (!compat::HasNccl()) return -1;
+  const int count = static_cast<int>(torch::cuda::device_count());
+  return env.local_rank < count ? env.local_rank : -1;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                int rank, int size, const DistEnv& env,
+                                                std::chrono::milliseconds timeout) {
+  compat::GroupOptions options;
+  options.timeout = timeout;
+  options.gloo_device = GlooDevice(env.master_addr);
+  options.gloo_threads = GlooThreads();
+  options.cuda_device = CudaDeviceOf(env);
+  return compat::NewProcessGroup(store, rank, size, options);
 }
 
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
@@ -165,15 +199,12 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
                            " could not reach the process-group store at " + where + " within " +
                            seconds + " (is MASTER_ADDR right and rank 0 running?): " + e.what());
   }
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo;
+  c10::intrusive_ptr<c10d::ProcessGroup> gloo;
   try {
     // A prefix per restart keeps keys of an earlier attempt from confusing this one.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         "launch_pg/" + std::to_string(env.restart_count), store);
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(GlooDevice(env.master_addr));
-    options->threads = GlooThreads();
-    gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, options);
+    gloo = NewGroup(prefixed, env.rank, env.world_size, env, timeout);
   } catch (const std::exception& e) {
     return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group of " +
                            std::to_string(env.world_size) + " ranks via store " + where +
@@ -198,16 +229,6 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
   auto pg = c10::make_intrusive<CountingProcessGroup>(gloo, std::move(shm.shm), std::move(p2p));
   if (!pg->shm()) pg->set_allreduce_transport("Gloo (" + shm.reason + ")");
   return pg;
-}
-
-int GlooThreads() {
-  // Gloo's worker threads run the collectives. PyTorch uses 2; LAUNCH_GLOO_THREADS overrides
-  // (on a 2-core machine with 2 ranks, fewer threads can mean fewer context switches).
-  if (const char* t = std::getenv("LAUNCH_GLOO_THREADS")) {
-    long long n = 0;
-    if (ParseInt64(t, &n) && n >= 1 && n <= 64) return static_cast<int>(n);
-  }
-  return 2;
 }
 
 void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensors,

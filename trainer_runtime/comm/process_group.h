@@ -1,8 +1,8 @@
 #pragma once
 
 // The c10d process group the workers communicate through, built from DistEnv: a TCPStore at
-// MASTER_ADDR:MASTER_PORT (rank 0 hosts it) and ProcessGroupGloo on CPU (ProcessGroupNCCL is
-// compiled in only when LibTorch has CUDA; it does not here).
+// MASTER_ADDR:MASTER_PORT (rank 0 hosts it) and ProcessGroupGloo for CPU tensors (plus
+// ProcessGroupNCCL for CUDA tensors when LibTorch has CUDA: torch_compat.h).
 //
 // CountingProcessGroup wraps the real group and forwards every collective the trainer uses,
 // counting all-reduces and recording when each was launched. The DDP Reducer talks to the
@@ -33,10 +33,6 @@
 #include "trainer_runtime/comm/shm_allreduce.h"
 #include "trainer_runtime/comm/shm_p2p.h"
 #include "trainer_runtime/util/env.h"
-
-namespace gloo::transport {
-class Device;
-}  // namespace gloo::transport
 
 namespace launch::trainer {
 
@@ -107,10 +103,19 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   std::vector<Clock::time_point> launch_times_;
 };
 
-// The Gloo transport device for a group whose store is at `master_addr`: the interface named by
-// GLOO_SOCKET_IFNAME when set, 127.0.0.1 when the master is a loopback address, Gloo's default
-// device otherwise. Every group a worker builds (the job's, a pipeline stage's) picks it alike.
-std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr);
+// A process group of `size` ranks over `store` (Gloo for CPU tensors; NCCL for CUDA tensors when
+// LibTorch has it and this rank has a GPU: torch_compat.h). Gloo's transport device is the
+// interface named by GLOO_SOCKET_IFNAME when set, 127.0.0.1 when the master is a loopback
+// address, Gloo's default device otherwise; its worker threads GlooThreads(). Every group a
+// worker builds (the job's, a pipeline stage's) is made here, alike. Blocks until all ranks
+// joined; throws what the backend throws when they do not.
+// The CUDA device this worker uses: its LOCAL_RANK among the visible GPUs (torchrun's
+// contract), or -1 when LibTorch has no CUDA/NCCL or the machine has no such GPU.
+int CudaDeviceOf(const DistEnv& env);
+
+c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                int rank, int size, const DistEnv& env,
+                                                std::chrono::milliseconds timeout);
 
 // Sum-all-reduces `tensors` in place over `pg`, then divides them by `divisor`: one flat
 // all-reduce per dtype (Gloo's per-call latency dominates small tensors; a model may mix
@@ -123,10 +128,6 @@ void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensor
 // their total size allows (c10d::broadcast_coalesced; mixed dtypes are fine). COLLECTIVE.
 void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
                         std::vector<at::Tensor> tensors);
-
-// Gloo worker threads per group: 2 (PyTorch's choice), or LAUNCH_GLOO_THREADS. Every group a
-// worker builds uses it.
-int GlooThreads();
 
 // Connects to (rank 0: hosts) the store and builds the Gloo group; waits at most `timeout`
 // for all ranks. Then sets up the shared-memory all-reduce when every rank is on this host and

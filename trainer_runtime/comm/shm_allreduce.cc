@@ -23,6 +23,7 @@
 #include <c10/util/BFloat16.h>
 
 #include "trainer_runtime/comm/shm_common.h"
+#include "trainer_runtime/comm/torch_compat.h"
 
 namespace launch::trainer {
 
@@ -310,8 +311,8 @@ ShmAllReduce::~ShmAllReduce() {
   FutexWakeAll(&header()->wake_seq);
   if (worker_.joinable()) worker_.join();
   for (Op& op : queue_) {
-    op.future->setError(std::make_exception_ptr(
-        c10::Error("shared-memory all-reduce shut down before this operation ran", "")));
+    op.future->setError(
+        compat::ErrorPtr("shared-memory all-reduce shut down before this operation ran"));
   }
   queue_.clear();
   for (int fd : pidfds_)
@@ -324,8 +325,7 @@ c10::intrusive_ptr<c10d::Work> ShmAllReduce::AllReduceAsync(const at::Tensor& te
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) {
-      future->setError(
-          std::make_exception_ptr(c10::Error("shared-memory all-reduce used after shut down", "")));
+      future->setError(compat::ErrorPtr("shared-memory all-reduce used after shut down"));
     } else {
       queue_.push_back(Op{tensor, future});
     }

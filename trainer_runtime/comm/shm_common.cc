@@ -1,4 +1,5 @@
 #include "trainer_runtime/comm/shm_common.h"
+#include "trainer_runtime/comm/torch_compat.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -120,7 +121,7 @@ void Complete(c10::ivalue::Future& future, const Status& status, const at::Tenso
   if (status.ok()) {
     future.markCompleted(c10::IValue(std::vector<at::Tensor>{tensor}));
   } else {
-    future.setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
+    future.setError(compat::ErrorPtr(status.ToString()));
   }
 }
 

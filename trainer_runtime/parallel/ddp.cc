@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "base/strings.h"
+#include "trainer_runtime/comm/torch_compat.h"
 #include "trainer_runtime/util/timeline.h"
 
 namespace launch::trainer {
@@ -91,7 +92,7 @@ class AverageHook : public c10d::CommHookInterface {
     if (status.ok()) {
       future->markCompleted(c10::IValue(buffer));
     } else {
-      future->setError(std::make_exception_ptr(c10::Error(status.ToString(), "")));
+      future->setError(compat::ErrorPtr(status.ToString()));
     }
     return future;
   }
@@ -116,7 +117,7 @@ class Bf16CompressHook : public c10d::CommHookInterface {
     return pg_->allreduce(tensors, c10d::AllreduceOptions())
         ->getFuture()
         ->then(
-            [buffer, compressed](c10::ivalue::Future& done) mutable {
+            [buffer, compressed](c10::ivalue::Future& done) {
               // then() runs this even when the all-reduce failed: keep its error.
               if (done.hasError()) std::rethrow_exception(done.exception_ptr());
               buffer.copy_(compressed);

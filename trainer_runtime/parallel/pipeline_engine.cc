@@ -2,7 +2,6 @@
 
 #include <sys/resource.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cmath>
@@ -42,11 +41,8 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateStageGroup(
     auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         "launch_pp/" + std::to_string(env.restart_count) + "/stage" + std::to_string(stage), store);
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-    options->devices.push_back(GlooDevice(env.master_addr));
-    options->threads = GlooThreads();
-    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, replica, replicas, options);
-    return c10::make_intrusive<CountingProcessGroup>(gloo);
+    return c10::make_intrusive<CountingProcessGroup>(
+        NewGroup(prefixed, replica, replicas, env, timeout));
   } catch (const std::exception& e) {
     return Status::Timeout("rank " + std::to_string(env.rank) +
                            ": the data-parallel group of stage " + std::to_string(stage) + " (" +

@@ -1,0 +1,65 @@
+#include "trainer_runtime/comm/torch_compat.h"
+
+#include <utility>
+
+#include <torch/csrc/api/include/torch/version.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#if defined(USE_C10D_NCCL)
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace launch::trainer::compat {
+
+std::string LibTorchVersion() { return TORCH_VERSION; }
+
+c10::Error MakeError(std::string message) {
+#if TORCH_VERSION_MAJOR >= 2
+  return c10::Error(std::move(message), /*backtrace=*/nullptr);
+#else
+  return c10::Error(std::move(message), /*backtrace=*/"");
+#endif
+}
+
+std::exception_ptr ErrorPtr(std::string message) {
+  return std::make_exception_ptr(MakeError(std::move(message)));
+}
+
+bool HasNccl() {
+#if defined(USE_C10D_NCCL) && TORCH_VERSION_MAJOR >= 2
+  return true;
+#else
+  return false;
+#endif
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> NewProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       int rank, int size,
+                                                       const GroupOptions& options) {
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  if (options.gloo_device) gloo_options->devices.push_back(options.gloo_device);
+  gloo_options->threads = options.gloo_threads;
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
+#if TORCH_VERSION_MAJOR >= 2
+  // torch.distributed's init_process_group(backend="cpu:gloo,cuda:nccl") in C++: one group
+  // whose collectives dispatch on the tensors' device to the backend registered for it.
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+#if defined(USE_C10D_NCCL)
+  if (options.cuda_device >= 0) {
+    auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+    nccl_options->timeout = options.timeout;
+    // NCCL keys its own rendezvous off the store too; a prefix keeps it apart from Gloo's.
+    auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
+    auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(nccl_store, rank, size, nccl_options);
+    group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+  }
+#endif
+  return group;
+#else
+  return gloo;
+#endif
+}
+
+}  // namespace launch::trainer::compat

@@ -1,0 +1,58 @@
+#pragma once
+
+// The one place where the LibTorch versions the trainer builds against differ: Debian 12's 1.13
+// and 2.x (Debian 13's 2.6, pytorch.org's and pip's LibTorch). Code elsewhere in
+// trainer_runtime calls these and never tests TORCH_VERSION_* itself.
+//
+// What changed between them, as far as the trainer sees it:
+//   - c10::Error's (message, backtrace) constructor: the backtrace was a string in 1.13 and is a
+//     lazily computed value since 2.0. MakeError builds one without a backtrace in both.
+//   - ProcessGroupGloo was a c10d::ProcessGroup in 1.13. Since 2.0 it is a c10d::Backend that a
+//     c10d::ProcessGroup dispatches to by the tensors' device; NewProcessGroup registers it for
+//     CPU tensors (and ProcessGroupNCCL for CUDA tensors where LibTorch has it), the way
+//     torch.distributed does for backend="cpu:gloo,cuda:nccl".
+//
+// Internal to trainer_runtime (includes LibTorch).
+
+#include <chrono>
+#include <exception>
+#include <string>
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+namespace gloo::transport {
+class Device;
+}  // namespace gloo::transport
+
+namespace launch::trainer::compat {
+
+// The LibTorch the trainer was compiled against, e.g. "2.6.0".
+std::string LibTorchVersion();
+
+// A c10::Error whose what() is `message` alone (no backtrace, no source location).
+c10::Error MakeError(std::string message);
+// The same as an exception_ptr, for Future::setError.
+std::exception_ptr ErrorPtr(std::string message);
+
+// True when this LibTorch was built with ProcessGroupNCCL (a CUDA LibTorch); NewProcessGroup
+// then also serves CUDA tensors through NCCL.
+bool HasNccl();
+
+struct GroupOptions {
+  std::chrono::milliseconds timeout{300000};
+  std::shared_ptr<::gloo::transport::Device> gloo_device;
+  int gloo_threads = 2;
+  // The CUDA device this rank uses for NCCL (its local rank); ignored without NCCL.
+  int cuda_device = -1;
+};
+
+// A process group of `size` ranks over `store`: Gloo for CPU tensors and, where HasNccl() and
+// `options.cuda_device` >= 0, NCCL for CUDA tensors. Blocks until every rank has joined (Gloo's
+// rendezvous through the store); throws what the backend throws when they do not.
+c10::intrusive_ptr<c10d::ProcessGroup> NewProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       int rank, int size,
+                                                       const GroupOptions& options);
+
+}  // namespace launch::trainer::compat
