@@ -39,10 +39,10 @@ TEST_CASE("AutocastScopeRunsLinearInBfloat16AndRestoresOnExit") {
       AutocastScope inner(true);  // nests
       CHECK((linear(x).scalar_type() == torch::kBFloat16));
     }
-    CHECK(at::autocast::is_cpu_enabled());  // the inner scope left the outer one on
+    CHECK(compat::CpuAutocastEnabled());  // the inner scope left the outer one on
     loss = y.to(torch::kFloat).pow(2).mean();
   }
-  CHECK_FALSE(at::autocast::is_cpu_enabled());
+  CHECK_FALSE(compat::CpuAutocastEnabled());
   CHECK((linear(x).scalar_type() == torch::kFloat));
   loss.backward();
   // Master weights and their gradients stay float32.

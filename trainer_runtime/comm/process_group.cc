@@ -190,7 +190,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
     // constructor only has to connect.
     opts.waitWorkers = false;
     opts.timeout = timeout;
-    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    store = compat::NewTcpStore(env.master_addr, opts);
   } catch (const std::exception& e) {
     if (env.rank == 0 && !env.use_agent_store)
       return Status::IoError("rank 0 could not host the process-group store at " + where +

@@ -25,7 +25,7 @@
 
 #include "trainer_runtime/comm/shm_allreduce.h"
 #include "trainer_runtime/comm/shm_p2p.h"
-
+#include "trainer_runtime/comm/torch_compat.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
 extern char** environ;
@@ -107,7 +107,7 @@ c10::intrusive_ptr<c10d::TCPStore> ConnectStore(int port, bool server, int world
   opts.numWorkers = world;
   opts.waitWorkers = false;
   opts.timeout = std::chrono::seconds(30);
-  return c10::make_intrusive<c10d::TCPStore>("127.0.0.1", opts);
+  return compat::NewTcpStore("127.0.0.1", opts);
 }
 
 bool ShortTimeout(const std::string& scenario) {

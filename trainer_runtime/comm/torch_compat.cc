@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -24,6 +25,30 @@ c10::Error MakeError(std::string message) {
 std::exception_ptr ErrorPtr(std::string message) {
   return std::make_exception_ptr(MakeError(std::move(message)));
 }
+
+c10::intrusive_ptr<c10d::TCPStore> NewTcpStore(const std::string& host,
+                                               c10d::TCPStoreOptions options) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  options.useLibUV = false;
+#endif
+  return c10::make_intrusive<c10d::TCPStore>(host, options);
+}
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+bool CpuAutocastEnabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
+at::ScalarType CpuAutocastDtype() { return at::autocast::get_autocast_dtype(at::kCPU); }
+void SetCpuAutocast(bool enabled, at::ScalarType dtype) {
+  at::autocast::set_autocast_enabled(at::kCPU, enabled);
+  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+}
+#else
+bool CpuAutocastEnabled() { return at::autocast::is_cpu_enabled(); }
+at::ScalarType CpuAutocastDtype() { return at::autocast::get_autocast_cpu_dtype(); }
+void SetCpuAutocast(bool enabled, at::ScalarType dtype) {
+  at::autocast::set_cpu_enabled(enabled);
+  at::autocast::set_autocast_cpu_dtype(dtype);
+}
+#endif
 
 bool HasNccl() {
 #if defined(USE_C10D_NCCL) && TORCH_VERSION_MAJOR >= 2

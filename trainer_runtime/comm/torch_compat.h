@@ -11,6 +11,10 @@
 //     c10d::ProcessGroup dispatches to by the tensors' device; NewProcessGroup registers it for
 //     CPU tensors (and ProcessGroupNCCL for CUDA tensors where LibTorch has it), the way
 //     torch.distributed does for backend="cpu:gloo,cuda:nccl".
+//   - TCPStore's server runs on libuv by default since 2.4, and Debian's LibTorch 2.6 is built
+//     without it (constructing one fails). NewTcpStore keeps the server 1.13 had.
+//   - CPU autocast's accessors take the device type since 2.4 (the CPU-named ones are
+//     deprecated and warn at run time); the Cpu* functions below hide which.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
@@ -21,6 +25,7 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace gloo::transport {
 class Device;
@@ -31,10 +36,20 @@ namespace launch::trainer::compat {
 // The LibTorch the trainer was compiled against, e.g. "2.6.0".
 std::string LibTorchVersion();
 
-// A c10::Error whose what() is `message` alone (no backtrace, no source location).
+// A c10::Error whose msg() is `message` and whose what() is `message` with no backtrace or
+// source location (1.13 appends a newline).
 c10::Error MakeError(std::string message);
 // The same as an exception_ptr, for Future::setError.
 std::exception_ptr ErrorPtr(std::string message);
+
+// A TCPStore client (and server, when `options.isServer`) at `host`, on the classic server.
+c10::intrusive_ptr<c10d::TCPStore> NewTcpStore(const std::string& host,
+                                               c10d::TCPStoreOptions options);
+
+// This thread's CPU autocast state (torch.autocast("cpu")).
+bool CpuAutocastEnabled();
+at::ScalarType CpuAutocastDtype();
+void SetCpuAutocast(bool enabled, at::ScalarType dtype);
 
 // True when this LibTorch was built with ProcessGroupNCCL (a CUDA LibTorch); NewProcessGroup
 // then also serves CUDA tensors through NCCL.

@@ -14,6 +14,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include "trainer_runtime/comm/torch_compat.h"
+
 namespace launch::trainer {
 
 class AutocastScope {
@@ -21,10 +23,9 @@ class AutocastScope {
   // `bf16` false: a scope that does nothing (so callers need no branch).
   explicit AutocastScope(bool bf16) : active_(bf16) {
     if (!active_) return;
-    previous_enabled_ = at::autocast::is_cpu_enabled();
-    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    previous_enabled_ = compat::CpuAutocastEnabled();
+    previous_dtype_ = compat::CpuAutocastDtype();
+    compat::SetCpuAutocast(true, at::kBFloat16);
     at::autocast::increment_nesting();
   }
   ~AutocastScope() {
@@ -32,8 +33,7 @@ class AutocastScope {
     // The cache holds bfloat16 copies of the weights; they are stale once the optimizer steps,
     // so the outermost scope drops them (torch.autocast's __exit__ does the same).
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_cpu_enabled(previous_enabled_);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+    compat::SetCpuAutocast(previous_enabled_, previous_dtype_);
   }
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;

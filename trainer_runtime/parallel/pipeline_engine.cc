@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "trainer_runtime/comm/torch_compat.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/parallel/strategy.h"
 #include "trainer_runtime/util/loop_util.h"
@@ -38,7 +39,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateStageGroup(
     opts.isServer = false;
     opts.waitWorkers = false;
     opts.timeout = timeout;
-    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    auto store = compat::NewTcpStore(env.master_addr, opts);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         "launch_pp/" + std::to_string(env.restart_count) + "/stage" + std::to_string(stage), store);
     return c10::make_intrusive<CountingProcessGroup>(
