@@ -210,6 +210,12 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     }
     for (const auto& [k, v] : spec_.extra_env) env_map[k] = v;
     for (const auto& [k, v] : ContractEnvironment(spec_, local_rank)) env_map[k] = v;
+    // PyTorch 2.x's TCPStore (init_process_group's env://) asks for its libuv server unless
+    // USE_LIBUV=0, and fails at once where PyTorch was built without libuv (Debian 13's 2.6:
+    // torchrun fails there with "use_libuv was requested but PyTorch was build without libuv
+    // support"). The store of a job's workers is small; its classic server is what 1.13 used and
+    // what `train` uses. The user's own setting wins.
+    env_map.emplace("USE_LIBUV", "0");
     if (spec_.virtual_local_rank && spec_.gpu_workers) {
       // The device LOCAL_RANK would have picked, as the only one the worker sees.
       auto visible = env_map.find("CUDA_VISIBLE_DEVICES");

@@ -33,7 +33,8 @@ set(_launch_public_headers
 if(LAUNCH_BUILD_TRAINER)
   # launch::trainer is api/; the folders below it come along as launch::trainer_<folder>.
   list(APPEND _launch_libraries launch_trainer launch_trainer_parallel launch_trainer_state
-       launch_trainer_data launch_trainer_model launch_trainer_comm launch_trainer_util)
+       launch_trainer_data launch_trainer_model launch_trainer_comm launch_trainer_compat
+       launch_trainer_util)
   list(APPEND _launch_programs train)
   list(APPEND _launch_public_headers
     trainer_runtime/api/accelerator.h

@@ -33,15 +33,16 @@ done
 # any folder; no header lives there.
 declare -A inner=(
   [util]="util"
-  [comm]="util comm"
-  [model]="util model"
-  [data]="util data"
-  [state]="util model state"
-  [parallel]="util comm model parallel"
-  [api]="util comm model data state parallel api"
-  [train]="util comm model data state parallel api train"
+  [compat]="compat"
+  [comm]="util compat comm"
+  [model]="util compat model"
+  [data]="util compat data"
+  [state]="util compat model state"
+  [parallel]="util compat comm model parallel"
+  [api]="util compat comm model data state parallel api"
+  [train]="util compat comm model data state parallel api train"
 )
-folders="util comm model data state parallel api train"
+folders="util compat comm model data state parallel api train"
 while IFS= read -r hit; do
   [ -n "$hit" ] || continue
   file=${hit%%:*}
@@ -62,6 +63,11 @@ done < <(grep -rnE '^#include "trainer_runtime/' trainer_runtime tests examples 
 # util/ is the trainer's plain C++: it builds and tests without LibTorch.
 if grep -rnE '#include <(torch|ATen|c10)/' trainer_runtime/util; then
   echo "layering: trainer_runtime/util/ must not include LibTorch"; bad=1
+fi
+# LibTorch's versions differ in one place (compat/torch_compat.h): nothing else tests them.
+if grep -rnE 'TORCH_VERSION_(MAJOR|MINOR)' base config rendezvous agent launcher trainer_runtime \
+     examples --include='*.h' --include='*.cc' | grep -v '^trainer_runtime/compat/'; then
+  echo "layering: only trainer_runtime/compat/ may test LibTorch's version"; bad=1
 fi
 # config/ must stay cheap to include: no LibTorch, no Asio anywhere in it.
 if grep -rnE '#include <(torch|boost|ATen|c10)/' config; then

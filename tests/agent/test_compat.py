@@ -73,8 +73,9 @@ TORCHRUN_REFUSED = {"logs-specs": "LogsSpecs", "numa-binding": "numactl",
 MINIMAL_CONFIG = "distributed_type: MULTI_CPU\nnum_processes: 1\n"
 
 
-def torch_113_flags():
-    """Every option of the installed torchrun (Debian's torch 1.13), from its own parser."""
+def installed_torchrun_flags():
+    """Every option of the installed torchrun (Debian 12's torch 1.13, Debian 13's 2.6), from its
+    own parser."""
     code = ("import json; from torch.distributed.run import get_args_parser as g; "
             "print(json.dumps([[a.option_strings, a.nargs, a.const] for a in g()._actions "
             "if a.option_strings and a.dest != 'help']))")
@@ -86,21 +87,28 @@ class FlagsParse(unittest.TestCase):
     def print_config(self, *args, **kw):
         return launch(*args, "--print_config", "--", "/bin/true", **kw)
 
-    def test_every_torchrun_113_flag_parses(self):
+    def test_every_flag_of_the_installed_torchrun_parses_or_says_why_not(self):
         samples = {"--nnodes": "1", "--nproc_per_node": "1", "--rdzv_conf": "join_timeout=9",
                    "--rdzv_endpoint": "127.0.0.1:29400", "--max_restarts": "0",
                    "--monitor_interval": "5", "--start_method": "spawn", "--redirects": "0",
                    "--tee": "0", "--node_rank": "0", "--master_port": "29500", "--role": "r",
                    "--log_dir": tmpdir(), "--master_addr": "127.0.0.1", "--rdzv_id": "x",
                    "--rdzv_backend": "static"}
-        flags = torch_113_flags()
+        flags = installed_torchrun_flags()
         self.assertGreaterEqual(len(flags), 20)
         for options, nargs, const in flags:
             flag = options[-1] if options[-1].startswith("--") else options[0]
             args = [flag] if nargs == 0 else [flag, samples.get(flag, "1")]
             r = self.print_config(*args)
-            self.assertEqual(r.returncode, 0, f"{args}: {r.stderr}")
             self.assertNotIn("unknown flag", r.stderr)
+            refused = [why for name, why in TORCHRUN_REFUSED.items()
+                       if "--" + name in [o.replace("_", "-") for o in options]]
+            if refused:  # a torchrun 2.x flag launch refuses with its reason
+                self.assertEqual(r.returncode, 2, f"{args}: {r.stderr}")
+                self.assertIn("not supported", r.stderr)
+                self.assertIn(refused[0], r.stderr)
+            else:
+                self.assertEqual(r.returncode, 0, f"{args}: {r.stderr}")
 
     def test_newer_torchrun_flags_parse_or_say_why_not(self):
         for flag, value in TORCHRUN_NEW_FLAGS.items():

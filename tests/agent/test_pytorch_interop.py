@@ -37,6 +37,22 @@ class PyTorchInterop(unittest.TestCase):
         for rank in (0, 1):
             self.assertIn(f"[rank {rank}]: allreduce=3.0 world=2 grads_equal=True", r.stdout)
 
+    def test_tcpstore_server_is_the_classic_one_unless_the_user_chose(self):
+        # PyTorch 2.x's env:// store wants libuv unless USE_LIBUV=0 (Debian 13's PyTorch has none:
+        # the DDP script above fails there without it); a user's own USE_LIBUV is passed as is.
+        d = tmpdir()
+        path = os.path.join(d, "show.py")
+        with open(path, "w") as f:
+            f.write("import os\nprint('USE_LIBUV=' + os.environ.get('USE_LIBUV', '<unset>'))\n")
+        r = launch("--nproc_per_node", "2", "--python", SYSTEM_PYTHON, path,
+                   env={"USE_LIBUV": None})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count("USE_LIBUV=0"), 2, r.stdout)
+        r = launch("--nproc_per_node", "2", "--python", SYSTEM_PYTHON, path,
+                   env={"USE_LIBUV": "1"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.count("USE_LIBUV=1"), 2, r.stdout)
+
 
 if __name__ == "__main__":
     unittest.main()

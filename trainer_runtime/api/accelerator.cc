@@ -17,7 +17,7 @@
 #include "base/strings.h"
 #include "config/train_keys.h"
 #include "trainer_runtime/comm/process_group.h"
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/parallel/pipeline_engine.h"
 #include "trainer_runtime/parallel/strategy.h"

@@ -13,7 +13,7 @@
 #include <cstdlib>
 
 #include "base/strings.h"
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/timeline.h"
 
 namespace launch::trainer {

@@ -23,7 +23,7 @@
 #include <c10/util/BFloat16.h>
 
 #include "trainer_runtime/comm/shm_common.h"
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 
 namespace launch::trainer {
 

@@ -25,7 +25,7 @@
 
 #include "trainer_runtime/comm/shm_allreduce.h"
 #include "trainer_runtime/comm/shm_p2p.h"
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
 extern char** environ;

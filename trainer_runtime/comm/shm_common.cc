@@ -1,5 +1,5 @@
 #include "trainer_runtime/comm/shm_common.h"
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

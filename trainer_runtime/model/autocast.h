@@ -14,7 +14,7 @@
 
 #include <ATen/autocast_mode.h>
 
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 
 namespace launch::trainer {
 

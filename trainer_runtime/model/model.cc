@@ -1,5 +1,9 @@
 #include "trainer_runtime/model/model.h"
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/script.h>
 #include <torch/serialize.h>
 
@@ -292,6 +296,11 @@ class ScriptModuleImpl : public torch::nn::Module, public TensorForward {
 StatusOr<torch::nn::AnyModule> LoadScriptModule(const std::string& path, const std::string& key) {
   if (!std::ifstream(path)) return Status::NotFound(key + ": cannot read '" + path + "'");
   try {
+    // No graph fusion on CPU: Debian 13's LibTorch 2.6 compiles fused TorchScript kernels with
+    // LLVM on the third forward, and in this program that compile never returned (a 6-32-3
+    // MLP, minutes at 100% CPU, no system call). Training the interpreted graph costs little:
+    // the model's time is in its linear and convolution kernels, which fusion leaves alone.
+    torch::jit::setTensorExprFuserEnabled(false);
     torch::jit::Module m = torch::jit::load(path);
     // A module saved in eval mode loads in eval mode (PLATFORM.md).
     m.train();
@@ -426,6 +435,34 @@ ForwardOutput RunForward(torch::nn::Module& module, const torch::data::Example<>
   return {f->Forward(batch.data), torch::Tensor()};
 }
 
+namespace {
+
+// torch::pickle_save's format (a torch.save zip: data.pkl and one record per tensor), with the
+// dict written as a plain dict. pickle_save tags it with torch.jit._pickle.restore_type_tag,
+// which PyTorch 2.6's torch.load refuses by default (weights_only=True allows no such global).
+std::vector<char> SaveAsTorchSave(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler(
+      [&](const char* bytes, size_t size) { pickled.insert(pickled.end(), bytes, bytes + size); },
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::vector<char> zip;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t size) {
+    const char* begin = static_cast<const char*>(bytes);
+    zip.insert(zip.end(), begin, begin + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return zip;
+}
+
+}  // namespace
+
 Status SaveForPython(const Model& model, const std::string& path) {
   std::string bytes;
   try {
@@ -440,7 +477,7 @@ Status SaveForPython(const Model& model, const std::string& path) {
         state.insert(item.key(), item.value().detach());
       for (const auto& item : model.module().named_buffers(/*recurse=*/true))
         state.insert(item.key(), item.value().detach());
-      std::vector<char> data = torch::pickle_save(c10::IValue(state));
+      std::vector<char> data = SaveAsTorchSave(c10::IValue(state));
       bytes.assign(data.begin(), data.end());
     }
   } catch (const c10::Error& e) {

@@ -10,7 +10,7 @@
 #include <unordered_map>
 
 #include "base/strings.h"
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/timeline.h"
 
 namespace launch::trainer {

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/parallel/strategy.h"
 #include "trainer_runtime/util/loop_util.h"

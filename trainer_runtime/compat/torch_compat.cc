@@ -1,4 +1,4 @@
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 
 #include <utility>
 

@@ -10,7 +10,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "trainer_runtime/comm/torch_compat.h"
+#include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
 namespace launch::trainer {
