@@ -33,7 +33,7 @@ done
 # any folder; no header lives there.
 declare -A inner=(
   [util]="util"
-  [compat]="compat"
+  [compat]="util compat"
   [comm]="util compat comm"
   [model]="util compat model"
   [data]="util compat data"
@@ -65,7 +65,7 @@ if grep -rnE '#include <(torch|ATen|c10)/' trainer_runtime/util; then
   echo "layering: trainer_runtime/util/ must not include LibTorch"; bad=1
 fi
 # LibTorch's versions differ in one place (compat/torch_compat.h): nothing else tests them.
-if grep -rnE 'TORCH_VERSION_(MAJOR|MINOR)' base config rendezvous agent launcher trainer_runtime \
+if grep -rnE '^\s*#\s*(el)?if.*TORCH_VERSION' base config rendezvous agent launcher trainer_runtime \
      examples --include='*.h' --include='*.cc' | grep -v '^trainer_runtime/compat/'; then
   echo "layering: only trainer_runtime/compat/ may test LibTorch's version"; bad=1
 fi
