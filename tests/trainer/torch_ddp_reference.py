@@ -85,6 +85,9 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
 
     x, y = load_split(args.data, "train", args.mean, args.std)
+    # As `train` does: no TorchScript graph fusion on CPU. PyTorch 2.6's LLVM compile of fused
+    # kernels never returned for some of these models (this reference hung at its third step).
+    torch._C._jit_set_texpr_fuser_enabled(False)
     model = torch.jit.load(args.model)
     model.train()  # the file may have been saved in eval mode
     ddp = DistributedDataParallel(model, broadcast_buffers=True,

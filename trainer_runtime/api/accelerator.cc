@@ -122,6 +122,18 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
         "' needs a GPU (CUDA autocast) and this LibTorch is CPU-only; use bf16 (CPU autocast) "
         "or no");
   std::unique_ptr<Accelerator> accel(new Accelerator(options, env));
+  if (const int cuda = CudaDeviceOf(env); cuda >= 0) {
+    // The GPU path is DDP over NCCL (and one process); the other modes move tensors between
+    // threads, stages and replicas on the CPU.
+    if (options.parallel.mode != ParallelMode::kNone && options.parallel.mode != ParallelMode::kDdp)
+      return Status::InvalidConfig(std::string("train.parallel.mode: ") + accel->mode_name() +
+                                   " runs on the CPU only; on GPUs use ddp or none, or run "
+                                   "launch --cpu");
+    if (accel->bf16_)
+      return Status::InvalidConfig(
+          "mixed_precision: bf16 is CPU autocast here; on GPUs use no, or run launch --cpu");
+    accel->device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda));
+  }
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(init_timeout_s * 1000));
   if (env.distributed()) {
     LAUNCH_ASSIGN_OR_RETURN(accel->pg_, CreateProcessGroup(env, timeout));
@@ -149,6 +161,15 @@ c10d::ProcessGroup* Accelerator::control() const { return pg_ ? &pg_->inner() : 
 
 // --- Model and optimizer ---------------------------------------------------------------------
 
+torch::Tensor Accelerator::ToDevice(const torch::Tensor& t) const {
+  if (!t.defined() || t.device() == device_) return t;
+  return t.to(device_, /*non_blocking=*/true);
+}
+
+torch::data::Example<> Accelerator::ToDevice(torch::data::Example<> batch) const {
+  return {ToDevice(batch.data), ToDevice(batch.target)};
+}
+
 Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
                             std::shared_ptr<torch::optim::Optimizer> optimizer) {
   LAUNCH_CHECK(!prepared_);
@@ -157,6 +178,8 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
         "train.parallel.mode is pipeline: hand over this rank's stage with PreparePipeline");
   if (!model || !optimizer) return Status::InvalidArgument("Prepare: model and optimizer needed");
   module_ = std::move(model);
+  // In place (Module::to replaces each parameter's data), so the optimizer's references hold.
+  if (!device_.is_cpu()) module_->to(device_);
   model_ = std::make_shared<Model>(module_);
   optimizer_ = std::move(optimizer);
   // A model whose parameters are all frozen trains nothing: say so instead of a Reducer error.

@@ -128,6 +128,12 @@ class Accelerator {
   bool IsMainProcess() const { return env_.rank == main_rank_; }
   bool IsLocalMainProcess() const { return env_.local_rank == 0; }
   const config::TrainConfig& options() const { return options_; }
+  // Where this rank computes (accelerate's `accelerator.device`): cuda:LOCAL_RANK when LibTorch
+  // has CUDA and the machine that GPU (unless launch --cpu), else the CPU. Prepare moves the
+  // model there and prepared loaders yield their batches there; ToDevice moves others.
+  torch::Device device() const { return device_; }
+  torch::data::Example<> ToDevice(torch::data::Example<> batch) const;
+  torch::Tensor ToDevice(const torch::Tensor& t) const;
   // The mode in effect: "none", "ddp", "local_sgd", "dp" or "pipeline".
   const char* mode_name() const;
   // Prints `line` and a newline on the main process only (rank 0; in pipeline mode the last
@@ -348,6 +354,7 @@ class Accelerator {
   std::function<double(int64_t)> lr_schedule_;
   bool prepared_ = false;
   bool bf16_ = false;  // options_.mixed_precision == "bf16"
+  torch::Device device_ = torch::kCPU;
   void EndMicroBatch();
   void WriteTimeline();  // Finish(): per-rank files, merged by rank 0
 
@@ -402,7 +409,7 @@ class DistributedDataLoader {
       ++cursor_->epoch;
     }
     accel_->CountSamples(static_cast<int64_t>(indices.size()));
-    return Fetch(indices);
+    return accel_->ToDevice(Fetch(indices));
   }
 
   // Range over the rest of epoch `e` (all of it unless the loader was restored into it).

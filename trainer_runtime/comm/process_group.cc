@@ -160,7 +160,7 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_
 }  // namespace
 
 int CudaDeviceOf(const DistEnv& env) {
-  if (!compat::HasNccl()) return -1;
+  if (!compat::HasNccl() || env.use_cpu) return -1;
   const int count = static_cast<int>(torch::cuda::device_count());
   return env.local_rank < count ? env.local_rank : -1;
 }

@@ -110,7 +110,8 @@ class CountingProcessGroup : public c10d::ProcessGroup {
 // worker builds (the job's, a pipeline stage's) is made here, alike. Blocks until all ranks
 // joined; throws what the backend throws when they do not.
 // The CUDA device this worker uses: its LOCAL_RANK among the visible GPUs (torchrun's
-// contract), or -1 when LibTorch has no CUDA/NCCL or the machine has no such GPU.
+// contract), or -1 when LibTorch has no CUDA/NCCL, the machine has no such GPU, or the job
+// asked for the CPU (DistEnv::use_cpu).
 int CudaDeviceOf(const DistEnv& env);
 
 c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,

@@ -54,7 +54,7 @@ torch::Tensor Criterion::operator()(const torch::Tensor& logits,
         TORCH_CHECK(class_weights_.size(0) == logits.size(-1), "train.loss.class_weights has ",
                     class_weights_.size(0), " weights but the model gives ", logits.size(-1),
                     " classes");
-        options.weight(class_weights_.to(logits.scalar_type()));
+        options.weight(class_weights_.to(logits.device(), logits.scalar_type()));
       }
       if (task_ == Task::kLanguageModel)
         return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),

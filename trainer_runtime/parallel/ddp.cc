@@ -44,7 +44,8 @@ class AverageHook : public c10d::CommHookInterface {
     // result equals sum_r(g_r / W) bit for bit whichever transport carried it.
     buffer.div_(pg_->getSize());
     const size_t bytes = static_cast<size_t>(buffer.numel() * buffer.element_size());
-    if (pg_->getSize() == 2 && bucket.isLast() && bytes <= exchange_max_bytes_)
+    // CPU buckets only: a GPU bucket's all-reduce is NCCL's, already one call on the device.
+    if (pg_->getSize() == 2 && bucket.isLast() && bytes <= exchange_max_bytes_ && buffer.is_cpu())
       return pg_->shm() ? ShmNow(buffer) : Exchange(buffer);
     std::vector<at::Tensor> tensors = {buffer};
     return pg_->allreduce(tensors, c10d::AllreduceOptions())->getFuture();

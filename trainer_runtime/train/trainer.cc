@@ -371,13 +371,13 @@ void Trainer::Evaluate(double* loss, double* accuracy) {
         mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), start + chunk)));
     const bool first = !pipeline_ || accel_->pipeline()->first();
     ForwardOutput out;
-    torch::Tensor y = data_.Targets(rows);
+    torch::Tensor y = accel_->ToDevice(data_.Targets(rows));
     if (pipeline_) {
       out.logits = accel_->PipelineForward(first ? data_.Inputs(rows) : torch::Tensor());
       if (!out.logits.defined()) continue;  // a pipeline stage before the last
     } else {
       auto amp = accel_->Autocast();
-      out = RunForward(model->module(), {data_.Inputs(rows), y}, cfg_.model);
+      out = RunForward(model->module(), {accel_->ToDevice(data_.Inputs(rows)), y}, cfg_.model);
     }
     if (accel_->bf16()) {  // loss and accuracy in float32, as in training
       if (out.logits.defined()) out.logits = out.logits.to(torch::kFloat);

@@ -63,6 +63,8 @@ StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
   if (!Find(env, {"TORCHELASTIC_RUN_ID"}, &text).empty()) d.run_id = text;
   if (!Find(env, {"TORCHELASTIC_USE_AGENT_STORE"}, &text).empty())
     d.use_agent_store = ToLower(Trim(text)) == "true" || Trim(text) == "1";
+  if (!Find(env, {"ACCELERATE_USE_CPU"}, &text).empty())
+    d.use_cpu = ToLower(Trim(text)) == "true" || Trim(text) == "1";
   d.from_launcher = has_rank || has_world;
   if (has_rank != has_world)
     return Status::InvalidConfig(

@@ -25,6 +25,9 @@ struct DistEnv {
   // TORCHELASTIC_USE_AGENT_STORE=True: the launcher's agent already hosts the TCPStore at
   // MASTER_ADDR:MASTER_PORT (torchrun does), so rank 0 connects as a client instead of hosting.
   bool use_agent_store = false;
+  // ACCELERATE_USE_CPU=True (launch --cpu, accelerate's use_cpu): compute on the CPU even where
+  // LibTorch and the machine have a GPU.
+  bool use_cpu = false;
 
   bool distributed() const { return world_size > 1; }
   // "rank 1/2 (local 1) store 127.0.0.1:29500"
