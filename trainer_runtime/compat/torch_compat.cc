@@ -1,11 +1,13 @@
 #include "trainer_runtime/compat/torch_compat.h"
 
+#include <type_traits>
 #include <utility>
 
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
 #if defined(USE_C10D_NCCL)
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -49,6 +51,57 @@ void SetCpuAutocast(bool enabled, at::ScalarType dtype) {
   at::autocast::set_autocast_cpu_dtype(dtype);
 }
 #endif
+
+namespace {
+
+using Params = std::vector<at::Tensor>;
+using Buckets = std::vector<std::vector<size_t>>;
+using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
+using Names = std::unordered_map<size_t, std::string>;
+
+// 1.13 to 2.6: per-bucket size limits after the bucket indices.
+constexpr bool kReducerWithLimits =
+    std::is_constructible_v<c10d::Reducer, Params, Buckets, const std::vector<size_t>&, Group,
+                            std::vector<bool>, int64_t, bool, bool, Names, int64_t>;
+// 2.11: no limits; skip_all_reduce_unused_params, use_python_reducer, bucket caps.
+constexpr bool kReducerWithCapList =
+    std::is_constructible_v<c10d::Reducer, Params, Buckets, Group, std::vector<bool>, int64_t, bool,
+                            bool, Names, int64_t, bool, bool, std::vector<int64_t>>;
+// In between: no limits; skip_all_reduce_unused_params, use_python_reducer.
+constexpr bool kReducerWithFlags =
+    std::is_constructible_v<c10d::Reducer, Params, Buckets, Group, std::vector<bool>, int64_t, bool,
+                            bool, Names, int64_t, bool, bool>;
+static_assert(kReducerWithLimits || kReducerWithCapList || kReducerWithFlags,
+              "this LibTorch's c10d::Reducer constructor is not one torch_compat.cc knows");
+
+}  // namespace
+
+std::unique_ptr<c10d::Reducer> NewReducer(Params params, Buckets buckets,
+                                          const std::vector<size_t>& bucket_limits, Group group,
+                                          int64_t bucket_bytes_cap, bool find_unused_parameters,
+                                          bool gradient_as_bucket_view, Names param_names,
+                                          int64_t first_bucket_bytes_cap) {
+  std::vector<bool> sparse(params.size(), false);
+  if constexpr (kReducerWithLimits) {
+    return std::make_unique<c10d::Reducer>(std::move(params), std::move(buckets), bucket_limits,
+                                           std::move(group), std::move(sparse), bucket_bytes_cap,
+                                           find_unused_parameters, gradient_as_bucket_view,
+                                           std::move(param_names), first_bucket_bytes_cap);
+  } else if constexpr (kReducerWithCapList) {
+    return std::make_unique<c10d::Reducer>(
+        std::move(params), std::move(buckets), std::move(group), std::move(sparse),
+        bucket_bytes_cap, find_unused_parameters, gradient_as_bucket_view, std::move(param_names),
+        first_bucket_bytes_cap,
+        /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+        std::vector<int64_t>(bucket_limits.begin(), bucket_limits.end()));
+  } else {
+    return std::make_unique<c10d::Reducer>(
+        std::move(params), std::move(buckets), std::move(group), std::move(sparse),
+        bucket_bytes_cap, find_unused_parameters, gradient_as_bucket_view, std::move(param_names),
+        first_bucket_bytes_cap,
+        /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false);
+  }
+}
 
 bool HasNccl() {
 #if defined(USE_C10D_NCCL) && TORCH_VERSION_MAJOR >= 2

@@ -13,6 +13,9 @@
 //     torch.distributed does for backend="cpu:gloo,cuda:nccl".
 //   - TCPStore's server runs on libuv by default since 2.4, and Debian's LibTorch 2.6 is built
 //     without it (constructing one fails). NewTcpStore keeps the server 1.13 had.
+//   - c10d::Reducer's constructor: 2.x after 2.6 dropped the per-bucket size limits and added
+//     arguments (2.11: a list of bucket caps). NewReducer calls whichever this LibTorch has,
+//     chosen by what the constructor accepts, not by version number.
 //   - CPU autocast's accessors take the device type since 2.4 (the CPU-named ones are
 //     deprecated and warn at run time); the Cpu* functions below hide which.
 //
@@ -20,12 +23,19 @@
 
 #include <chrono>
 #include <exception>
+#include <memory>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+namespace c10d {
+class Reducer;
+}  // namespace c10d
 
 namespace gloo::transport {
 class Device;
@@ -45,6 +55,14 @@ std::exception_ptr ErrorPtr(std::string message);
 // A TCPStore client (and server, when `options.isServer`) at `host`, on the classic server.
 c10::intrusive_ptr<c10d::TCPStore> NewTcpStore(const std::string& host,
                                                c10d::TCPStoreOptions options);
+
+// PyTorch DDP's reducer over `group`: `buckets` and `bucket_limits` as
+// c10d::compute_bucket_assignment_by_size returns them, no sparse gradients.
+std::unique_ptr<c10d::Reducer> NewReducer(
+    std::vector<at::Tensor> params, std::vector<std::vector<size_t>> buckets,
+    const std::vector<size_t>& bucket_limits, c10::intrusive_ptr<c10d::ProcessGroup> group,
+    int64_t bucket_bytes_cap, bool find_unused_parameters, bool gradient_as_bucket_view,
+    std::unordered_map<size_t, std::string> param_names, int64_t first_bucket_bytes_cap);
 
 // This thread's CPU autocast state (torch.autocast("cpu")).
 bool CpuAutocastEnabled();

@@ -473,10 +473,11 @@ Status SaveForPython(const Model& model, const std::string& path) {
     } else {
       // Every name, tied and frozen parameters included, as PyTorch's state_dict lists them.
       c10::Dict<std::string, torch::Tensor> state;
+      // On the CPU, whatever device trained them: model.pt loads on any machine.
       for (const auto& item : model.module().named_parameters(/*recurse=*/true))
-        state.insert(item.key(), item.value().detach());
+        state.insert(item.key(), item.value().detach().cpu());
       for (const auto& item : model.module().named_buffers(/*recurse=*/true))
-        state.insert(item.key(), item.value().detach());
+        state.insert(item.key(), item.value().detach().cpu());
       std::vector<char> data = SaveAsTorchSave(c10::IValue(state));
       bytes.assign(data.begin(), data.end());
     }

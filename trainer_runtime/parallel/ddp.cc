@@ -176,9 +176,8 @@ class DdpStrategy : public ParallelStrategy {
     std::unordered_map<size_t, std::string> names;
     size_t i = 0;
     for (auto& [name, p] : model_->NamedParameters()) names[i++] = name;
-    reducer_ = std::make_unique<c10d::Reducer>(
-        params_, buckets, limits, pg_, std::vector<bool>(params_.size(), false),
-        static_cast<int64_t>(bucket_cap_bytes_), find_unused_,
+    reducer_ = compat::NewReducer(
+        params_, buckets, limits, pg_, static_cast<int64_t>(bucket_cap_bytes_), find_unused_,
         // Gradients are views into the buckets (PyTorch's gradient_as_bucket_view=True): no
         // copy of every gradient into its bucket and back each step, which on 2 cores cost
         // as much as the all-reduce itself (large MLP: 1.2x -> 1.5x PyTorch's samples/s).

@@ -51,7 +51,7 @@ std::string Eta(double seconds) {
 uint64_t Fnv(const std::vector<torch::Tensor>& params) {
   uint64_t h = kFnv1aInit;
   for (const auto& p : params) {
-    auto t = p.detach().contiguous();
+    auto t = p.detach().cpu().contiguous();  // a GPU tensor's bytes are read on the host
     const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
     h = Fnv1a64(std::string_view(static_cast<const char*>(t.data_ptr()), n), h);
   }
@@ -515,7 +515,7 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
 Status Trainer::DumpParams() {
   std::string bytes;
   for (auto& p : accel_->parameters()) {
-    auto t = p.detach().to(torch::kFloat).contiguous();
+    auto t = p.detach().to(torch::kCPU, torch::kFloat).contiguous();
     bytes.append(static_cast<const char*>(t.data_ptr()),
                  static_cast<size_t>(t.numel()) * sizeof(float));
   }
