@@ -14,6 +14,8 @@ namespace {
 
 // Finishes each attempt with the next scripted result, or waits for Stop() when `hang`.
 struct Script {
+  explicit Script(std::vector<GroupResult> r, bool hang = false)
+      : results(std::move(r)), hang_last(hang) {}
   std::vector<GroupResult> results;
   bool hang_last = false;
   std::vector<int> restart_counts;  // TORCHELASTIC_RESTART_COUNT seen per attempt
