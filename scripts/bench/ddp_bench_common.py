@@ -76,10 +76,22 @@ def python_worker(launcher, nproc, script, args, timeout=600):
         return json.load(f)
 
 
+def versions():
+    """Which LibTorch `train` links and which PyTorch the peer runs: the tables differ by both."""
+    torch_version = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True).stdout.strip() or "?"
+    libtorch = "?"
+    ldd = subprocess.run(["ldd", os.path.join(bin_dir(), "train")], capture_output=True, text=True)
+    for line in ldd.stdout.splitlines():
+        if "libtorch_cpu.so" in line:
+            libtorch = line.split()[0].replace("libtorch_cpu.so", "").strip(".") or "?"
+    return f"train: LibTorch {libtorch}; peer: PyTorch {torch_version}"
+
+
 def load_line():
     """The 1/5/15-minute load average, with a warning when other work may skew the timings."""
     one, five, fifteen = os.getloadavg()
-    line = f"load average: {one:.2f}, {five:.2f}, {fifteen:.2f}"
+    line = f"{versions()}; load average: {one:.2f}, {five:.2f}, {fifteen:.2f}"
     if one > 0.5:
         line += " (WARNING: load > 0.5, timings may be skewed by other work)"
     return line
