@@ -193,7 +193,7 @@ class SlurmTest(unittest.TestCase):
                 ready += "ready" in line
             self.assertEqual(ready, 2, "".join(lines))
             r = self.cluster.run(["scancel", *scancel_args, "--name", name])
-            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.returncode, 0, r.stderr + self.cluster.logs())
             rest, _ = p.communicate(timeout=60)
             self.assertTrue(os.path.exists(marker + ".0") and os.path.exists(marker + ".1"),
                             "".join(lines) + rest)
