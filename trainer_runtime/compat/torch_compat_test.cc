@@ -18,9 +18,9 @@ namespace {
 
 TEST_CASE("CompatReportsTheLibTorchItWasBuiltWith") {
   const std::string version = compat::LibTorchVersion();
-  CHECK(version.rfind(std::to_string(TORCH_VERSION_MAJOR) + "." +
-                          std::to_string(TORCH_VERSION_MINOR) + ".",
-                      0) == 0);
+  CHECK(version.rfind(
+            std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + ".",
+            0) == 0);
 }
 
 TEST_CASE("CompatErrorCarriesTheMessageAloneAndRethrowsAsC10Error") {
