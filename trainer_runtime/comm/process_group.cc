@@ -199,12 +199,13 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
                            " could not reach the process-group store at " + where + " within " +
                            seconds + " (is MASTER_ADDR right and rank 0 running?): " + e.what());
   }
-  c10::intrusive_ptr<c10d::ProcessGroup> gloo;
+  c10::intrusive_ptr<c10d::ProcessGroup>
+      group;  // Gloo, and NCCL for CUDA tensors where LibTorch has it
   try {
     // A prefix per restart keeps keys of an earlier attempt from confusing this one.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
         "launch_pg/" + std::to_string(env.restart_count), store);
-    gloo = NewGroup(prefixed, env.rank, env.world_size, env, timeout);
+    group = NewGroup(prefixed, env.rank, env.world_size, env, timeout);
   } catch (const std::exception& e) {
     return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group of " +
                            std::to_string(env.world_size) + " ranks via store " + where +
@@ -226,7 +227,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
     p2p = std::make_unique<ShmPointToPoint>(shm_store, env.rank, env.world_size, shm.shm->pids(),
                                             p2p_options);
   }
-  auto pg = c10::make_intrusive<CountingProcessGroup>(gloo, std::move(shm.shm), std::move(p2p));
+  auto pg = c10::make_intrusive<CountingProcessGroup>(group, std::move(shm.shm), std::move(p2p));
   if (!pg->shm()) pg->set_allreduce_transport("Gloo (" + shm.reason + ")");
   return pg;
 }
