@@ -199,8 +199,8 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
                            " could not reach the process-group store at " + where + " within " +
                            seconds + " (is MASTER_ADDR right and rank 0 running?): " + e.what());
   }
-  c10::intrusive_ptr<c10d::ProcessGroup>
-      group;  // Gloo, and NCCL for CUDA tensors where LibTorch has it
+  // Gloo, and NCCL for CUDA tensors where LibTorch has it.
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
     // A prefix per restart keeps keys of an earlier attempt from confusing this one.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
