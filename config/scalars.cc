@@ -85,7 +85,8 @@ const EnumTable<SchedulerType> kSchedulers = {{"constant", SchedulerType::kConst
 const EnumTable<ParallelMode> kParallelModes = {{"none", ParallelMode::kNone},
                                                 {"dp", ParallelMode::kDp},
                                                 {"ddp", ParallelMode::kDdp},
-                                                {"pipeline", ParallelMode::kPipeline}};
+                                                {"pipeline", ParallelMode::kPipeline},
+                                                {"zero", ParallelMode::kZero}};
 const EnumTable<PipelineSchedule> kSchedules = {{"gpipe", PipelineSchedule::kGPipe},
                                                 {"1f1b", PipelineSchedule::k1F1B}};
 const EnumTable<CommHook> kCommHooks = {{"none", CommHook::kNone}, {"bf16", CommHook::kBf16}};

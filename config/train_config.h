@@ -24,7 +24,7 @@ enum class LossType { kAuto, kCrossEntropy, kMse, kBceWithLogits };
 enum class SaveModel { kEnd, kCheckpoints, kNever };
 enum class OptimizerType { kSgd, kAdam, kAdamW };
 enum class SchedulerType { kConstant, kLinear, kCosine };
-enum class ParallelMode { kNone, kDp, kDdp, kPipeline };
+enum class ParallelMode { kNone, kDp, kDdp, kPipeline, kZero };
 enum class PipelineSchedule { kGPipe, k1F1B };
 // ddp: how gradient buckets travel (accelerate's DDPCommunicationHookType): as they are, or
 // cast to bfloat16 for the all-reduce and back (PyTorch's bf16_compress_hook).
@@ -122,7 +122,8 @@ struct SchedulerConfig {
 
 struct ParallelConfig {
   // none: each process trains alone (no communication); ddp: one replica per process with
-  // bucketed all-reduce; dp: `replicas` replicas inside one process; pipeline: stages.
+  // bucketed all-reduce; dp: `replicas` replicas inside one process; pipeline: stages; zero:
+  // data parallel with state sharded over the ranks (zero_stage).
   ParallelMode mode = ParallelMode::kDdp;
   double bucket_cap_mb = 25.0;  // ddp: gradient bucket size; the first bucket is 1 MB
   int replicas = 2;             // dp: replicas (CPU threads or devices) in one process
@@ -140,6 +141,9 @@ struct ParallelConfig {
   // false runs the forwards concurrently: faster, for models that draw no random numbers.
   // `train` turns it off itself for built-in models without dropout.
   bool dp_seeded_replicas = true;
+  // zero: what is sharded over the ranks (DeepSpeed's stages): 1 optimizer state, 2 also
+  // gradients, 3 also parameters (FSDP's FULL_SHARD).
+  int zero_stage = 1;
 };
 
 struct TrainConfig {

@@ -391,6 +391,9 @@ std::vector<TrainKey> BuildTable() {
       Value("parallel.dp_seeded_replicas", FIELD(parallel.dp_seeded_replicas),
             "dp: forwards one at a time, each from its own seeded stream")
           .Identity(Mode(ParallelMode::kDp)),
+      Range("parallel.zero_stage", FIELD(parallel.zero_stage), 1, 3,
+            "zero: 1 shards optimizer state, 2 also gradients, 3 also parameters")
+          .Identity(Mode(ParallelMode::kZero)),
 
       // ---- the step
       Range("gradient_accumulation_steps", FIELD(gradient_accumulation_steps), 1, 1 << 20,
