@@ -87,6 +87,11 @@ Status WriteFileAtomically(const std::string& path, std::string_view bytes, Writ
   return Status::Ok();
 }
 
+bool FileExists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 StatusOr<std::string> ReadFile(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::NotFound("cannot open '" + path + "': " + std::strerror(errno));

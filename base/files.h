@@ -26,6 +26,8 @@ Status WriteFileAtomically(const std::string& path, std::string_view bytes,
 
 // A whole file. NotFound when it cannot be opened, IoError on a read error.
 StatusOr<std::string> ReadFile(const std::string& path);
+// Whether `path` names a regular file (following links).
+bool FileExists(const std::string& path);
 
 // The first `limit` bytes of a file ("" when it cannot be read): /proc and /sys files, small
 // configuration files.

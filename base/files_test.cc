@@ -35,6 +35,17 @@ TEST_CASE("ReadSmallFileReadsUpToItsLimitAndNothingWhenMissing") {
   ::rmdir(dir.c_str());
 }
 
+TEST_CASE("FileExistsIsTrueForRegularFilesOnly") {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/f";
+  CHECK_FALSE(FileExists(path));
+  { std::ofstream(path) << "x"; }
+  CHECK(FileExists(path));
+  CHECK_FALSE(FileExists(dir));  // a folder is not a file
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
 std::vector<std::string> Entries(const std::string& dir) {
   std::vector<std::string> names;
   DIR* d = ::opendir(dir.c_str());

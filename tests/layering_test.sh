@@ -38,7 +38,7 @@ declare -A inner=(
   [model]="util compat model"
   [data]="util compat data"
   [state]="util compat model state"
-  [parallel]="util compat comm model parallel"
+  [parallel]="util compat comm model state parallel"
   [api]="util compat comm model data state parallel api"
   [train]="util compat comm model data state parallel api train"
 )

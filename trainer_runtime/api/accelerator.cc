@@ -19,6 +19,7 @@
 #include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/model.h"
+#include "trainer_runtime/parallel/layout.h"
 #include "trainer_runtime/parallel/pipeline_engine.h"
 #include "trainer_runtime/parallel/strategy.h"
 #include "trainer_runtime/parallel/strategy_factory.h"
@@ -82,15 +83,14 @@ Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
     : options_(options), env_(env), run_settings_(config::TrajectorySettings(options)) {
   bf16_ = options_.mixed_precision == "bf16";
   Timeline::Get().Configure(env_.rank, options_.timeline.from_step, options_.timeline.steps);
-  data_world_ = env_.world_size;
-  data_rank_ = env_.rank;
-  if (options_.parallel.mode == ParallelMode::kPipeline && options_.parallel.stages >= 1) {
-    stages_ = options_.parallel.stages;
-    stage_ = env_.rank % stages_;
-    data_world_ = std::max(1, env_.world_size / stages_);
-    data_rank_ = env_.rank / stages_;
-    main_rank_ = stages_ - 1;  // the last stage of the first pipeline has the loss
-  }
+}
+
+void Accelerator::SetLayout(const ParallelLayout& layout) {
+  stages_ = layout.degree(Axis::kStage);
+  stage_ = layout.coordinate(Axis::kStage);
+  data_world_ = layout.degree(Axis::kData);
+  data_rank_ = layout.coordinate(Axis::kData);
+  main_rank_ = layout.main_rank();
 }
 
 Accelerator::~Accelerator() = default;
@@ -115,13 +115,14 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
                                                            double init_timeout_s) {
   // The configuration's own rules (config/train_keys.h), for options built in code: what
   // launch and train checked with the keys' places, here with the real world size.
-  LAUNCH_RETURN_IF_ERROR(config::CheckTrainRulesStatus(options, env.world_size));
+  LAUNCH_ASSIGN_OR_RETURN(const ParallelLayout layout, ParallelLayout::Create(options, env));
   if (options.mixed_precision != "no" && options.mixed_precision != "bf16")
     return Status::InvalidConfig(
         "mixed_precision: '" + options.mixed_precision +
         "' needs a GPU (CUDA autocast) and this LibTorch is CPU-only; use bf16 (CPU autocast) "
         "or no");
   std::unique_ptr<Accelerator> accel(new Accelerator(options, env));
+  accel->SetLayout(layout);
   if (const int cuda = CudaDeviceOf(env); cuda >= 0) {
     // The GPU path is DDP over NCCL (and one process); the other modes move tensors between
     // threads, stages and replicas on the CPU.
@@ -140,7 +141,7 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   }
   if (options.parallel.mode == ParallelMode::kPipeline) {
     LAUNCH_ASSIGN_OR_RETURN(accel->pipeline_,
-                            PipelineEngine::Create(options, env, accel->pg_, timeout));
+                            PipelineEngine::Create(options, env, layout, accel->pg_, timeout));
   }
   return accel;
 }
@@ -191,7 +192,7 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
         "LibTorch's Gloo cannot do; it needs every rank on one host (the shared-memory "
         "transport), here: " +
         pg_->allreduce_transport());
-  LAUNCH_ASSIGN_OR_RETURN(strategy_, CreateStrategy(options_, model_.get(), pg_));
+  LAUNCH_ASSIGN_OR_RETURN(strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), pg_));
   strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
   strategy_->TakeStepStats();
   prepared_ = true;
@@ -305,7 +306,7 @@ torch::Tensor Accelerator::PipelineForward(const torch::Tensor& inputs) {
 
 double Accelerator::ClipGradNorm(double max_norm) {
   if (pipeline_) return pipeline_->ClipGradNorm(max_norm);
-  return torch::nn::utils::clip_grad_norm_(model_->Parameters(), max_norm);
+  return strategy_->ClipGradNorm(max_norm);
 }
 
 bool Accelerator::Step() {
@@ -323,10 +324,14 @@ bool Accelerator::Step() {
     const double lr = lr_schedule_(step_);
     for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   }
-  optimizer_->step();
-  // Zero in place (not set to undefined) so gradient memory stays put across steps.
-  for (auto& p : model_->Parameters())
-    if (p.grad().defined()) p.mutable_grad().zero_();
+  if (pipeline_) {
+    optimizer_->step();
+    // Zero in place (not set to undefined) so gradient memory stays put across steps.
+    for (auto& p : model_->Parameters())
+      if (p.grad().defined()) p.mutable_grad().zero_();
+  } else {
+    strategy_->Step(*optimizer_);
+  }
   ++step_;
   micro_last_step_ = micro_in_window_;
   micro_in_window_ = 0;
@@ -468,19 +473,7 @@ SignalRequest Accelerator::PollSignals() {
   return r;
 }
 
-bool Accelerator::WritesModelFile() const {
-  if (pipeline_) return data_rank_ == 0;  // one copy per stage
-  const bool replicas_equal = std::string(strategy_->Name()) == "ddp" ||
-                              std::string(strategy_->Name()) == "dp" || world_size() == 1;
-  return replicas_equal ? rank() == 0 : true;
-}
-
-std::string Accelerator::ModelFileName() const {
-  if (pipeline_) return "stage" + std::to_string(stage_) + ".pt";
-  const bool per_rank = std::string(strategy_->Name()) == "local_sgd" ||
-                        (std::string(strategy_->Name()) == "none" && world_size() > 1);
-  return per_rank ? "model_rank" + std::to_string(rank()) + ".pt" : "model.pt";
-}
+std::string Accelerator::StageFileName() const { return "stage" + std::to_string(stage_) + ".pt"; }
 
 Status Accelerator::SaveState(const std::string& dir) {
   LAUNCH_CHECK(prepared_);
@@ -497,8 +490,9 @@ Status Accelerator::SaveState(const std::string& dir) {
     for (const auto& [key, value] : run_settings_) run += key + ": " + value + "\n";
     status = WriteFileAtomically(step_dir + "/" + kRunFile, run);
   }
-  if (status.ok() && WritesModelFile())
-    status = SaveModelState(step_dir + "/" + ModelFileName(), *model_, *optimizer_);
+  if (status.ok() && pipeline_ && data_rank_ == 0)  // one copy per stage
+    status = SaveModelState(step_dir + "/" + StageFileName(), *model_, *optimizer_);
+  if (status.ok() && !pipeline_) status = strategy_->SaveModelState(step_dir, *optimizer_);
   if (status.ok())
     status = SaveRankState(step_dir + "/rank" + std::to_string(rank()) + ".pt", state);
   // Everyone learns whether every file was written before `latest` moves.
@@ -597,13 +591,14 @@ StatusOr<bool> Accelerator::LoadState(const std::string& dir) {
           " with changed settings: " + Join(changes, "; "));
   const std::string step_dir = StepDir(dir, mine);
   std::string rank_file = step_dir + "/rank" + std::to_string(rank()) + ".pt";
-  const bool own_rng = ReadFile(rank_file).ok();
+  const bool own_rng = FileExists(rank_file);
   if (!own_rng) rank_file = step_dir + "/rank0.pt";
   LAUNCH_ASSIGN_OR_RETURN(TrainState state, LoadRankState(rank_file, own_rng));
-  std::string model_file = step_dir + "/" + ModelFileName();
-  if (!ReadFile(model_file).ok() && ModelFileName() != "model.pt" && !pipeline_)
-    model_file = step_dir + "/model_rank0.pt";  // fewer ranks wrote it: start from rank 0's
-  LAUNCH_RETURN_IF_ERROR(LoadModelState(model_file, *model_, *optimizer_));
+  if (pipeline_) {
+    LAUNCH_RETURN_IF_ERROR(LoadModelState(step_dir + "/" + StageFileName(), *model_, *optimizer_));
+  } else {
+    LAUNCH_RETURN_IF_ERROR(strategy_->LoadModelState(step_dir, *optimizer_, state.world_size));
+  }
   step_ = state.step;
   samples_seen_ = state.samples_seen;
   LoaderCursor cursor;

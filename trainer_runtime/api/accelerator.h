@@ -84,6 +84,7 @@ namespace launch::trainer {
 
 class CountingProcessGroup;
 class Model;
+class ParallelLayout;
 class ParallelStrategy;
 class PipelineEngine;
 
@@ -333,8 +334,8 @@ class Accelerator {
  private:
   Accelerator(const config::TrainConfig& options, const DistEnv& env);
   void AttachCursor(std::shared_ptr<LoaderCursor> cursor);
-  std::string ModelFileName() const;
-  bool WritesModelFile() const;
+  std::string StageFileName() const;  // pipeline: this stage's model file in a checkpoint
+  void SetLayout(const ParallelLayout& layout);
   c10d::ProcessGroup* control() const;
   void CountSamples(int64_t n) { samples_seen_ += n; }
   template <typename DatasetT>

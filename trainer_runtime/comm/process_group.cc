@@ -176,60 +176,72 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::S
   return compat::NewProcessGroup(store, rank, size, options);
 }
 
-StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
-    const DistEnv& env, std::chrono::milliseconds timeout) {
+StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool host,
+                                                       std::chrono::milliseconds timeout) {
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
-  const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
-  c10::intrusive_ptr<c10d::Store> store;
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<uint16_t>(env.master_port);
-    opts.isServer = env.rank == 0 && !env.use_agent_store;
+    opts.isServer = host;
     opts.numWorkers = env.world_size;
-    // Waiting for workers happens in the Gloo rendezvous below, under the same timeout; the
+    // Waiting for workers happens in the Gloo rendezvous, under the same timeout; the
     // constructor only has to connect.
     opts.waitWorkers = false;
     opts.timeout = timeout;
-    store = compat::NewTcpStore(env.master_addr, opts);
+    return c10::intrusive_ptr<c10d::Store>(compat::NewTcpStore(env.master_addr, opts));
   } catch (const std::exception& e) {
-    if (env.rank == 0 && !env.use_agent_store)
-      return Status::IoError("rank 0 could not host the process-group store at " + where +
+    if (host)
+      return Status::IoError("rank " + std::to_string(env.rank) +
+                             " could not host the process-group store at " + where +
                              " (is the port in use?): " + e.what());
     return Status::Timeout("rank " + std::to_string(env.rank) +
                            " could not reach the process-group store at " + where + " within " +
-                           seconds + " (is MASTER_ADDR right and rank 0 running?): " + e.what());
+                           std::to_string(timeout.count() / 1000) +
+                           " s (is MASTER_ADDR right and rank 0 running?): " + e.what());
   }
+}
+
+StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::string& name, int rank, int size,
+    const DistEnv& env, std::chrono::milliseconds timeout) {
+  const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
+  const std::string tag = "/" + std::to_string(env.restart_count) + "/" + name;
   // Gloo, and NCCL for CUDA tensors where LibTorch has it.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   try {
-    // A prefix per restart keeps keys of an earlier attempt from confusing this one.
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
-        "launch_pg/" + std::to_string(env.restart_count), store);
-    group = NewGroup(prefixed, env.rank, env.world_size, env, timeout);
+    // A prefix per group and restart keeps keys of an earlier attempt from confusing this one.
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("launch_pg" + tag, store);
+    group = NewGroup(prefixed, rank, size, env, timeout);
   } catch (const std::exception& e) {
-    return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group of " +
-                           std::to_string(env.world_size) + " ranks via store " + where +
+    return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group '" + name +
+                           "' of " + std::to_string(size) + " ranks via store " +
+                           env.master_addr + ":" + std::to_string(env.master_port) +
                            " did not form within " + seconds + ": " + e.what());
   }
-  // After Gloo formed, so every rank is known to reach the store. Its own prefix per restart,
-  // like Gloo's: a restarted job builds a fresh segment.
-  auto shm_store = c10::make_intrusive<c10d::PrefixStore>(
-      "launch_shm/" + std::to_string(env.restart_count), store);
+  // After Gloo formed, so every rank is known to reach the store. Its own prefix per group and
+  // restart, like Gloo's: a restarted job builds a fresh segment.
+  auto shm_store = c10::make_intrusive<c10d::PrefixStore>("launch_shm" + tag, store);
   ShmAllReduceOptions shm_options;
   shm_options.timeout = timeout;
   LAUNCH_ASSIGN_OR_RETURN(ShmSetup shm,
-                          ShmAllReduce::Create(*shm_store, env.rank, env.world_size,
+                          ShmAllReduce::Create(*shm_store, rank, size,
                                                ShmAllReduce::EnabledByEnvironment(), shm_options));
   std::unique_ptr<ShmPointToPoint> p2p;
   if (shm.shm) {
     ShmPointToPointOptions p2p_options;
     p2p_options.timeout = timeout;
-    p2p = std::make_unique<ShmPointToPoint>(shm_store, env.rank, env.world_size, shm.shm->pids(),
-                                            p2p_options);
+    p2p = std::make_unique<ShmPointToPoint>(shm_store, rank, size, shm.shm->pids(), p2p_options);
   }
   auto pg = c10::make_intrusive<CountingProcessGroup>(group, std::move(shm.shm), std::move(p2p));
   if (!pg->shm()) pg->set_allreduce_transport("Gloo (" + shm.reason + ")");
   return pg;
+}
+
+StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
+    const DistEnv& env, std::chrono::milliseconds timeout) {
+  LAUNCH_ASSIGN_OR_RETURN(auto store,
+                          ConnectStore(env, env.rank == 0 && !env.use_agent_store, timeout));
+  return CreateGroupOver(store, "world", env.rank, env.world_size, env, timeout);
 }
 
 void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensors,

@@ -130,11 +130,25 @@ void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensor
 void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
                         std::vector<at::Tensor> tensors);
 
-// Connects to (rank 0: hosts) the store and builds the Gloo group; waits at most `timeout`
-// for all ranks. Then sets up the shared-memory all-reduce when every rank is on this host and
-// none has LAUNCH_SHM_ALLREDUCE=0 (all ranks decide alike; see allreduce_transport()); its
-// operations fail within the same `timeout`. Errors name the store address and the rank:
-// "rank 1 could not reach the process-group store at 10.0.0.9:29500 within 30 s: ...".
+// A client of the job's TCPStore at MASTER_ADDR:MASTER_PORT, or its host (`host`: rank 0 when
+// no agent hosts it). Errors name the address and the rank: "rank 1 could not reach the
+// process-group store at 10.0.0.9:29500 within 30 s: ...".
+StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool host,
+                                                       std::chrono::milliseconds timeout);
+
+// The group `name` ("world", "stage1", "data0", ...) of `size` ranks in which this process is
+// `rank`, over the job's `store` (keys under a prefix per name and restart): Gloo (NewGroup),
+// then the shared-memory all-reduce and send/recv when every rank of the group is on this host
+// and none has LAUNCH_SHM_ALLREDUCE=0 (all ranks decide alike; see allreduce_transport()); its
+// operations fail within the same `timeout`. COLLECTIVE among the group's ranks; waits at most
+// `timeout` for them. Every group a worker builds is made here (the layout's axis groups:
+// parallel/layout.h).
+StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::string& name, int rank, int size,
+    const DistEnv& env, std::chrono::milliseconds timeout);
+
+// The job's group of every rank: connects to (rank 0: hosts) the store, then CreateGroupOver
+// with name "world".
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateProcessGroup(
     const DistEnv& env, std::chrono::milliseconds timeout);
 

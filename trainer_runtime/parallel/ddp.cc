@@ -149,15 +149,16 @@ class DdpStrategy : public ParallelStrategy {
  public:
   DdpStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, double bucket_cap_mb,
               bool sync_each_batch, bool find_unused_parameters, bool bf16_buckets)
-      : model_(model),
-        bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
+      : bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
         sync_each_batch_(sync_each_batch),
         find_unused_(find_unused_parameters),
         bf16_buckets_(bf16_buckets) {
-    pg_ = std::move(pg);
+    model_ = model;
+    SetGroup(std::move(pg));
   }
 
   const char* Name() const override { return "ddp"; }
+  bool ReplicasEqual() const override { return true; }
 
   void Setup() override {
     BroadcastModel(pg_, model_);
@@ -223,14 +224,7 @@ class DdpStrategy : public ParallelStrategy {
     previous_forward_synced_ = sync;
   }
 
-  void SyncBuffers() override {
-    if (model_->NamedBuffers().empty()) return;
-    auto start = Clock::now();
-    std::vector<at::Tensor> buffers;
-    for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b);
-    BroadcastFromRank0(pg_, std::move(buffers));
-    stats_.blocking_comm_ms += MsSince(start);
-  }
+  void SyncBuffers() override { BroadcastBuffers(); }
 
   void BeforeBackward(const torch::Tensor& loss, bool sync) override {
     pg_->TakeLaunchTimes();  // forget launches outside this backward
@@ -265,7 +259,6 @@ class DdpStrategy : public ParallelStrategy {
   int64_t num_buckets() const override { return num_buckets_; }
 
  private:
-  Model* model_;
   size_t bucket_cap_bytes_;
   bool sync_each_batch_;
   bool find_unused_;

@@ -153,6 +153,7 @@ class DpStrategy : public ParallelStrategy {
         bf16_(bf16),
         extra_(std::move(extra)),
         pool_(replicas_, threads_per_replica) {
+    model_ = model;
     models_.push_back(model);
     for (auto& m : extra_) models_.push_back(m.get());
   }

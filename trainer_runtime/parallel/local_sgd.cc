@@ -6,10 +6,12 @@ namespace {
 class LocalSgdStrategy : public ParallelStrategy {
  public:
   LocalSgdStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, int k)
-      : model_(model), k_(k) {
-    pg_ = std::move(pg);
+      : k_(k) {
+    model_ = model;
+    SetGroup(std::move(pg));
   }
   const char* Name() const override { return "local_sgd"; }
+  bool ReplicasEqual() const override { return false; }
   void Setup() override {
     if (pg_) BroadcastModel(pg_, model_);
   }
@@ -35,7 +37,6 @@ class LocalSgdStrategy : public ParallelStrategy {
     stats_.blocking_comm_ms += MsSince(start);
   }
 
-  Model* model_;
   int k_;
   int64_t last_averaged_ = 0;
 };

@@ -29,49 +29,25 @@ double PeakRssMb() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;
 }
 
-// The Gloo group of stage `stage` across the D pipeline replicas: a second client of the job's
-// TCPStore (rank 0 hosts it, or the agent), seen through a prefix per stage and restart.
-StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateStageGroup(
-    const DistEnv& env, int stage, int replica, int replicas, std::chrono::milliseconds timeout) {
-  try {
-    c10d::TCPStoreOptions opts;
-    opts.port = static_cast<uint16_t>(env.master_port);
-    opts.isServer = false;
-    opts.waitWorkers = false;
-    opts.timeout = timeout;
-    auto store = compat::NewTcpStore(env.master_addr, opts);
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
-        "launch_pp/" + std::to_string(env.restart_count) + "/stage" + std::to_string(stage), store);
-    return c10::make_intrusive<CountingProcessGroup>(
-        NewGroup(prefixed, replica, replicas, env, timeout));
-  } catch (const std::exception& e) {
-    return Status::Timeout("rank " + std::to_string(env.rank) +
-                           ": the data-parallel group of stage " + std::to_string(stage) + " (" +
-                           std::to_string(replicas) + " replicas) did not form: " + e.what());
-  }
-}
-
 }  // namespace
 
 PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const DistEnv& env,
+                               const ParallelLayout& layout,
                                c10::intrusive_ptr<CountingProcessGroup> pg)
     : cfg_(cfg), env_(env), pg_(std::move(pg)) {
-  stages_ = cfg_.parallel.stages;
-  stage_ = env_.rank % stages_;
-  replicas_ = env_.world_size / stages_;
-  replica_ = env_.rank / stages_;
+  stages_ = layout.degree(Axis::kStage);
+  stage_ = layout.coordinate(Axis::kStage);
+  replicas_ = layout.degree(Axis::kData);
+  replica_ = layout.coordinate(Axis::kData);
   ops_ = BuildPipelineSchedule(cfg_.parallel.schedule, stages_, stage_, cfg_.parallel.microbatches);
 }
 
 StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
-    const config::TrainConfig& cfg, const DistEnv& env, c10::intrusive_ptr<CountingProcessGroup> pg,
-    std::chrono::milliseconds timeout) {
-  std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, env, pg));
-  if (engine->replicas_ > 1) {
-    LAUNCH_ASSIGN_OR_RETURN(
-        engine->stage_pg_,
-        CreateStageGroup(env, engine->stage_, engine->replica_, engine->replicas_, timeout));
-  }
+    const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
+    c10::intrusive_ptr<CountingProcessGroup> pg, std::chrono::milliseconds timeout) {
+  std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, env, layout, pg));
+  // This stage's replicas in the other pipelines average their gradients.
+  LAUNCH_ASSIGN_OR_RETURN(engine->stage_pg_, CreateAxisGroup(layout, Axis::kData, env, pg, timeout));
   return engine;
 }
 

@@ -31,6 +31,7 @@
 #include "config/train_config.h"
 #include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/model/model.h"
+#include "trainer_runtime/parallel/layout.h"
 #include "trainer_runtime/util/env.h"
 #include "trainer_runtime/util/pipeline_schedule.h"
 
@@ -41,12 +42,12 @@ class PipelineEngine {
   using ForwardFn = std::function<torch::Tensor(const torch::Tensor&)>;
   using LossFn = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
 
-  // Joins the stage's data-parallel group when there is more than one replica. `pg` is the
-  // world (null for one process).
-  // REQUIRES: config::CheckTrainRules(cfg, env.world_size) holds (the layout: stages divide
-  // the world, 1F1B micro-batches >= stages, batch_size >= micro-batches, no Local SGD).
+  // Joins the stage's data-parallel group (CreateAxisGroup) when there is more than one
+  // replica. `pg` is the world (null for one process); `layout` was built from `cfg` (its
+  // validation covers the pipeline's rules: stages divide the world, 1F1B micro-batches >=
+  // stages, batch_size >= micro-batches, no Local SGD).
   static StatusOr<std::unique_ptr<PipelineEngine>> Create(
-      const config::TrainConfig& cfg, const DistEnv& env,
+      const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
       c10::intrusive_ptr<CountingProcessGroup> pg, std::chrono::milliseconds timeout);
 
   // This rank's stage: `model` is its parameter view, `forward` runs it.
@@ -93,7 +94,7 @@ class PipelineEngine {
   bool bf16() const { return cfg_.mixed_precision == "bf16"; }
   // forward_ under autocast when mixed precision is bf16, the output back in float32.
   torch::Tensor StageForward(const torch::Tensor& input);
-  PipelineEngine(const config::TrainConfig& cfg, const DistEnv& env,
+  PipelineEngine(const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
                  c10::intrusive_ptr<CountingProcessGroup> pg);
   void SendActivation(const torch::Tensor& t);
   torch::Tensor RecvActivation();

@@ -1,5 +1,8 @@
 #include "trainer_runtime/parallel/strategy.h"
 
+#include "base/files.h"
+#include "trainer_runtime/state/checkpoint.h"
+
 namespace launch::trainer {
 
 double ParallelStrategy::MsSince(Clock::time_point start) {
@@ -12,6 +15,44 @@ void ParallelStrategy::BroadcastModel(const c10::intrusive_ptr<CountingProcessGr
   for (auto& [name, p] : model->NamedParameters()) tensors.push_back(p);
   for (auto& [name, b] : model->NamedBuffers()) tensors.push_back(b);
   BroadcastFromRank0(pg, std::move(tensors));
+}
+
+double ParallelStrategy::ClipGradNorm(double max_norm) {
+  return torch::nn::utils::clip_grad_norm_(model_->Parameters(), max_norm);
+}
+
+void ParallelStrategy::Step(torch::optim::Optimizer& optimizer) {
+  optimizer.step();
+  for (auto& p : model_->Parameters())
+    if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
+Status ParallelStrategy::SaveModelState(const std::string& dir,
+                                        torch::optim::Optimizer& optimizer) {
+  if (ReplicasEqual())
+    return rank() == 0 ? trainer::SaveModelState(dir + "/model.pt", *model_, optimizer)
+                       : Status::Ok();
+  return trainer::SaveModelState(dir + "/model_rank" + std::to_string(rank()) + ".pt", *model_,
+                                 optimizer);
+}
+
+Status ParallelStrategy::LoadModelState(const std::string& dir, torch::optim::Optimizer& optimizer,
+                                        int64_t /*written_by*/) {
+  std::string path = dir + "/model.pt";
+  if (!ReplicasEqual()) {
+    path = dir + "/model_rank" + std::to_string(rank()) + ".pt";
+    if (!FileExists(path)) path = dir + "/model_rank0.pt";  // fewer ranks wrote it
+  }
+  return trainer::LoadModelState(path, *model_, optimizer);
+}
+
+void ParallelStrategy::BroadcastBuffers() {
+  if (model_->NamedBuffers().empty()) return;
+  auto start = Clock::now();
+  std::vector<at::Tensor> buffers;
+  for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b);
+  BroadcastFromRank0(pg_, std::move(buffers));
+  stats_.blocking_comm_ms += MsSince(start);
 }
 
 StepCommStats ParallelStrategy::TakeStepStats() {

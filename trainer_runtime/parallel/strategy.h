@@ -11,8 +11,13 @@
 //             over the world; no_sync = skipping prepare_for_backward (ddp.h);
 //   local_sgd no gradient communication; parameters averaged every K optimizer steps and
 //             once at the end (local_sgd.h);
-//   dp        replicas of the model on threads in this process (dp.h).
-// Pipeline stages are not a strategy: PipelineEngine (pipeline_engine.h) runs their schedule.
+//   dp        replicas of the model on threads in this process (dp.h);
+//   zero      data parallel with optimizer state (stage 1), gradients (2) and parameters (3)
+//             sharded over the ranks (zero.h).
+// Besides the points of a micro-batch, a strategy owns the optimizer step (Step, ClipGradNorm:
+// ZeRO steps only this rank's shard and needs a global norm) and where its state goes in a
+// checkpoint (SaveModelState, LoadModelState). Pipeline stages are not a strategy yet:
+// PipelineEngine (pipeline_engine.h) runs their schedule and the Accelerator its step.
 //
 // Internal to trainer_runtime (includes LibTorch). Not thread-safe; one loop drives it. Methods
 // may throw c10::Error (a peer died, a collective timed out): the loop converts it to Status.
@@ -21,10 +26,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <torch/torch.h>
 
+#include "base/status.h"
 #include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/model/model.h"
 
@@ -62,6 +69,35 @@ class ParallelStrategy {
   // ddp: makes rank 0's buffers every rank's (before evaluating or saving, as a forward
   // through PyTorch's DDP would). COLLECTIVE in ddp; nothing in other strategies.
   virtual void SyncBuffers() {}
+
+  // --- The optimizer step (after the micro-batch that closed the window) -----------------------
+  // Scales the gradients so that their global 2-norm is at most `max_norm` (as
+  // torch::nn::utils::clip_grad_norm_) and returns the norm before clipping. The default clips
+  // the model's parameters: every rank holds whole gradients, equal after synchronisation.
+  // COLLECTIVE where gradients are sharded (zero).
+  virtual double ClipGradNorm(double max_norm);
+  // Runs `optimizer`'s step, then zeroes the gradients in place (not set to undefined: DDP's
+  // gradients are views into its buckets, and memory stays put across steps). The default
+  // steps `optimizer` over every parameter; zero steps this rank's shard with its own optimizer
+  // built from `optimizer`'s groups and options (learning rates are read from it every step,
+  // so a schedule set on `optimizer` applies), then gathers the parameters. COLLECTIVE in zero.
+  virtual void Step(torch::optim::Optimizer& optimizer);
+
+  // --- Checkpoints ---------------------------------------------------------------------------
+  // Whether every rank holds the same parameters between steps (ddp, dp, zero, one process):
+  // then one copy of them is saved. Local SGD's replicas and `none`'s differ.
+  virtual bool ReplicasEqual() const { return world() == 1; }
+  // Writes this rank's part of the model and optimizer state into the checkpoint folder `dir`
+  // (Accelerator::SaveState commits the folder as a whole). The default: with equal replicas
+  // rank 0 writes model.pt (parameters, buffers, optimizer state), otherwise every rank writes
+  // model_rank<r>.pt. IoError naming the file.
+  virtual Status SaveModelState(const std::string& dir, torch::optim::Optimizer& optimizer);
+  // Restores what SaveModelState wrote into `dir` when `written_by` ranks wrote it. The default
+  // reads model.pt, or with differing replicas this rank's model_rank<r>.pt (rank 0's when the
+  // checkpoint has none for this rank). Errors: the file is missing or unreadable, or was
+  // written by another model (InvalidConfig naming the first mismatch).
+  virtual Status LoadModelState(const std::string& dir, torch::optim::Optimizer& optimizer,
+                                int64_t written_by);
   // Number of gradient buckets (ddp), 0 otherwise.
   virtual int64_t num_buckets() const { return 0; }
   // dp (dp.h): the strategy runs forward, loss and backward itself (replicas on threads). When
@@ -84,17 +120,35 @@ class ParallelStrategy {
 
   StepCommStats TakeStepStats();
 
+  // This rank and the world (0 and 1 for one process).
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+
  protected:
   using Clock = std::chrono::steady_clock;
   // Milliseconds from `start` to now (for stats_.blocking_comm_ms).
   static double MsSince(Clock::time_point start);
   // Makes rank 0's parameters and buffers of `model` every rank's. COLLECTIVE.
   static void BroadcastModel(const c10::intrusive_ptr<CountingProcessGroup>& pg, Model* model);
+  // Makes rank 0's buffers (running statistics) of model_ every rank's, timed as blocking
+  // communication (ddp and zero before a forward that follows a synchronised one). COLLECTIVE.
+  void BroadcastBuffers();
 
   StepCommStats stats_;
   int64_t allreduces_at_step_start_ = 0;
+  // The group the strategy communicates through (null: it does not) and the rank and world it
+  // sets.
+  void SetGroup(c10::intrusive_ptr<CountingProcessGroup> pg) {
+    pg_ = std::move(pg);
+    rank_ = pg_ ? pg_->getRank() : 0;
+    world_ = pg_ ? pg_->getSize() : 1;
+  }
   // Null when the world has one process.
   c10::intrusive_ptr<CountingProcessGroup> pg_;
+  int rank_ = 0;
+  int world_ = 1;
+  // The model the strategy trains; set by every strategy's constructor.
+  Model* model_ = nullptr;
 };
 
 // Sum-all-reduces `values` (a small double tensor) over the world in place; no-op for a null

@@ -1,16 +1,21 @@
 #include "trainer_runtime/parallel/strategy_factory.h"
 
-#include "config/train_keys.h"
 #include "trainer_runtime/parallel/ddp.h"
 #include "trainer_runtime/parallel/dp.h"
 #include "trainer_runtime/parallel/local_sgd.h"
+#include "trainer_runtime/parallel/zero.h"
 
 namespace launch::trainer {
 namespace {
 
-// parallel.mode none, or a single process: each process trains alone.
+// parallel.mode none, or a single process: each process trains alone (nothing communicated).
 class NoneStrategy : public ParallelStrategy {
  public:
+  NoneStrategy(Model* model, int rank, int world) {
+    model_ = model;
+    rank_ = rank;
+    world_ = world;
+  }
   const char* Name() const override { return "none"; }
   void Setup() override {}
   bool SyncGradients(bool) const override { return false; }
@@ -24,19 +29,21 @@ class NoneStrategy : public ParallelStrategy {
 }  // namespace
 
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
-    const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg) {
+    const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
+    c10::intrusive_ptr<CountingProcessGroup> pg) {
   using config::ParallelMode;
   const ParallelMode mode = cfg.parallel.mode;
-  LAUNCH_RETURN_IF_ERROR(config::CheckTrainRulesStatus(cfg, pg ? pg->getSize() : 1));
   if (mode == ParallelMode::kDp) return CreateDpStrategy(cfg, model);
   if (mode == ParallelMode::kPipeline)
     return Status::InvalidConfig(
         "train.parallel.mode: pipeline runs on PipelineEngine, not a strategy");
   if (cfg.local_sgd_steps > 0) return CreateLocalSgdStrategy(cfg, model, std::move(pg));
   if (mode == ParallelMode::kNone || !pg) {
-    auto none = std::make_unique<NoneStrategy>();
+    auto none = std::make_unique<NoneStrategy>(model, pg ? pg->getRank() : 0,
+                                               pg ? pg->getSize() : 1);
     return std::unique_ptr<ParallelStrategy>(std::move(none));
   }
+  if (mode == ParallelMode::kZero) return CreateZeroStrategy(cfg, model, optimizer, std::move(pg));
   return CreateDdpStrategy(cfg, model, std::move(pg));
 }
 

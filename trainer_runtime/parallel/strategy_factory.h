@@ -17,10 +17,12 @@
 namespace launch::trainer {
 
 // Builds the strategy for `cfg` (parallel.mode and local_sgd_steps). `pg` may be null only
-// for a single process. `model` must outlive the strategy.
-// InvalidConfig for pipeline (not a strategy) and for a configuration that breaks
-// config::CheckTrainRules at this world size (e.g. dp across processes).
+// for a single process. `model` and `optimizer` (the one the loop steps; zero copies its type
+// and options onto the shards) must outlive the strategy.
+// REQUIRES: `cfg` passed its rules at this world size (ParallelLayout::Create checks them).
+// InvalidConfig for pipeline (not a strategy) and what a strategy refuses (zero.h).
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
-    const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg);
+    const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
+    c10::intrusive_ptr<CountingProcessGroup> pg);
 
 }  // namespace launch::trainer

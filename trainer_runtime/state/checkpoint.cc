@@ -91,6 +91,43 @@ Status LoadModelState(const std::string& path, const Model& model,
   }
 }
 
+Status SaveOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
+                          const torch::Tensor& layout) {
+  std::ostringstream bytes;
+  try {
+    torch::serialize::OutputArchive archive;
+    archive.write("layout", layout);
+    torch::serialize::OutputArchive opt;
+    optimizer.save(opt);
+    archive.write("optimizer", opt);
+    archive.save_to(bytes);
+  } catch (const c10::Error& e) {
+    return Status::IoError("serialising checkpoint: " + std::string(e.what_without_backtrace()));
+  }
+  return WriteFileAtomically(path, bytes.str()).WithContext("checkpoint");
+}
+
+Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
+                          const torch::Tensor& layout) {
+  LAUNCH_ASSIGN_OR_RETURN(auto archive, Open(path));
+  try {
+    torch::Tensor written;
+    archive->read("layout", written);
+    if (!written.sizes().equals(layout.sizes()) || !written.equal(layout))
+      return Status::InvalidConfig("checkpoint '" + path + "' was cut as " +
+                                   c10::str(written.tolist()) + ", this run as " +
+                                   c10::str(layout.tolist()) + " (world, stage, unit sizes)");
+    torch::serialize::InputArchive opt;
+    archive->read("optimizer", opt);
+    optimizer.load(opt);
+    return Status::Ok();
+  } catch (const c10::Error& e) {
+    return Status::InvalidConfig("checkpoint '" + path +
+                                 "': cannot restore the optimizer state: " +
+                                 e.what_without_backtrace());
+  }
+}
+
 Status SaveRankState(const std::string& path, const TrainState& state) {
   std::ostringstream bytes;
   try {

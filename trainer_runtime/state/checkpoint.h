@@ -35,6 +35,14 @@ Status SaveModelState(const std::string& path, const Model& model,
 Status LoadModelState(const std::string& path, const Model& model,
                       torch::optim::Optimizer& optimizer);
 
+// An optimizer's state alone (a ZeRO rank's shard), with `layout`: a tensor describing how the
+// state was cut (parallel/zero.cc), which LoadOptimizerState requires to be equal. IoError
+// naming the path; InvalidConfig when the layout differs (naming both).
+Status SaveOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
+                          const torch::Tensor& layout);
+Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
+                          const torch::Tensor& layout);
+
 // The per-rank file: the loop position and this process's CPU generator state (each rank
 // draws its own dropout masks, so each restores its own).
 Status SaveRankState(const std::string& path, const TrainState& state);

@@ -1,0 +1,55 @@
+#pragma once
+
+// ZeRO (`train.parallel.mode: zero`): data parallel like ddp (every rank a replica on its own
+// data, gradients averaged over the world), with the training state sharded over the ranks so
+// that memory per rank falls as ranks are added (DeepSpeed's stages; PyTorch's
+// ZeroRedundancyOptimizer is stage 1, FSDP's SHARD_GRAD_OP stage 2):
+//   stage 1  optimizer state: each rank steps only its shard of the parameters with its own
+//            optimizer, then the parameters are all-gathered;
+//   stage 2  also gradients: each rank keeps only its shard of the averaged gradients.
+// Bytes per parameter with fp32 Adam: ddp 16, stage 1 8 + 8/W, stage 2 4 + 12/W.
+//
+// Layout. The trained parameters (Model::Parameters) are cut, walking them backwards (the order
+// backward produces gradients in), into units of about parallel.bucket_cap_mb. Each unit is one
+// flat buffer padded to a multiple of W; the parameters become views into it. Rank r owns the
+// r-th of W equal slices of every unit: its optimizer steps "segments", one per parameter that
+// meets the slice, views into the slice, with the options of that parameter's group in the
+// user's optimizer (the same elementwise update as the whole parameter gets).
+//
+// Gradients. A hook after each parameter's gradient accumulation counts the unit's parameters
+// done; a unit whose parameters are all done is reduce-scattered (shared memory on one host,
+// Gloo otherwise; CountingProcessGroup::ReduceScatterFlat) while backward goes on, in unit order
+// on every rank (a unit finished early waits for those before it, so every rank issues the same
+// sequence). Each rank's gradients are divided by W before the sum, as DDP's are, and the
+// shared-memory transport sums in rank order: with it, the averaged gradients, and so the steps,
+// are DDP's bit for bit. Stage 1 keeps whole gradients (views into per-unit buffers) and
+// reduces at the micro-batch that closes the accumulation window (no_sync before it, as ddp);
+// stage 2 copies each gradient into its unit's bucket as it is produced, frees it, and reduces
+// every micro-batch into the shard (accumulating there), so no whole gradient outlives its unit.
+//
+// Checkpoints: rank 0 writes model.pt (parameters and buffers, as ddp), every rank its
+// optimizer shard (zero_rank<r>.pt) with the layout it was cut with. A resume needs the same
+// world size and layout (a clear error otherwise).
+//
+// Internal to trainer_runtime (includes LibTorch).
+
+#include <memory>
+
+#include "base/status.h"
+#include "config/train_config.h"
+#include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/model/model.h"
+#include "trainer_runtime/parallel/strategy.h"
+
+namespace launch::trainer {
+
+// The ZeRO strategy of cfg.parallel.zero_stage around `model` (must outlive it) and `optimizer`
+// (the user's: its type, groups and options are copied onto the shards; it is not stepped).
+// InvalidConfig when the stage is not built (3), when the optimizer is not one of torch::optim's
+// SGD, Adam, AdamW, RMSprop or Adagrad, or when parameters mix dtypes or are not on the CPU.
+// REQUIRES: `pg` is not null.
+StatusOr<std::unique_ptr<ParallelStrategy>> CreateZeroStrategy(
+    const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
+    c10::intrusive_ptr<CountingProcessGroup> pg);
+
+}  // namespace launch::trainer
