@@ -84,6 +84,23 @@ c10::intrusive_ptr<c10d::Work> Done(c10d::OpType type, const at::Tensor& output)
   return c10::make_intrusive<shm::FutureWork>(future, type);
 }
 
+// `t`'s bytes as the Gloo-supported type of its element width (Byte, Half, Int, Long), or `t`
+// itself for other widths.
+at::Tensor AsGlooBytes(const at::Tensor& t) {
+  switch (t.element_size()) {
+    case 1:
+      return t.view(at::kByte);
+    case 2:
+      return t.view(at::kHalf);
+    case 4:
+      return t.view(at::kInt);
+    case 8:
+      return t.view(at::kLong);
+    default:
+      return t;
+  }
+}
+
 // ShmAllReduce's failures complete the future with a c10::Error; this one is thrown at the call.
 void CheckFlatArguments(const char* what, const at::Tensor& whole, const at::Tensor& part,
                         int world) {
@@ -130,12 +147,14 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::ReduceScatterFlat(const at:
   if (shm_ && shm_->SupportsReduceScatter(input, output)) {
     work = shm_->ReduceScatterAsync(input, output);
   } else {
-    std::vector<at::Tensor> tensors = {input.view({-1})};
-    c10d::AllreduceOptions sum;
-    const at::Tensor shard = input.view({-1}).narrow(0, getRank() * output.numel(), output.numel());
+    // LibTorch 1.13's Gloo cannot add bfloat16: sum it in float (rounded once, at the copy).
+    at::Tensor summed =
+        input.scalar_type() == at::kBFloat16 ? input.view({-1}).to(at::kFloat) : input.view({-1});
+    std::vector<at::Tensor> tensors = {summed};
+    const at::Tensor shard = summed.narrow(0, getRank() * output.numel(), output.numel());
     const at::Tensor out = output.view({-1});
-    work = Then(inner_->allreduce(tensors, sum), c10d::OpType::REDUCE_SCATTER, output,
-                [shard, out] { out.copy_(shard); });
+    work = Then(inner_->allreduce(tensors, c10d::AllreduceOptions()), c10d::OpType::REDUCE_SCATTER,
+                output, [shard, out] { out.copy_(shard); });
   }
   EndOnCompletion(work, trace);
   return work;
@@ -158,12 +177,13 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllGatherFlat(const at::Ten
     work = shm_->AllGatherAsync(input, output);
   } else {
     // Gloo writes straight into views of `output`; the wrapper only turns its future's value
-    // (a list of tensor lists) into [output].
+    // (a list of tensor lists) into [output]. Gloo copies bytes but accepts only some dtypes
+    // (1.13's has no bfloat16 or bool): the tensors travel as an integer type of their width.
+    const at::Tensor flat = AsGlooBytes(output.view({-1}));
     std::vector<std::vector<at::Tensor>> outputs(1);
-    const at::Tensor flat = output.view({-1});
     for (int r = 0; r < getSize(); ++r)
       outputs[0].push_back(flat.narrow(0, r * input.numel(), input.numel()));
-    std::vector<at::Tensor> inputs = {input.view({-1})};
+    std::vector<at::Tensor> inputs = {AsGlooBytes(input.view({-1}))};
     work = Then(inner_->allgather(outputs, inputs, c10d::AllgatherOptions()),
                 c10d::OpType::ALLGATHER, output, [] {});
   }

@@ -81,7 +81,8 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // Through shared memory when the group has it and ShmAllReduce::SupportsReduceScatter: sums in
   // rank order, bit-identical to allreduce() through shared memory, `input` unchanged. Through
   // Gloo otherwise: an all-reduce of `input` in place, then this rank's shard copied out
-  // (bit-identical to allreduce() through Gloo). So `input`'s contents are unspecified
+  // (bit-identical to allreduce() through Gloo; bfloat16, which LibTorch 1.13's Gloo cannot
+  // add, is summed in float and rounded once). So `input`'s contents are unspecified
   // afterwards. COLLECTIVE: every rank, same sizes and dtype, same point in its sequence.
   // REQUIRES (checked: c10::Error): input and output contiguous, one dtype, input.numel() ==
   // getSize() * output.numel(); output is input's own shard or does not overlap it. Counted

@@ -512,7 +512,8 @@ Status ShmAllReduce::Execute(const Op& op) {
 
 Status ShmAllReduce::WaitSlotFree() {
   // Already passed unless the last operation was a reduce-scatter or an all-gather: WaitAll
-  // then returns at its first look.
+  // then returns at its first look. Once every rank passed that B, every rank has also checked
+  // the descriptors of the A before it, so this rank's descriptor may change too.
   return WaitAll(slot_read_by_);
 }
 
@@ -584,6 +585,9 @@ Status ShmAllReduce::ExecuteChunk(char* data, size_t total_bytes, size_t offset,
 Status ShmAllReduce::AgreeOnChunk(Kind kind, size_t total_bytes, size_t offset,
                                   c10::ScalarType dtype) {
   const uint64_t descriptor = Descriptor(static_cast<int>(kind), offset, dtype);
+  // After a reduce-scatter or all-gather a slow peer may still be checking the descriptors
+  // (a broadcast writes no slot, so nothing waited yet).
+  LAUNCH_RETURN_IF_ERROR(WaitSlotFree());
   RankState* mine = state(rank_);
   mine->total_bytes.store(total_bytes, std::memory_order_relaxed);
   mine->descriptor.store(descriptor, std::memory_order_relaxed);

@@ -40,7 +40,7 @@
 //     other ranks' chunks from their slots into their places and arrives at B.
 // Neither uses the result region. A rank does not wait for B after its last chunk (its output
 // is complete once it arrived); it waits for the B it passed last before it next writes its
-// slot, which is when the peers must have finished reading it.
+// slot or its descriptor, which is when the peers must have finished reading them.
 //
 // Waiting: each rank publishes how many phases it has passed (an atomic counter in the
 // segment); a waiter spins briefly, then sleeps in FUTEX_WAIT on a shared wake counter with a
@@ -221,7 +221,7 @@ class ShmAllReduce {
   // Bytes [offset, offset + bytes) of each rank's all-gather input of `total_bytes`.
   Status AllGatherChunk(const char* in, char* out, size_t total_bytes, size_t offset, size_t bytes,
                         c10::ScalarType dtype);
-  // Waits until the peers finished reading this rank's slot (see the protocol).
+  // Waits until the peers finished reading this rank's slot and descriptor (see the protocol).
   Status WaitSlotFree();
   // Publishes this rank's descriptor of the next chunk, arrives and checks that every rank
   // issued the same operation.
