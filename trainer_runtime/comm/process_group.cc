@@ -3,6 +3,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <algorithm>
+#include <functional>
 
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 
 #include "base/strings.h"
+#include "trainer_runtime/comm/shm_common.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/timeline.h"
 
@@ -42,12 +44,73 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::T
 
 namespace {
 // "all-reduce 1.5 MB" for the timeline.
+std::string OpName(const char* op, int64_t bytes) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%s %.2f MB", op, static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
 std::string AllreduceName(const std::vector<at::Tensor>& tensors) {
   int64_t bytes = 0;
   for (const at::Tensor& t : tensors) bytes += t.numel() * t.element_size();
-  char text[64];
-  std::snprintf(text, sizeof text, "all-reduce %.2f MB", static_cast<double>(bytes) / (1 << 20));
-  return text;
+  return OpName("all-reduce", bytes);
+}
+
+// Ends the timeline span `trace` when `work` completes.
+void EndOnCompletion(const c10::intrusive_ptr<c10d::Work>& work, uint64_t trace) {
+  if (trace != 0)
+    work->getFuture()->addCallback(
+        [trace](c10::ivalue::Future&) { Timeline::Get().EndAsync(trace); });
+}
+
+// A Work whose future completes, after `inner`'s did, with [output] once `finish` ran (on the
+// thread that completed `inner`), or with inner's error or finish's exception. wait()
+// rethrows.
+c10::intrusive_ptr<c10d::Work> Then(const c10::intrusive_ptr<c10d::Work>& inner, c10d::OpType type,
+                                    at::Tensor output, std::function<void()> finish) {
+  auto future = inner->getFuture()->then(
+      [output, finish = std::move(finish)](c10::ivalue::Future& done) -> c10::IValue {
+        if (done.hasError()) std::rethrow_exception(done.exception_ptr());
+        finish();
+        return c10::IValue(std::vector<at::Tensor>{output});
+      },
+      c10::ListType::create(c10::TensorType::get()));
+  return c10::make_intrusive<shm::FutureWork>(future, type);
+}
+
+// A Work already completed with [output] (an empty collective: nothing to exchange).
+c10::intrusive_ptr<c10d::Work> Done(c10d::OpType type, const at::Tensor& output) {
+  auto future = shm::TensorListFuture();
+  shm::Complete(*future, Status::Ok(), output);
+  return c10::make_intrusive<shm::FutureWork>(future, type);
+}
+
+// `t`'s bytes as the Gloo-supported type of its element width (Byte, Half, Int, Long), or `t`
+// itself for other widths.
+at::Tensor AsGlooBytes(const at::Tensor& t) {
+  switch (t.element_size()) {
+    case 1:
+      return t.view(at::kByte);
+    case 2:
+      return t.view(at::kHalf);
+    case 4:
+      return t.view(at::kInt);
+    case 8:
+      return t.view(at::kLong);
+    default:
+      return t;
+  }
+}
+
+// ShmAllReduce's failures complete the future with a c10::Error; this one is thrown at the call.
+void CheckFlatArguments(const char* what, const at::Tensor& whole, const at::Tensor& part,
+                        int world) {
+  TORCH_CHECK(whole.defined() && part.defined() && whole.is_contiguous() && part.is_contiguous(),
+              what, ": tensors must be defined and contiguous");
+  TORCH_CHECK(whole.scalar_type() == part.scalar_type(), what, ": dtypes differ (",
+              whole.scalar_type(), " vs ", part.scalar_type(), ")");
+  TORCH_CHECK(whole.device() == part.device(), what, ": devices differ");
+  TORCH_CHECK(whole.numel() == world * part.numel(), what, ": ", whole.numel(),
+              " elements are not ", world, " ranks x ", part.numel());
 }
 }  // namespace
 
@@ -63,10 +126,81 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::T
   c10::intrusive_ptr<c10d::Work> work = shm_ && ShmAllReduce::Supports(tensors, opts)
                                             ? shm_->AllReduceAsync(tensors[0])
                                             : inner_->allreduce(tensors, opts);
-  if (trace != 0)
-    work->getFuture()->addCallback(
-        [trace](c10::ivalue::Future&) { Timeline::Get().EndAsync(trace); });
+  EndOnCompletion(work, trace);
   return work;
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::ReduceScatterFlat(const at::Tensor& input,
+                                                                       const at::Tensor& output) {
+  CheckFlatArguments("ReduceScatterFlat", input, output, getSize());
+  const int64_t bytes = input.numel() * input.element_size();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++reduce_scatter_count_;
+    reduce_scatter_bytes_ += bytes;
+    launch_times_.push_back(Clock::now());
+  }
+  if (output.numel() == 0) return Done(c10d::OpType::REDUCE_SCATTER, output);
+  const uint64_t trace =
+      Timeline::Get().BeginAsync("reduce_scatter", OpName("reduce-scatter", bytes));
+  c10::intrusive_ptr<c10d::Work> work;
+  if (shm_ && shm_->SupportsReduceScatter(input, output)) {
+    work = shm_->ReduceScatterAsync(input, output);
+  } else {
+    // LibTorch 1.13's Gloo cannot add bfloat16: sum it in float (rounded once, at the copy).
+    at::Tensor summed =
+        input.scalar_type() == at::kBFloat16 ? input.view({-1}).to(at::kFloat) : input.view({-1});
+    std::vector<at::Tensor> tensors = {summed};
+    const at::Tensor shard = summed.narrow(0, getRank() * output.numel(), output.numel());
+    const at::Tensor out = output.view({-1});
+    work = Then(inner_->allreduce(tensors, c10d::AllreduceOptions()), c10d::OpType::REDUCE_SCATTER,
+                output, [shard, out] { out.copy_(shard); });
+  }
+  EndOnCompletion(work, trace);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllGatherFlat(const at::Tensor& input,
+                                                                   const at::Tensor& output) {
+  CheckFlatArguments("AllGatherFlat", output, input, getSize());
+  const int64_t bytes = output.numel() * output.element_size();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++allgather_count_;
+    allgather_bytes_ += bytes;
+    allgather_launch_times_.push_back(Clock::now());
+  }
+  if (input.numel() == 0) return Done(c10d::OpType::ALLGATHER, output);
+  const uint64_t trace = Timeline::Get().BeginAsync("allgather", OpName("all-gather", bytes));
+  c10::intrusive_ptr<c10d::Work> work;
+  if (shm_ && shm_->SupportsAllGather(input, output)) {
+    work = shm_->AllGatherAsync(input, output);
+  } else {
+    // Gloo writes straight into views of `output`; the wrapper only turns its future's value
+    // (a list of tensor lists) into [output]. Gloo copies bytes but accepts only some dtypes
+    // (1.13's has no bfloat16 or bool): the tensors travel as an integer type of their width.
+    const at::Tensor flat = AsGlooBytes(output.view({-1}));
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < getSize(); ++r)
+      outputs[0].push_back(flat.narrow(0, r * input.numel(), input.numel()));
+    std::vector<at::Tensor> inputs = {AsGlooBytes(input.view({-1}))};
+    work = Then(inner_->allgather(outputs, inputs, c10d::AllgatherOptions()),
+                c10d::OpType::ALLGATHER, output, [] {});
+  }
+  EndOnCompletion(work, trace);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
+  return AllGatherFlat(input, output);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  if (opts.reduceOp != c10d::ReduceOp::SUM)
+    return inner_->_reduce_scatter_base(output, input, opts);
+  return ReduceScatterFlat(input, output);
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce_coalesced(
@@ -129,10 +263,38 @@ int64_t CountingProcessGroup::allreduce_bytes() const {
   return allreduce_bytes_;
 }
 
+int64_t CountingProcessGroup::reduce_scatter_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reduce_scatter_count_;
+}
+
+int64_t CountingProcessGroup::reduce_scatter_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reduce_scatter_bytes_;
+}
+
+int64_t CountingProcessGroup::allgather_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allgather_count_;
+}
+
+int64_t CountingProcessGroup::allgather_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allgather_bytes_;
+}
+
 std::vector<CountingProcessGroup::Clock::time_point> CountingProcessGroup::TakeLaunchTimes() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Clock::time_point> out;
   out.swap(launch_times_);
+  return out;
+}
+
+std::vector<CountingProcessGroup::Clock::time_point>
+CountingProcessGroup::TakeAllgatherLaunchTimes() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Clock::time_point> out;
+  out.swap(allgather_launch_times_);
   return out;
 }
 

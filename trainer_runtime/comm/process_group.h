@@ -5,15 +5,19 @@
 // ProcessGroupNCCL for CUDA tensors when LibTorch has CUDA: torch_compat.h).
 //
 // CountingProcessGroup wraps the real group and forwards every collective the trainer uses,
-// counting all-reduces and recording when each was launched. The DDP Reducer talks to the
-// wrapper, so tests and metrics see real counts (no_sync really skips communication) and real
-// launch times (buckets really start during backward), not assumptions.
+// counting all-reduces, reduce-scatters and all-gathers and recording when each was launched. The
+// DDP Reducer talks to the wrapper, so tests and metrics see real counts (no_sync really skips
+// communication) and real launch times (buckets really start during backward), not assumptions.
 //
 // When every rank of the group is on this host, CreateProcessGroup also gives the wrapper a
 // shared-memory all-reduce (shm_allreduce.h): allreduce() of one dense contiguous CPU tensor of
 // float, double or bfloat16 with ReduceOp SUM goes there (asynchronous, in issue order, like
-// Gloo's); every other operation, and everything when the ranks span hosts or
-// LAUNCH_SHM_ALLREDUCE=0, goes to Gloo. Each transport sees the same subsequence of operations
+// Gloo's), and so do ZeRO's flat collectives: ReduceScatterFlat of such a tensor and
+// AllGatherFlat of a dense contiguous CPU tensor of any dtype (ShmAllReduce::Supports*). Every
+// other operation, and everything when the ranks span hosts or LAUNCH_SHM_ALLREDUCE=0, goes to
+// Gloo; there the reduce-scatter is an all-reduce of the input followed by a copy of this
+// rank's shard (LibTorch 1.13's Gloo has no CPU reduce_scatter) and the all-gather is Gloo's
+// allgather into views of the output. Each transport sees the same subsequence of operations
 // on every rank, so the two never need ordering between them. In the same case send() and
 // recv() of a CPU tensor go through shared-memory rings (shm_p2p.h: the pipeline's activations
 // and gradients): all of them, so messages between two ranks never straddle two transports.
@@ -59,11 +63,39 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override;
+  // AllGatherFlat(input, output).
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  // ReduceScatterFlat(input, output) for ReduceOp SUM; other ops go to the wrapped group.
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
                                       int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
                                       int tag) override;
+
+  // ZeRO's gradient reduction: `output` = the sum over ranks of each rank's
+  // input[rank * S, (rank + 1) * S), S = output.numel(), asynchronously (the Work's future
+  // completes with [output] once it is written; wait() rethrows a failure as c10::Error).
+  // Through shared memory when the group has it and ShmAllReduce::SupportsReduceScatter: sums in
+  // rank order, bit-identical to allreduce() through shared memory, `input` unchanged. Through
+  // Gloo otherwise: an all-reduce of `input` in place, then this rank's shard copied out
+  // (bit-identical to allreduce() through Gloo; bfloat16, which LibTorch 1.13's Gloo cannot
+  // add, is summed in float and rounded once). So `input`'s contents are unspecified
+  // afterwards. COLLECTIVE: every rank, same sizes and dtype, same point in its sequence.
+  // REQUIRES (checked: c10::Error): input and output contiguous, one dtype, input.numel() ==
+  // getSize() * output.numel(); output is input's own shard or does not overlap it. Counted
+  // as a reduce-scatter of input's bytes, its launch time recorded with the all-reduces'.
+  c10::intrusive_ptr<c10d::Work> ReduceScatterFlat(const at::Tensor& input,
+                                                   const at::Tensor& output);
+  // ZeRO's parameter gather: `output` = every rank's `input` concatenated in rank order, any
+  // dtype, asynchronously (as above). Through shared memory when the group has it and
+  // ShmAllReduce::SupportsAllGather, through Gloo's allgather into views of `output`
+  // otherwise. COLLECTIVE, as above. REQUIRES (checked: c10::Error): contiguous, one dtype,
+  // output.numel() == getSize() * input.numel(); input is output's own part or does not
+  // overlap it. Counted as an all-gather of output's bytes.
+  c10::intrusive_ptr<c10d::Work> AllGatherFlat(const at::Tensor& input, const at::Tensor& output);
 
   // The wrapped group, for control-plane collectives (signals, triggers, metrics) that are not
   // part of a step's gradient communication and must not show in its counts.
@@ -88,8 +120,19 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // How many of those went through RecordAllreduce (the direct last-bucket path).
   int64_t recorded_count() const;
   int64_t allreduce_bytes() const;
-  // Launch times of all-reduces since the last TakeLaunchTimes() call.
+  // Reduce-scatters (ReduceScatterFlat) and the bytes of their inputs.
+  int64_t reduce_scatter_count() const;
+  int64_t reduce_scatter_bytes() const;
+  // All-gathers through AllGatherFlat (not the list-form allgather(), which is forwarded
+  // uncounted) and the bytes of their outputs.
+  int64_t allgather_count() const;
+  int64_t allgather_bytes() const;
+  // Launch times of gradient reductions (all-reduces and reduce-scatters) since the last
+  // TakeLaunchTimes() call: what "launched before the backward pass ended" is measured on.
   std::vector<Clock::time_point> TakeLaunchTimes();
+  // Launch times of AllGatherFlat calls since the last call: kept apart, since ZeRO-3 gathers
+  // parameters during the backward pass too and they are no gradient reduction.
+  std::vector<Clock::time_point> TakeAllgatherLaunchTimes();
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> inner_;
@@ -100,7 +143,12 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   int64_t allreduce_count_ = 0;
   int64_t allreduce_bytes_ = 0;
   int64_t recorded_count_ = 0;
+  int64_t reduce_scatter_count_ = 0;
+  int64_t reduce_scatter_bytes_ = 0;
+  int64_t allgather_count_ = 0;
+  int64_t allgather_bytes_ = 0;
   std::vector<Clock::time_point> launch_times_;
+  std::vector<Clock::time_point> allgather_launch_times_;
 };
 
 // A process group of `size` ranks over `store` (Gloo for CPU tensors; NCCL for CUDA tensors when

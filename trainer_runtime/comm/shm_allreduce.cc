@@ -59,9 +59,25 @@ std::string HostIdentity() {
   return std::string(host) + " boot " + ReadFirstLine("/proc/sys/kernel/random/boot_id") + " " + ns;
 }
 
-// Marks a broadcast's chunk descriptor, so a rank broadcasting while another reduces is an
-// error (offsets stay far below 2^55).
-constexpr uint64_t kBroadcastBit = uint64_t(1) << 63;
+// A chunk descriptor: the operation in the top two bits (so a rank broadcasting while another
+// reduces is an error), the chunk's byte offset (far below 2^54) and the dtype in the low byte.
+constexpr int kKindShift = 62;
+uint64_t Descriptor(int kind, size_t offset, c10::ScalarType dtype) {
+  return (static_cast<uint64_t>(kind) << kKindShift) | (static_cast<uint64_t>(offset) << 8) |
+         static_cast<uint8_t>(dtype);
+}
+const char* Verb(uint64_t descriptor) {
+  static const char* const kVerbs[] = {"all-reduces", "broadcasts", "reduce-scatters",
+                                       "all-gathers"};
+  return kVerbs[descriptor >> kKindShift];
+}
+
+bool DenseCpu(const at::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.layout() == c10::kStrided && t.is_contiguous();
+}
+bool Summable(c10::ScalarType d) {
+  return d == c10::kFloat || d == c10::kDouble || d == c10::kBFloat16;
+}
 
 // Sums n elements over `in` (one pointer per rank) in rank order into `acc`. `acc` is a small
 // local buffer, so the loops vectorise without aliasing concerns even though one input (this
@@ -90,7 +106,7 @@ void SumInRankOrder(c10::BFloat16* __restrict acc, const std::vector<const c10::
 
 // Sums elements [lo, lo + n) over `inputs` in rank order and stores the result both in the
 // shared result region and in this rank's tensor: one pass over the slice instead of a sum
-// followed by a copy (the all-reduce is memory-bound).
+// followed by a copy (the all-reduce is memory-bound). `shared` may be null (reduce-scatter).
 template <typename T>
 void SumSlice(const std::vector<const char*>& inputs, size_t lo, size_t n, char* shared,
               char* local) {
@@ -103,8 +119,23 @@ void SumSlice(const std::vector<const char*>& inputs, size_t lo, size_t n, char*
   for (size_t base = lo; base < lo + n; base += kBlock) {
     const size_t m = std::min(kBlock, lo + n - base);
     SumInRankOrder(acc, in, base, m);
-    std::memcpy(out_shared + base, acc, m * sizeof(T));
+    if (out_shared) std::memcpy(out_shared + base, acc, m * sizeof(T));
     std::memcpy(out_local + base, acc, m * sizeof(T));
+  }
+}
+
+void SumSliceOf(c10::ScalarType dtype, const std::vector<const char*>& inputs, size_t lo, size_t n,
+                char* shared, char* local) {
+  switch (dtype) {
+    case c10::kFloat:
+      SumSlice<float>(inputs, lo, n, shared, local);
+      break;
+    case c10::kDouble:
+      SumSlice<double>(inputs, lo, n, shared, local);
+      break;
+    default:
+      SumSlice<c10::BFloat16>(inputs, lo, n, shared, local);
+      break;
   }
 }
 
@@ -130,7 +161,7 @@ struct alignas(kCacheLine) ShmAllReduce::RankState {
   std::atomic<uint64_t> phase;  // phases passed; written only by its rank
   // The current chunk's descriptor, checked by every rank once all arrived at phase A.
   std::atomic<uint64_t> total_bytes;
-  std::atomic<uint64_t> offset_and_dtype;  // offset << 8 | ScalarType
+  std::atomic<uint64_t> descriptor;  // Descriptor(): operation, offset, dtype
   std::atomic<int32_t> pid;
 };
 
@@ -157,11 +188,17 @@ bool ShmAllReduce::EnabledByEnvironment() {
 bool ShmAllReduce::Supports(const std::vector<at::Tensor>& tensors,
                             const c10d::AllreduceOptions& opts) {
   if (tensors.size() != 1 || opts.reduceOp != c10d::ReduceOp::SUM) return false;
-  const at::Tensor& t = tensors[0];
-  if (!t.defined() || !t.device().is_cpu() || t.layout() != c10::kStrided || !t.is_contiguous())
-    return false;
-  const c10::ScalarType d = t.scalar_type();
-  return d == c10::kFloat || d == c10::kDouble || d == c10::kBFloat16;
+  return DenseCpu(tensors[0]) && Summable(tensors[0].scalar_type());
+}
+
+bool ShmAllReduce::SupportsReduceScatter(const at::Tensor& input, const at::Tensor& output) const {
+  return DenseCpu(input) && DenseCpu(output) && Summable(input.scalar_type()) &&
+         output.scalar_type() == input.scalar_type() && input.numel() == world_ * output.numel();
+}
+
+bool ShmAllReduce::SupportsAllGather(const at::Tensor& input, const at::Tensor& output) const {
+  return DenseCpu(input) && DenseCpu(output) && output.scalar_type() == input.scalar_type() &&
+         output.numel() == world_ * input.numel();
 }
 
 StatusOr<ShmSetup> ShmAllReduce::Create(c10d::Store& store, int rank, int world_size, bool enabled,
@@ -172,7 +209,8 @@ StatusOr<ShmSetup> ShmAllReduce::Create(c10d::Store& store, int rank, int world_
     return none;
   }
   ShmAllReduceOptions options = given;
-  options.chunk_bytes = std::max(kCacheLine, options.chunk_bytes / kCacheLine * kCacheLine);
+  options.chunk_bytes =
+      std::max(kCacheLine * world_size, options.chunk_bytes / kCacheLine * kCacheLine);
   const size_t size = DataOffset(world_size) + (world_size + 1) * options.chunk_bytes;
   const std::string me = std::to_string(rank);
   void* base = MAP_FAILED;
@@ -320,28 +358,85 @@ ShmAllReduce::~ShmAllReduce() {
   ::munmap(base_, size_);
 }
 
-c10::intrusive_ptr<c10d::Work> ShmAllReduce::AllReduceAsync(const at::Tensor& tensor) {
+c10::intrusive_ptr<c10d::Work> ShmAllReduce::Enqueue(Op op, c10d::OpType type) {
   auto future = shm::TensorListFuture();
+  c10::intrusive_ptr<c10d::Work> work = c10::make_intrusive<shm::FutureWork>(future, type);
+  op.future = future;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) {
       future->setError(compat::ErrorPtr("shared-memory all-reduce used after shut down"));
-    } else {
-      queue_.push_back(Op{tensor, future});
+      return work;
     }
+    queue_.push_back(std::move(op));
   }
   cv_.notify_all();
-  return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::ALLREDUCE);
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> ShmAllReduce::AllReduceAsync(const at::Tensor& tensor) {
+  return Enqueue(Op{Kind::kAllReduce, tensor, tensor, {}}, c10d::OpType::ALLREDUCE);
 }
 
 Status ShmAllReduce::AllReduceNow(const at::Tensor& tensor) {
+  return RunInline(Op{Kind::kAllReduce, tensor, tensor, {}});
+}
+
+namespace {
+// The REQUIRES of ReduceScatter*/AllGather*, as an error: sizes the peers may not share must
+// not reach the segment (a short tensor would be read or written out of bounds).
+Status BadArguments(const char* what, const at::Tensor& input, const at::Tensor& output,
+                    int world) {
+  std::ostringstream os;
+  os << "shared-memory " << what << ": unsupported tensors (input ";
+  if (input.defined()) os << input.scalar_type() << " x" << input.numel();
+  os << ", output ";
+  if (output.defined()) os << output.scalar_type() << " x" << output.numel();
+  os << ", " << world << " ranks; both dense, contiguous, on the CPU, one dtype)";
+  return Status::InvalidArgument(os.str());
+}
+
+c10::intrusive_ptr<c10d::Work> FailedWork(const Status& status, c10d::OpType type) {
+  auto future = shm::TensorListFuture();
+  shm::Complete(*future, status, at::Tensor());
+  return c10::make_intrusive<shm::FutureWork>(future, type);
+}
+}  // namespace
+
+c10::intrusive_ptr<c10d::Work> ShmAllReduce::ReduceScatterAsync(const at::Tensor& input,
+                                                                const at::Tensor& output) {
+  if (!SupportsReduceScatter(input, output))
+    return FailedWork(BadArguments("reduce-scatter", input, output, world_),
+                      c10d::OpType::REDUCE_SCATTER);
+  return Enqueue(Op{Kind::kReduceScatter, input, output, {}}, c10d::OpType::REDUCE_SCATTER);
+}
+
+Status ShmAllReduce::ReduceScatterNow(const at::Tensor& input, const at::Tensor& output) {
+  if (!SupportsReduceScatter(input, output))
+    return BadArguments("reduce-scatter", input, output, world_);
+  return RunInline(Op{Kind::kReduceScatter, input, output, {}});
+}
+
+c10::intrusive_ptr<c10d::Work> ShmAllReduce::AllGatherAsync(const at::Tensor& input,
+                                                            const at::Tensor& output) {
+  if (!SupportsAllGather(input, output))
+    return FailedWork(BadArguments("all-gather", input, output, world_), c10d::OpType::ALLGATHER);
+  return Enqueue(Op{Kind::kAllGather, input, output, {}}, c10d::OpType::ALLGATHER);
+}
+
+Status ShmAllReduce::AllGatherNow(const at::Tensor& input, const at::Tensor& output) {
+  if (!SupportsAllGather(input, output)) return BadArguments("all-gather", input, output, world_);
+  return RunInline(Op{Kind::kAllGather, input, output, {}});
+}
+
+Status ShmAllReduce::RunInline(const Op& op) {
   {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return stop_ || (queue_.empty() && !busy_); });
     if (stop_) return Status::Interrupted("shared-memory all-reduce shut down");
     busy_ = true;
   }
-  Status status = Execute(tensor);
+  Status status = Execute(op);
   {
     std::lock_guard<std::mutex> lock(mu_);
     busy_ = false;
@@ -359,7 +454,7 @@ void ShmAllReduce::WorkerLoop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    const Status status = Execute(op.tensor);
+    const Status status = Execute(op);
     lock.lock();
     busy_ = false;
     lock.unlock();
@@ -367,26 +462,93 @@ void ShmAllReduce::WorkerLoop() {
     // Completing runs the future's callbacks on this thread, outside mu_ and after busy_ is
     // cleared: a callback may issue the next operation, or wait for a lock held by a thread
     // that is in AllReduceNow (which may then run as soon as this operation's data is done).
-    shm::Complete(*op.future, status, op.tensor);
+    shm::Complete(*op.future, status, op.output);
     op = Op();
     lock.lock();
   }
 }
 
-Status ShmAllReduce::Execute(const at::Tensor& tensor, bool broadcast) {
+Status ShmAllReduce::Execute(const Op& op) {
   if (!failed_.ok()) return failed_;
-  const size_t total = static_cast<size_t>(tensor.numel()) * tensor.element_size();
-  char* data = static_cast<char*>(tensor.data_ptr());
-  for (size_t offset = 0; offset < total; offset += options_.chunk_bytes) {
-    const size_t bytes = std::min(options_.chunk_bytes, total - offset);
-    Status status = broadcast ? BroadcastChunk(data, total, offset, bytes, tensor.scalar_type())
-                              : ExecuteChunk(data, total, offset, bytes, tensor.scalar_type());
-    if (!status.ok()) {
-      failed_ = status;
-      Abort();  // the peers stop waiting for us
-      return status;
+  const c10::ScalarType dtype = op.input.scalar_type();
+  const size_t esize = op.input.element_size();
+  const size_t total = static_cast<size_t>(op.input.numel()) * esize;
+  const char* in = static_cast<const char*>(op.input.data_ptr());
+  char* out = static_cast<char*>(op.output.data_ptr());
+  Status status;
+  switch (op.kind) {
+    case Kind::kAllReduce:
+    case Kind::kBroadcast:
+      for (size_t offset = 0; offset < total && status.ok(); offset += options_.chunk_bytes) {
+        const size_t bytes = std::min(options_.chunk_bytes, total - offset);
+        status = op.kind == Kind::kBroadcast ? BroadcastChunk(out, total, offset, bytes, dtype)
+                                             : ExecuteChunk(out, total, offset, bytes, dtype);
+      }
+      break;
+    case Kind::kReduceScatter: {
+      // A slot holds W - 1 pieces (one per other rank's shard) of `per` elements, each
+      // starting on a cache line. chunk_bytes >= 64 * W (Create) makes per >= 64 / esize.
+      const size_t shard = static_cast<size_t>(op.output.numel());
+      const size_t align = kCacheLine / esize;
+      const size_t per = options_.chunk_bytes / ((world_ - 1) * esize) / align * align;
+      for (size_t first = 0; first < shard && status.ok(); first += per)
+        status =
+            ReduceScatterChunk(in, out, shard, first, std::min(per, shard - first), per, dtype);
+      break;
     }
+    case Kind::kAllGather:
+      for (size_t offset = 0; offset < total && status.ok(); offset += options_.chunk_bytes) {
+        const size_t bytes = std::min(options_.chunk_bytes, total - offset);
+        status = AllGatherChunk(in, out, total, offset, bytes, dtype);
+      }
+      break;
   }
+  if (!status.ok()) {
+    failed_ = status;
+    Abort();  // the peers stop waiting for us
+  }
+  return status;
+}
+
+Status ShmAllReduce::WaitSlotFree() {
+  // Already passed unless the last operation was a reduce-scatter or an all-gather: WaitAll
+  // then returns at its first look. Once every rank passed that B, every rank has also checked
+  // the descriptors of the A before it, so this rank's descriptor may change too.
+  return WaitAll(slot_read_by_);
+}
+
+Status ShmAllReduce::ReduceScatterChunk(const char* in, char* out, size_t shard, size_t first,
+                                        size_t n, size_t per, c10::ScalarType dtype) {
+  const size_t esize = c10::elementSize(dtype);
+  // Piece of rank d's shard in rank q's slot: d's index among the ranks other than q.
+  auto piece = [&](int d, int q) { return static_cast<size_t>(d - (d > q ? 1 : 0)) * per * esize; };
+  LAUNCH_RETURN_IF_ERROR(WaitSlotFree());
+  for (int d = 0; d < world_; ++d) {
+    if (d == rank_) continue;
+    std::memcpy(slot(rank_) + piece(d, rank_), in + (d * shard + first) * esize, n * esize);
+  }
+  LAUNCH_RETURN_IF_ERROR(
+      AgreeOnChunk(Kind::kReduceScatter, world_ * shard * esize, first * esize, dtype));
+  std::vector<const char*> inputs;
+  for (int q = 0; q < world_; ++q)
+    inputs.push_back(q == rank_ ? in + (rank_ * shard + first) * esize : slot(q) + piece(rank_, q));
+  SumSliceOf(dtype, inputs, 0, n, /*shared=*/nullptr, out + first * esize);
+  slot_read_by_ = ++phase_;
+  Arrive(slot_read_by_);
+  return Status::Ok();
+}
+
+Status ShmAllReduce::AllGatherChunk(const char* in, char* out, size_t total_bytes, size_t offset,
+                                    size_t bytes, c10::ScalarType dtype) {
+  LAUNCH_RETURN_IF_ERROR(WaitSlotFree());
+  std::memcpy(slot(rank_), in + offset, bytes);
+  char* mine = out + rank_ * total_bytes + offset;
+  if (mine != in + offset) std::memcpy(mine, in + offset, bytes);  // unless in place
+  LAUNCH_RETURN_IF_ERROR(AgreeOnChunk(Kind::kAllGather, total_bytes, offset, dtype));
+  for (int q = 0; q < world_; ++q)
+    if (q != rank_) std::memcpy(out + q * total_bytes + offset, slot(q), bytes);
+  slot_read_by_ = ++phase_;
+  Arrive(slot_read_by_);
   return Status::Ok();
 }
 
@@ -403,24 +565,14 @@ Status ShmAllReduce::ExecuteChunk(char* data, size_t total_bytes, size_t offset,
   const size_t hi = std::min(n, lo + per);
   // Only the peers read this rank's input slot, and only outside this rank's slice: this rank
   // sums its own slice reading its tensor directly.
+  LAUNCH_RETURN_IF_ERROR(WaitSlotFree());
   std::memcpy(slot(rank_), local, lo * esize);
   std::memcpy(slot(rank_) + hi * esize, local + hi * esize, bytes - hi * esize);
-  const uint64_t descriptor = (static_cast<uint64_t>(offset) << 8) | static_cast<uint8_t>(dtype);
-  LAUNCH_RETURN_IF_ERROR(AgreeOnChunk(total_bytes, descriptor, dtype, offset));
+  LAUNCH_RETURN_IF_ERROR(AgreeOnChunk(Kind::kAllReduce, total_bytes, offset, dtype));
   if (hi > lo) {
     std::vector<const char*> inputs;
     for (int r = 0; r < world_; ++r) inputs.push_back(r == rank_ ? local : slot(r));
-    switch (dtype) {
-      case c10::kFloat:
-        SumSlice<float>(inputs, lo, hi - lo, result(), local);
-        break;
-      case c10::kDouble:
-        SumSlice<double>(inputs, lo, hi - lo, result(), local);
-        break;
-      default:
-        SumSlice<c10::BFloat16>(inputs, lo, hi - lo, result(), local);
-        break;
-    }
+    SumSliceOf(dtype, inputs, lo, hi - lo, result(), local);
   }
   const uint64_t reduced = ++phase_;
   Arrive(reduced);
@@ -430,28 +582,30 @@ Status ShmAllReduce::ExecuteChunk(char* data, size_t total_bytes, size_t offset,
   return Status::Ok();
 }
 
-Status ShmAllReduce::AgreeOnChunk(size_t total_bytes, uint64_t descriptor, c10::ScalarType dtype,
-                                  size_t offset) {
+Status ShmAllReduce::AgreeOnChunk(Kind kind, size_t total_bytes, size_t offset,
+                                  c10::ScalarType dtype) {
+  const uint64_t descriptor = Descriptor(static_cast<int>(kind), offset, dtype);
+  // After a reduce-scatter or all-gather a slow peer may still be checking the descriptors
+  // (a broadcast writes no slot, so nothing waited yet).
+  LAUNCH_RETURN_IF_ERROR(WaitSlotFree());
   RankState* mine = state(rank_);
   mine->total_bytes.store(total_bytes, std::memory_order_relaxed);
-  mine->offset_and_dtype.store(descriptor, std::memory_order_relaxed);
+  mine->descriptor.store(descriptor, std::memory_order_relaxed);
   const uint64_t arrived = ++phase_;
-  Arrive(arrived);  // publishes the slot (all-reduce) and the descriptor
+  Arrive(arrived);  // publishes the slot and the descriptor
   LAUNCH_RETURN_IF_ERROR(WaitAll(arrived));
-  auto what = [](uint64_t d) {
-    return std::string((d & kBroadcastBit) ? "broadcasts " : "reduces ");
+  auto describe = [](int r, uint64_t d, uint64_t t) {
+    return "rank " + std::to_string(r) + " " + Verb(d) + " " + std::to_string(t) + " bytes of " +
+           c10::toString(static_cast<c10::ScalarType>(d & 0xff)) + " (chunk at " +
+           std::to_string((d & ((uint64_t(1) << kKindShift) - 1)) >> 8) + ")";
   };
   for (int r = 0; r < world_; ++r) {
     const uint64_t t = state(r)->total_bytes.load(std::memory_order_relaxed);
-    const uint64_t d = state(r)->offset_and_dtype.load(std::memory_order_relaxed);
+    const uint64_t d = state(r)->descriptor.load(std::memory_order_relaxed);
     if (t != total_bytes || d != descriptor)
       return Status::ProtocolError(
-          "shared-memory all-reduce: ranks issued different operations: rank " + std::to_string(r) +
-          " " + what(d) + std::to_string(t) + " bytes of " +
-          c10::toString(static_cast<c10::ScalarType>(d & 0xff)) + " (chunk at " +
-          std::to_string((d & ~kBroadcastBit) >> 8) + "), rank " + std::to_string(rank_) + " " +
-          what(descriptor) + std::to_string(total_bytes) + " bytes of " + c10::toString(dtype) +
-          " (chunk at " + std::to_string(offset) + ")");
+          "shared-memory all-reduce: ranks issued different operations: " + describe(r, d, t) +
+          ", " + describe(rank_, descriptor, total_bytes));
   }
   return Status::Ok();
 }
@@ -459,9 +613,7 @@ Status ShmAllReduce::AgreeOnChunk(size_t total_bytes, uint64_t descriptor, c10::
 Status ShmAllReduce::BroadcastChunk(char* data, size_t total_bytes, size_t offset, size_t bytes,
                                     c10::ScalarType dtype) {
   // Everyone arrived: the previous operation's result region has been read by all.
-  const uint64_t descriptor =
-      kBroadcastBit | (static_cast<uint64_t>(offset) << 8) | static_cast<uint8_t>(dtype);
-  LAUNCH_RETURN_IF_ERROR(AgreeOnChunk(total_bytes, descriptor, dtype, offset));
+  LAUNCH_RETURN_IF_ERROR(AgreeOnChunk(Kind::kBroadcast, total_bytes, offset, dtype));
   if (rank_ == 0) std::memcpy(result(), data + offset, bytes);
   const uint64_t written = ++phase_;
   Arrive(written);
@@ -470,9 +622,7 @@ Status ShmAllReduce::BroadcastChunk(char* data, size_t total_bytes, size_t offse
   return Status::Ok();
 }
 
-bool ShmAllReduce::SupportsBroadcast(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == c10::kStrided && t.is_contiguous();
-}
+bool ShmAllReduce::SupportsBroadcast(const at::Tensor& t) { return DenseCpu(t); }
 
 c10::intrusive_ptr<c10d::Work> ShmAllReduce::BroadcastFromRank0(const at::Tensor& tensor) {
   auto future = shm::TensorListFuture();
@@ -484,7 +634,7 @@ c10::intrusive_ptr<c10d::Work> ShmAllReduce::BroadcastFromRank0(const at::Tensor
     busy_ = status.ok();
   }
   if (status.ok()) {
-    status = Execute(tensor, /*broadcast=*/true);
+    status = Execute(Op{Kind::kBroadcast, tensor, tensor, {}});
     {
       std::lock_guard<std::mutex> lock(mu_);
       busy_ = false;

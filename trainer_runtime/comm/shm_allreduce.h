@@ -15,7 +15,7 @@
 // Protocol (per chunk of at most `chunk_bytes`; bigger tensors go chunk by chunk). Rank r owns
 // slice r: the r-th of W equal, cache-line-aligned parts of the chunk.
 //   1. rank r copies its chunk, except slice r, into input slot r, writes the chunk's
-//      descriptor (total bytes, offset, dtype) and arrives at phase A;
+//      descriptor (operation, total bytes, offset, dtype) and arrives at phase A;
 //   2. once every rank arrived at A (descriptors must match: a mismatch is an error, not silent
 //      corruption), rank r sums slice r over ranks 0, 1, ..., W-1 in rank order (its own part
 //      from its tensor, the others' from their slots) into the shared result region and its
@@ -27,6 +27,20 @@
 // process (bfloat16 rounds after each addition, as LibTorch does). Phase A of chunk k+1 cannot
 // complete before every rank finished copying the result of chunk k, so one set of slots is
 // enough.
+//
+// The all-reduce is a reduce-scatter (step 2) followed by an all-gather (step 3); ZeRO needs
+// each half on its own, with the same two phases per chunk:
+//   reduce-scatter (input of W shards of S elements; rank r keeps the sum of shard r): a chunk
+//     covers the same m elements of every shard. Rank r copies its part of every other rank's
+//     shard into its slot (W - 1 pieces of m elements; its own shard stays in its tensor),
+//     arrives at A, sums its shard's part over ranks 0..W-1 in rank order (the same function as
+//     step 2, so the bits equal the all-reduce's) into its output and arrives at B.
+//   all-gather (every rank's input of B bytes, concatenated in rank order): rank r copies its
+//     chunk into its slot (and into its own place in the output), arrives at A, copies the
+//     other ranks' chunks from their slots into their places and arrives at B.
+// Neither uses the result region. A rank does not wait for B after its last chunk (its output
+// is complete once it arrived); it waits for the B it passed last before it next writes its
+// slot or its descriptor, which is when the peers must have finished reading them.
 //
 // Waiting: each rank publishes how many phases it has passed (an atomic counter in the
 // segment); a waiter spins briefly, then sleeps in FUTEX_WAIT on a shared wake counter with a
@@ -71,7 +85,8 @@ namespace launch::trainer {
 struct ShmAllReduceOptions {
   // Default 4 MiB: bytes of one chunk, the size of each rank's input slot and of the result
   // region (the segment holds W + 1 of them). Bigger tensors are reduced chunk by chunk.
-  // Rounded down to a multiple of 64 (slices start on cache lines); at least 64.
+  // Rounded down to a multiple of 64 (slices start on cache lines); at least 64 per rank (a
+  // reduce-scatter's slot holds a piece of every other rank's shard).
   size_t chunk_bytes = 4u << 20;
   // Default 300 s: how long one operation waits for a slow peer before it fails with a timeout
   // (the group's timeout; Gloo's collectives use the same).
@@ -139,6 +154,37 @@ class ShmAllReduce {
   // One dense, contiguous CPU tensor.
   static bool SupportsBroadcast(const at::Tensor& tensor);
 
+  // Reduce-scatter: `output` = the sum over ranks, in rank order 0, 1, ..., W-1, of each rank's
+  // input[rank * S, (rank + 1) * S), where S = output.numel() (any size). Bit-identical to the
+  // same elements of AllReduceAsync(input) (ZeRO is compared bit for bit with DDP). `input` is
+  // left unchanged. Asynchronous and queued with the other operations in issue order; the
+  // Work's future completes with [output], or with a c10::Error (wait() rethrows it).
+  // COLLECTIVE: every rank issues it with the same sizes and dtype at the same point of its
+  // sequence. REQUIRES: SupportsReduceScatter(input, output) (checked: a violation fails this
+  // operation with InvalidArgument and issues nothing). `output` may be input's own shard
+  // (input.narrow(0, rank * S, S) of a flat input), in place; no other overlap. The caller
+  // keeps both tensors alive and `input` unchanged until the future completes. Thread-safe.
+  c10::intrusive_ptr<c10d::Work> ReduceScatterAsync(const at::Tensor& input,
+                                                    const at::Tensor& output);
+  // The same on the calling thread after every operation issued before it (as AllReduceNow).
+  // Errors: InvalidArgument (REQUIRES violated), and those of AllReduceNow.
+  Status ReduceScatterNow(const at::Tensor& input, const at::Tensor& output);
+  // Dense, contiguous CPU tensors of one dtype (float, double or bfloat16) with
+  // input.numel() == world_size() * output.numel().
+  bool SupportsReduceScatter(const at::Tensor& input, const at::Tensor& output) const;
+
+  // All-gather: `output` = the concatenation of every rank's `input` in rank order (bytes
+  // copied: any dtype). Asynchronous, queued, completed and failed as ReduceScatterAsync; the
+  // future's value is [output]. COLLECTIVE, as above. REQUIRES: SupportsAllGather(input,
+  // output) (checked as above). `input` may be output's own part (output.narrow(0, rank * N,
+  // N) of a flat output), in place; no other overlap. Thread-safe.
+  c10::intrusive_ptr<c10d::Work> AllGatherAsync(const at::Tensor& input, const at::Tensor& output);
+  // The same on the calling thread after every operation issued before it.
+  Status AllGatherNow(const at::Tensor& input, const at::Tensor& output);
+  // Dense, contiguous CPU tensors of one dtype with output.numel() == world_size() *
+  // input.numel().
+  bool SupportsAllGather(const at::Tensor& input, const at::Tensor& output) const;
+
   int rank() const { return rank_; }
   int world_size() const { return world_; }
   // Each rank's pid, as the ranks published them at setup (for ShmPointToPoint's liveness checks).
@@ -149,23 +195,37 @@ class ShmAllReduce {
  private:
   struct Header;
   struct RankState;
+  // What an operation does; also its tag in the chunk descriptor (two bits).
+  enum class Kind : uint8_t { kAllReduce = 0, kBroadcast = 1, kReduceScatter = 2, kAllGather = 3 };
   struct Op {
-    at::Tensor tensor;
+    Kind kind = Kind::kAllReduce;
+    at::Tensor input;   // the all-reduced or broadcast tensor, or a collective's input
+    at::Tensor output;  // the same tensor for an all-reduce or broadcast
     c10::intrusive_ptr<c10::ivalue::Future> future;
   };
 
   ShmAllReduce(int rank, int world, const ShmAllReduceOptions& options, void* base, size_t size,
                std::vector<int> peer_pids);
 
+  c10::intrusive_ptr<c10d::Work> Enqueue(Op op, c10d::OpType type);
+  // Runs `op` on the calling thread once every operation issued before it is done.
+  Status RunInline(const Op& op);
   void WorkerLoop();
   // Runs one operation; REQUIRES: busy_ was set by this thread.
-  Status Execute(const at::Tensor& tensor, bool broadcast = false);
+  Status Execute(const Op& op);
   Status BroadcastChunk(char* data, size_t total_bytes, size_t offset, size_t bytes,
                         c10::ScalarType dtype);
+  // Shard elements [first, first + n) of a reduce-scatter; `per` elements per piece of a slot.
+  Status ReduceScatterChunk(const char* in, char* out, size_t shard, size_t first, size_t n,
+                            size_t per, c10::ScalarType dtype);
+  // Bytes [offset, offset + bytes) of each rank's all-gather input of `total_bytes`.
+  Status AllGatherChunk(const char* in, char* out, size_t total_bytes, size_t offset, size_t bytes,
+                        c10::ScalarType dtype);
+  // Waits until the peers finished reading this rank's slot and descriptor (see the protocol).
+  Status WaitSlotFree();
   // Publishes this rank's descriptor of the next chunk, arrives and checks that every rank
   // issued the same operation.
-  Status AgreeOnChunk(size_t total_bytes, uint64_t descriptor, c10::ScalarType dtype,
-                      size_t offset);
+  Status AgreeOnChunk(Kind kind, size_t total_bytes, size_t offset, c10::ScalarType dtype);
   Status ExecuteChunk(char* data, size_t total_bytes, size_t offset, size_t bytes,
                       c10::ScalarType dtype);
   void Arrive(uint64_t phase);
@@ -185,10 +245,11 @@ class ShmAllReduce {
   const ShmAllReduceOptions options_;
   void* base_;
   size_t size_;
-  std::vector<int> pids_;    // per rank (ours included)
-  std::vector<int> pidfds_;  // per rank, -1 for ours or where pidfd_open is unavailable
-  uint64_t phase_ = 0;       // phases this rank has passed; only the executing thread
-  Status failed_;            // the first error; only the executing thread
+  std::vector<int> pids_;      // per rank (ours included)
+  std::vector<int> pidfds_;    // per rank, -1 for ours or where pidfd_open is unavailable
+  uint64_t phase_ = 0;         // phases this rank has passed; only the executing thread
+  uint64_t slot_read_by_ = 0;  // every rank passing this phase frees our slot; executing thread
+  Status failed_;              // the first error; only the executing thread
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -15,14 +15,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/comm/shm_allreduce.h"
 #include "trainer_runtime/comm/shm_p2p.h"
 #include "trainer_runtime/compat/torch_compat.h"
@@ -108,6 +111,28 @@ c10::intrusive_ptr<c10d::TCPStore> ConnectStore(int port, bool server, int world
   opts.waitWorkers = false;
   opts.timeout = std::chrono::seconds(30);
   return compat::NewTcpStore("127.0.0.1", opts);
+}
+
+// Reduce-scatter shard sizes: one element, odd, and more elements than one 4 KiB chunk holds
+// for every dtype and world size (a shard crosses several chunks).
+const std::vector<int64_t> kShards = {1, 7, 3001};
+// All-gather inputs: empty, one element, odd, and several 4 KiB chunks for every dtype.
+const std::vector<int64_t> kGatherSizes = {0, 1, 7, 4099};
+const std::vector<c10::ScalarType> kGatherDtypes = {c10::kFloat, c10::kBFloat16, c10::kLong};
+
+// Rank `rank`'s all-gather input: Input() for floating types, 64-bit integers (all bits matter)
+// for kLong.
+at::Tensor GatherInput(int rank, int op, int64_t n, c10::ScalarType dtype) {
+  if (dtype != c10::kLong) return Input(rank, op, n, dtype);
+  auto gen = at::detail::createCPUGenerator(1000 * op + rank + 1);
+  return at::randint(-(int64_t(1) << 62), int64_t(1) << 62, {n}, gen,
+                     at::TensorOptions().dtype(at::kLong));
+}
+
+at::Tensor GatherReference(int world, int op, int64_t n, c10::ScalarType dtype) {
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < world; ++r) parts.push_back(GatherInput(r, op, n, dtype));
+  return at::cat(parts);
 }
 
 bool ShortTimeout(const std::string& scenario) {
@@ -345,6 +370,243 @@ void RunP2PStall(ShmPointToPoint& p2p, c10d::Store& store, const Env& env) {
   ::pause();
 }
 
+// Reduce-scatters of every dtype and shard size, each beside an all-reduce of the same data,
+// and all-gathers of odd sizes and an integer dtype, all issued back to back (plus some run
+// inline, in place): a reduce-scatter equals the all-reduce's shard bit for bit (and the
+// one-process rank-order sum), leaves its input alone, and every operation completes in
+// issue order.
+void RunCollectives(ShmAllReduce& shm, const Env& env) {
+  const int w = env.world;
+  struct Pending {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor got;
+    at::Tensor want;
+    std::string what;
+  };
+  std::vector<Pending> pending;
+  std::mutex mu;
+  std::vector<size_t> completed;
+  auto issue = [&](c10::intrusive_ptr<c10d::Work> work, at::Tensor got, at::Tensor want,
+                   std::string what) {
+    const size_t index = pending.size();
+    work->getFuture()->addCallback([&mu, &completed, index](c10::ivalue::Future&) {
+      std::lock_guard<std::mutex> lock(mu);
+      completed.push_back(index);
+    });
+    pending.push_back({work, got, want, what});
+  };
+  struct Scattered {
+    at::Tensor input, output, reduced;
+    int op;
+  };
+  std::vector<Scattered> scattered;
+  int op = 0;
+  for (c10::ScalarType dtype : kDtypes) {
+    for (int64_t s : kShards) {
+      at::Tensor input = Input(env.rank, op, w * s, dtype);
+      at::Tensor reduced = input.clone();
+      at::Tensor output = at::full({s}, -1.0, at::TensorOptions().dtype(dtype));
+      const at::Tensor want = Reference(w, op, w * s, dtype).narrow(0, env.rank * s, s);
+      std::ostringstream what;
+      what << dtype << " shard " << s << " on rank " << env.rank;
+      issue(shm.AllReduceAsync(reduced), reduced, Reference(w, op, w * s, dtype),
+            "all-reduce " + what.str());
+      issue(shm.ReduceScatterAsync(input, output), output, want, "reduce-scatter " + what.str());
+      scattered.push_back({input, output, reduced, op});
+      ++op;
+    }
+  }
+  for (c10::ScalarType dtype : kGatherDtypes) {
+    for (int64_t n : kGatherSizes) {
+      at::Tensor output = at::zeros({w * n}, at::TensorOptions().dtype(dtype));
+      std::ostringstream what;
+      what << "all-gather " << dtype << " x" << n << " on rank " << env.rank;
+      issue(shm.AllGatherAsync(GatherInput(env.rank, op, n, dtype), output), output,
+            GatherReference(w, op, n, dtype), what.str());
+      ++op;
+    }
+  }
+  // Inline, in place: the output is the input's own shard, the input the output's own part.
+  at::Tensor whole = Input(env.rank, op, w * 1001, c10::kDouble);
+  REQUIRE(shm.ReduceScatterNow(whole, whole.narrow(0, env.rank * 1001, 1001)).ok());
+  CHECK(at::equal(whole.narrow(0, env.rank * 1001, 1001),
+                  Reference(w, op, w * 1001, c10::kDouble).narrow(0, env.rank * 1001, 1001)));
+  ++op;
+  at::Tensor gathered = at::zeros({w * 2001}, at::kBFloat16);
+  at::Tensor mine = gathered.narrow(0, env.rank * 2001, 2001);
+  mine.copy_(GatherInput(env.rank, op, 2001, c10::kBFloat16));
+  REQUIRE(shm.AllGatherNow(mine, gathered).ok());
+  CHECK(at::equal(gathered, GatherReference(w, op, 2001, c10::kBFloat16)));
+  ++op;
+  at::Tensor in_place = Input(env.rank, op, w * 777, c10::kFloat);
+  REQUIRE(shm.ReduceScatterAsync(in_place, in_place.narrow(0, env.rank * 777, 777))->wait());
+  CHECK(at::equal(in_place.narrow(0, env.rank * 777, 777),
+                  Reference(w, op, w * 777, c10::kFloat).narrow(0, env.rank * 777, 777)));
+
+  for (auto& p : pending) {
+    INFO(p.what);
+    REQUIRE(p.work->wait());
+    CHECK(at::equal(p.got, p.want));
+    CHECK(p.work->result()[0].data_ptr() == p.got.data_ptr());
+  }
+  for (const Scattered& s : scattered) {
+    const int64_t n = s.output.numel();
+    INFO(s.output.scalar_type() << " shard " << n << " on rank " << env.rank);
+    CHECK(at::equal(s.output, s.reduced.narrow(0, env.rank * n, n)));
+    CHECK(at::equal(s.input, Input(env.rank, s.op, w * n, s.output.scalar_type())));  // unchanged
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  REQUIRE(completed.size() == pending.size());
+  for (size_t i = 0; i < completed.size(); ++i) CHECK(completed[i] == i);
+  // Arguments the REQUIRES rule out fail at once, issue nothing and leave the transport usable.
+  CHECK_THROWS_WITH_AS(shm.ReduceScatterAsync(at::ones({w * 4 + 1}), at::empty({4}))->wait(),
+                       doctest::Contains("unsupported tensors"), c10::Error);
+  CHECK(shm.AllGatherNow(at::ones({4}), at::empty({w * 4}, at::kDouble)).code() ==
+        Status::Code::kInvalidArgument);
+  CHECK_FALSE(shm.SupportsReduceScatter(at::ones({w * 4}, at::kLong), at::empty({4}, at::kLong)));
+  CHECK_FALSE(shm.SupportsReduceScatter(at::ones({w * 4, 2}).t(), at::empty({8})));
+  CHECK(shm.SupportsAllGather(at::ones({4}, at::kLong), at::empty({w * 4}, at::kLong)));
+  // A broadcast right behind a reduce-scatter (which does not wait for the peers at its end).
+  at::Tensor last = at::ones({w * 5});
+  at::Tensor shard = at::empty({5});
+  auto scatter = shm.ReduceScatterAsync(last, shard);
+  at::Tensor ints = at::arange(10, at::kLong) * (env.rank + 1);
+  REQUIRE(shm.BroadcastFromRank0(ints)->wait());
+  CHECK(at::equal(ints, at::arange(10, at::kLong)));
+  REQUIRE(scatter->wait());
+  CHECK(at::equal(shard, at::full({5}, static_cast<float>(w))));
+}
+
+// A reduce-scatter where the other rank all-gathers: both fail naming both operations.
+void RunCollectiveMismatch(ShmAllReduce& shm, const Env& env) {
+  Status status = env.rank == 0 ? shm.ReduceScatterNow(at::ones({128}), at::empty({64}))
+                                : shm.AllGatherNow(at::ones({64}), at::empty({128}));
+  CHECK(status.code() == Status::Code::kProtocolError);
+  CHECK_MESSAGE(status.ToString().find("reduce-scatters") != std::string::npos, status.ToString());
+  CHECK_MESSAGE(status.ToString().find("all-gathers") != std::string::npos, status.ToString());
+}
+
+// Rank 1 joins one reduce-scatter, says so and stalls until rank 0 kills it; rank 2 (with three
+// ranks) issues the next reduce-scatter like rank 0 and reports how it failed.
+void RunCollectiveKill(ShmAllReduce& shm, c10d::Store& store, const Env& env) {
+  at::Tensor out = at::empty({1000});
+  REQUIRE(shm.ReduceScatterAsync(at::ones({env.world * 1000}), out)->wait());
+  if (env.rank == 1) {
+    store.set("stalled", std::vector<uint8_t>{1});
+    ::pause();
+  }
+  store.wait({"stalled"});
+  std::string error = "no error";
+  try {
+    shm.ReduceScatterAsync(at::ones({env.world * 100000}), at::empty({100000}))->wait();
+  } catch (const c10::Error& e) {
+    error = e.what();
+  }
+  store.set("rank2", std::vector<uint8_t>(error.begin(), error.end()));
+}
+
+// ZeRO's flat collectives through CountingProcessGroup, once over shared memory and once over
+// Gloo (a group without the shared-memory transport) on the same data: the same results, and
+// the counts, bytes and launch times of what was issued.
+void RunFlatCollectives(std::unique_ptr<ShmAllReduce> shm,
+                        const c10::intrusive_ptr<c10d::Store>& store, const Env& env) {
+  const int w = env.world;
+  compat::GroupOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  options.gloo_threads = 1;
+  auto gloo = compat::NewProcessGroup(c10::make_intrusive<c10d::PrefixStore>("gloo", store),
+                                      env.rank, w, options);
+  auto via_shm = c10::make_intrusive<CountingProcessGroup>(gloo, std::move(shm));
+  auto via_gloo = c10::make_intrusive<CountingProcessGroup>(gloo);
+  REQUIRE(via_shm->shm() != nullptr);
+  REQUIRE(via_gloo->shm() == nullptr);
+  int op = 0;
+  int64_t rs_bytes = 0;
+  int scatters = 0;
+  for (c10::ScalarType dtype : kDtypes) {
+    for (int64_t s : kShards) {
+      INFO(dtype << " shard " << s << " on rank " << env.rank);
+      const at::Tensor input = Input(env.rank, op, w * s, dtype);
+      at::Tensor a = input.clone(), b = input.clone(), c = input.clone();
+      at::Tensor out_shm = at::empty({s}, dtype), out_gloo = at::empty({s}, dtype);
+      auto w1 = via_shm->ReduceScatterFlat(a, out_shm);
+      auto w2 = via_gloo->ReduceScatterFlat(b, out_gloo);
+      // Gloo cannot add bfloat16 (the reduce-scatter sums it in float).
+      const bool gloo_adds = dtype != c10::kBFloat16;
+      std::vector<at::Tensor> all = {c};
+      if (gloo_adds) REQUIRE(via_gloo->allreduce(all, c10d::AllreduceOptions())->wait());
+      REQUIRE(w1->wait());
+      REQUIRE(w2->wait());
+      CHECK(w2->result()[0].data_ptr() == out_gloo.data_ptr());
+      CHECK(at::equal(out_shm, Reference(w, op, w * s, dtype).narrow(0, env.rank * s, s)));
+      if (gloo_adds) CHECK(at::equal(out_gloo, c.narrow(0, env.rank * s, s)));  // sliced
+      if (w == 2) {
+        CHECK(at::equal(out_gloo, out_shm));  // a + b == b + a: one addition, no order
+      } else {
+        // Gloo's ring adds in another order: equal up to rounding.
+        const double scale = input.abs().max().to(at::kDouble).item<double>() * w;
+        CHECK(at::allclose(out_gloo.to(at::kDouble), out_shm.to(at::kDouble), 0, scale * 1e-2));
+      }
+      rs_bytes += 2 * input.numel() * input.element_size();
+      scatters += 2;
+      ++op;
+    }
+  }
+  int64_t ag_bytes = 0;
+  int gathers = 0;
+  for (c10::ScalarType dtype : kGatherDtypes) {
+    for (int64_t n : kGatherSizes) {
+      INFO(dtype << " x" << n << " on rank " << env.rank);
+      const at::Tensor input = GatherInput(env.rank, op, n, dtype);
+      at::Tensor out_shm = at::zeros({w * n}, dtype), out_gloo = at::zeros({w * n}, dtype);
+      auto w1 = via_shm->AllGatherFlat(input, out_shm);
+      auto w2 = via_gloo->AllGatherFlat(input, out_gloo);
+      REQUIRE(w2->wait());
+      REQUIRE(w1->wait());
+      CHECK(w2->result()[0].data_ptr() == out_gloo.data_ptr());
+      const at::Tensor want = GatherReference(w, op, n, dtype);
+      CHECK(at::equal(out_shm, want));
+      CHECK(at::equal(out_gloo, want));
+      ag_bytes += 2 * want.numel() * want.element_size();
+      gathers += 2;
+      ++op;
+    }
+  }
+  // The standard c10d entry points route to the flat ones (and count).
+  for (auto* pg : {via_shm.get(), via_gloo.get()}) {
+    c10d::ProcessGroup& base = *pg;
+    at::Tensor in = at::full({w * 3}, 1.0 + env.rank, at::kDouble);
+    at::Tensor out = at::empty({3}, at::kDouble);
+    REQUIRE(base._reduce_scatter_base(out, in)->wait());
+    CHECK(at::equal(out, at::full({3}, w * (w + 1) / 2.0, at::kDouble)));
+    at::Tensor one = at::full({2}, static_cast<int64_t>(env.rank), at::kLong);
+    at::Tensor all = at::empty({w * 2}, at::kLong);
+    REQUIRE(base._allgather_base(all, one)->wait());
+    CHECK(at::equal(all, at::arange(w, at::kLong).repeat_interleave(2)));
+    rs_bytes += in.numel() * 8;
+    ag_bytes += all.numel() * 8;
+  }
+  scatters += 2;
+  gathers += 2;
+  CHECK(via_shm->reduce_scatter_count() + via_gloo->reduce_scatter_count() == scatters);
+  CHECK(via_shm->reduce_scatter_count() == scatters / 2);
+  CHECK(via_shm->reduce_scatter_bytes() + via_gloo->reduce_scatter_bytes() == rs_bytes);
+  CHECK(via_shm->allgather_count() + via_gloo->allgather_count() == gathers);
+  CHECK(via_shm->allgather_bytes() + via_gloo->allgather_bytes() == ag_bytes);
+  // Launch times: reduce-scatters with the all-reduces, all-gathers on their own.
+  CHECK(via_shm->TakeLaunchTimes().size() == static_cast<size_t>(scatters / 2));
+  CHECK(via_gloo->TakeLaunchTimes().size() ==
+        static_cast<size_t>(scatters / 2 + (kDtypes.size() - 1) * kShards.size()));
+  CHECK(via_shm->TakeAllgatherLaunchTimes().size() == static_cast<size_t>(gathers / 2));
+  CHECK(via_shm->allreduce_count() == 0);
+  // Wrong sizes are the caller's bug: thrown at the call, nothing issued.
+  CHECK_THROWS_AS(via_gloo->ReduceScatterFlat(at::ones({w * 4 + 1}), at::empty({4})), c10::Error);
+  CHECK_THROWS_AS(via_shm->AllGatherFlat(at::ones({4}), at::empty({w * 4}, at::kDouble)),
+                  c10::Error);
+  REQUIRE(via_gloo->barrier(c10d::BarrierOptions())->wait());
+}
+
 void RunPeer(const Env& env) {
   auto tcp = ConnectStore(env.port, /*server=*/false, env.world);
   auto store = c10::make_intrusive<c10d::PrefixStore>(env.scenario, tcp);
@@ -355,6 +617,10 @@ void RunPeer(const Env& env) {
     return;
   }
   auto shm = MustCreate(*store, env);
+  if (env.scenario.rfind("flat", 0) == 0) return RunFlatCollectives(std::move(shm), store, env);
+  if (env.scenario.rfind("collectives", 0) == 0) RunCollectives(*shm, env);
+  if (env.scenario == "collective_mismatch") RunCollectiveMismatch(*shm, env);
+  if (env.scenario == "collective_kill") RunCollectiveKill(*shm, *store, env);
   if (env.scenario.rfind("p2p", 0) == 0) {
     auto p2p = MakeP2P(*shm, store, env);
     if (env.scenario == "p2p") RunP2P(*p2p, env);
@@ -574,6 +840,71 @@ TEST_CASE("ShmRecvTimesOutWhenTheSenderSendsNothing") {
   const auto took = Clock::now() - start;
   CHECK(took >= milliseconds(300));
   CHECK(took < std::chrono::seconds(5));
+}
+
+TEST_CASE("ShmReduceScatterAndAllGatherAreExactInOrderWithAllReducesForTwoAndThreeRanks") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    Group g("collectives" + std::to_string(world), world);
+    auto shm = MustCreate(*g.store, g.env);
+    RunCollectives(*shm, g.env);
+    g.ExpectPeersSucceed();
+  }
+}
+
+TEST_CASE("ShmReduceScatterRejectsARankThatAllGathers") {
+  Group g("collective_mismatch", 2);
+  auto shm = MustCreate(*g.store, g.env);
+  RunCollectiveMismatch(*shm, g.env);
+  g.ExpectPeersSucceed();
+}
+
+TEST_CASE("ShmReduceScatterFailsFastOnEveryRankWhenAPeerIsKilledMidOperation") {
+  Group g("collective_kill", 3);
+  auto shm = MustCreate(*g.store, g.env);
+  at::Tensor out = at::empty({1000});
+  REQUIRE(shm->ReduceScatterAsync(at::ones({3000}), out)->wait());
+  CHECK(at::equal(out, at::full({1000}, 3.0f)));
+  g.store->wait({"stalled"});
+  // Rank 0 (and rank 2) are inside the operation, asleep on the futex, when rank 1 dies.
+  at::Tensor input = at::ones({300000});
+  at::Tensor shard = at::empty({100000});
+  auto work = shm->ReduceScatterAsync(input, shard);
+  std::this_thread::sleep_for(milliseconds(100));
+  CHECK_FALSE(work->isCompleted());
+  const auto killed = Clock::now();
+  ::kill(g.peers[0], SIGKILL);
+  // Each survivor sees the death itself ("exited") or the other survivor's abort ("gave up").
+  std::string error;
+  try {
+    work->wait();
+  } catch (const c10::Error& e) {
+    error = e.what();
+  }
+  CHECK(Clock::now() - killed < std::chrono::seconds(2));  // the timeout is 60 s
+  CHECK_MESSAGE((error.find("PeerLost") != std::string::npos &&
+                 (error.find("rank 1 (pid") != std::string::npos ||
+                  error.find("gave up") != std::string::npos)),
+                error);
+  const std::vector<uint8_t> rank2 = g.store->get("rank2");
+  const std::string rank2_error(rank2.begin(), rank2.end());
+  CHECK_MESSAGE(rank2_error.find("PeerLost") != std::string::npos, rank2_error);
+  const int status = WaitChild(g.peers[1], milliseconds(60000));
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  g.peers.pop_back();
+  // The transport stays failed: the next all-gather fails at once with the first error.
+  CHECK(shm->AllGatherNow(at::ones({4}), at::empty({12})).code() == Status::Code::kPeerLost);
+  CHECK_THROWS_WITH_AS(shm->AllGatherAsync(at::ones({4}), at::empty({12}))->wait(),
+                       doctest::Contains("PeerLost"), c10::Error);
+}
+
+TEST_CASE("FlatReduceScatterAndAllGatherGiveTheSameResultsOverSharedMemoryAndGloo") {
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    Group g("flat" + std::to_string(world), world);
+    RunFlatCollectives(MustCreate(*g.store, g.env), g.store, g.env);
+    g.ExpectPeersSucceed();
+  }
 }
 
 }  // namespace
