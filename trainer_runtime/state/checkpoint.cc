@@ -38,6 +38,15 @@ StatusOr<std::unique_ptr<torch::serialize::InputArchive>> Open(const std::string
   return archive;
 }
 
+// "[1, 2, 3]" of an integer tensor.
+std::string List(const torch::Tensor& t) {
+  std::string out = "[";
+  const torch::Tensor flat = t.to(torch::kLong).reshape({-1});
+  for (int64_t i = 0; i < flat.numel(); ++i)
+    out += (i ? ", " : "") + std::to_string(flat[i].item<int64_t>());
+  return out + "]";
+}
+
 }  // namespace
 
 Status SaveModelState(const std::string& path, const Model& model,
@@ -114,9 +123,9 @@ Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& opti
     torch::Tensor written;
     archive->read("layout", written);
     if (!written.sizes().equals(layout.sizes()) || !written.equal(layout))
-      return Status::InvalidConfig("checkpoint '" + path + "' was cut as " +
-                                   c10::str(written.tolist()) + ", this run as " +
-                                   c10::str(layout.tolist()) + " (world, stage, unit sizes)");
+      return Status::InvalidConfig("checkpoint '" + path + "' was cut as " + List(written) +
+                                   ", this run as " + List(layout) +
+                                   " (world, stage, unit sizes)");
     torch::serialize::InputArchive opt;
     archive->read("optimizer", opt);
     optimizer.load(opt);
