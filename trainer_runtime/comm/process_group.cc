@@ -63,13 +63,22 @@ void EndOnCompletion(const c10::intrusive_ptr<c10d::Work>& work, uint64_t trace)
 }
 
 // A Work whose future completes, after `inner`'s did, with [output] once `finish` ran (on the
-// thread that completed `inner`), or with inner's error or finish's exception. wait()
-// rethrows.
+// thread that completed `inner`), or with inner's error (as a c10::Error) or finish's
+// exception. wait() rethrows.
 c10::intrusive_ptr<c10d::Work> Then(const c10::intrusive_ptr<c10d::Work>& inner, c10d::OpType type,
                                     at::Tensor output, std::function<void()> finish) {
   auto future = inner->getFuture()->then(
       [output, finish = std::move(finish)](c10::ivalue::Future& done) -> c10::IValue {
-        if (done.hasError()) std::rethrow_exception(done.exception_ptr());
+        if (done.hasError()) {
+          // Gloo fails with its own exceptions (gloo::IoException); callers catch c10::Error.
+          try {
+            std::rethrow_exception(done.exception_ptr());
+          } catch (const c10::Error&) {
+            throw;
+          } catch (const std::exception& e) {
+            std::rethrow_exception(compat::ErrorPtr(e.what()));
+          }
+        }
         finish();
         return c10::IValue(std::vector<at::Tensor>{output});
       },

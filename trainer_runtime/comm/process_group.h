@@ -86,7 +86,8 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // afterwards. COLLECTIVE: every rank, same sizes and dtype, same point in its sequence.
   // REQUIRES (checked: c10::Error): input and output contiguous, one dtype, input.numel() ==
   // getSize() * output.numel(); output is input's own shard or does not overlap it. Counted
-  // as a reduce-scatter of input's bytes, its launch time recorded with the all-reduces'.
+  // as a reduce-scatter of input's bytes, its launch time recorded with the all-reduces'. An
+  // empty output completes at once, without communicating (on every rank alike).
   c10::intrusive_ptr<c10d::Work> ReduceScatterFlat(const at::Tensor& input,
                                                    const at::Tensor& output);
   // ZeRO's parameter gather: `output` = every rank's `input` concatenated in rank order, any

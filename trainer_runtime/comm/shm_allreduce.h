@@ -2,7 +2,8 @@
 
 // ShmAllReduce: a sum all-reduce between the processes of one host through a shared-memory
 // segment, used by CountingProcessGroup (process_group.h) instead of Gloo's loopback-TCP ring
-// when every rank of the group runs on this host. Gloo still carries everything else.
+// when every rank of the group runs on this host; the same segment also carries a broadcast
+// from rank 0 and ZeRO's reduce-scatter and all-gather. Gloo still carries everything else.
 //
 // Why: on a small machine the ranks' compute already fills the cores, and Gloo's ring costs
 // kernel copies (two per byte per hop through loopback TCP) plus thread hand-offs. Here each

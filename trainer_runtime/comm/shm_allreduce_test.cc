@@ -607,6 +607,17 @@ void RunFlatCollectives(std::unique_ptr<ShmAllReduce> shm,
   REQUIRE(via_gloo->barrier(c10d::BarrierOptions())->wait());
 }
 
+// A Gloo group wrapped without shared memory, as across hosts.
+c10::intrusive_ptr<CountingProcessGroup> GlooOnly(const c10::intrusive_ptr<c10d::Store>& store,
+                                                  const Env& env) {
+  compat::GroupOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  options.gloo_threads = 1;
+  return c10::make_intrusive<CountingProcessGroup>(compat::NewProcessGroup(
+      c10::make_intrusive<c10d::PrefixStore>("gloo_only", store), env.rank, env.world, options));
+}
+
 void RunPeer(const Env& env) {
   auto tcp = ConnectStore(env.port, /*server=*/false, env.world);
   auto store = c10::make_intrusive<c10d::PrefixStore>(env.scenario, tcp);
@@ -615,6 +626,13 @@ void RunPeer(const Env& env) {
     REQUIRE(setup.ok());
     CHECK(setup->shm == nullptr);
     return;
+  }
+  if (env.scenario == "gloo_kill") {
+    auto pg = GlooOnly(store, env);
+    at::Tensor out = at::empty({100});
+    REQUIRE(pg->ReduceScatterFlat(at::ones({200}), out)->wait());
+    store->set("stalled", std::vector<uint8_t>{1});
+    ::pause();
   }
   auto shm = MustCreate(*store, env);
   if (env.scenario.rfind("flat", 0) == 0) return RunFlatCollectives(std::move(shm), store, env);
@@ -905,6 +923,25 @@ TEST_CASE("FlatReduceScatterAndAllGatherGiveTheSameResultsOverSharedMemoryAndGlo
     RunFlatCollectives(MustCreate(*g.store, g.env), g.store, g.env);
     g.ExpectPeersSucceed();
   }
+}
+
+TEST_CASE("FlatReduceScatterOverGlooRethrowsWhenAPeerIsKilled") {
+  Group g("gloo_kill", 2);
+  auto pg = GlooOnly(g.store, g.env);
+  at::Tensor out = at::empty({100});
+  REQUIRE(pg->ReduceScatterFlat(at::ones({200}), out)->wait());
+  CHECK(at::equal(out, at::full({100}, 2.0f)));
+  g.store->wait({"stalled"});
+  auto work = pg->ReduceScatterFlat(at::ones({200}), out);
+  std::this_thread::sleep_for(milliseconds(100));
+  CHECK_FALSE(work->isCompleted());
+  const auto killed = Clock::now();
+  ::kill(g.peers[0], SIGKILL);
+  // Gloo's error reaches the chained future instead of the copy running: wait() rethrows.
+  CHECK_THROWS_WITH_AS(work->wait(), doctest::Contains("gloo/transport"), c10::Error);
+  CHECK_FALSE(work->isSuccess());
+  CHECK(Clock::now() - killed < std::chrono::seconds(10));  // the timeout is 60 s
+  CHECK(pg->reduce_scatter_count() == 2);
 }
 
 }  // namespace
