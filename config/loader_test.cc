@@ -55,8 +55,8 @@ TEST_CASE("BadEnumInTrainSectionNamesPathAndSuggests") {
   LaunchConfig cfg;
   Status s = Load("train:\n  seed: 1\n  parallel:\n    mode: dpp\n", &cfg);
   CHECK(s.message() ==
-        "train.yaml:4: train.parallel.mode: 'dpp' is not one of none, dp, ddp, pipeline (did you "
-        "mean 'ddp'?)");
+        "train.yaml:4: train.parallel.mode: 'dpp' is not one of none, dp, ddp, pipeline, zero (did "
+        "you mean 'ddp'?)");
 }
 
 TEST_CASE("WrongTypesAndRangesAreErrors") {
