@@ -150,6 +150,24 @@ const std::vector<Inert>& InertAccelerateArgs() {
 
 // ---- accelerate's sharding, for the built-in trainer (ApplyAccelerateSharding).
 
+// The precedence layer a value came from: flag 3 > environment 2 > file 1 > default or derived
+// 0 (a derived value ranks as its default: no layer asked for it).
+int OriginLayer(const Origin* o) {
+  if (!o) return 0;
+  switch (o->kind) {
+    case Origin::Kind::kFlag:
+      return 3;
+    case Origin::Kind::kEnvironment:
+      return 2;
+    case Origin::Kind::kFile:
+      return 1;
+    case Origin::Kind::kDefault:
+    case Origin::Kind::kDerived:
+      return 0;
+  }
+  return 0;
+}
+
 // An accelerate setting's origin: its line in a config section, or its flag.
 const Origin* AccelerateOrigin(const LaunchConfig& c, const std::string& arg) {
   for (const std::string& key : {"accelerate." + arg, arg}) {
@@ -176,7 +194,7 @@ struct Sharding {
   bool stage_named = true;           // false: accelerate's default stage, no setting named one
   bool hybrid = false;               // FSDP's HYBRID_SHARD*: shard within a host, replicate across
   std::vector<std::string> because;  // "distributed_type: FSDP at acc.yaml:1", ...
-  int layer = 0;                     // the highest layer among them (LayerOf)
+  int layer = 0;                     // the highest layer among them (OriginLayer)
 
   void Cite(const std::string& key, const std::string& value, const Origin* origin) {
     because.push_back(key + ": " + value + (origin ? " at " + origin->ToString() : ""));
@@ -254,6 +272,14 @@ Status FsdpSharding(const LaunchConfig& c, Sharding* s) {
   return Status::Ok();
 }
 
+// `key` of a mapping; a null node when `n` is no mapping or lacks it (a const yaml-cpp node's
+// operator[] gives a node that throws when asked anything).
+YAML::Node Child(const YAML::Node& n, const char* key) {
+  if (!n.IsMap()) return YAML::Node();
+  const YAML::Node c = n[key];
+  return c ? c : YAML::Node();
+}
+
 // DeepSpeed's stage: zero_stage, else zero_optimization.stage of deepspeed_config_file (JSON,
 // which yaml-cpp reads; DeepSpeed's default 0 when absent), else accelerate's default 2.
 // `unused` collects the file's offload settings, which the trainer does not honour.
@@ -272,11 +298,11 @@ Status DeepSpeedSharding(const LaunchConfig& c, Sharding* s, std::vector<std::st
                                    ": deepspeed_config_file: cannot read '" + file +
                                    "': " + e.what());
     }
-    const YAML::Node zero = root.IsMap() ? root["zero_optimization"] : YAML::Node();
-    stage_text = zero.IsMap() && zero["stage"].IsScalar() ? zero["stage"].Scalar() : "0";
+    const YAML::Node zero = Child(root, "zero_optimization");
+    const YAML::Node stage = Child(zero, "stage");
+    stage_text = stage.IsScalar() ? stage.Scalar() : "0";
     for (const char* part : {"offload_optimizer", "offload_param"}) {
-      const YAML::Node off = zero.IsMap() ? zero[part] : YAML::Node();
-      const YAML::Node device = off.IsMap() ? off["device"] : YAML::Node();
+      const YAML::Node device = Child(Child(zero, part), "device");
       if (device.IsScalar() && ToLower(device.Scalar()) != "none")
         unused->push_back(file + ": zero_optimization." + part + ".device " + device.Scalar());
     }
@@ -344,22 +370,6 @@ void PushOnce(std::vector<std::string>* warnings, std::string w) {
 }
 
 }  // namespace
-
-int OriginLayer(const Origin* o) {
-  if (!o) return 0;
-  switch (o->kind) {
-    case Origin::Kind::kFlag:
-      return 3;
-    case Origin::Kind::kEnvironment:
-      return 2;
-    case Origin::Kind::kFile:
-      return 1;
-    case Origin::Kind::kDefault:
-    case Origin::Kind::kDerived:
-      return 0;
-  }
-  return 0;
-}
 
 Status ApplyAccelerateSharding(LaunchConfig* cfg) {
   const LaunchConfig& c = *cfg;

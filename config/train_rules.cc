@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "base/strings.h"
-#include "config/key_table.h"
+#include "config/key_table.h"  // ApplyAccelerateSharding
 #include "config/train_keys.h"
 
 namespace launch::config {
@@ -185,30 +185,6 @@ Status ValidateTrain(LaunchConfig* cfg, int world_size) {
         "bf16 or fp16");
   }
   LAUNCH_RETURN_IF_ERROR(ApplyAccelerateSharding(cfg));
-  // zero with dp's or pipeline's keys: a mode's keys are accepted with any mode, so that a flag
-  // may change the mode and leave a file's keys behind; given in the same layer as `mode: zero`
-  // (or a higher one) they ask for a combination that does not exist.
-  if (t.parallel.mode == ParallelMode::kZero) {
-    auto mode_it = cfg->origins.find("train.parallel.mode");
-    const int mode_layer = OriginLayer(mode_it == cfg->origins.end() ? nullptr : &mode_it->second);
-    const std::pair<const char*, const char*> others[] = {
-        {"parallel.replicas", "dp"},           {"parallel.loss_in_replica", "dp"},
-        {"parallel.dp_seeded_replicas", "dp"}, {"parallel.stages", "pipeline"},
-        {"parallel.microbatches", "pipeline"}, {"parallel.schedule", "pipeline"},
-        {"parallel.partition", "pipeline"}};
-    for (const auto& [key, mode] : others) {
-      auto it = cfg->origins.find(std::string("train.") + key);
-      if (it == cfg->origins.end() || OriginLayer(&it->second) == 0 ||
-          OriginLayer(&it->second) < mode_layer)
-        continue;
-      return Status::InvalidConfig(
-          it->second.ToString() + ": train." + key + ": a " + mode +
-          " key; parallel.mode zero does not combine with " + mode +
-          (std::string(mode) == "dp"
-               ? " (zero runs one replica per process, its state sharded over the processes)"
-               : " stages (zero shards every layer's state over all the ranks)"));
-    }
-  }
   if (std::optional<TrainRuleViolation> v = CheckTrainRules(t, world_size))
     return Status::InvalidConfig(
         WhereOf(*cfg, v->at.empty() ? std::vector<std::string>{v->key} : v->at) + ": train." +
