@@ -184,6 +184,8 @@ Status ValidateTrain(LaunchConfig* cfg, int world_size) {
         ": mixed_precision fp8 is for a script's Accelerator; the built-in trainer takes no, "
         "bf16 or fp16");
   }
+  // accelerate's FSDP / DeepSpeed settings choose the mode where train: does not: a derived
+  // value too, so the rules below see the mode that will run.
   LAUNCH_RETURN_IF_ERROR(ApplyAccelerateSharding(cfg));
   if (std::optional<TrainRuleViolation> v = CheckTrainRules(t, world_size))
     return Status::InvalidConfig(
