@@ -88,6 +88,14 @@ const std::map<std::string, std::vector<std::string>>& InertAccelerateKeys();
 // when missing, as accelerate does: fsdp_config's `sharding_strategy` is fsdp_sharding_strategy.
 const std::map<std::string, std::string>& AccelerateSections();
 
+// The built-in trainer's parallel mode from accelerate's FSDP and DeepSpeed settings
+// (distributed_type FSDP / DEEPSPEED or --use_fsdp / --use_deepspeed, with
+// fsdp_sharding_strategy, fsdp_reshard_after_forward, zero_stage or deepspeed_config_file):
+// sets train.parallel.mode and zero_stage as derived values, unless train: keys from a higher
+// layer say otherwise; a disagreement within one layer is InvalidConfig. Settings the trainer
+// does not honour (offload, wrap policies, ...) are named in one warning. ValidateTrain calls it.
+Status ApplyAccelerateSharding(LaunchConfig* cfg);
+
 // The key named `key` (its name or a synonym) among those that may be given at `places`.
 const KeyDef* FindKey(const std::string& key, unsigned places);
 std::vector<std::string> NamesAt(unsigned places);

@@ -2,6 +2,10 @@
 #include "config/train_keys.h"
 
 #include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 
 namespace launch::config {
 namespace {
@@ -55,8 +59,8 @@ TEST_CASE("BadEnumInTrainSectionNamesPathAndSuggests") {
   LaunchConfig cfg;
   Status s = Load("train:\n  seed: 1\n  parallel:\n    mode: dpp\n", &cfg);
   CHECK(s.message() ==
-        "train.yaml:4: train.parallel.mode: 'dpp' is not one of none, dp, ddp, pipeline (did you "
-        "mean 'ddp'?)");
+        "train.yaml:4: train.parallel.mode: 'dpp' is not one of none, dp, ddp, pipeline, zero (did "
+        "you mean 'ddp'?)");
 }
 
 TEST_CASE("WrongTypesAndRangesAreErrors") {
@@ -373,6 +377,299 @@ TEST_CASE("OneKeyTableServesFlagsEnvironmentAndRdzvConf") {
   CHECK(ApplySetting("logs_specs", "x", Origin{Origin::Kind::kFlag, "--logs_specs"}, &e2)
             .message()
             .find("--logs_specs: not supported: launch has no Python LogsSpecs") == 0);
+}
+
+// ---- accelerate's FSDP and DeepSpeed settings drive the built-in trainer's sharding.
+
+struct Mapped {
+  ParallelMode mode;
+  int zero_stage;
+};
+
+// An accelerate file with a train: section, validated as launch does.
+StatusOr<LaunchConfig> Resolve(const std::string& accelerate_part) {
+  LaunchConfig cfg;
+  Status s = LoadYamlString(accelerate_part + "train:\n  max_steps: 1\n", "acc.yaml", &cfg);
+  if (s.ok()) s = Validate(&cfg);
+  if (!s.ok()) return s;
+  return cfg;
+}
+
+TEST_CASE("FsdpShardingStrategiesMapOntoZeroStagesOrDdp") {
+  const std::vector<std::pair<std::string, Mapped>> cases = {
+      {"fsdp_config: {fsdp_sharding_strategy: FULL_SHARD}\n", {ParallelMode::kZero, 3}},
+      {"fsdp_config: {fsdp_sharding_strategy: 1}\n", {ParallelMode::kZero, 3}},
+      {"fsdp_config: {sharding_strategy: SHARD_GRAD_OP}\n", {ParallelMode::kZero, 2}},
+      {"fsdp_config: {fsdp_sharding_strategy: 2}\n", {ParallelMode::kZero, 2}},
+      {"fsdp_config: {fsdp_sharding_strategy: NO_SHARD}\n", {ParallelMode::kDdp, 0}},
+      {"fsdp_config: {fsdp_sharding_strategy: 3}\n", {ParallelMode::kDdp, 0}},
+      {"fsdp_config: {fsdp_sharding_strategy: HYBRID_SHARD}\n", {ParallelMode::kZero, 3}},
+      {"fsdp_config: {fsdp_sharding_strategy: 4}\n", {ParallelMode::kZero, 3}},
+      {"fsdp_config: {fsdp_sharding_strategy: HYBRID_SHARD_ZERO2}\n", {ParallelMode::kZero, 2}},
+      {"fsdp_config: {fsdp_sharding_strategy: _HYBRID_SHARD_ZERO2}\n", {ParallelMode::kZero, 2}},
+      {"fsdp_config: {fsdp_sharding_strategy: 5}\n", {ParallelMode::kZero, 2}},
+      // Newer accelerate writes the strategy as fsdp_reshard_after_forward: a name for FSDP1,
+      // a boolean for FSDP2.
+      {"fsdp_config: {fsdp_version: 1, fsdp_reshard_after_forward: SHARD_GRAD_OP}\n",
+       {ParallelMode::kZero, 2}},
+      {"fsdp_config: {fsdp_version: 2, fsdp_reshard_after_forward: true}\n",
+       {ParallelMode::kZero, 3}},
+      {"fsdp_config: {fsdp_version: 2, fsdp_reshard_after_forward: false}\n",
+       {ParallelMode::kZero, 2}},
+      {"", {ParallelMode::kZero, 3}},  // accelerate's default: FULL_SHARD
+  };
+  for (const auto& [fsdp, want] : cases) {
+    CAPTURE(fsdp);
+    StatusOr<LaunchConfig> cfg = Resolve("distributed_type: FSDP\n" + fsdp);
+    REQUIRE(cfg.ok());
+    CHECK(cfg->train.parallel.mode == want.mode);
+    if (want.mode == ParallelMode::kZero) CHECK(cfg->train.parallel.zero_stage == want.zero_stage);
+    CHECK(cfg->origins["train.parallel.mode"].kind == Origin::Kind::kDerived);
+    CHECK(cfg->warnings.empty());  // one machine: HYBRID_SHARD is FULL_SHARD exactly
+  }
+  StatusOr<LaunchConfig> cfg = Resolve(
+      "distributed_type: FSDP\nfsdp_config:\n"
+      "  fsdp_sharding_strategy: SHARD_GRAD_OP\n");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->origins["train.parallel.zero_stage"].ToString() ==
+        "derived (distributed_type: FSDP at acc.yaml:1, fsdp_sharding_strategy: SHARD_GRAD_OP at "
+        "acc.yaml:3)");
+  // The script's Accelerator still gets the settings as written.
+  CHECK(cfg->accelerate["fsdp_sharding_strategy"] == "SHARD_GRAD_OP");
+
+  // accelerate launch's flag does the same as distributed_type.
+  LaunchConfig flags;
+  REQUIRE(Load("train:\n  max_steps: 1\n", &flags).ok());
+  REQUIRE(ApplySetting("use_fsdp", "true", Origin{Origin::Kind::kFlag, "--use_fsdp"}, &flags).ok());
+  REQUIRE(ApplySetting("fsdp_sharding_strategy", "SHARD_GRAD_OP",
+                       Origin{Origin::Kind::kFlag, "--fsdp_sharding_strategy"}, &flags)
+              .ok());
+  REQUIRE(Validate(&flags).ok());
+  CHECK(flags.train.parallel.mode == ParallelMode::kZero);
+  CHECK(flags.train.parallel.zero_stage == 2);
+
+  Status bad =
+      Resolve("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: ZERO3\n").status();
+  CHECK(bad.message() ==
+        "acc.yaml:3: fsdp_sharding_strategy: 'ZERO3' is not one of FULL_SHARD (1), SHARD_GRAD_OP "
+        "(2), NO_SHARD (3), HYBRID_SHARD (4), HYBRID_SHARD_ZERO2 (5)");
+  CHECK(Resolve("distributed_type: FSDP\nfsdp_config: {fsdp_sharding_strategy: 6}\n")
+            .status()
+            .code() == Status::Code::kInvalidConfig);
+}
+
+TEST_CASE("HybridShardAcrossMachinesWarnsThatShardingSpansTheWholeWorld") {
+  StatusOr<LaunchConfig> cfg = Resolve(
+      "distributed_type: FSDP\nnum_machines: 2\nmachine_rank: 0\n"
+      "fsdp_config: {fsdp_sharding_strategy: HYBRID_SHARD_ZERO2}\n");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->train.parallel.zero_stage == 2);
+  REQUIRE(cfg->warnings.size() == 1);
+  CHECK(cfg->warnings[0].find("fsdp_sharding_strategy: HYBRID_SHARD_ZERO2 at acc.yaml:4: the "
+                              "built-in trainer shards over every rank of every machine "
+                              "(parallel.mode zero, zero_stage 2)") != std::string::npos);
+  CHECK(cfg->warnings[0].find("replicating across machines is not built yet") != std::string::npos);
+}
+
+TEST_CASE("FsdpSettingsTheTrainerCannotHonourAreNamedInOneWarning") {
+  StatusOr<LaunchConfig> cfg = Resolve(
+      "distributed_type: FSDP\n"
+      "fsdp_config:\n"
+      "  fsdp_sharding_strategy: FULL_SHARD\n"
+      "  fsdp_offload_params: true\n"
+      "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+      "  fsdp_transformer_layer_cls_to_wrap: Block\n"
+      "  fsdp_backward_prefetch: BACKWARD_PRE\n"
+      "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+      "  fsdp_sync_module_states: true\n"
+      "  fsdp_activation_checkpointing: false\n");
+  REQUIRE(cfg.ok());
+  REQUIRE(cfg->warnings.size() == 1);
+  CHECK(cfg->warnings[0] ==
+        "the built-in trainer runs distributed_type: FSDP at acc.yaml:1, fsdp_sharding_strategy: "
+        "FULL_SHARD at acc.yaml:3 as parallel.mode zero, zero_stage 3; these settings have no "
+        "effect on it: fsdp_offload_params true at acc.yaml:4: no CPU offload; "
+        "fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP at acc.yaml:5: the trainer picks its own "
+        "units; fsdp_transformer_layer_cls_to_wrap Block at acc.yaml:6: the trainer picks its "
+        "own units");
+}
+
+TEST_CASE("DeepSpeedZeroStageMapsOntoZeroStagesAndStageZeroIsDdp") {
+  for (int stage = 0; stage <= 3; ++stage) {
+    CAPTURE(stage);
+    StatusOr<LaunchConfig> cfg = Resolve(
+        "distributed_type: DEEPSPEED\ndeepspeed_config:\n"
+        "  zero_stage: " +
+        std::to_string(stage) + "\n");
+    REQUIRE(cfg.ok());
+    CHECK(cfg->train.parallel.mode == (stage == 0 ? ParallelMode::kDdp : ParallelMode::kZero));
+    if (stage > 0) CHECK(cfg->train.parallel.zero_stage == stage);
+    CHECK(cfg->warnings.empty());
+  }
+  StatusOr<LaunchConfig> none = Resolve("distributed_type: DEEPSPEED\n");
+  REQUIRE(none.ok());
+  CHECK(none->train.parallel.zero_stage == 2);  // accelerate's default stage
+  CHECK(Resolve("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 4}\n")
+            .status()
+            .message() == "acc.yaml:2: zero_stage: '4' is not one of 0, 1, 2, 3");
+
+  // What `accelerate config` writes for stage 3 with offload: the stage is honoured, offload
+  // and the rest named.
+  StatusOr<LaunchConfig> cfg = Resolve(
+      "distributed_type: DEEPSPEED\n"
+      "deepspeed_config:\n"
+      "  zero_stage: 3\n"
+      "  offload_optimizer_device: cpu\n"
+      "  offload_param_device: none\n"
+      "  gradient_accumulation_steps: 1\n"
+      "  gradient_clipping: 1.0\n"
+      "  zero3_init_flag: true\n"
+      "  zero3_save_16bit_model: false\n");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->train.parallel.zero_stage == 3);
+  REQUIRE(cfg->warnings.size() == 1);
+  CHECK(cfg->warnings[0] ==
+        "the built-in trainer runs distributed_type: DEEPSPEED at acc.yaml:1, zero_stage: 3 at "
+        "acc.yaml:3 as parallel.mode zero, zero_stage 3; these settings have no effect on it: "
+        "offload_optimizer_device cpu at acc.yaml:4: no offload; zero3_init_flag true at "
+        "acc.yaml:8: every rank builds the model, then shards it; gradient_clipping 1.0 at "
+        "acc.yaml:7: use train.max_grad_norm");
+}
+
+TEST_CASE("DeepSpeedConfigFileGivesTheStage") {
+  const std::string path = "/tmp/launch_loader_test_ds_" + std::to_string(::getpid()) + ".json";
+  {
+    std::ofstream f(path);
+    f << R"({"train_batch_size": "auto", "zero_optimization": {"stage": 1,
+          "offload_optimizer": {"device": "cpu"}}})";
+  }
+  StatusOr<LaunchConfig> cfg = Resolve(
+      "distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: " + path + "\n");
+  std::remove(path.c_str());
+  REQUIRE(cfg.ok());
+  CHECK(cfg->train.parallel.mode == ParallelMode::kZero);
+  CHECK(cfg->train.parallel.zero_stage == 1);
+  REQUIRE(cfg->warnings.size() == 1);
+  CHECK(cfg->warnings[0].find(path + ": zero_optimization.offload_optimizer.device cpu") !=
+        std::string::npos);
+  Status missing =
+      Resolve("distributed_type: DEEPSPEED\ndeepspeed_config: {deepspeed_config_file: " + path +
+              "}\n")
+          .status();
+  CHECK(missing.message().find("acc.yaml:2: deepspeed_config_file: cannot read '" + path + "'") ==
+        0);
+}
+
+TEST_CASE("TrainKeysAndAccelerateShardingFollowPrecedence") {
+  // The same file says two things: an error naming both.
+  LaunchConfig both;
+  Status same = LoadValid("distributed_type: FSDP\ntrain:\n  parallel: {mode: ddp}\n", &both);
+  CHECK(same.message() ==
+        "train.yaml:3: train.parallel.mode ddp disagrees with distributed_type: FSDP at "
+        "train.yaml:1, which the built-in trainer runs as parallel.mode zero, zero_stage 3; give "
+        "one of the two");
+  LaunchConfig stages;
+  Status stage = LoadValid(
+      "distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 2}\n"
+      "train:\n  parallel: {mode: zero, zero_stage: 3}\n",
+      &stages);
+  CHECK(stage.message().find("train.yaml:4: train.parallel.zero_stage 3 disagrees with") == 0);
+
+  // Agreeing or silent keys combine: mode zero in train:, the stage from accelerate's default;
+  // a stage given in train: stands when accelerate only has its default.
+  LaunchConfig agree;
+  REQUIRE(LoadValid("distributed_type: FSDP\ntrain:\n  parallel: {mode: zero}\n", &agree).ok());
+  CHECK(agree.train.parallel.zero_stage == 3);
+  LaunchConfig own_stage;
+  REQUIRE(LoadValid("distributed_type: FSDP\ntrain:\n  parallel: {mode: zero, zero_stage: 1}\n",
+                    &own_stage)
+              .ok());
+  CHECK(own_stage.train.parallel.zero_stage == 1);
+
+  // A flag outranks the file, whichever side it is on.
+  LaunchConfig flag_mode;
+  REQUIRE(Load("distributed_type: FSDP\ntrain:\n  max_steps: 1\n", &flag_mode).ok());
+  REQUIRE(ApplyTrainSetting("parallel.mode", TrainValue::Scalar("ddp"),
+                            Origin{Origin::Kind::kFlag, "--parallel.mode"}, "--parallel.mode",
+                            &flag_mode)
+              .ok());
+  REQUIRE(Validate(&flag_mode).ok());
+  CHECK(flag_mode.train.parallel.mode == ParallelMode::kDdp);
+  LaunchConfig flag_fsdp;
+  REQUIRE(Load("train:\n  parallel: {mode: ddp}\n", &flag_fsdp).ok());
+  REQUIRE(
+      ApplySetting("use_fsdp", "true", Origin{Origin::Kind::kFlag, "--use_fsdp"}, &flag_fsdp).ok());
+  REQUIRE(Validate(&flag_fsdp).ok());
+  CHECK(flag_fsdp.train.parallel.mode == ParallelMode::kZero);
+  CHECK(flag_fsdp.origins["train.parallel.mode"].ToString() ==
+        "derived (use_fsdp: true at flag --use_fsdp)");
+
+  // Without train: the settings are only for the script's Accelerator.
+  LaunchConfig script;
+  REQUIRE(Load("distributed_type: FSDP\nfsdp_config: {fsdp_sharding_strategy: 9}\n", &script).ok());
+  REQUIRE(Validate(&script).ok());
+  CHECK(script.accelerate["fsdp_sharding_strategy"] == "9");
+}
+
+TEST_CASE("ZeroRefusesLocalSgdCommHookAndAnotherModeFromAccelerate") {
+  LaunchConfig cfg;
+  CHECK(LoadValid("train:\n  parallel: {mode: zero}\n  local_sgd_steps: 4\n", &cfg).message() ==
+        "train.yaml:3: train.local_sgd_steps: Local SGD keeps a whole replica on every rank and "
+        "averages parameters; it does not combine with parallel.mode zero (state sharded over "
+        "the ranks)");
+  LaunchConfig hook;
+  CHECK(LoadValid("train:\n  parallel: {mode: zero, comm_hook: bf16}\n", &hook).message() ==
+        "train.yaml:2: train.parallel.comm_hook: applies to mode ddp (its gradient buckets), not "
+        "zero");
+  // The mode is one value, so zero meets dp or pipeline only where accelerate's settings ask
+  // for zero and train: for another mode: refused, naming both.
+  for (const char* other : {"pipeline", "dp"}) {
+    LaunchConfig mixed;
+    CHECK(LoadValid(std::string("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 1}\n"
+                                "train:\n  parallel: {mode: ") +
+                        other + "}\n",
+                    &mixed)
+              .message() == std::string("train.yaml:4: train.parallel.mode ") + other +
+                                " disagrees with distributed_type: DEEPSPEED at train.yaml:1, "
+                                "zero_stage: 1 at train.yaml:2, which the built-in trainer runs "
+                                "as parallel.mode zero, zero_stage 1; give one of the two");
+  }
+  // A flag that changes a pipeline file's mode leaves the file's pipeline keys behind, inert
+  // (as for every mode): the effective configuration the workers read carries them too.
+  LaunchConfig changed;
+  REQUIRE(
+      Load("train:\n  parallel: {mode: pipeline, stages: 2, microbatches: 4}\n", &changed).ok());
+  REQUIRE(ApplyTrainSetting("parallel.mode", TrainValue::Scalar("zero"),
+                            Origin{Origin::Kind::kFlag, "--parallel.mode"}, "--parallel.mode",
+                            &changed)
+              .ok());
+  REQUIRE(ValidateTrain(&changed).ok());
+  LaunchConfig worker;
+  REQUIRE(LoadYamlString(EffectiveConfigYaml(changed), "effective.yaml", &worker).ok());
+  CHECK(ValidateTrain(&worker).ok());
+  CHECK(worker.train.parallel.mode == ParallelMode::kZero);
+  // The same rule for a configuration built in code.
+  TrainConfig t;
+  t.parallel.mode = ParallelMode::kZero;
+  t.local_sgd_steps = 2;
+  CHECK(CheckTrainRulesStatus(t, 2).message().find("train.local_sgd_steps: Local SGD") == 0);
+}
+
+TEST_CASE("PrintConfigShowsTheZeroKeysAndWhereTheyCameFrom") {
+  StatusOr<LaunchConfig> cfg =
+      Resolve("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 2}\n");
+  REQUIRE(cfg.ok());
+  const std::string printed = FormatConfig(*cfg);
+  CHECK(printed.find("\ntrain.parallel.mode: zero ") != std::string::npos);
+  CHECK(printed.find("\ntrain.parallel.zero_stage: 2 ") != std::string::npos);
+  CHECK(printed.find("# derived (distributed_type: DEEPSPEED at acc.yaml:1, zero_stage: 2 at "
+                     "acc.yaml:2)") != std::string::npos);
+  // The workers read the effective configuration, which carries the mapped keys.
+  LaunchConfig back;
+  REQUIRE(LoadYamlString(EffectiveConfigYaml(*cfg), "effective.yaml", &back).ok());
+  REQUIRE(ValidateTrain(&back).ok());
+  CHECK(back.train.parallel.mode == ParallelMode::kZero);
+  CHECK(back.train.parallel.zero_stage == 2);
 }
 
 }  // namespace

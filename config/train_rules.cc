@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "base/strings.h"
+#include "config/key_table.h"  // ApplyAccelerateSharding
 #include "config/train_keys.h"
 
 namespace launch::config {
@@ -111,6 +112,11 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                     "Local SGD averages replicas across processes; it does not combine with "
                     "parallel.mode dp");
   }
+  if (p.mode == ParallelMode::kZero && t.local_sgd_steps > 0)
+    return Broken("local_sgd_steps",
+                  "Local SGD keeps a whole replica on every rank and averages parameters; it "
+                  "does not combine with parallel.mode zero (state sharded over the ranks)",
+                  {"local_sgd_steps", "parallel.mode"});
   if (p.mode == ParallelMode::kPipeline) {
     if (p.stages < 1) return Broken("parallel.stages", "must be at least 1");
     if (world_size > 0 && world_size % p.stages != 0)
@@ -178,6 +184,9 @@ Status ValidateTrain(LaunchConfig* cfg, int world_size) {
         ": mixed_precision fp8 is for a script's Accelerator; the built-in trainer takes no, "
         "bf16 or fp16");
   }
+  // accelerate's FSDP / DeepSpeed settings choose the mode where train: does not: a derived
+  // value too, so the rules below see the mode that will run.
+  LAUNCH_RETURN_IF_ERROR(ApplyAccelerateSharding(cfg));
   if (std::optional<TrainRuleViolation> v = CheckTrainRules(t, world_size))
     return Status::InvalidConfig(
         WhereOf(*cfg, v->at.empty() ? std::vector<std::string>{v->key} : v->at) + ": train." +

@@ -303,6 +303,31 @@ class AccelerateBehaviour(unittest.TestCase):
         self.assertEqual(env["OMP_NUM_THREADS"], "3")
         self.assertEqual(env["ACCELERATE_CPU_AFFINITY"], "1")
 
+    def test_fsdp_and_deepspeed_settings_choose_the_trainers_sharding(self):
+        cfg = os.path.join(tmpdir(), "fsdp.yaml")
+        with open(cfg, "w") as f:  # an `accelerate config` FSDP file, plus a train: section
+            f.write("compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n"
+                    "fsdp_config:\n  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                    "  fsdp_offload_params: false\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n"
+                    "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+                    "num_machines: 1\nnum_processes: 2\n"
+                    "train:\n  max_steps: 2\n")
+        r = launch("--print_config", cfg)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"train\.parallel\.mode: zero\s+# derived \(distributed_type: "
+                                   r"FSDP at .*fsdp\.yaml:2, fsdp_sharding_strategy: SHARD_GRAD_OP")
+        self.assertRegex(r.stdout, r"train\.parallel\.zero_stage: 2\s+# derived")
+        self.assertIn("fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP", r.stdout)
+        self.assertNotIn("fsdp_offload_params", r.stdout)  # false asks for nothing
+        # accelerate launch's flags over the file: DeepSpeed's stage 1 wins over FSDP's...
+        r = launch("--print_config", "--use_deepspeed", "--zero_stage", "1", "--multi_gpu", cfg)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"train\.parallel\.zero_stage: 1\s+# derived \(use_deepspeed")
+        # ...and train's own flag over both.
+        r = launch("--print_config", cfg, "--", "--parallel.mode", "ddp")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"train\.parallel\.mode: ddp\s+# flag")
+
 
 if __name__ == "__main__":
     unittest.main()
