@@ -182,12 +182,12 @@ class ZeroStrategy : public ParallelStrategy {
     for (auto& u : units_) u.shard_grad.zero_();
     auto start = Clock::now();
     Timeline::Scope span("zero", "all-gather parameters");
-    std::vector<std::pair<at::Tensor, c10::intrusive_ptr<c10d::Work>>> gathers;
-    for (auto& u : units_) {
-      at::Tensor mine = u.flat_param.narrow(0, rank() * u.shard, u.shard).clone();
-      gathers.emplace_back(mine, pg_->AllGatherFlat(mine, u.flat_param));
-    }
-    for (auto& [tensor, work] : gathers) work->wait();
+    // In place: this rank's slice of each unit is the input.
+    std::vector<c10::intrusive_ptr<c10d::Work>> gathers;
+    for (auto& u : units_)
+      gathers.push_back(
+          pg_->AllGatherFlat(u.flat_param.narrow(0, rank() * u.shard, u.shard), u.flat_param));
+    for (auto& work : gathers) work->wait();
     stats_.blocking_comm_ms += MsSince(start);
   }
 
