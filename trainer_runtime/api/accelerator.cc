@@ -1,6 +1,7 @@
 #include "trainer_runtime/api/accelerator.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -76,6 +77,46 @@ void RemoveOtherSteps(const std::string& dir, int64_t keep) {
   }
 }
 
+// Local SGD at a world-size change: `files` are the old ranks' replicas (model_rank<r>.pt).
+// Every new rank starts from their average, as the final average would have made them: the
+// parameters and floating-point buffers are averaged (in file order, so every rank computes the
+// same bits); the optimizer state and the other buffers stay those of `own`, this rank's file
+// (or rank 0's for a rank that is new).
+Status LoadAveragedReplicas(const std::vector<std::string>& files, const std::string& own,
+                            const Model& model, torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> targets, sums;
+  for (auto& [name, p] : model.NamedParameters()) targets.push_back(p);
+  for (auto& [name, b] : model.NamedBuffers())
+    if (b.is_floating_point()) targets.push_back(b);
+  for (const std::string& file : files) {
+    LAUNCH_RETURN_IF_ERROR(LoadModelState(file, model, optimizer));
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      torch::Tensor v = targets[i].detach().to(torch::kDouble);
+      if (sums.size() <= i) {
+        sums.push_back(v.clone());
+      } else {
+        sums[i].add_(v);
+      }
+    }
+  }
+  LAUNCH_RETURN_IF_ERROR(LoadModelState(own, model, optimizer));
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < targets.size(); ++i)
+    targets[i].detach().copy_(sums[i].div_(static_cast<double>(files.size())));
+  return Status::Ok();
+}
+
+// The seed of the CPU generator of a rank that resumes a checkpoint holding no RNG state of its
+// own (it joined at a world-size change): distinct per rank and per resume step, and distinct
+// from the streams `train` seeds at start (seed + 1000003 * (rank + 1)).
+uint64_t NewRankSeed(uint64_t seed, int rank, int64_t step) {
+  uint64_t h = seed * 0x9E3779B97F4A7C15ull + 0x7F4A7C15D1B54A32ull;
+  for (uint64_t v : {static_cast<uint64_t>(rank), static_cast<uint64_t>(step)})
+    h = (h ^ (v + 0x632BE59BD9B4E019ull)) * 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 31);
+}
+
 }  // namespace
 
 Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
@@ -91,9 +132,12 @@ Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
     data_rank_ = env_.rank / stages_;
     main_rank_ = stages_ - 1;  // the last stage of the first pipeline has the loss
   }
+  origin_data_world_ = data_world_;
 }
 
-Accelerator::~Accelerator() = default;
+Accelerator::~Accelerator() {
+  if (trace_fd_ >= 0) ::close(trace_fd_);
+}
 
 StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
                                                            double init_timeout_s) {
@@ -107,7 +151,15 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
           "environment LAUNCH_INIT_TIMEOUT_S: expected seconds > 0, got '" + it->second + "'");
     init_timeout_s = v;
   }
-  return Create(options, env, init_timeout_s);
+  LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> accel, Create(options, env, init_timeout_s));
+  it = environment.find("LAUNCH_TRACE_SAMPLES");
+  if (it != environment.end() && !it->second.empty()) {
+    const std::string path = it->second + ".rank" + std::to_string(env.rank);
+    accel->trace_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (accel->trace_fd_ < 0)
+      return Status::IoError("environment LAUNCH_TRACE_SAMPLES: cannot open '" + path + "'");
+  }
+  return accel;
 }
 
 StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
@@ -221,10 +273,41 @@ std::vector<torch::Tensor> Accelerator::parameters() const {
 
 void Accelerator::AttachCursor(std::shared_ptr<LoaderCursor> cursor) {
   cursor_ = std::move(cursor);
-  if (restored_cursor_) {
-    cursor_->epoch = restored_cursor_->epoch;
-    cursor_->batch = std::min(restored_cursor_->batch, cursor_->batches_per_epoch);
+  if (!restored_cursor_) return;
+  LoaderCursor& c = *cursor_;
+  c.epoch = restored_cursor_->epoch;
+  c.start = restored_cursor_->start;
+  c.batches_this_epoch =
+      ShardedSampler::BatchesFrom(c.num_samples, c.global_batch, c.batches_per_epoch, c.start);
+  c.batch = restored_cursor_->batch;
+  const int64_t start = c.start, rest = c.num_samples - c.start, dealt = c.batches_this_epoch;
+  // Nothing left of the epoch (its rest is smaller than a global batch, or the batch size
+  // grew): the next epoch.
+  if (c.batch >= c.batches_this_epoch) c.StartEpoch(c.epoch + 1);
+  if (resharded_from_ > 0) {
+    Print("train: the checkpoint was written by " + std::to_string(resharded_from_) +
+          " data-parallel ranks after " + std::to_string(start) + " of epoch " +
+          std::to_string(restored_cursor_->epoch) + "'s " + std::to_string(c.num_samples) +
+          " samples; the other " + std::to_string(rest) + " are dealt over " +
+          std::to_string(data_world_) + " ranks (rank r takes positions " + std::to_string(start) +
+          " + r, " + std::to_string(start) + " + r + " + std::to_string(data_world_) + ", ...): " +
+          std::to_string(dealt) + " batches of " + std::to_string(c.global_batch / data_world_) +
+          " per rank, the epoch's last " + std::to_string(rest - dealt * c.global_batch) +
+          " samples (less than a global batch) skipped; later epochs as usual (" +
+          std::to_string(c.batches_per_epoch) + " batches per rank)");
+    resharded_from_ = 0;
   }
+}
+
+void Accelerator::TraceBatch(int64_t epoch, const std::vector<int64_t>& positions,
+                             const std::vector<int64_t>& indices) {
+  std::string line = std::to_string(step_ + 1) + " " + std::to_string(epoch);
+  for (size_t i = 0; i < indices.size(); ++i)
+    line += " " + std::to_string(positions[i]) + ":" + std::to_string(indices[i]);
+  line += "\n";
+  // One write per batch on an O_APPEND file: a kill never leaves half a line before the next.
+  if (::write(trace_fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    std::fprintf(stderr, "train: warning: LAUNCH_TRACE_SAMPLES: short write\n");
 }
 
 // --- One micro-batch -------------------------------------------------------------------------
@@ -491,6 +574,14 @@ Status Accelerator::SaveState(const std::string& dir) {
   state.batch_in_epoch = cursor_ ? cursor_->batch : 0;
   state.samples_seen = samples_seen_;
   state.world_size = world_size();
+  state.data_world = data_world_;
+  state.epoch_start = cursor_ ? cursor_->start : 0;
+  state.epoch_offset = cursor_ ? cursor_->offset() : 0;
+  state.samples_seen_global = samples_seen_global_;
+  state.origin_data_world = origin_data_world_;
+  state.anchor_step = schedule_anchor_.step;
+  state.anchor_position = schedule_anchor_.position;
+  state.anchor_slope = schedule_anchor_.slope;
   Status status = MakeDirs(step_dir);
   if (status.ok() && rank() == 0) {
     std::string run;
@@ -517,6 +608,11 @@ Status Accelerator::SaveState(const std::string& dir) {
 }
 
 void Accelerator::AddRunSetting(const std::string& key, const std::string& value) {
+  for (auto& [k, v] : run_settings_)
+    if (k == key) {
+      v = value;
+      return;
+    }
   run_settings_.emplace_back(key, value);
 }
 
@@ -603,25 +699,60 @@ StatusOr<bool> Accelerator::LoadState(const std::string& dir) {
   std::string model_file = step_dir + "/" + ModelFileName();
   if (!ReadFile(model_file).ok() && ModelFileName() != "model.pt" && !pipeline_)
     model_file = step_dir + "/model_rank0.pt";  // fewer ranks wrote it: start from rank 0's
-  LAUNCH_RETURN_IF_ERROR(LoadModelState(model_file, *model_, *optimizer_));
-  step_ = state.step;
-  samples_seen_ = state.samples_seen;
-  LoaderCursor cursor;
-  cursor.epoch = state.epoch;
-  cursor.batch = state.batch_in_epoch;
-  if (state.world_size != world_size()) {
-    Print(WorldSizeChangedWarning(state.world_size, world_size()));
-    cursor.batch = 0;
-    ++cursor.epoch;
+  const bool local_sgd = strategy_ && std::string(strategy_->Name()) == "local_sgd";
+  if (local_sgd && state.world_size != world_size()) {
+    std::vector<std::string> replicas;
+    for (int64_t r = 0; r < state.world_size; ++r)
+      replicas.push_back(step_dir + "/model_rank" + std::to_string(r) + ".pt");
+    LAUNCH_RETURN_IF_ERROR(LoadAveragedReplicas(replicas, model_file, *model_, *optimizer_));
+    Print("train: local_sgd: the checkpoint holds " + std::to_string(state.world_size) +
+          " replicas and this run has " + std::to_string(world_size()) +
+          " ranks: every rank starts from their average (parameters and floating-point "
+          "buffers, as the final average would), with its own optimizer state if it had a "
+          "rank, rank 0's otherwise");
+  } else {
+    LAUNCH_RETURN_IF_ERROR(LoadModelState(model_file, *model_, *optimizer_));
   }
-  if (!own_rng)
+  LoadTrainState(state);
+  if (!own_rng) {
+    const uint64_t seed = NewRankSeed(options_.seed, rank(), state.step);
+    torch::manual_seed(seed);
     std::fprintf(stderr,
-                 "train: rank %d: the checkpoint has no RNG state for this rank (written by %lld "
-                 "ranks); dropout masks continue from rank 0's stream\n",
-                 rank(), static_cast<long long>(state.world_size));
-  restored_cursor_ = cursor;
+                 "train: rank %d: the checkpoint (written by %lld ranks) has no RNG state for this "
+                 "rank; it draws a new stream seeded from (seed %llu, rank %d, step %lld)\n",
+                 rank(), static_cast<long long>(state.world_size),
+                 static_cast<unsigned long long>(options_.seed), rank(),
+                 static_cast<long long>(state.step));
+  }
   if (cursor_) AttachCursor(cursor_);
   return true;
+}
+
+void Accelerator::LoadTrainState(const TrainState& state) {
+  step_ = state.step;
+  schedule_anchor_ = {state.anchor_step, state.anchor_position, state.anchor_slope};
+  // Checkpoints from before data_world was recorded know only the world size.
+  const bool recorded = state.data_world > 0;
+  const int64_t old_world =
+      recorded ? state.data_world : std::max<int64_t>(1, state.world_size / stages_);
+  restored_data_world_ = recorded ? state.data_world : 0;
+  origin_data_world_ = state.origin_data_world > 0 ? state.origin_data_world : old_world;
+  samples_seen_global_ = recorded ? state.samples_seen_global : state.samples_seen * old_world;
+  samples_seen_ =
+      old_world == data_world_ ? state.samples_seen : samples_seen_global_ / data_world_;
+  LoaderCursor cursor;
+  cursor.epoch = state.epoch;
+  if (recorded ? old_world == data_world_ : state.world_size == world_size()) {
+    cursor.start = state.epoch_start;  // the same batches, numbered alike: bit-identical
+    cursor.batch = state.batch_in_epoch;
+  } else if (recorded) {
+    cursor.start = state.epoch_offset;  // the rest of the epoch over the new ranks (sampler.h)
+    resharded_from_ = old_world;        // AttachCursor says how it is dealt
+  } else {
+    Print(WorldSizeChangedWarning(state.world_size, world_size()));
+    ++cursor.epoch;
+  }
+  restored_cursor_ = cursor;
 }
 
 // --- Internal --------------------------------------------------------------------------------
