@@ -95,17 +95,16 @@ TEST_CASE("SamplerGlobalBatchEqualsSingleProcessBigBatch") {
 }
 
 TEST_CASE("SamplerTakeoverAtAnotherWorldSeesTheRestOfTheEpochOnce") {
-  // 3 ranks stop after global batch 5 of epoch 1 (positions [0, 150) done); 2 ranks deal the
-  // rest from position 150: together every sample once, the tail short of a global batch
-  // skipped, and no padding.
+  // 3 ranks stop after global batch 6 of epoch 1 (positions [0, 180) done); 2 ranks deal the
+  // rest from position 180 (21 global batches of 20): together every sample exactly once.
   const int64_t n = 600, b = 10;
   std::multiset<int64_t> seen;
   for (int r = 0; r < 3; ++r) {
     ShardedSampler old(n, r, 3, b, 4);
-    for (int64_t k = 0; k < 5; ++k)
+    for (int64_t k = 0; k < 6; ++k)
       for (int64_t i : old.Batch(1, k)) seen.insert(i);
   }
-  const int64_t start = 5 * 3 * b;
+  const int64_t start = 6 * 3 * b;
   ShardedSampler n0(n, 0, 2, b, 4), n1(n, 1, 2, b, 4);
   CHECK(n0.BatchesFrom(0) == n0.batches_per_epoch());
   CHECK(n0.BatchesFrom(start) == (n - start) / (2 * b));
