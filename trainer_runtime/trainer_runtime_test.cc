@@ -15,6 +15,7 @@
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/state/checkpoint.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/script.h>
 
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
@@ -91,6 +92,85 @@ TEST_CASE("SamplerGlobalBatchEqualsSingleProcessBigBatch") {
     for (int64_t i : b.Batch(2, k)) got.insert(i);
     CHECK(want == got);
   }
+}
+
+TEST_CASE("SamplerTakeoverAtAnotherWorldSeesTheRestOfTheEpochOnce") {
+  // 3 ranks stop after global batch 6 of epoch 1 (positions [0, 180) done); 2 ranks deal the
+  // rest from position 180 (21 global batches of 20): together every sample exactly once.
+  const int64_t n = 600, b = 10;
+  std::multiset<int64_t> seen;
+  for (int r = 0; r < 3; ++r) {
+    ShardedSampler old(n, r, 3, b, 4);
+    for (int64_t k = 0; k < 6; ++k)
+      for (int64_t i : old.Batch(1, k)) seen.insert(i);
+  }
+  const int64_t start = 6 * 3 * b;
+  ShardedSampler n0(n, 0, 2, b, 4), n1(n, 1, 2, b, 4);
+  CHECK(n0.BatchesFrom(0) == n0.batches_per_epoch());
+  CHECK(n0.BatchesFrom(start) == (n - start) / (2 * b));
+  CHECK(n0.BatchesFrom(n) == 0);
+  const std::vector<int64_t> perm = ShardedSampler::Permutation(n, 4, 1);
+  for (int64_t k = 0; k < n0.BatchesFrom(start); ++k) {
+    std::vector<int64_t> places;
+    for (int64_t i : n0.Batch(1, k, start, &places)) seen.insert(i);
+    for (int64_t i : n1.Batch(1, k, start)) seen.insert(i);
+    // Rank 0 takes start, start + 2, ...: the sampler's dealing from the offset.
+    CHECK(places.front() == start + 2 * b * k);
+    CHECK(perm[static_cast<size_t>(places.front())] == n0.Batch(1, k, start).front());
+  }
+  CHECK(seen.size() == static_cast<size_t>(n));
+  CHECK(std::set<int64_t>(seen.begin(), seen.end()).size() == seen.size());
+  // 2 -> 3 from an offset that leaves a tail: 600 - 20 = 580 = 19 global batches of 30 + 10.
+  ShardedSampler t(n, 2, 3, b, 4);
+  CHECK(t.BatchesFrom(20) == 19);
+  std::vector<int64_t> places;
+  t.Batch(1, 18, 20, &places);
+  CHECK(places.back() == 20 + 2 + 3 * (18 * b + b - 1));  // below n - 10: never wraps
+  // At the epoch's start the rule is DistributedSampler's, padding included.
+  ShardedSampler padded(10, 2, 3, 2, 4);
+  CHECK(padded.BatchesFrom(0) == 2);
+}
+
+TEST_CASE("RankStateRoundTripsTheGlobalPositionAndReadsOlderFiles") {
+  const std::string dir = TempDir();
+  TrainState s;
+  s.step = 26;
+  s.epoch = 1;
+  s.batch_in_epoch = 3;
+  s.world_size = 3;
+  s.data_world = 3;
+  s.epoch_start = 40;
+  s.epoch_offset = 130;
+  s.samples_seen_global = 1330;
+  s.origin_data_world = 2;
+  s.anchor_step = 20;
+  s.anchor_position = 18.25;
+  s.anchor_slope = 0.75;
+  REQUIRE(SaveRankState(dir + "/rank0.pt", s).ok());
+  auto back = LoadRankState(dir + "/rank0.pt", /*restore_rng=*/false);
+  REQUIRE(back.ok());
+  CHECK(back->epoch_start == 40);
+  CHECK(back->epoch_offset == 130);
+  CHECK(back->samples_seen_global == 1330);
+  CHECK(back->origin_data_world == 2);
+  CHECK(back->anchor_step == 20);
+  CHECK(back->anchor_position == 18.25);
+  CHECK(back->anchor_slope == 0.75);
+  // A file from before these fields: five integers, no "schedule". They read as defaults.
+  {
+    torch::serialize::OutputArchive old;
+    old.write("meta", torch::tensor({int64_t{9}, int64_t{1}, int64_t{2}, int64_t{90}, int64_t{2}},
+                                    torch::kLong));
+    old.write("rng", at::detail::getDefaultCPUGenerator().get_state());
+    old.save_to(dir + "/old.pt");
+  }
+  auto legacy = LoadRankState(dir + "/old.pt", /*restore_rng=*/false);
+  REQUIRE(legacy.ok());
+  CHECK(legacy->step == 9);
+  CHECK(legacy->world_size == 2);
+  CHECK(legacy->data_world == 0);
+  CHECK(legacy->anchor_step == -1);
+  CHECK(legacy->anchor_slope == 1);
 }
 
 TEST_CASE("SyntheticDataHasAFloorBelowGuessing") {

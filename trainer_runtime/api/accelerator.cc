@@ -1,6 +1,7 @@
 #include "trainer_runtime/api/accelerator.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -77,6 +78,16 @@ void RemoveOtherSteps(const std::string& dir, int64_t keep) {
   }
 }
 
+// The seed of the CPU generator of a rank that resumes a checkpoint holding no RNG state of its
+// own (it joined at a world-size change): distinct per rank and per resume step, and distinct
+// from the streams `train` seeds at start (seed + 1000003 * (rank + 1)).
+uint64_t NewRankSeed(uint64_t seed, int rank, int64_t step) {
+  uint64_t h = seed * 0x9E3779B97F4A7C15ull + 0x7F4A7C15D1B54A32ull;
+  for (uint64_t v : {static_cast<uint64_t>(rank), static_cast<uint64_t>(step)})
+    h = (h ^ (v + 0x632BE59BD9B4E019ull)) * 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 31);
+}
+
 }  // namespace
 
 Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
@@ -91,9 +102,12 @@ void Accelerator::SetLayout(const ParallelLayout& layout) {
   data_world_ = layout.degree(Axis::kData);
   data_rank_ = layout.coordinate(Axis::kData);
   main_rank_ = layout.main_rank();
+  origin_data_world_ = data_world_;
 }
 
-Accelerator::~Accelerator() = default;
+Accelerator::~Accelerator() {
+  if (trace_fd_ >= 0) ::close(trace_fd_);
+}
 
 StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
                                                            double init_timeout_s) {
@@ -107,7 +121,15 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
           "environment LAUNCH_INIT_TIMEOUT_S: expected seconds > 0, got '" + it->second + "'");
     init_timeout_s = v;
   }
-  return Create(options, env, init_timeout_s);
+  LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> accel, Create(options, env, init_timeout_s));
+  it = environment.find("LAUNCH_TRACE_SAMPLES");
+  if (it != environment.end() && !it->second.empty()) {
+    const std::string path = it->second + ".rank" + std::to_string(env.rank);
+    accel->trace_fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (accel->trace_fd_ < 0)
+      return Status::IoError("environment LAUNCH_TRACE_SAMPLES: cannot open '" + path + "'");
+  }
+  return accel;
 }
 
 StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
@@ -222,10 +244,41 @@ std::vector<torch::Tensor> Accelerator::parameters() const {
 
 void Accelerator::AttachCursor(std::shared_ptr<LoaderCursor> cursor) {
   cursor_ = std::move(cursor);
-  if (restored_cursor_) {
-    cursor_->epoch = restored_cursor_->epoch;
-    cursor_->batch = std::min(restored_cursor_->batch, cursor_->batches_per_epoch);
+  if (!restored_cursor_) return;
+  LoaderCursor& c = *cursor_;
+  c.epoch = restored_cursor_->epoch;
+  c.start = restored_cursor_->start;
+  c.batches_this_epoch =
+      ShardedSampler::BatchesFrom(c.num_samples, c.global_batch, c.batches_per_epoch, c.start);
+  c.batch = restored_cursor_->batch;
+  const int64_t start = c.start, rest = c.num_samples - c.start, dealt = c.batches_this_epoch;
+  // Nothing left of the epoch (its rest is smaller than a global batch, or the batch size
+  // grew): the next epoch.
+  if (c.batch >= c.batches_this_epoch) c.StartEpoch(c.epoch + 1);
+  if (resharded_from_ > 0) {
+    Print("train: the checkpoint was written by " + std::to_string(resharded_from_) +
+          " data-parallel ranks after " + std::to_string(start) + " of epoch " +
+          std::to_string(restored_cursor_->epoch) + "'s " + std::to_string(c.num_samples) +
+          " samples; the other " + std::to_string(rest) + " are dealt over " +
+          std::to_string(data_world_) + " ranks (rank r takes positions " + std::to_string(start) +
+          " + r, " + std::to_string(start) + " + r + " + std::to_string(data_world_) + ", ...): " +
+          std::to_string(dealt) + " batches of " + std::to_string(c.global_batch / data_world_) +
+          " per rank, the epoch's last " + std::to_string(rest - dealt * c.global_batch) +
+          " samples (less than a global batch) skipped; later epochs as usual (" +
+          std::to_string(c.batches_per_epoch) + " batches per rank)");
+    resharded_from_ = 0;
   }
+}
+
+void Accelerator::TraceBatch(int64_t epoch, const std::vector<int64_t>& positions,
+                             const std::vector<int64_t>& indices) {
+  std::string line = std::to_string(step_ + 1) + " " + std::to_string(epoch);
+  for (size_t i = 0; i < indices.size(); ++i)
+    line += " " + std::to_string(positions[i]) + ":" + std::to_string(indices[i]);
+  line += "\n";
+  // One write per batch on an O_APPEND file: a kill never leaves half a line before the next.
+  if (::write(trace_fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    std::fprintf(stderr, "train: warning: LAUNCH_TRACE_SAMPLES: short write\n");
 }
 
 // --- One micro-batch -------------------------------------------------------------------------
@@ -484,6 +537,14 @@ Status Accelerator::SaveState(const std::string& dir) {
   state.batch_in_epoch = cursor_ ? cursor_->batch : 0;
   state.samples_seen = samples_seen_;
   state.world_size = world_size();
+  state.data_world = data_world_;
+  state.epoch_start = cursor_ ? cursor_->start : 0;
+  state.epoch_offset = cursor_ ? cursor_->offset() : 0;
+  state.samples_seen_global = samples_seen_global_;
+  state.origin_data_world = origin_data_world_;
+  state.anchor_step = schedule_anchor_.step;
+  state.anchor_position = schedule_anchor_.position;
+  state.anchor_slope = schedule_anchor_.slope;
   Status status = MakeDirs(step_dir);
   if (status.ok() && rank() == 0) {
     std::string run;
@@ -511,6 +572,11 @@ Status Accelerator::SaveState(const std::string& dir) {
 }
 
 void Accelerator::AddRunSetting(const std::string& key, const std::string& value) {
+  for (auto& [k, v] : run_settings_)
+    if (k == key) {
+      v = value;
+      return;
+    }
   run_settings_.emplace_back(key, value);
 }
 
@@ -599,24 +665,46 @@ StatusOr<bool> Accelerator::LoadState(const std::string& dir) {
   } else {
     LAUNCH_RETURN_IF_ERROR(strategy_->LoadModelState(step_dir, *optimizer_, state.world_size));
   }
-  step_ = state.step;
-  samples_seen_ = state.samples_seen;
-  LoaderCursor cursor;
-  cursor.epoch = state.epoch;
-  cursor.batch = state.batch_in_epoch;
-  if (state.world_size != world_size()) {
-    Print(WorldSizeChangedWarning(state.world_size, world_size()));
-    cursor.batch = 0;
-    ++cursor.epoch;
-  }
-  if (!own_rng)
+  LoadTrainState(state);
+  if (!own_rng) {
+    const uint64_t seed = NewRankSeed(options_.seed, rank(), state.step);
+    torch::manual_seed(seed);
     std::fprintf(stderr,
-                 "train: rank %d: the checkpoint has no RNG state for this rank (written by %lld "
-                 "ranks); dropout masks continue from rank 0's stream\n",
-                 rank(), static_cast<long long>(state.world_size));
-  restored_cursor_ = cursor;
+                 "train: rank %d: the checkpoint (written by %lld ranks) has no RNG state for this "
+                 "rank; it draws a new stream seeded from (seed %llu, rank %d, step %lld)\n",
+                 rank(), static_cast<long long>(state.world_size),
+                 static_cast<unsigned long long>(options_.seed), rank(),
+                 static_cast<long long>(state.step));
+  }
   if (cursor_) AttachCursor(cursor_);
   return true;
+}
+
+void Accelerator::LoadTrainState(const TrainState& state) {
+  step_ = state.step;
+  schedule_anchor_ = {state.anchor_step, state.anchor_position, state.anchor_slope};
+  // Checkpoints from before data_world was recorded know only the world size.
+  const bool recorded = state.data_world > 0;
+  const int64_t old_world =
+      recorded ? state.data_world : std::max<int64_t>(1, state.world_size / stages_);
+  restored_data_world_ = recorded ? state.data_world : 0;
+  origin_data_world_ = state.origin_data_world > 0 ? state.origin_data_world : old_world;
+  samples_seen_global_ = recorded ? state.samples_seen_global : state.samples_seen * old_world;
+  samples_seen_ =
+      old_world == data_world_ ? state.samples_seen : samples_seen_global_ / data_world_;
+  LoaderCursor cursor;
+  cursor.epoch = state.epoch;
+  if (recorded ? old_world == data_world_ : state.world_size == world_size()) {
+    cursor.start = state.epoch_start;  // the same batches, numbered alike: bit-identical
+    cursor.batch = state.batch_in_epoch;
+  } else if (recorded) {
+    cursor.start = state.epoch_offset;  // the rest of the epoch over the new ranks (sampler.h)
+    resharded_from_ = old_world;        // AttachCursor says how it is dealt
+  } else {
+    Print(WorldSizeChangedWarning(state.world_size, world_size()));
+    ++cursor.epoch;
+  }
+  restored_cursor_ = cursor;
 }
 
 // --- Internal --------------------------------------------------------------------------------

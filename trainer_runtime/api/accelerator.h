@@ -85,15 +85,35 @@ namespace launch::trainer {
 class CountingProcessGroup;
 class Model;
 class ParallelLayout;
+struct TrainState;
 class ParallelStrategy;
 class PipelineEngine;
 
-// Position of a data loader: the next batch it yields. Part of the saved state.
+// Position of a data loader: the next batch it yields. Part of the saved state. The global
+// sample position of the next batch (all data-parallel ranks together) is
+// start + batch * global_batch; a checkpoint stores it, so a resume at another world size
+// continues from there (sampler.h).
 struct LoaderCursor {
   int64_t epoch = 0;
-  int64_t batch = 0;              // next batch within the epoch
+  int64_t batch = 0;              // next batch within the epoch, counted from `start`
   int64_t batches_per_epoch = 0;  // per rank (ShardedSampler: the last partial batch is dropped)
-  bool last_was_end = false;      // the batch served last was the epoch's last
+  int64_t start = 0;              // global position of batch 0 of `epoch`: 0, or where a resume
+                                  // at another world size took the epoch over
+  int64_t batches_this_epoch =
+      0;                      // per rank, of `epoch` from `start` (ShardedSampler::BatchesFrom)
+  int64_t num_samples = 0;    // the data set's size
+  int64_t global_batch = 0;   // data-parallel ranks x batch size
+  bool last_was_end = false;  // the batch served last was the epoch's last
+
+  // Samples of `epoch` consumed by all ranks together: the next batch's global position.
+  int64_t offset() const { return start + batch * global_batch; }
+  // Moves to epoch `e`'s beginning.
+  void StartEpoch(int64_t e) {
+    epoch = e;
+    batch = 0;
+    start = 0;
+    batches_this_epoch = batches_per_epoch;
+  }
 };
 
 // What the ranks agreed on at a step boundary (Accelerator::PollSignals).
@@ -240,9 +260,31 @@ class Accelerator {
   // Optimizer steps done (restored by LoadState), and the data epoch of the next batch.
   int64_t step() const { return step_; }
   int64_t epoch() const { return cursor_ ? cursor_->epoch : 0; }
-  // Micro-batches in the last optimizer step, and samples this rank took from the loader.
+  // Micro-batches in the last optimizer step, and samples this rank took from the loader (a
+  // resume at another world size restarts it at its share of the global count).
   int64_t micro_batches_last_step() const { return micro_last_step_; }
   int64_t samples_seen() const { return samples_seen_; }
+  // Samples all data-parallel ranks took from the loader since the run began, across resumes
+  // at any world size.
+  int64_t samples_seen_global() const { return samples_seen_global_; }
+  // The data-parallel world size the run started with (restored by LoadState): a program whose
+  // run length is counted in steps (an LR schedule over `epochs`) counts them in that world.
+  int64_t origin_data_world() const { return origin_data_world_; }
+  // Where a program's LR schedule stood when the world size last changed: from step `step` on,
+  // the schedule's position is position + (s - step) * slope at step s (train stretches the
+  // schedule's rest over the steps the new world has left). Saved and restored with the state;
+  // step -1 (the default) means the position is the step itself.
+  struct ScheduleAnchor {
+    int64_t step = -1;
+    double position = 0;
+    double slope = 1;
+  };
+  const ScheduleAnchor& schedule_anchor() const { return schedule_anchor_; }
+  void set_schedule_anchor(const ScheduleAnchor& anchor) { schedule_anchor_ = anchor; }
+  // The data-parallel world size of the checkpoint LoadState restored (0: none, or one from
+  // before checkpoints recorded it): differs from data_parallel_size() after a resume at
+  // another world size.
+  int64_t restored_data_world() const { return restored_data_world_; }
   // Ends training: Local SGD's final average when steps were taken since the last one, and
   // SyncBuffers(). COLLECTIVE.
   Status Finish();
@@ -281,8 +323,16 @@ class Accelerator {
   Status SaveState(const std::string& dir);
   // Restores what SaveState wrote under `dir` (the step named by dir/latest). Returns false when
   // there is none. Every rank loads its own RNG state; ranks agree on the step or fail with
-  // Internal naming both. A different world size restarts the data order at the next epoch
-  // (warned). InvalidConfig when the model or optimizer does not match, or when the checkpoint
+  // Internal naming both. At another world size (logged, saying what happens):
+  //   - data: the global sample position is restored and the rest of the epoch is dealt over
+  //     the new ranks (sampler.h); a checkpoint from before positions were recorded restarts
+  //     the data order at the next epoch instead (warned);
+  //   - local_sgd: every new rank starts from the average of all the old ranks' replicas (as
+  //     the final average would make them), with its own optimizer state when it had a rank,
+  //     rank 0's otherwise;
+  //   - RNG: a rank that has no file of its own draws a fresh stream seeded from (seed, rank,
+  //     step) rather than repeating another rank's dropout masks.
+  // InvalidConfig when the model or optimizer does not match, or when the checkpoint
   // was written with other run settings (ChangedSettings, each named) unless
   // options().resume_allow_changes (then they are printed). COLLECTIVE.
   StatusOr<bool> LoadState(const std::string& dir);
@@ -292,6 +342,7 @@ class Accelerator {
   // A run's identity: the settings a checkpoint records (SaveState writes them to
   // step<N>/run.txt) and a resume must match. Initially config::TrajectorySettings(options());
   // a program adds what else shapes its trajectory, e.g. the length of a decaying LR schedule.
+  // Adding a key again replaces its value.
   void AddRunSetting(const std::string& key, const std::string& value);
   // The recorded settings of the checkpoint in `dir` that differ from this run's, as
   // "key: old -> new" (also keys only one side has); empty when they match, when there is no
@@ -336,8 +387,17 @@ class Accelerator {
   void AttachCursor(std::shared_ptr<LoaderCursor> cursor);
   std::string StageFileName() const;  // pipeline: this stage's model file in a checkpoint
   void SetLayout(const ParallelLayout& layout);
+  void LoadTrainState(const TrainState& state);  // LoadState: step, counters, cursor
   c10d::ProcessGroup* control() const;
-  void CountSamples(int64_t n) { samples_seen_ += n; }
+  void CountSamples(int64_t n) {
+    samples_seen_ += n;
+    samples_seen_global_ += n * data_world_;
+  }
+  // LAUNCH_TRACE_SAMPLES (tests): appends "step epoch position:index ..." for a batch to
+  // <path>.rank<r>. A no-op when the variable is unset.
+  void TraceBatch(int64_t epoch, const std::vector<int64_t>& positions,
+                  const std::vector<int64_t>& indices);
+  bool tracing() const { return trace_fd_ >= 0; }
   template <typename DatasetT>
   friend class DistributedDataLoader;
 
@@ -370,6 +430,12 @@ class Accelerator {
   int64_t micro_last_step_ = 0;
   int64_t step_ = 0;
   int64_t samples_seen_ = 0;
+  int64_t samples_seen_global_ = 0;
+  int64_t origin_data_world_ = 1;    // data_world_ until LoadState
+  int64_t restored_data_world_ = 0;  // LoadState
+  ScheduleAnchor schedule_anchor_;
+  int64_t resharded_from_ = 0;  // LoadState at another world size: the old data world
+  int trace_fd_ = -1;           // LAUNCH_TRACE_SAMPLES
   bool trigger_ = false;
   std::optional<LoaderCursor> restored_cursor_;  // LoadState before PrepareDataLoader
   std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting
@@ -390,10 +456,14 @@ class DistributedDataLoader {
                  accel->options().data.shuffle),
         cursor_(std::make_shared<LoaderCursor>()) {
     cursor_->batches_per_epoch = sampler_.batches_per_epoch();
+    cursor_->batches_this_epoch = cursor_->batches_per_epoch;
+    cursor_->num_samples = sampler_.num_samples();
+    cursor_->global_batch = batch_size * accel->data_parallel_size();
     accel_->AttachCursor(cursor_);
   }
 
-  // Full batches per epoch on this rank (0 when the shard is smaller than one batch).
+  // Full batches per epoch on this rank (0 when the shard is smaller than one batch); an epoch
+  // taken over by a resume at another world size has cursor().batches_this_epoch.
   int64_t batches_per_epoch() const { return cursor_->batches_per_epoch; }
   int64_t batch_size() const { return batch_size_; }
   const DatasetT& dataset() const { return dataset_; }
@@ -402,13 +472,13 @@ class DistributedDataLoader {
   // The next batch, moving to the next epoch after the last one.
   // REQUIRES: batches_per_epoch() > 0.
   torch::data::Example<> Next() {
-    std::vector<int64_t> positions = sampler_.Batch(cursor_->epoch, cursor_->batch);
+    std::vector<int64_t> places;
+    std::vector<int64_t> positions = sampler_.Batch(cursor_->epoch, cursor_->batch, cursor_->start,
+                                                    accel_->tracing() ? &places : nullptr);
+    if (accel_->tracing()) accel_->TraceBatch(cursor_->epoch, places, positions);
     std::vector<size_t> indices(positions.begin(), positions.end());
-    cursor_->last_was_end = ++cursor_->batch == cursor_->batches_per_epoch;
-    if (cursor_->last_was_end) {
-      cursor_->batch = 0;
-      ++cursor_->epoch;
-    }
+    cursor_->last_was_end = ++cursor_->batch == cursor_->batches_this_epoch;
+    if (cursor_->last_was_end) cursor_->StartEpoch(cursor_->epoch + 1);
     accel_->CountSamples(static_cast<int64_t>(indices.size()));
     return accel_->ToDevice(Fetch(indices));
   }
@@ -444,11 +514,8 @@ class DistributedDataLoader {
     int64_t left_;
   };
   EpochRange Epoch(int64_t e) {
-    if (cursor_->epoch != e) {
-      cursor_->epoch = e;
-      cursor_->batch = 0;
-    }
-    return EpochRange(this, cursor_->batches_per_epoch - cursor_->batch);
+    if (cursor_->epoch != e) cursor_->StartEpoch(e);
+    return EpochRange(this, cursor_->batches_this_epoch - cursor_->batch);
   }
 
  private:

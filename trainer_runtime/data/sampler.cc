@@ -30,8 +30,18 @@ std::vector<int64_t> ShardedSampler::Permutation(int64_t n, uint64_t seed, int64
   return std::vector<int64_t>(p, p + n);
 }
 
-std::vector<int64_t> ShardedSampler::Batch(int64_t epoch, int64_t batch) {
-  LAUNCH_CHECK(batch >= 0 && batch < batches_per_epoch_, "batch index out of range");
+int64_t ShardedSampler::BatchesFrom(int64_t num_samples, int64_t global_batch,
+                                    int64_t batches_per_epoch, int64_t start) {
+  if (start <= 0) return batches_per_epoch;
+  if (start >= num_samples) return 0;
+  // No padding after a takeover: only positions not yet trained on this epoch, whole global
+  // batches only (every rank runs the same number of batches).
+  return (num_samples - start) / global_batch;
+}
+
+std::vector<int64_t> ShardedSampler::Batch(int64_t epoch, int64_t batch, int64_t start,
+                                           std::vector<int64_t>* positions) {
+  LAUNCH_CHECK(batch >= 0 && batch < BatchesFrom(start), "batch index out of range");
   if (epoch != cached_epoch_) {
     if (shuffle_) {
       cached_perm_ = Permutation(num_samples_, seed_, epoch);
@@ -44,9 +54,11 @@ std::vector<int64_t> ShardedSampler::Batch(int64_t epoch, int64_t batch) {
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(batch_size_));
   for (int64_t j = 0; j < batch_size_; ++j) {
-    const int64_t i = batch * batch_size_ + j;                     // position in this rank's share
-    const int64_t pos = (rank_ + world_size_ * i) % num_samples_;  // wrap-around padding
+    const int64_t i = batch * batch_size_ + j;  // position in this rank's share
+    // Wrap-around padding; only an epoch that starts at 0 can reach past N (BatchesFrom).
+    const int64_t pos = (start + rank_ + world_size_ * i) % num_samples_;
     out.push_back(cached_perm_[static_cast<size_t>(pos)]);
+    if (positions) positions->push_back(pos);
   }
   return out;
 }

@@ -11,6 +11,22 @@
 // Consequence used by the numerics tests: global batch k of world W with per-rank batch B
 // holds exactly the shuffled positions [k*W*B, (k+1)*W*B), the same samples a single process
 // sees in its batch k with batch size W*B.
+//
+// A resume at another world size (an epoch "taken over" at global position `start` > 0): the
+// permutation does not depend on W, so the old world's checkpoint at its batch k has consumed
+// positions [0, k*W*B) of the epoch. The new world W' deals the rest [start, N) as the sampler
+// deals: rank r takes start + r, start + r + W', ..., cut into full batches of B; the part of
+// the rest that does not fill a whole global batch of W'*B (fewer than W'*B positions, the
+// epoch's last) is dropped and there is no wrap-around padding (which would repeat samples the
+// old world already trained on). So:
+//   - an epoch that no resume cut at another world size (start == 0) is exactly PyTorch's:
+//     every sample exactly once when W*B divides N (otherwise the last partial global batch is
+//     dropped, or the padding repeats the epoch's first positions, as DistributedSampler does);
+//   - an epoch resharded mid-way sees every sample at most once: positions [0, start) by the
+//     old world(s), [start, start + b*W'*B) by the new one, b = BatchesFrom(start), and the
+//     (N - start) mod (W'*B) last positions not at all.
+// Later epochs start at 0 again. A resume at the same world size that wrote the checkpoint keeps
+// the epoch's own `start` and batch index, so it continues bit-identically.
 
 #include <cstdint>
 #include <vector>
@@ -26,10 +42,24 @@ class ShardedSampler {
   // Full batches per epoch on every rank (may be 0 when the data is too small).
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t samples_per_rank() const { return per_rank_; }
+  int64_t num_samples() const { return num_samples_; }
 
-  // Indices (into 0..num_samples) of this rank's batch `batch` of epoch `epoch`.
-  // REQUIRES: batch < batches_per_epoch(). Caches the last epoch's permutation.
-  std::vector<int64_t> Batch(int64_t epoch, int64_t batch);
+  // Full batches on every rank of an epoch taken over at global position `start` (see the top
+  // of this file): batches_per_epoch() when start is 0, else (N - start) / (W * B), 0 when
+  // start >= N.
+  int64_t BatchesFrom(int64_t start) const {
+    return BatchesFrom(num_samples_, world_size_ * batch_size_, batches_per_epoch_, start);
+  }
+  // The same for any world: `global_batch` = W * B, `batches_per_epoch` that world's.
+  static int64_t BatchesFrom(int64_t num_samples, int64_t global_batch, int64_t batches_per_epoch,
+                             int64_t start);
+
+  // Indices (into 0..num_samples) of this rank's batch `batch` of epoch `epoch`, counted from
+  // global position `start` (0: the epoch's beginning); with `positions`, also their places
+  // in the epoch's permutation. REQUIRES: batch < BatchesFrom(start). Caches the last epoch's
+  // permutation.
+  std::vector<int64_t> Batch(int64_t epoch, int64_t batch, int64_t start = 0,
+                             std::vector<int64_t>* positions = nullptr);
 
   // The epoch's shuffled order: torch.randperm(n) drawn from a CPU generator seeded with
   // seed + epoch, as DistributedSampler(seed=seed) after set_epoch(epoch).

@@ -2,6 +2,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <array>
 #include <sstream>
 
 #include "base/files.h"
@@ -9,19 +11,43 @@
 namespace launch::trainer {
 namespace {
 
-torch::Tensor MetaTensor(const TrainState& s) {
-  return torch::tensor({s.step, s.epoch, s.batch_in_epoch, s.samples_seen, s.world_size},
-                       torch::kLong);
+// "meta" holds the integer fields in this order. Fields are only ever appended: an older file
+// has a shorter tensor, and the fields it lacks keep their defaults. "schedule": the doubles.
+std::array<int64_t*, 11> IntFields(TrainState& s) {
+  return {&s.step,
+          &s.epoch,
+          &s.batch_in_epoch,
+          &s.samples_seen,
+          &s.world_size,
+          &s.data_world,
+          &s.epoch_start,
+          &s.epoch_offset,
+          &s.samples_seen_global,
+          &s.origin_data_world,
+          &s.anchor_step};
 }
 
-TrainState FromMeta(const torch::Tensor& t) {
-  auto a = t.accessor<int64_t, 1>();
+torch::Tensor MetaTensor(TrainState s) {
+  std::vector<int64_t> values;
+  for (int64_t* field : IntFields(s)) values.push_back(*field);
+  return torch::tensor(values, torch::kLong);
+}
+
+torch::Tensor ScheduleTensor(const TrainState& s) {
+  return torch::tensor({s.anchor_position, s.anchor_slope}, torch::kDouble);
+}
+
+TrainState FromMeta(const torch::Tensor& meta, const torch::Tensor& schedule) {
   TrainState s;
-  s.step = a[0];
-  s.epoch = a[1];
-  s.batch_in_epoch = a[2];
-  s.samples_seen = a[3];
-  s.world_size = a[4];
+  const auto fields = IntFields(s);
+  auto a = meta.accessor<int64_t, 1>();
+  const size_t n = std::min(static_cast<size_t>(a.size(0)), fields.size());
+  for (size_t i = 0; i < n; ++i) *fields[i] = a[static_cast<int64_t>(i)];
+  if (schedule.defined() && schedule.numel() >= 2) {
+    auto d = schedule.accessor<double, 1>();
+    s.anchor_position = d[0];
+    s.anchor_slope = d[1];
+  }
   return s;
 }
 
@@ -142,6 +168,7 @@ Status SaveRankState(const std::string& path, const TrainState& state) {
   try {
     torch::serialize::OutputArchive archive;
     archive.write("meta", MetaTensor(state));
+    archive.write("schedule", ScheduleTensor(state));
     archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
     archive.save_to(bytes);
   } catch (const c10::Error& e) {
@@ -153,15 +180,16 @@ Status SaveRankState(const std::string& path, const TrainState& state) {
 StatusOr<TrainState> LoadRankState(const std::string& path, bool restore_rng) {
   LAUNCH_ASSIGN_OR_RETURN(auto archive, Open(path));
   try {
-    torch::Tensor meta;
+    torch::Tensor meta, schedule;
     archive->read("meta", meta);
+    if (!archive->try_read("schedule", schedule)) schedule = torch::Tensor();
     if (restore_rng) {
       torch::Tensor rng;
       archive->read("rng", rng);
       at::Generator generator = at::detail::getDefaultCPUGenerator();  // shares the state
       generator.set_state(rng);
     }
-    return FromMeta(meta);
+    return FromMeta(meta, schedule);
   } catch (const c10::Error& e) {
     return Status::IoError("checkpoint '" + path +
                            "' is incomplete: " + e.what_without_backtrace());

@@ -24,6 +24,7 @@
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/model/pipeline_stages.h"
 #include "trainer_runtime/parallel/pipeline_engine.h"
+#include "trainer_runtime/state/checkpoint.h"
 #include "trainer_runtime/util/loop_util.h"
 #include "trainer_runtime/util/lr_schedule.h"
 #include "trainer_runtime/util/pipeline_schedule.h"
@@ -93,6 +94,15 @@ class Trainer {
   Status PrepareReplica();
   Status PreparePipelineStage();
   Status MaybeResume();
+  // Optimizer steps of the configured run when each rank has `batches_per_epoch` batches an
+  // epoch: max_steps, or `epochs` of them.
+  int64_t RunSteps(int64_t batches_per_epoch) const;
+  // Steps left from the loader's position to the end of the configured epochs (after a resume
+  // at another world size, whose epochs have other lengths).
+  int64_t RemainingSteps() const;
+  // After a resume: the run's length in this world, and the LR schedule's anchor when the
+  // world size changed (Accelerator::ScheduleAnchor).
+  void SetRunLength();
   void TrainStep();
   void Evaluate(double* loss, double* accuracy);
   Status WriteMetricsLine(const Accelerator::CommStats& comm, double loss, double step_s,
@@ -124,7 +134,9 @@ class Trainer {
   Criterion criterion_;
   std::optional<DistributedDataLoader<TrainRows>> loader_;
   std::vector<int64_t> partition_;
-  int64_t total_steps_ = 0;
+  int64_t total_steps_ = 0;     // the step the run ends at, in this world
+  int64_t schedule_steps_ = 0;  // the LR schedule's length: the run's steps in its first world
+  std::optional<TrainState> peeked_;  // the checkpoint MaybeResume may resume (rank 0's file)
   std::string phase_ = "setup";
   std::ofstream metrics_;
   double last_loss_ = std::nan("");
@@ -173,24 +185,53 @@ Status Trainer::Prepare() {
         std::to_string(data_.train_indices.size() / accel_->data_parallel_size()) +
         " training samples each of " + std::to_string(accel_->data_parallel_size()) +
         (pipeline_ ? " pipeline replicas" : " ranks") + " gets; lower it or add data");
-  const int64_t n = cfg_.gradient_accumulation_steps;
-  const int64_t steps_per_epoch =
-      cfg_.sync_with_dataloader ? (per_epoch + n - 1) / n : std::max<int64_t>(1, per_epoch / n);
-  total_steps_ =
-      cfg_.max_steps > 0 ? cfg_.max_steps : std::max<int64_t>(1, cfg_.epochs) * steps_per_epoch;
+  total_steps_ = RunSteps(per_epoch);
+  // The schedule is as long as the run is in the world it started in, whatever world resumes
+  // it: a checkpoint names that world (origin_data_world).
+  schedule_steps_ = total_steps_;
+  if (cfg_.resume != "never") {
+    const std::string dir = CheckpointDir();
+    if (StatusOr<int64_t> latest = Accelerator::LatestStep(dir); latest.ok()) {
+      // dir/step<N>/rank0.pt: the layout SaveState documents (accelerator.h).
+      StatusOr<TrainState> state = LoadRankState(
+          dir + "/step" + std::to_string(*latest) + "/rank0.pt", /*restore_rng=*/false);
+      if (state.ok()) peeked_ = *state;
+    }
+  }
+  if (peeked_ && peeked_->data_world > 0) {
+    const int64_t origin =
+        peeked_->origin_data_world > 0 ? peeked_->origin_data_world : peeked_->data_world;
+    if (origin != accel_->data_parallel_size())
+      schedule_steps_ =
+          RunSteps(ShardedSampler(static_cast<int64_t>(data_.train_indices.size()), 0,
+                                  static_cast<int>(origin), cfg_.batch_size, cfg_.seed)
+                       .batches_per_epoch());
+  }
 
   phase_ = "building the model";
   LAUNCH_RETURN_IF_ERROR(pipeline_ ? PreparePipelineStage() : PrepareReplica());
   const config::SchedulerConfig sched = cfg_.scheduler;
   const double base_lr = cfg_.optimizer.lr;
-  const int64_t total = total_steps_;
-  accel_->SetLrSchedule(
-      [sched, base_lr, total](int64_t step) { return LearningRate(sched, base_lr, step, total); });
+  accel_->SetLrSchedule([this, sched, base_lr](int64_t step) {
+    // Past a world-size change the rest of the schedule is stretched over the steps left
+    // (SetRunLength); before any, the position is the step, as it always was.
+    const Accelerator::ScheduleAnchor& a = accel_->schedule_anchor();
+    if (a.step < 0) return LearningRate(sched, base_lr, step, schedule_steps_);
+    const double position = a.position + static_cast<double>(step - a.step) * a.slope;
+    return LearningRateAt(sched, base_lr, position, schedule_steps_);
+  });
   // A decaying schedule's learning rates depend on its length: part of the run's identity.
+  const char* kScheduleKey = "train.max_steps/epochs (LR schedule length in steps)";
   if (sched.type != config::SchedulerType::kConstant)
-    accel_->AddRunSetting("train.max_steps/epochs (LR schedule length in steps)",
-                          std::to_string(total_steps_));
+    accel_->AddRunSetting(kScheduleKey, std::to_string(schedule_steps_));
   LAUNCH_RETURN_IF_ERROR(MaybeResume());
+  if (accel_->step() == 0 && schedule_steps_ != total_steps_) {
+    // Not resumed after all (a finished or foreign checkpoint): a new run in this world.
+    schedule_steps_ = total_steps_;
+    if (sched.type != config::SchedulerType::kConstant)
+      accel_->AddRunSetting(kScheduleKey, std::to_string(schedule_steps_));
+  }
+  if (accel_->step() > 0) SetRunLength();
 
   int64_t num_params = 0;
   for (auto& p : accel_->parameters()) num_params += p.numel();
@@ -238,6 +279,53 @@ Status Trainer::Prepare() {
   return Status::Ok();
 }
 
+int64_t Trainer::RunSteps(int64_t batches_per_epoch) const {
+  if (cfg_.max_steps > 0) return cfg_.max_steps;
+  const int64_t n = cfg_.gradient_accumulation_steps;
+  const int64_t steps_per_epoch = cfg_.sync_with_dataloader
+                                      ? (batches_per_epoch + n - 1) / n
+                                      : std::max<int64_t>(1, batches_per_epoch / n);
+  return std::max<int64_t>(1, cfg_.epochs) * steps_per_epoch;
+}
+
+int64_t Trainer::RemainingSteps() const {
+  const LoaderCursor& c = loader_->cursor();
+  const int64_t epochs = std::max<int64_t>(1, cfg_.epochs);
+  if (c.epoch >= epochs) return 0;
+  const int64_t n = cfg_.gradient_accumulation_steps;
+  const int64_t now = c.batches_this_epoch - c.batch;  // windows close at step boundaries
+  const int64_t later = epochs - c.epoch - 1;
+  if (cfg_.sync_with_dataloader)
+    return (now + n - 1) / n + later * ((c.batches_per_epoch + n - 1) / n);
+  return (now + later * c.batches_per_epoch) / n;
+}
+
+void Trainer::SetRunLength() {
+  const int64_t restored = accel_->restored_data_world();
+  const bool changed_now = restored > 0 && restored != accel_->data_parallel_size();
+  Accelerator::ScheduleAnchor anchor = accel_->schedule_anchor();
+  // max_steps counts steps in any world; a checkpoint that never saw a world-size change
+  // (and older ones, which resume a changed world as they always did) keeps the step count.
+  if (cfg_.max_steps > 0 || (!changed_now && anchor.step < 0)) return;
+  const int64_t step = accel_->step();
+  total_steps_ = step + RemainingSteps();
+  if (!changed_now) return;  // the anchor of the earlier change still holds
+  const double position =
+      anchor.step < 0 ? static_cast<double>(step)
+                      : anchor.position + static_cast<double>(step - anchor.step) * anchor.slope;
+  anchor.step = step;
+  anchor.position = position;
+  anchor.slope = (static_cast<double>(schedule_steps_) - position) /
+                 static_cast<double>(std::max<int64_t>(1, total_steps_ - step));
+  accel_->set_schedule_anchor(anchor);
+  accel_->Print("train: the run ends after its " +
+                std::to_string(std::max<int64_t>(1, cfg_.epochs)) + " epochs at step " +
+                std::to_string(total_steps_) + " in this world (" +
+                std::to_string(total_steps_ - step) + " steps left); the LR schedule (" +
+                std::to_string(schedule_steps_) + " steps, at " + Fixed(position, 2) +
+                ") is stretched over them");
+}
+
 Status Trainer::PrepareReplica() {
   // Same seed on every rank: identical initial weights even before the broadcast.
   torch::manual_seed(cfg_.seed);
@@ -271,8 +359,13 @@ Status Trainer::MaybeResume() {
   if (!latest.ok() && explicit_path)
     return Status::NotFound("train.resume: '" + dir +
                             "' holds no checkpoint (a checkpoint folder has a `latest` file)");
-  if (latest.ok() && !explicit_path && accel_->env().restart_count == 0 &&
-      *latest >= total_steps_) {
+  // Finished: the step count reached the end, or (since checkpoints record the data position,
+  // which counts at any world size) the configured epochs are done.
+  const bool finished = latest.ok() && (*latest >= total_steps_ ||
+                                        (cfg_.max_steps == 0 && peeked_ &&
+                                         peeked_->data_world > 0 && peeked_->step == *latest &&
+                                         peeked_->epoch >= std::max<int64_t>(1, cfg_.epochs)));
+  if (latest.ok() && !explicit_path && accel_->env().restart_count == 0 && finished) {
     // A finished run's checkpoint: running the same command again trains afresh rather than
     // silently doing nothing, and the old checkpoint must not come back if this run is
     // restarted before it writes its own (the restart would resume it and "finish" at once).
@@ -507,6 +600,7 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
     << ",\n  \"allreduces_total\": " << accel_->allreduces_total()
     << ",\n  \"pair_exchanges_total\": " << accel_->pair_exchanges_total()
     << ",\n  \"samples_seen_per_rank\": " << accel_->samples_seen()
+    << ",\n  \"samples_seen\": " << accel_->samples_seen_global()
     << ",\n  \"steps_this_run\": " << steps_this_run_ << ",\n  \"wall_s\": " << Num(wall_s)
     << ",\n  \"loop_s\": " << Num(loop_s_) << pipeline.str() << "\n}\n";
   return WriteFileAtomically(cfg_.output_dir + "/final.json", o.str());

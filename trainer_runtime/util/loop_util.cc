@@ -35,7 +35,8 @@ std::string FinishedRunMessage(const std::string& path, int64_t step) {
 std::string WorldSizeChangedWarning(int64_t written_by, int world_size) {
   return "train: warning: checkpoint was written by " + std::to_string(written_by) +
          " processes, now " + std::to_string(world_size) +
-         "; the data order after resuming differs from an uninterrupted run";
+         ", and does not record its sample position (an older version wrote it): the rest of "
+         "its epoch is skipped and the data order restarts at the next epoch";
 }
 
 std::string RestartSuffix(int restart_count) {

@@ -22,8 +22,9 @@ std::string Fixed(double v, int digits);
 // the run starts afresh instead of silently doing nothing.
 std::string FinishedRunMessage(const std::string& path, int64_t step);
 
-// The warning logged when a checkpoint written by `written_by` processes is resumed by
-// `world_size`; the caller restarts the data order at the next epoch.
+// The warning logged when a checkpoint from before checkpoints recorded the global sample
+// position, written by `written_by` processes, is resumed by `world_size`: the caller restarts
+// the data order at the next epoch (newer checkpoints continue where they stopped).
 std::string WorldSizeChangedWarning(int64_t written_by, int world_size);
 
 // " (restart N)" after a restart (`restart_count` > 0), "" otherwise; ends the "resumed" line.

@@ -18,4 +18,10 @@ namespace launch::trainer {
 double LearningRate(const config::SchedulerConfig& schedule, double base_lr, int64_t step,
                     int64_t total_steps);
 
+// The same at a fractional schedule position (a run resumed at another world size stretches
+// the rest of its schedule over the steps it has left, trainer.cc); equals LearningRate at
+// whole positions. REQUIRES: total_steps >= 1, position >= 0.
+double LearningRateAt(const config::SchedulerConfig& schedule, double base_lr, double position,
+                      int64_t total_steps);
+
 }  // namespace launch::trainer

@@ -27,5 +27,19 @@ TEST_CASE("LearningRateLinearAndConstant") {
   CHECK(LearningRate(s, 1.0, 50, 100) == doctest::Approx(0.5));
 }
 
+TEST_CASE("LearningRateAtWholePositionsEqualsLearningRate") {
+  config::SchedulerConfig s;
+  s.type = config::SchedulerType::kCosine;
+  s.warmup_steps = 5;
+  s.min_lr_ratio = 0.1;
+  for (int64_t step : {0, 3, 5, 17, 60, 99, 100, 120})
+    CHECK(LearningRateAt(s, 0.3, static_cast<double>(step), 100) ==
+          LearningRate(s, 0.3, step, 100));
+  // Between whole positions it lies between their values (decaying part).
+  const double mid = LearningRateAt(s, 0.3, 40.5, 100);
+  CHECK(mid < LearningRate(s, 0.3, 40, 100));
+  CHECK(mid > LearningRate(s, 0.3, 41, 100));
+}
+
 }  // namespace
 }  // namespace launch::trainer
