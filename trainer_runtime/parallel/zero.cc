@@ -153,6 +153,7 @@ class ZeroStrategy : public ParallelStrategy {
       LaunchReady();
     }
     for (auto& u : units_) Collect(u);
+    first_sync_ = false;
     stats_.blocking_comm_ms += MsSince(start);
   }
 
@@ -325,8 +326,16 @@ class ZeroStrategy : public ParallelStrategy {
       Unit& unit = units_[next_launch_++];
       at::Tensor input = stage_ == 1 ? unit.flat_grad : unit.bucket;
       if (!input.defined()) input = unit.bucket = torch::zeros({unit.padded}, unit.flat_param.options());
-      // Averaged as DDP averages: each rank's share divided before the sum.
-      input.div_(world());
+      // Averaged as DDP's reducer averages, so that the results are its bit for bit: each
+      // rank's share scaled before the sum, by 1/W on the first synchronised backward (where
+      // the reducer copies fresh gradients into its buckets with a multiplication) and divided
+      // by W afterwards (where the gradients are its bucket views, divided in place). For
+      // W = 3 the two round differently.
+      if (first_sync_) {
+        input.mul_(1.0 / world());
+      } else {
+        input.div_(world());
+      }
       unit.received = torch::empty({unit.shard}, input.options());
       unit.work = pg_->ReduceScatterFlat(input, unit.received);
     }
@@ -357,6 +366,7 @@ class ZeroStrategy : public ParallelStrategy {
   std::vector<size_t> group_of_shard_group_;  // shard group -> the user's group it copies
   at::Tensor unit_pad_ = torch::zeros({1});
   bool sync_ = true;
+  bool first_sync_ = true;  // guarded by mu_ while backward runs
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as ddp's does
   std::mutex mu_;  // the autograd engine may run the hooks on its own thread
   size_t next_launch_ = 0;  // guarded by mu_
