@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
+#include "base/check.h"
 #include "base/strings.h"
 
 namespace launch {
@@ -46,45 +48,76 @@ int WriteAll(int fd, std::string_view bytes) {
 
 }  // namespace
 
-Status WriteFileAtomically(const std::string& path, std::string_view bytes, WriteOptions options) {
-  if (path.empty()) return Status::InvalidArgument("no file name to write to");
-  const size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "."
-                          : slash == 0               ? "/"
-                                                     : path.substr(0, slash);
-  LAUNCH_RETURN_IF_ERROR(MakeDirs(dir));
+AtomicFileWriter::AtomicFileWriter(std::string path, WriteOptions options)
+    : path_(std::move(path)), options_(options) {
+  if (path_.empty()) {
+    status_ = Status::InvalidArgument("no file name to write to");
+    return;
+  }
+  const size_t slash = path_.rfind('/');
+  dir_ = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+  status_ = MakeDirs(dir_);
+  if (!status_.ok()) return;
   // The pid and a counter keep two writers (threads or processes) off one temp file.
   static std::atomic<unsigned> counter{0};
-  const std::string tmp =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
-                  static_cast<mode_t>(options.mode));
-  if (fd < 0) return Status::FromErrno("cannot create " + tmp, errno);
-  auto fail = [&](const std::string& what, int err) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    return Status::FromErrno(what, err);
-  };
-  if (int err = WriteAll(fd, bytes)) return fail("cannot write " + tmp, err);
+  tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC,
+               static_cast<mode_t>(options_.mode));
+  if (fd_ < 0) {
+    status_ = Status::FromErrno("cannot create " + tmp_, errno);
+    tmp_.clear();  // not ours: nothing to remove
+  }
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void AtomicFileWriter::Fail(Status status) {
+  if (status_.ok()) status_ = std::move(status);
+}
+
+bool AtomicFileWriter::Append(std::string_view bytes) {
+  if (!status_.ok()) return false;
+  if (int err = WriteAll(fd_, bytes)) Fail(Status::FromErrno("cannot write " + tmp_, err));
+  return status_.ok();
+}
+
+Status AtomicFileWriter::Commit() {
+  LAUNCH_CHECK(!committed_);
+  if (!status_.ok()) return status_;
   // The data must be on disk before the rename makes it visible, or a power cut could expose
   // an empty file under the final name.
-  if (::fsync(fd) != 0) return fail("cannot write " + tmp, errno);
-  const int closed = ::close(fd);
-  fd = -1;
-  if (closed != 0) return fail("cannot write " + tmp, errno);
-  if (options.exclusive) {
-    if (::link(tmp.c_str(), path.c_str()) != 0) return fail("cannot create " + path, errno);
-    ::unlink(tmp.c_str());
-  } else if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return fail("cannot rename " + tmp + " to " + path, errno);
+  if (::fsync(fd_) != 0) Fail(Status::FromErrno("cannot write " + tmp_, errno));
+  const int closed = ::close(fd_);
+  fd_ = -1;
+  if (closed != 0) Fail(Status::FromErrno("cannot write " + tmp_, errno));
+  if (!status_.ok()) return status_;
+  if (options_.exclusive) {
+    if (::link(tmp_.c_str(), path_.c_str()) != 0) {
+      Fail(Status::FromErrno("cannot create " + path_, errno));
+      return status_;
+    }
+    ::unlink(tmp_.c_str());
+  } else if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    Fail(Status::FromErrno("cannot rename " + tmp_ + " to " + path_, errno));
+    return status_;
   }
+  committed_ = true;
   // Make the new name durable; a failure here loses nothing already visible.
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
   return Status::Ok();
+}
+
+Status WriteFileAtomically(const std::string& path, std::string_view bytes, WriteOptions options) {
+  AtomicFileWriter file(path, options);
+  file.Append(bytes);
+  return file.Commit();
 }
 
 bool FileExists(const std::string& path) {

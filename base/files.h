@@ -24,6 +24,40 @@ struct WriteOptions {
 Status WriteFileAtomically(const std::string& path, std::string_view bytes,
                            WriteOptions options = {});
 
+// WriteFileAtomically for a file produced piece by piece (a serialiser streaming a large
+// archive), with the same guarantees and without the whole file in memory:
+//   AtomicFileWriter file(path);   // creates PATH.tmp.<pid>.<n> (and missing parent folders)
+//   file.Append(piece); ...        // writes through to the temp file
+//   Status s = file.Commit();      // fsync, rename (link when exclusive), fsync the folder
+// The first error sticks: later Appends do nothing and return false, status() and Commit()
+// report it (IoError naming the file). A writer destroyed before a successful Commit removes
+// its temp file, so PATH keeps its old contents. Not thread-safe; one writer per file.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path, WriteOptions options = {});
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  // Appends `bytes` to the temp file: false once any call failed.
+  bool Append(std::string_view bytes);
+  // Ok, or the first error.
+  const Status& status() const { return status_; }
+  // Makes the file visible at PATH. REQUIRES: called at most once.
+  Status Commit();
+
+ private:
+  void Fail(Status status);
+
+  std::string path_;
+  std::string dir_;
+  std::string tmp_;
+  WriteOptions options_;
+  int fd_ = -1;
+  bool committed_ = false;
+  Status status_;
+};
+
 // A whole file. NotFound when it cannot be opened, IoError on a read error.
 StatusOr<std::string> ReadFile(const std::string& path);
 // Whether `path` names a regular file (following links).

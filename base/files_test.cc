@@ -86,6 +86,37 @@ TEST_CASE("WriteFileAtomicallyCreatesParentsReplacesAndLeavesNoTempFile") {
   ::rmdir(dir.c_str());
 }
 
+TEST_CASE("AtomicFileWriterShowsNothingUntilCommitAndRemovesAnAbandonedTempFile") {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/archive.pt";
+  REQUIRE(WriteFileAtomically(path, "old").ok());
+  {
+    AtomicFileWriter file(path);
+    CHECK(file.Append("new "));
+    CHECK(file.Append(std::string(1 << 20, 'x')));  // larger than one write's worth of pipe
+    CHECK(*ReadFile(path) == "old");                // PATH unchanged while writing
+    CHECK(Entries(dir).size() == 2);                // archive.pt and the temp file
+    REQUIRE(file.Commit().ok());
+  }
+  CHECK(*ReadFile(path) == "new " + std::string(1 << 20, 'x'));
+  CHECK(Entries(dir) == std::vector<std::string>{"archive.pt"});
+  {
+    AtomicFileWriter abandoned(path);  // a serialiser that threw halfway
+    CHECK(abandoned.Append("torn"));
+  }
+  CHECK(ReadFile(path)->size() == 4 + (1u << 20));
+  CHECK(Entries(dir) == std::vector<std::string>{"archive.pt"});
+  // A file where the folder should be: the error sticks and names the temp file.
+  AtomicFileWriter blocked(path + "/sub");
+  CHECK_FALSE(blocked.status().ok());
+  CHECK_FALSE(blocked.Append("x"));
+  Status s = blocked.Commit();
+  CHECK(s.message().find(path) != std::string::npos);
+  CHECK(Entries(dir) == std::vector<std::string>{"archive.pt"});
+  ::unlink(path.c_str());
+  ::rmdir(dir.c_str());
+}
+
 TEST_CASE("MakeDirsCreatesParentsAcceptsExistingAndNamesWhatFails") {
   const std::string dir = TempDir();
   REQUIRE(MakeDirs(dir + "/a/b/c").ok());

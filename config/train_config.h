@@ -41,6 +41,10 @@ struct ModelConfig {
   int64_t heads = 4;
   int64_t context = 128;  // maximum sequence length
   double dropout = 0.0;
+  // Recompute each built-in block's forward in backward instead of keeping its activations
+  // (the MLP's hidden layers in runs of ceil(sqrt(n)), transformer blocks, CNN conv blocks):
+  // less memory, about a third more compute, the same gradients. Default false.
+  bool activation_checkpointing = false;
   // cnn: one block per entry of `channels` (3x3 convolution without bias, batch norm, ReLU,
   // 2x2 max pooling), then flatten, a `hidden`-wide Linear + ReLU + dropout (none when
   // hidden is 0) and a Linear head with `classes` outputs. `input` is [C, H, W] of one image.

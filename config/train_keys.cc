@@ -262,6 +262,11 @@ std::vector<TrainKey> BuildTable() {
           .Identity(),
       Range("model.dropout", FIELD(model.dropout), 0.0, 0.99, "dropout probability")
           .Identity([](const TrainConfig& t) { return !ModelIs(t, ModelType::kTorchScript); }),
+      // Not in the identity: the gradients are the same with and without.
+      Value("model.activation_checkpointing", FIELD(model.activation_checkpointing),
+            "recompute built-in blocks' activations in backward (less memory, more compute)")
+          .When([](const TrainConfig& t) { return !ModelIs(t, ModelType::kTorchScript); },
+                "model.type mlp, transformer or cnn"),
       List("model.inputs", FIELD(model.inputs), std::string(),
            "batch fields forward takes: input, target")
           .When(Model(ModelType::kTorchScript), kScript)

@@ -291,6 +291,14 @@ TEST_CASE("CheckpointRoundTripRestoresModelOptimizerAndPosition") {
   Status mismatch = LoadModelState(dir + "/ck.pt", **c, opt_c);
   REQUIRE_FALSE(mismatch.ok());
   CHECK(mismatch.message().find("param/fc0.weight") != std::string::npos);
+  // Errors name the file: a missing one is NotFound, an unwritable one leaves nothing behind.
+  Status missing = LoadModelState(dir + "/none.pt", **b, opt_b);
+  CHECK(missing.code() == Status::Code::kNotFound);
+  CHECK(missing.message().find(dir + "/none.pt") != std::string::npos);
+  Status blocked = SaveModelState(dir + "/ck.pt/sub.pt", **a, opt_a);
+  CHECK(blocked.code() == Status::Code::kIoError);
+  CHECK(blocked.message().find(dir + "/ck.pt") != std::string::npos);
+  CHECK(LoadModelState(dir + "/ck.pt", **b, opt_b).ok());
 }
 
 TEST_CASE("NoDecayLeavesOutBiasesAndNormalisationLayers") {

@@ -14,12 +14,16 @@
 
 #include <torch/torch.h>
 
+#include "trainer_runtime/model/activation_checkpoint.h"
+
 namespace launch::trainer {
 
-// Causal transformer block (pre-LayerNorm GPT block).
+// Causal transformer block (pre-LayerNorm GPT block). With `checkpoint` its activations are
+// recomputed in backward instead of kept (activation_checkpoint.h): the same gradients.
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(int64_t d_model, int64_t heads, double dropout) : heads_(heads), dropout_(dropout) {
+  BlockImpl(int64_t d_model, int64_t heads, double dropout, bool checkpoint = false)
+      : heads_(heads), dropout_(dropout), checkpoint_(checkpoint) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
     qkv_ = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
     proj_ = register_module("proj", torch::nn::Linear(d_model, d_model));
@@ -28,6 +32,14 @@ class BlockImpl : public torch::nn::Module {
     fc2_ = register_module("fc2", torch::nn::Linear(4 * d_model, d_model));
   }
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal_mask) {
+    if (!checkpoint_) return Body(x, causal_mask);
+    // The mask by value: backward calls this again after forward returned.
+    return CheckpointedForward(
+        [this, causal_mask](const torch::Tensor& h) { return Body(h, causal_mask); }, x);
+  }
+
+ private:
+  torch::Tensor Body(const torch::Tensor& x, const torch::Tensor& causal_mask) {
     const int64_t b = x.size(0), t = x.size(1), c = x.size(2), hd = c / heads_;
     auto qkv = qkv_->forward(ln1_->forward(x)).view({b, t, 3, heads_, hd});
     auto q = qkv.select(2, 0).transpose(1, 2);  // [B, H, T, hd]
@@ -44,9 +56,9 @@ class BlockImpl : public torch::nn::Module {
     return h + m;
   }
 
- private:
   int64_t heads_;
   double dropout_;
+  bool checkpoint_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
 };

@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <sstream>
+#include <functional>
+#include <string_view>
 #include <unordered_set>
 
 #include "base/files.h"
 #include "base/strings.h"
+#include "trainer_runtime/model/activation_checkpoint.h"
 #include "trainer_runtime/model/layers.h"
 
 namespace launch::trainer {
@@ -56,9 +58,15 @@ torch::Tensor Model::Forward(const torch::Tensor& input) {
 namespace {
 
 // --- MLP: Linear -> ReLU -> ... -> Linear. --------------------------------------------------
+// With activation checkpointing the hidden layers run in runs of ceil(sqrt(hidden layers))
+// (torch.utils.checkpoint_sequential's rule), each run checkpointed. Per layer would save
+// nothing without dropout: ReLU's backward keeps its output, which is also the next Linear's
+// saved input, so a plain forward already keeps one activation per layer. Runs keep one per
+// run, plus one run's activations while backward recomputes it.
 class MlpImpl : public torch::nn::Cloneable<MlpImpl>, public TensorForward {
  public:
-  MlpImpl(const std::vector<int64_t>& widths, double dropout) : widths_(widths), dropout_(dropout) {
+  MlpImpl(const std::vector<int64_t>& widths, double dropout, bool checkpoint)
+      : widths_(widths), dropout_(dropout), checkpoint_(checkpoint) {
     reset();
   }
   void reset() override {
@@ -70,20 +78,37 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl>, public TensorForward {
   torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
   torch::Tensor forward(torch::Tensor x) {
     if (x.dim() > 2) x = x.flatten(1);  // images [B, C, H, W] -> [B, C*H*W]
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      x = layers_[i]->forward(x);
-      if (i + 1 < layers_.size()) {
-        x = torch::relu(x);
-        if (dropout_ > 0) x = torch::dropout(x, dropout_, is_training());
+    if (layers_.empty()) return x;
+    const size_t hidden = layers_.size() - 1;
+    const size_t run = checkpoint_
+                           ? static_cast<size_t>(std::ceil(std::sqrt(static_cast<double>(hidden))))
+                           : hidden;
+    for (size_t first = 0; first < hidden; first += run) {
+      const size_t last = std::min(hidden, first + run);
+      if (checkpoint_) {
+        x = CheckpointedForward(
+            [this, first, last](const torch::Tensor& h) { return Hidden(h, first, last); }, x);
+      } else {
+        x = Hidden(x, first, last);
       }
+    }
+    return layers_.back()->forward(x);
+  }
+
+ private:
+  // Hidden layers [first, last): Linear, ReLU, dropout.
+  torch::Tensor Hidden(torch::Tensor x, size_t first, size_t last) {
+    for (size_t i = first; i < last; ++i) {
+      x = torch::relu(layers_[i]->forward(x));
+      if (dropout_ > 0) x = torch::dropout(x, dropout_, is_training());
     }
     return x;
   }
 
- private:
   std::vector<int64_t> widths_;
   std::vector<torch::nn::Linear> layers_;
   double dropout_;
+  bool checkpoint_;
 };
 TORCH_MODULE(Mlp);
 
@@ -118,14 +143,11 @@ class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
   torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
   torch::Tensor forward(torch::Tensor x) {
     for (size_t i = 0; i < convs_.size(); ++i) {
-      // Activations in channels-last (NHWC) layout: LibTorch's CPU max-pool and its backward
-      // are several times faster on it than on NCHW, and BatchNorm, ReLU and the next
-      // convolution (oneDNN) keep the layout. A 1-channel input cannot carry the layout, hence
-      // the conversion after each convolution (a no-op once the layout is there). Values are
-      // unchanged; only the order of some sums differs.
-      x = convs_[i]->forward(x).contiguous(at::MemoryFormat::ChannelsLast);
-      if (!norms_.empty()) x = norms_[i]->forward(x);
-      x = torch::max_pool2d(torch::relu(x), 2);
+      if (cfg_.activation_checkpointing) {
+        x = CheckpointedForward([this, i](const torch::Tensor& h) { return ConvBlock(i, h); }, x);
+      } else {
+        x = ConvBlock(i, x);
+      }
     }
     x = x.flatten(1);  // back to NCHW order for the classifier (state dicts match PyTorch's)
     if (fc_) x = torch::relu(fc_->forward(x));
@@ -134,6 +156,27 @@ class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
   }
 
  private:
+  torch::Tensor ConvBlock(size_t i, torch::Tensor x) {
+    // Activations in channels-last (NHWC) layout: LibTorch's CPU max-pool and its backward
+    // are several times faster on it than on NCHW, and BatchNorm, ReLU and the next
+    // convolution (oneDNN) keep the layout. A 1-channel input cannot carry the layout, hence
+    // the conversion after each convolution (a no-op once the layout is there). Values are
+    // unchanged; only the order of some sums differs.
+    x = convs_[i]->forward(x).contiguous(at::MemoryFormat::ChannelsLast);
+    if (!norms_.empty()) {
+      torch::nn::BatchNorm2d& bn = norms_[i];
+      if (RecomputingForCheckpoint() && bn->is_training()) {
+        // The same batch statistics, but the running ones were updated in forward already.
+        x = torch::batch_norm(x, bn->weight, bn->bias, /*running_mean=*/{}, /*running_var=*/{},
+                              /*training=*/true, /*momentum=*/0.0, bn->options.eps(),
+                              at::globalContext().userEnabledCuDNN());
+      } else {
+        x = bn->forward(x);
+      }
+    }
+    return torch::max_pool2d(torch::relu(x), 2);
+  }
+
   config::ModelConfig cfg_;
   std::vector<torch::nn::Conv2d> convs_;
   std::vector<torch::nn::BatchNorm2d> norms_;
@@ -152,8 +195,9 @@ class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public Ten
     tok_ = register_module("tok", torch::nn::Embedding(cfg.vocab_size, cfg.d_model));
     pos_ = register_module("pos", torch::nn::Embedding(cfg.context, cfg.d_model));
     for (int64_t i = 0; i < cfg.transformer_layers; ++i)
-      blocks_.push_back(
-          register_module("block" + std::to_string(i), Block(cfg.d_model, cfg.heads, cfg.dropout)));
+      blocks_.push_back(register_module(
+          "block" + std::to_string(i),
+          Block(cfg.d_model, cfg.heads, cfg.dropout, cfg.activation_checkpointing)));
     ln_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
     head_ = register_module("head", torch::nn::Linear(cfg.d_model, cfg.vocab_size));
     // GPT-style small init keeps the first losses near log(vocab).
@@ -224,7 +268,9 @@ class ScriptModuleImpl : public torch::nn::Module, public TensorForward {
   bool InNormLayer(const std::string& flat_name) const {
     return norm_parameters_.count(flat_name) > 0;
   }
-  void Save(std::ostream& out) const { script_.save(out); }
+  void Save(const std::function<size_t(const void*, size_t)>& write) const {
+    torch::jit::ExportModule(script_, write);
+  }
 
   // Reads logits and loss out of what forward returned (see ModelConfig::output_logits).
   static ForwardOutput Output(const c10::IValue& out, const std::string& logits_at,
@@ -314,7 +360,8 @@ StatusOr<torch::nn::AnyModule> LoadScriptModule(const std::string& path, const s
 StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg) {
   switch (cfg.type) {
     case config::ModelType::kMlp:
-      return std::make_unique<Model>(Mlp(cfg.mlp_layers, cfg.dropout).ptr());
+      return std::make_unique<Model>(
+          Mlp(cfg.mlp_layers, cfg.dropout, cfg.activation_checkpointing).ptr());
     case config::ModelType::kTransformer:
       return std::make_unique<Model>(Transformer(cfg).ptr());
     case config::ModelType::kCnn:
@@ -440,8 +487,10 @@ namespace {
 // torch::pickle_save's format (a torch.save zip: data.pkl and one record per tensor), with the
 // dict written as a plain dict. pickle_save tags it with torch.jit._pickle.restore_type_tag,
 // which PyTorch 2.6's torch.load refuses by default (weights_only=True allows no such global).
-std::vector<char> SaveAsTorchSave(const c10::IValue& value) {
-  std::vector<char> pickled;
+// The zip goes to `write` as it is produced; tensors are written from their own storage.
+void SaveAsTorchSave(const c10::IValue& value,
+                     const std::function<size_t(const void*, size_t)>& write) {
+  std::vector<char> pickled;  // the pickle alone: names and tensor references, small
   torch::jit::Pickler pickler(
       [&](const char* bytes, size_t size) { pickled.insert(pickled.end(), bytes, bytes + size); },
       /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
@@ -449,27 +498,27 @@ std::vector<char> SaveAsTorchSave(const c10::IValue& value) {
   pickler.protocol();
   pickler.pushIValue(value);
   pickler.stop();
-  std::vector<char> zip;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t size) {
-    const char* begin = static_cast<const char*>(bytes);
-    zip.insert(zip.end(), begin, begin + size);
-    return size;
-  });
+  caffe2::serialize::PyTorchStreamWriter writer(write);
   torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(),
                                      writer);
   writer.writeEndOfFile();
-  return zip;
 }
 
 }  // namespace
 
 Status SaveForPython(const Model& model, const std::string& path) {
-  std::string bytes;
+  // Streamed into the temp file of an atomic write: no copy of the model in memory. A write
+  // error is kept by `file` and reported by Commit; the zip writer is told every write worked,
+  // because LibTorch 1.13's writer, told otherwise, throws again from its destructor while the
+  // first exception unwinds (std::terminate).
+  AtomicFileWriter file(path);
+  auto write = [&file](const void* bytes, size_t size) -> size_t {
+    file.Append(std::string_view(static_cast<const char*>(bytes), size));
+    return size;
+  };
   try {
     if (const auto* script = dynamic_cast<const ScriptModuleImpl*>(&model.module())) {
-      std::ostringstream out;
-      script->Save(out);
-      bytes = out.str();
+      script->Save(write);
     } else {
       // Every name, tied and frozen parameters included, as PyTorch's state_dict lists them.
       c10::Dict<std::string, torch::Tensor> state;
@@ -478,13 +527,12 @@ Status SaveForPython(const Model& model, const std::string& path) {
         state.insert(item.key(), item.value().detach().cpu());
       for (const auto& item : model.module().named_buffers(/*recurse=*/true))
         state.insert(item.key(), item.value().detach().cpu());
-      std::vector<char> data = SaveAsTorchSave(c10::IValue(state));
-      bytes.assign(data.begin(), data.end());
+      SaveAsTorchSave(c10::IValue(state), write);
     }
   } catch (const c10::Error& e) {
     return Status::IoError("writing " + path + ": " + e.what_without_backtrace());
   }
-  return WriteFileAtomically(path, bytes);
+  return file.Commit();
 }
 
 }  // namespace launch::trainer

@@ -58,8 +58,9 @@ class TransformerStageImpl : public torch::nn::Module, public TensorForward {
       pos_ = register_module("pos", torch::nn::Embedding(cfg.context, cfg.d_model));
     }
     for (int64_t i = first; i < last; ++i)
-      blocks_.push_back(
-          register_module("block" + std::to_string(i), Block(cfg.d_model, cfg.heads, cfg.dropout)));
+      blocks_.push_back(register_module(
+          "block" + std::to_string(i),
+          Block(cfg.d_model, cfg.heads, cfg.dropout, cfg.activation_checkpointing)));
     if (has_head_) {
       ln_ =
           register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));

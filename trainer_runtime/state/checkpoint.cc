@@ -2,9 +2,13 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
-#include <sstream>
+#include <cerrno>
+#include <cstring>
+#include <string_view>
 
 #include "base/files.h"
 
@@ -51,12 +55,15 @@ TrainState FromMeta(const torch::Tensor& meta, const torch::Tensor& schedule) {
   return s;
 }
 
+// Reads the archive from the file itself (tensors are read record by record into their own
+// storage): no copy of the whole file in memory.
 StatusOr<std::unique_ptr<torch::serialize::InputArchive>> Open(const std::string& path) {
-  LAUNCH_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  // What ReadFile said for a missing file, which callers tell apart from a damaged one.
+  if (::access(path.c_str(), R_OK) != 0)
+    return Status::NotFound("cannot open '" + path + "': " + std::strerror(errno));
   auto archive = std::make_unique<torch::serialize::InputArchive>();
   try {
-    std::istringstream in(bytes);
-    archive->load_from(in);
+    archive->load_from(path);
   } catch (const c10::Error& e) {
     return Status::IoError("checkpoint '" + path +
                            "' is unreadable: " + e.what_without_backtrace());
@@ -73,23 +80,40 @@ std::string List(const torch::Tensor& t) {
   return out + "]";
 }
 
+// Streams `archive` into the temp file of an atomic write (base/files.h AtomicFileWriter): the
+// file never exists in memory as a whole. A write error is kept by the writer and reported by
+// Commit; LibTorch's zip writer is told every write worked, because 1.13's writer, told
+// otherwise, throws again from its destructor while the first exception unwinds
+// (std::terminate).
+Status SaveArchive(torch::serialize::OutputArchive& archive, const std::string& path) {
+  AtomicFileWriter file(path);
+  try {
+    archive.save_to([&file](const void* bytes, size_t size) -> size_t {
+      file.Append(std::string_view(static_cast<const char*>(bytes), size));
+      return size;
+    });
+  } catch (const c10::Error& e) {
+    return Status::IoError("writing checkpoint " + path + ": " + e.what_without_backtrace());
+  }
+  return file.Commit().WithContext("checkpoint");
+}
+
 }  // namespace
 
 Status SaveModelState(const std::string& path, const Model& model,
                       torch::optim::Optimizer& optimizer) {
-  std::ostringstream bytes;
+  torch::serialize::OutputArchive archive;
   try {
-    torch::serialize::OutputArchive archive;
+    // The archive refers to the tensors; nothing is copied until it is written.
     for (auto& [name, p] : model.NamedParameters()) archive.write("param/" + name, p.detach());
     for (auto& [name, b] : model.NamedBuffers()) archive.write("buffer/" + name, b.detach());
     torch::serialize::OutputArchive opt;
     optimizer.save(opt);
     archive.write("optimizer", opt);
-    archive.save_to(bytes);
   } catch (const c10::Error& e) {
-    return Status::IoError("serialising checkpoint: " + std::string(e.what_without_backtrace()));
+    return Status::IoError("serialising checkpoint " + path + ": " + e.what_without_backtrace());
   }
-  return WriteFileAtomically(path, bytes.str()).WithContext("checkpoint");
+  return SaveArchive(archive, path);
 }
 
 Status LoadModelState(const std::string& path, const Model& model,
@@ -128,18 +152,16 @@ Status LoadModelState(const std::string& path, const Model& model,
 
 Status SaveOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
                           const torch::Tensor& layout) {
-  std::ostringstream bytes;
+  torch::serialize::OutputArchive archive;
   try {
-    torch::serialize::OutputArchive archive;
     archive.write("layout", layout);
     torch::serialize::OutputArchive opt;
     optimizer.save(opt);
     archive.write("optimizer", opt);
-    archive.save_to(bytes);
   } catch (const c10::Error& e) {
-    return Status::IoError("serialising checkpoint: " + std::string(e.what_without_backtrace()));
+    return Status::IoError("serialising checkpoint " + path + ": " + e.what_without_backtrace());
   }
-  return WriteFileAtomically(path, bytes.str()).WithContext("checkpoint");
+  return SaveArchive(archive, path);
 }
 
 Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
@@ -164,17 +186,15 @@ Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& opti
 }
 
 Status SaveRankState(const std::string& path, const TrainState& state) {
-  std::ostringstream bytes;
+  torch::serialize::OutputArchive archive;
   try {
-    torch::serialize::OutputArchive archive;
     archive.write("meta", MetaTensor(state));
     archive.write("schedule", ScheduleTensor(state));
     archive.write("rng", at::detail::getDefaultCPUGenerator().get_state());
-    archive.save_to(bytes);
   } catch (const c10::Error& e) {
-    return Status::IoError("serialising checkpoint: " + std::string(e.what_without_backtrace()));
+    return Status::IoError("serialising checkpoint " + path + ": " + e.what_without_backtrace());
   }
-  return WriteFileAtomically(path, bytes.str()).WithContext("checkpoint");
+  return SaveArchive(archive, path);
 }
 
 StatusOr<TrainState> LoadRankState(const std::string& path, bool restore_rng) {

@@ -1,6 +1,7 @@
 #pragma once
 
-// Checkpoint files (LibTorch archives, each written atomically: base/files.h WriteFileAtomically).
+// Checkpoint files (LibTorch archives, each written atomically and streamed to its file as it is
+// serialised: base/files.h AtomicFileWriter; read back from the file, not from a copy in memory).
 // A checkpoint is a folder of them, committed as a whole by Accelerator::SaveState (accelerator.h):
 // model files with parameters, buffers and optimizer state, and one file per rank with the loop
 // position and that rank's RNG state.
