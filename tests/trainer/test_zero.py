@@ -63,6 +63,19 @@ class ZeroNumericsTest(unittest.TestCase):
         self.assertGreaterEqual(f["buckets"], 3, "units were not cut small")
         m = metrics(zout)
         self.assertLess(m[-1]["loss"], m[0]["loss"])
+        # What each rank holds: the optimizer state (and in stage 2 the gradients) is a 1/W
+        # share of DDP's, give or take each unit's padding (fewer than W elements a unit).
+        zb, db = f["state_bytes"], final(dout)["state_bytes"]
+        pad = f["buckets"] * world * 4 * 3
+        self.assertEqual(len(zb["optimizer"]), world)
+        for r in range(world):
+            self.assertAlmostEqual(zb["optimizer"][r], db["optimizer"][r] / world, delta=pad)
+            self.assertAlmostEqual(zb["parameters"][r], db["parameters"][r], delta=pad)
+            if stage == 2:
+                self.assertAlmostEqual(zb["gradients"][r], db["gradients"][r] / world, delta=pad)
+        self.assertEqual(f["reduce_scatters_total"], f["buckets"] * m[-1]["step"] *
+                         (kw.get("accum", 1) if stage == 2 else 1))
+        self.assertEqual(f["allgathers_total"], f["buckets"] * m[-1]["step"])
         return z[0], params(dout, 0)
 
     def check_equals_ddp_bitwise(self, world, stage):

@@ -161,8 +161,7 @@ class ZeroStrategy : public ParallelStrategy {
     // Every element of every gradient is in exactly one rank's shard (padding is zero), so the
     // squares summed over the shards and the ranks are the whole gradient's.
     auto squares = torch::zeros({1}, torch::kDouble);
-    for (auto& u : units_)
-      squares += u.shard_grad.to(torch::kDouble).pow(2).sum();
+    for (auto& u : units_) squares += u.shard_grad.to(torch::kDouble).pow(2).sum();
     AllReduceSum(pg_, squares);
     const double norm = std::sqrt(squares.item<double>());
     const double coef = max_norm / (norm + 1e-6);
@@ -196,6 +195,19 @@ class ZeroStrategy : public ParallelStrategy {
   void Finish(int64_t) override {}
   int64_t num_buckets() const override { return static_cast<int64_t>(units_.size()); }
 
+  StateBytes MemoryBytes(const Optimizer&) const override {
+    StateBytes out;
+    auto bytes = [](const at::Tensor& t) {
+      return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+    };
+    for (const auto& u : units_) {
+      out.parameters += bytes(u.flat_param);
+      out.gradients += bytes(u.flat_grad) + bytes(u.shard_grad);
+    }
+    out.optimizer = OptimizerStateBytes(*shard_optimizer_);
+    return out;
+  }
+
   Status SaveModelState(const std::string& dir, Optimizer& optimizer) override {
     // Parameters and buffers are every rank's (ddp's model.pt); the user's optimizer is never
     // stepped, so it carries no state there.
@@ -203,8 +215,7 @@ class ZeroStrategy : public ParallelStrategy {
     return SaveOptimizerState(ShardFile(dir, rank()), *shard_optimizer_, LayoutTensor());
   }
 
-  Status LoadModelState(const std::string& dir, Optimizer& optimizer,
-                        int64_t written_by) override {
+  Status LoadModelState(const std::string& dir, Optimizer& optimizer, int64_t written_by) override {
     LAUNCH_RETURN_IF_ERROR(ParallelStrategy::LoadModelState(dir, optimizer, written_by));
     if (written_by != world())
       return Status::InvalidConfig(
@@ -299,7 +310,8 @@ class ZeroStrategy : public ParallelStrategy {
     }
     if (groups.empty()) {
       // This rank's slices hold only padding: an optimizer over nothing still steps.
-      groups.emplace_back(std::vector<at::Tensor>{unit_pad_}, user_groups.front().options().clone());
+      groups.emplace_back(std::vector<at::Tensor>{unit_pad_},
+                          user_groups.front().options().clone());
       group_of_shard_group_.push_back(0);
     }
     shard_optimizer_ = OptimizerLike(*user_, std::move(groups)).value();
@@ -307,8 +319,8 @@ class ZeroStrategy : public ParallelStrategy {
 
   // Runs on the autograd thread after parameter i's gradient was accumulated.
   void AfterAccumulate(size_t i) {
-    if (!sync_ && stage_ == 1) return;  // no_sync: gradients accumulate in place
     std::lock_guard<std::mutex> lock(mu_);
+    if (!sync_ && stage_ == 1) return;  // no_sync: gradients accumulate in place
     Unit& unit = units_[unit_of_param_[i]];
     if (stage_ >= 2) {
       at::Tensor& grad = params_[i].mutable_grad();
@@ -325,7 +337,8 @@ class ZeroStrategy : public ParallelStrategy {
     while (next_launch_ < units_.size() && units_[next_launch_].done == Size(next_launch_)) {
       Unit& unit = units_[next_launch_++];
       at::Tensor input = stage_ == 1 ? unit.flat_grad : unit.bucket;
-      if (!input.defined()) input = unit.bucket = torch::zeros({unit.padded}, unit.flat_param.options());
+      if (!input.defined())
+        input = unit.bucket = torch::zeros({unit.padded}, unit.flat_param.options());
       // Averaged as DDP's reducer averages, so that the results are its bit for bit: each
       // rank's share scaled before the sum, by 1/W on the first synchronised backward (where
       // the reducer copies fresh gradients into its buckets with a multiplication) and divided
@@ -366,10 +379,10 @@ class ZeroStrategy : public ParallelStrategy {
   std::vector<size_t> group_of_shard_group_;  // shard group -> the user's group it copies
   at::Tensor unit_pad_ = torch::zeros({1});
   bool sync_ = true;
-  bool first_sync_ = true;  // guarded by mu_ while backward runs
+  bool first_sync_ = true;               // guarded by mu_ while backward runs
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as ddp's does
-  std::mutex mu_;  // the autograd engine may run the hooks on its own thread
-  size_t next_launch_ = 0;  // guarded by mu_
+  std::mutex mu_;                        // the autograd engine may run the hooks on its own thread
+  size_t next_launch_ = 0;               // guarded by mu_
 };
 
 }  // namespace

@@ -172,15 +172,13 @@ Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& opti
     archive->read("layout", written);
     if (!written.sizes().equals(layout.sizes()) || !written.equal(layout))
       return Status::InvalidConfig("checkpoint '" + path + "' was cut as " + List(written) +
-                                   ", this run as " + List(layout) +
-                                   " (world, stage, unit sizes)");
+                                   ", this run as " + List(layout) + " (world, stage, unit sizes)");
     torch::serialize::InputArchive opt;
     archive->read("optimizer", opt);
     optimizer.load(opt);
     return Status::Ok();
   } catch (const c10::Error& e) {
-    return Status::InvalidConfig("checkpoint '" + path +
-                                 "': cannot restore the optimizer state: " +
+    return Status::InvalidConfig("checkpoint '" + path + "': cannot restore the optimizer state: " +
                                  e.what_without_backtrace());
   }
 }
