@@ -172,6 +172,7 @@ class ZeroCheckpointTest(unittest.TestCase):
                                     resume=cold_ckpt, allow=True)
         train(cold_cfg, 1)
         cold_rel, _ = rel_diff(params(cold_out, 0), params(ref_out, 0))
+        print(f"\n2 -> 1: rel {rel:g} (max abs {worst:g}); without the state: rel {cold_rel:g}")
         self.assertGreater(cold_rel, 10 * 1e-5, "the bound does not tell a lost state apart")
 
     def test_one_process_resumed_on_two_ranks_takes_its_pieces(self):
@@ -186,6 +187,7 @@ class ZeroCheckpointTest(unittest.TestCase):
         train(rest_cfg, 2)
         self.assertEqual(params(out, 0), params(out, 1))
         rel, worst = rel_diff(params(out, 0), params(ref_out, 0))
+        print(f"\n1 -> 2: rel {rel:g} (max abs {worst:g})")
         self.assertLess(rel, 1e-5, f"rel {rel:g} (max abs {worst:g})")
 
     def test_stage_and_unit_size_change_is_bit_identical(self):
@@ -201,6 +203,21 @@ class ZeroCheckpointTest(unittest.TestCase):
         err = train(rest_cfg, 2)
         self.assertIn("recut", err)
         self.assertEqual(params(out, 0), params(whole_out, 0))
+
+    def test_sgd_momentum_two_to_three_ranks_stays_near_the_undisturbed_run(self):
+        """SGD keeps a momentum buffer and no step count: stage 2, 2 ranks x 12 -> 3 x 8."""
+        sgd = "{type: sgd, lr: 0.05, momentum: 0.9}"
+        ref_cfg, ref_out = config(self.tmp, "ref", batch=12, stage=2, steps=16, optimizer=sgd)
+        train(ref_cfg, 2)
+        out = os.path.join(self.tmp, "run")
+        ckpt = os.path.join(out, "checkpoints")
+        for world, batch, steps, resume in ((2, 12, 8, "never"), (3, 8, 16, ckpt)):
+            cfg, _ = config(self.tmp, f"w{world}", batch=batch, stage=2, steps=steps, ckpt=8,
+                            optimizer=sgd, resume=resume, allow=True, out=out)
+            train(cfg, world)
+        rel, worst = rel_diff(params(out, 0), params(ref_out, 0))
+        print(f"\nsgd 2 -> 3: rel {rel:g} (max abs {worst:g})")
+        self.assertLess(rel, 1e-5, f"rel {rel:g} (max abs {worst:g})")
 
     def test_world_three_two_three_with_adam_stays_near_the_undisturbed_run(self):
         """3 -> 2 -> 3 ranks, stage 1, Adam, the same global batch (3 x 8 = 2 x 12). The data
