@@ -10,7 +10,7 @@
 //   Validate(&cfg);                                    // cross-field checks, derived values
 //
 // Every error names its place: "train.yaml:12: train.parallel.mode: 'dpp' is not one of
-// none, dp, ddp, pipeline (did you mean 'ddp'?)", "--num_processes: expected an integer, got
+// none, dp, ddp, pipeline, zero (did you mean 'ddp'?)", "--num_processes: expected an integer, got
 // 'two'", "environment LAUNCH_MAX_RESTARTS: ...". All are Status::InvalidConfig.
 
 #include <map>

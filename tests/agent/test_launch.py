@@ -390,8 +390,8 @@ class Config(unittest.TestCase):
 
     def test_train_enum_typo(self):
         self.assert_config_error("train:\n  parallel:\n    mode: dpp\n",
-                                 "FILE:3: train.parallel.mode: 'dpp' is not one of none, dp, ddp, pipeline "
-                                 "(did you mean 'ddp'?)")
+                                 "FILE:3: train.parallel.mode: 'dpp' is not one of none, dp, "
+                                 "ddp, pipeline, zero (did you mean 'ddp'?)")
 
     def test_yaml_syntax_error(self):
         self.assert_config_error("num_processes: [2\n", "FILE:")

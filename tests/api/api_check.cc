@@ -3,7 +3,8 @@
 // the mode given by flags, or (--reference) computes the same training with plain LibTorch in one
 // process. Both write the final parameters as raw float32 to --out (rank R appends .R).
 //
-//   api_check --mode ddp|local_sgd|dp|pipeline|none [--accum N] [--sync_each_batch]
+//   api_check --mode ddp|zero|local_sgd|dp|pipeline|none [--zero_stage 1|2] [--accum N]
+//             [--sync_each_batch]
 //             [--local_sgd K] [--schedule gpipe|1f1b] [--steps S] [--skew_init] --out FILE
 //   api_check --reference --world W [same flags] --out FILE
 #include <cstdio>
@@ -59,6 +60,7 @@ torch::nn::Sequential MakeSequential() {
 
 struct Flags {
   std::string mode = "ddp", schedule = "1f1b", out;
+  int zero_stage = 1;  // --mode zero
   int accum = 1, local_sgd = 0, steps = 12, world = 1;
   bool sync_each_batch = false, skew_init = false, reference = false;
 };
@@ -150,7 +152,10 @@ int Distributed(const Flags& f) {
   options.parallel.mode = f.mode == "none"       ? Mode::kNone
                           : f.mode == "dp"       ? Mode::kDp
                           : f.mode == "pipeline" ? Mode::kPipeline
+                          : f.mode == "zero"     ? Mode::kZero
                                                  : Mode::kDdp;
+  options.parallel.zero_stage = f.zero_stage;
+  options.parallel.bucket_cap_mb = f.mode == "zero" ? 0.0005 : options.parallel.bucket_cap_mb;
   options.parallel.replicas = 2;
   options.parallel.stages = 2;
   options.parallel.microbatches = 4;
@@ -228,6 +233,8 @@ int main(int argc, char** argv) {
       f.out = next();
     else if (a == "--accum")
       f.accum = std::stoi(next());
+    else if (a == "--zero_stage")
+      f.zero_stage = std::stoi(next());
     else if (a == "--local_sgd")
       f.local_sgd = std::stoi(next());
     else if (a == "--steps")

@@ -29,19 +29,20 @@ train:
   resume_allow_changes: {allow}
   parallel: {{mode: {mode}, zero_stage: {stage}, bucket_cap_mb: {cap}}}
   gradient_accumulation_steps: {accum}
+  sync_each_batch: {sync_each}
 """
 
 ADAMW = "{type: adamw, lr: 0.003, weight_decay: 0.1}"
 
 
 def config(tmp, name, batch, mode="zero", stage=1, steps=20, optimizer=ADAMW, cap=0.004,
-           accum=1, clip=0.0, ckpt=0, resume="never", allow=False, out=None):
+           accum=1, clip=0.0, ckpt=0, resume="never", sync_each="false", allow=False, out=None):
     """Writes <name>.yaml; the run goes to tmp/<name> unless `out` names another folder (to
     continue another run's checkpoints)."""
     out = out or os.path.join(tmp, name)
     text = BASE.format(out=out, batch=batch, steps=steps, optimizer=optimizer, mode=mode,
                        stage=stage, cap=cap, accum=accum, clip=clip, ckpt=ckpt, resume=resume,
-                       allow="true" if allow else "false")
+                       sync_each=sync_each, allow="true" if allow else "false")
     return write_config(tmp, text, name + ".yaml"), out
 
 
@@ -70,6 +71,20 @@ class ZeroNumericsTest(unittest.TestCase):
         self.assertGreaterEqual(f["buckets"], 3, "units were not cut small")
         m = metrics(zout)
         self.assertLess(m[-1]["loss"], m[0]["loss"])
+        # What each rank holds: the optimizer state (and in stage 2 the gradients) is a 1/W
+        # share of DDP's, give or take each unit's padding (fewer than W elements a unit).
+        zb, db = f["state_bytes"], final(dout)["state_bytes"]
+        pad = f["buckets"] * world * 4 * 3
+        self.assertEqual(len(zb["optimizer"]), world)
+        for r in range(world):
+            self.assertAlmostEqual(zb["optimizer"][r], db["optimizer"][r] / world, delta=pad)
+            self.assertAlmostEqual(zb["parameters"][r], db["parameters"][r], delta=pad)
+            if stage == 2:
+                self.assertAlmostEqual(zb["gradients"][r], db["gradients"][r] / world, delta=pad)
+        every_micro = stage == 2 or kw.get("sync_each") == "true"
+        self.assertEqual(f["reduce_scatters_total"], f["buckets"] * m[-1]["step"] *
+                         (kw.get("accum", 1) if every_micro else 1))
+        self.assertEqual(f["allgathers_total"], f["buckets"] * m[-1]["step"])
         return z[0], params(dout, 0)
 
     def check_equals_ddp_bitwise(self, world, stage):
@@ -105,6 +120,11 @@ class ZeroNumericsTest(unittest.TestCase):
                                  accum=2, clip=0.5)
             rel, worst = rel_diff(z, d)
             self.assertLess(rel, 1e-6, f"stage {stage}: rel {rel:g} (max abs {worst:g})")
+
+    def test_stage1_sync_each_batch_near_ddp(self):
+        z, d = self.run_pair(2, 1, accum=2, sync_each="true")
+        rel, worst = rel_diff(z, d)
+        self.assertLess(rel, 1e-6, f"rel {rel:g} (max abs {worst:g})")
 
     def test_over_gloo_near_ddp(self):
         for stage in (1, 2):

@@ -714,6 +714,8 @@ Accelerator::CommStats Accelerator::TakeCommStats() {
   if (strategy_) {
     StepCommStats s = strategy_->TakeStepStats();
     out.allreduces = s.allreduces;
+    out.reduce_scatters = s.reduce_scatters;
+    out.allgathers = s.allgathers;
     out.blocking_comm_ms = s.blocking_comm_ms;
     out.launched_before_grads_done = s.launched_before_grads_done;
   } else if (pipeline_) {
@@ -733,6 +735,20 @@ int64_t Accelerator::allreduces_total() const {
 }
 
 int64_t Accelerator::pair_exchanges_total() const { return pg_ ? pg_->recorded_count() : 0; }
+
+int64_t Accelerator::reduce_scatters_total() const {
+  return pg_ && !pipeline_ ? pg_->reduce_scatter_count() : 0;
+}
+
+int64_t Accelerator::allgathers_total() const {
+  return pg_ && !pipeline_ ? pg_->allgather_count() : 0;
+}
+
+std::vector<int64_t> Accelerator::StateBytes() const {
+  const trainer::StateBytes b =
+      pipeline_ ? WholeStateBytes(*model_, *optimizer_) : strategy_->MemoryBytes(*optimizer_);
+  return {b.parameters, b.gradients, b.optimizer};
+}
 
 std::vector<double> Accelerator::GatherPipelineStats(uint64_t checksum) {
   LAUNCH_CHECK(pipeline_ != nullptr);

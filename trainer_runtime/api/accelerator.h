@@ -360,6 +360,8 @@ class Accelerator {
   // loop waited on communication, and buckets launched during backward (ddp overlap).
   struct CommStats {
     int64_t allreduces = 0;
+    int64_t reduce_scatters = 0;  // zero
+    int64_t allgathers = 0;       // zero
     double blocking_comm_ms = 0;
     int64_t launched_before_grads_done = 0;
   };
@@ -367,6 +369,12 @@ class Accelerator {
   int64_t num_buckets() const;
   int64_t allreduces_total() const;
   int64_t pair_exchanges_total() const;
+  // zero's collectives over the run: gradient reduce-scatters and parameter all-gathers.
+  int64_t reduce_scatters_total() const;
+  int64_t allgathers_total() const;
+  // Bytes of parameters, gradients and optimizer state this rank holds ({parameters,
+  // gradients, optimizer}; zero: its shards).
+  std::vector<int64_t> StateBytes() const;
   PipelineEngine* pipeline() const { return pipeline_.get(); }
   // dp only: DataParallel's gather-then-loss (parallel.loss_in_replica false): replicas run
   // TensorForward (model.h) and `criterion(outputs, targets)` runs once on the gathered outputs.

@@ -385,9 +385,9 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     group = NewGroup(prefixed, rank, size, env, timeout);
   } catch (const std::exception& e) {
     return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group '" + name +
-                           "' of " + std::to_string(size) + " ranks via store " +
-                           env.master_addr + ":" + std::to_string(env.master_port) +
-                           " did not form within " + seconds + ": " + e.what());
+                           "' of " + std::to_string(size) + " ranks via store " + env.master_addr +
+                           ":" + std::to_string(env.master_port) + " did not form within " +
+                           seconds + ": " + e.what());
   }
   // After Gloo formed, so every rank is known to reach the store. Its own prefix per group and
   // restart, like Gloo's: a restarted job builds a fresh segment.

@@ -434,6 +434,28 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerCo
   return BuildGroups(c, std::move(params), {});
 }
 
+int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer) {
+  namespace o = torch::optim;
+  int64_t bytes = 0;
+  auto add = [&bytes](const torch::Tensor& t) {
+    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (const auto& [key, state] : optimizer.state()) {
+    if (auto* adam = dynamic_cast<const o::AdamParamState*>(state.get())) {
+      add(adam->exp_avg()), add(adam->exp_avg_sq()), add(adam->max_exp_avg_sq());
+    } else if (auto* adamw = dynamic_cast<const o::AdamWParamState*>(state.get())) {
+      add(adamw->exp_avg()), add(adamw->exp_avg_sq()), add(adamw->max_exp_avg_sq());
+    } else if (auto* sgd = dynamic_cast<const o::SGDParamState*>(state.get())) {
+      add(sgd->momentum_buffer());
+    } else if (auto* rms = dynamic_cast<const o::RMSpropParamState*>(state.get())) {
+      add(rms->square_avg()), add(rms->momentum_buffer()), add(rms->grad_avg());
+    } else if (auto* ada = dynamic_cast<const o::AdagradParamState*>(state.get())) {
+      add(ada->sum());
+    }
+  }
+  return bytes;
+}
+
 std::vector<std::string> NoDecayParameters(const config::OptimizerConfig& c, const Model& model) {
   std::vector<std::string> out;
   const bool norm = std::find(c.no_decay.begin(), c.no_decay.end(), "norm") != c.no_decay.end();

@@ -94,6 +94,10 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerCo
 // layers' parameters). The first group decays; an empty group is left out.
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
                                                        const Model& model);
+// Bytes of the per-parameter state `optimizer` holds (Adam's and AdamW's moments, SGD's and
+// RMSprop's momentum, RMSprop's averages, Adagrad's sums); 0 before its first step.
+int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer);
+
 // The parameter names c.no_decay leaves out of weight decay, in NamedParameters order.
 std::vector<std::string> NoDecayParameters(const config::OptimizerConfig& c, const Model& model);
 

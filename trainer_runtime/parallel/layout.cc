@@ -27,7 +27,8 @@ std::string ParallelLayout::Describe() const {
   if (world_ == 1) return "1 process";
   std::string out;
   if (data_ > 1) out = "data " + std::to_string(data_);
-  if (stages_ > 1) out += (out.empty() ? "" : " x ") + std::string("stage ") + std::to_string(stages_);
+  if (stages_ > 1)
+    out += (out.empty() ? "" : " x ") + std::string("stage ") + std::to_string(stages_);
   return out;
 }
 

@@ -44,7 +44,9 @@ class ParallelLayout {
   // Degree of `axis`: how many ranks one group along it has.
   int degree(Axis axis) const { return axis == Axis::kData ? data_ : stages_; }
   // This rank's coordinate on `axis`, in [0, degree(axis)).
-  int coordinate(Axis axis) const { return axis == Axis::kData ? rank_ / stages_ : rank_ % stages_; }
+  int coordinate(Axis axis) const {
+    return axis == Axis::kData ? rank_ / stages_ : rank_ % stages_;
+  }
   // The global rank at (data, stage).
   int RankAt(int data, int stage) const { return data * stages_ + stage; }
   // The global ranks of this rank's group along `axis`, in coordinate order.

@@ -38,11 +38,9 @@ Status LoadAveragedReplicas(const std::vector<std::string>& files, const std::st
   return Status::Ok();
 }
 
-
 class LocalSgdStrategy : public ParallelStrategy {
  public:
-  LocalSgdStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, int k)
-      : k_(k) {
+  LocalSgdStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, int k) : k_(k) {
     model_ = model;
     SetGroup(std::move(pg));
   }

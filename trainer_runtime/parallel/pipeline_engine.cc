@@ -47,7 +47,8 @@ StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
     c10::intrusive_ptr<CountingProcessGroup> pg, std::chrono::milliseconds timeout) {
   std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, env, layout, pg));
   // This stage's replicas in the other pipelines average their gradients.
-  LAUNCH_ASSIGN_OR_RETURN(engine->stage_pg_, CreateAxisGroup(layout, Axis::kData, env, pg, timeout));
+  LAUNCH_ASSIGN_OR_RETURN(engine->stage_pg_,
+                          CreateAxisGroup(layout, Axis::kData, env, pg, timeout));
   return engine;
 }
 

@@ -27,6 +27,21 @@ void ParallelStrategy::Step(torch::optim::Optimizer& optimizer) {
     if (p.grad().defined()) p.mutable_grad().zero_();
 }
 
+StateBytes ParallelStrategy::MemoryBytes(const torch::optim::Optimizer& optimizer) const {
+  return WholeStateBytes(*model_, optimizer);
+}
+
+StateBytes WholeStateBytes(const Model& model, const torch::optim::Optimizer& optimizer) {
+  StateBytes out;
+  for (const auto& p : model.Parameters()) {
+    out.parameters += p.numel() * static_cast<int64_t>(p.element_size());
+    if (p.grad().defined())
+      out.gradients += p.grad().numel() * static_cast<int64_t>(p.element_size());
+  }
+  out.optimizer = OptimizerStateBytes(optimizer);
+  return out;
+}
+
 Status ParallelStrategy::SaveModelState(const std::string& dir,
                                         torch::optim::Optimizer& optimizer) {
   if (ReplicasEqual())
@@ -65,6 +80,11 @@ StepCommStats ParallelStrategy::TakeStepStats() {
     const int64_t now = pg_->allreduce_count();
     out.allreduces = now - allreduces_at_step_start_;
     allreduces_at_step_start_ = now;
+    const int64_t scatters = pg_->reduce_scatter_count(), gathers = pg_->allgather_count();
+    out.reduce_scatters = scatters - reduce_scatters_at_step_start_;
+    out.allgathers = gathers - allgathers_at_step_start_;
+    reduce_scatters_at_step_start_ = scatters;
+    allgathers_at_step_start_ = gathers;
   }
   stats_ = StepCommStats();
   return out;

@@ -37,9 +37,18 @@
 
 namespace launch::trainer {
 
+// Bytes of training state one rank holds (final.json's state_bytes).
+struct StateBytes {
+  int64_t parameters = 0;
+  int64_t gradients = 0;
+  int64_t optimizer = 0;
+};
+
 // Communication observed during one optimizer step (reset by TakeStepStats()).
 struct StepCommStats {
   int64_t allreduces = 0;       // all-reduce calls issued (counted at the process group)
+  int64_t reduce_scatters = 0;  // zero: gradient reduce-scatters issued
+  int64_t allgathers = 0;       // zero: parameter all-gathers issued
   double blocking_comm_ms = 0;  // time the loop waited on communication it could not hide
   int64_t launched_before_grads_done = 0;  // ddp: bucket all-reduces launched while backward
                                            // was still producing gradients (overlap)
@@ -82,6 +91,11 @@ class ParallelStrategy {
   // built from `optimizer`'s groups and options (learning rates are read from it every step,
   // so a schedule set on `optimizer` applies), then gathers the parameters. COLLECTIVE in zero.
   virtual void Step(torch::optim::Optimizer& optimizer);
+
+  // What this rank holds of the parameters, their gradients and `optimizer`'s state (zero: its
+  // shards). The default counts the model's parameters, their defined gradients and
+  // `optimizer`'s state.
+  virtual StateBytes MemoryBytes(const torch::optim::Optimizer& optimizer) const;
 
   // --- Checkpoints ---------------------------------------------------------------------------
   // Whether every rank holds the same parameters between steps (ddp, dp, zero, one process):
@@ -136,6 +150,8 @@ class ParallelStrategy {
 
   StepCommStats stats_;
   int64_t allreduces_at_step_start_ = 0;
+  int64_t reduce_scatters_at_step_start_ = 0;
+  int64_t allgathers_at_step_start_ = 0;
   // The group the strategy communicates through (null: it does not) and the rank and world it
   // sets.
   void SetGroup(c10::intrusive_ptr<CountingProcessGroup> pg) {
@@ -150,6 +166,10 @@ class ParallelStrategy {
   // The model the strategy trains; set by every strategy's constructor.
   Model* model_ = nullptr;
 };
+
+// What a rank holding `model` whole holds: its parameters, their defined gradients and
+// `optimizer`'s state (ParallelStrategy::MemoryBytes's default; pipeline stages).
+StateBytes WholeStateBytes(const Model& model, const torch::optim::Optimizer& optimizer);
 
 // Sum-all-reduces `values` (a small double tensor) over the world in place; no-op for a null
 // group. Used for eval metrics and the final loss.

@@ -39,8 +39,8 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
         "train.parallel.mode: pipeline runs on PipelineEngine, not a strategy");
   if (cfg.local_sgd_steps > 0) return CreateLocalSgdStrategy(cfg, model, std::move(pg));
   if (mode == ParallelMode::kNone || !pg) {
-    auto none = std::make_unique<NoneStrategy>(model, pg ? pg->getRank() : 0,
-                                               pg ? pg->getSize() : 1);
+    auto none =
+        std::make_unique<NoneStrategy>(model, pg ? pg->getRank() : 0, pg ? pg->getSize() : 1);
     return std::unique_ptr<ParallelStrategy>(std::move(none));
   }
   if (mode == ParallelMode::kZero) return CreateZeroStrategy(cfg, model, optimizer, std::move(pg));

@@ -56,9 +56,11 @@ struct Unit {
   at::Tensor flat_param;        // [padded]; the parameters are views into it
   at::Tensor flat_grad;         // stage 1: [padded], the gradients are views into it
   at::Tensor bucket;            // stage 2: this micro-batch's gradients until reduced
-  at::Tensor shard_grad;        // [shard]: this rank's slice of the averaged gradients
-  at::Tensor received;          // the reduce-scatter's output for this micro-batch
-  int64_t done = 0;             // parameters whose gradient is accumulated this backward
+  // [shard]: this rank's slice of the averaged gradients. Stage 1 (without sync_each_batch):
+  // a view of flat_grad's own slice, where the reduce-scatter leaves it; otherwise its own
+  // buffer, accumulating each micro-batch's result.
+  at::Tensor shard_grad;
+  int64_t done = 0;  // parameters whose gradient is accumulated this backward
   c10::intrusive_ptr<c10d::Work> work;
 };
 
@@ -154,7 +156,7 @@ class ZeroStrategy : public ParallelStrategy {
       for (size_t u = 0; u < units_.size(); ++u) units_[u].done = Size(u);
       LaunchReady();
     }
-    for (auto& u : units_) Collect(u);
+    while (!in_flight_.empty()) CollectOldest();
     first_sync_ = false;
     stats_.blocking_comm_ms += MsSince(start);
   }
@@ -181,7 +183,11 @@ class ZeroStrategy : public ParallelStrategy {
       torch::NoGradGuard no_grad;
       shard_optimizer_->step();
     }
-    for (auto& u : units_) u.shard_grad.zero_();
+    // The whole gradients (stage 1; the shard's among them when it is a view) and the shard's.
+    for (auto& u : units_) {
+      if (u.flat_grad.defined()) u.flat_grad.zero_();
+      if (!ShardGradIsView()) u.shard_grad.zero_();
+    }
     auto start = Clock::now();
     Timeline::Scope span("zero", "all-gather parameters");
     // In place: this rank's slice of each unit is the input.
@@ -196,6 +202,19 @@ class ZeroStrategy : public ParallelStrategy {
   void AfterOptimizerStep(int64_t) override {}
   void Finish(int64_t) override {}
   int64_t num_buckets() const override { return static_cast<int64_t>(units_.size()); }
+
+  StateBytes MemoryBytes(const Optimizer&) const override {
+    StateBytes out;
+    auto bytes = [](const at::Tensor& t) {
+      return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+    };
+    for (const auto& u : units_) {
+      out.parameters += bytes(u.flat_param);
+      out.gradients += bytes(u.flat_grad) + (ShardGradIsView() ? 0 : bytes(u.shard_grad));
+    }
+    out.optimizer = OptimizerStateBytes(*shard_optimizer_);
+    return out;
+  }
 
   Status SaveModelState(const std::string& dir, Optimizer& optimizer) override {
     // Parameters and buffers are every rank's (ddp's model.pt); the user's optimizer is never
@@ -309,7 +328,9 @@ class ZeroStrategy : public ParallelStrategy {
       unit.shard = unit.padded / world();
       unit.flat_param = torch::zeros({unit.padded}, options);
       if (stage_ == 1) unit.flat_grad = torch::zeros({unit.padded}, options);
-      unit.shard_grad = torch::zeros({unit.shard}, options);
+      unit.shard_grad = ShardGradIsView()
+                            ? unit.flat_grad.narrow(0, rank() * unit.shard, unit.shard)
+                            : torch::zeros({unit.shard}, options);
       for (size_t j = 0; j < unit.params.size(); ++j) {
         at::Tensor& p = params_[unit.params[j]];
         unit_of_param_[unit.params[j]] = u;
@@ -361,8 +382,8 @@ class ZeroStrategy : public ParallelStrategy {
 
   // Runs on the autograd thread after parameter i's gradient was accumulated.
   void AfterAccumulate(size_t i) {
-    if (!sync_ && stage_ == 1) return;  // no_sync: gradients accumulate in place
     std::lock_guard<std::mutex> lock(mu_);
+    if (!sync_ && stage_ == 1) return;  // no_sync: gradients accumulate in place
     Unit& unit = units_[unit_of_param_[i]];
     if (stage_ >= 2) {
       at::Tensor& grad = params_[i].mutable_grad();
@@ -391,22 +412,36 @@ class ZeroStrategy : public ParallelStrategy {
       } else {
         input.div_(world());
       }
-      unit.received = torch::empty({unit.shard}, input.options());
-      unit.work = pg_->ReduceScatterFlat(input, unit.received);
+      // In place: the sum lands in this rank's own slice of the input.
+      unit.work = pg_->ReduceScatterFlat(input, input.narrow(0, rank() * unit.shard, unit.shard));
+      in_flight_.push_back(&unit);
+      // Stage 2 holds at most this many units' buckets beyond the one filling: the gradients
+      // of one unit at a time, not of the whole model, outlive their parameters' backward.
+      while (stage_ >= 2 && in_flight_.size() > kMaxInFlight) CollectOldest();
     }
   }
 
-  // Waits for `unit`'s reduce-scatter and adds its result to the shard's gradient (zero after
-  // a step: then it is the result exactly). The whole gradients start again from zero.
-  void Collect(Unit& unit) {
-    if (!unit.work) return;
+  // Waits for the oldest launched unit's reduce-scatter and takes its result into the shard's
+  // gradient: in stage 1 it is already there (the shard's gradient is the own slice); otherwise
+  // it is added (the shard's gradient is zero after a step, so then it is the result exactly)
+  // and the unit's bucket, or whole gradients (sync_each_batch), start again from zero.
+  // REQUIRES: mu_ held or backward finished.
+  void CollectOldest() {
+    Unit& unit = *in_flight_.front();
+    in_flight_.pop_front();
     unit.work->wait();
     unit.work.reset();
-    unit.shard_grad.add_(unit.received);
-    unit.received = at::Tensor();
-    unit.bucket = at::Tensor();
-    if (unit.flat_grad.defined()) unit.flat_grad.zero_();
+    if (ShardGradIsView()) return;
+    if (stage_ >= 2) {
+      unit.shard_grad.add_(unit.bucket.narrow(0, rank() * unit.shard, unit.shard));
+      unit.bucket = at::Tensor();
+    } else {
+      unit.shard_grad.add_(unit.flat_grad.narrow(0, rank() * unit.shard, unit.shard));
+      unit.flat_grad.zero_();
+    }
   }
+
+  bool ShardGradIsView() const { return stage_ == 1 && !sync_each_batch_; }
 
   const int stage_;
   const size_t unit_cap_bytes_;
@@ -426,6 +461,8 @@ class ZeroStrategy : public ParallelStrategy {
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as ddp's does
   std::mutex mu_;                        // the autograd engine may run the hooks on its own thread
   size_t next_launch_ = 0;               // guarded by mu_
+  std::deque<Unit*> in_flight_;          // launched, not collected, oldest first; guarded by mu_
+  static constexpr size_t kMaxInFlight = 2;
 };
 
 }  // namespace

@@ -503,8 +503,11 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
            << ", \"lr\": " << Num(accel_->learning_rate())
            << ", \"samples_per_s\": " << Num(samples / step_s) << ", \"comm_ms\": " << Num(comm_ms)
            << ", \"compute_ms\": " << Num(step_ms - comm_ms) << ", \"step_ms\": " << Num(step_ms)
-           << ", \"allreduces\": " << comm.allreduces
-           << ", \"micro_batches\": " << accel_->micro_batches_last_step()
+           << ", \"allreduces\": " << comm.allreduces;
+  if (comm.reduce_scatters || comm.allgathers)
+    metrics_ << ", \"reduce_scatters\": " << comm.reduce_scatters
+             << ", \"allgathers\": " << comm.allgathers;
+  metrics_ << ", \"micro_batches\": " << accel_->micro_batches_last_step()
            << ", \"buckets_launched_before_grads_done\": " << comm.launched_before_grads_done;
   if (pipeline_) metrics_ << ", \"peak_live_microbatches\": " << accel_->pipeline()->peak_live();
   metrics_ << ", \"epoch\": " << accel_->epoch() << "}\n";
@@ -551,7 +554,18 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   const uint64_t mine = Fnv(accel_->parameters());
   std::vector<double> stats;
   if (pipeline_) stats = accel_->GatherPipelineStats(mine);  // collective: before the return
+  // Every rank's state bytes, rank by rank (collective too).
+  const std::vector<int64_t> own = accel_->StateBytes();
+  const torch::Tensor all = accel_->Gather(torch::tensor(own, torch::kLong));
   if (!accel_->IsMainProcess()) return Status::Ok();
+  std::ostringstream state_bytes;
+  const char* kinds[] = {"parameters", "gradients", "optimizer"};
+  for (int k = 0; k < 3; ++k) {
+    state_bytes << (k ? ", " : "") << "\"" << kinds[k] << "\": [";
+    for (int r = 0; r < accel_->world_size(); ++r)
+      state_bytes << (r ? ", " : "") << all[r * 3 + k].item<int64_t>();
+    state_bytes << "]";
+  }
   std::string checksum = Hex64(mine);
   std::ostringstream pipeline;
   if (pipeline_) {
@@ -599,6 +613,9 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
     << accel_->mode_name() << "\",\n  \"buckets\": " << accel_->num_buckets()
     << ",\n  \"allreduces_total\": " << accel_->allreduces_total()
     << ",\n  \"pair_exchanges_total\": " << accel_->pair_exchanges_total()
+    << ",\n  \"reduce_scatters_total\": " << accel_->reduce_scatters_total()
+    << ",\n  \"allgathers_total\": " << accel_->allgathers_total() << ",\n  \"state_bytes\": {"
+    << state_bytes.str() << "}"
     << ",\n  \"samples_seen_per_rank\": " << accel_->samples_seen()
     << ",\n  \"samples_seen\": " << accel_->samples_seen_global()
     << ",\n  \"steps_this_run\": " << steps_this_run_ << ",\n  \"wall_s\": " << Num(wall_s)
