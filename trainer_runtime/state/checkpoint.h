@@ -75,10 +75,10 @@ struct ParamPiece {
 
 // Rank `rank`'s shard file in checkpoint folder `dir`: dir/zero_rank<rank>.pt.
 std::string ShardFile(const std::string& dir, int64_t rank);
-// Writes rank `rank`'s shard file into checkpoint folder `dir`: the
-// range of each of `pieces` and `optimizer`'s state of it (nothing for a piece that has none,
-// e.g. before the first step). Streamed: the archive refers to the optimizer's own tensors.
-// IoError naming the file; InvalidConfig for an optimizer other than the five above.
+// Writes rank `rank`'s shard file into checkpoint folder `dir`: the range of each of `pieces`
+// and `optimizer`'s state of it (nothing for a piece that has none, e.g. before the first
+// step). Streamed: the archive refers to the optimizer's own tensors. IoError naming the file;
+// InvalidConfig for an optimizer other than the five above.
 Status SaveShardedOptimizerState(const std::string& dir, int rank,
                                  torch::optim::Optimizer& optimizer,
                                  const std::vector<ParamPiece>& pieces);
