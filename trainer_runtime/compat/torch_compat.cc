@@ -1,5 +1,6 @@
 #include "trainer_runtime/compat/torch_compat.h"
 
+#include <sstream>
 #include <type_traits>
 #include <utility>
 
@@ -138,6 +139,37 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewProcessGroup(const c10::intrusive_ptr<
 #else
   return gloo;
 #endif
+}
+
+namespace {
+
+using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
+
+// The key of `param` in a state map keyed by `Key`: 1.13's c10::guts::to_string of the
+// TensorImpl pointer is `ostream << pointer`, which the string branch repeats.
+template <typename Key>
+Key StateKey(const at::Tensor& param) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << param.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
+
+}  // namespace
+
+torch::optim::OptimizerParamState* FindParamState(torch::optim::Optimizer& optimizer,
+                                                  const at::Tensor& param) {
+  auto& state = optimizer.state();
+  auto it = state.find(StateKey<StateMap::key_type>(param));
+  return it == state.end() ? nullptr : it->second.get();
+}
+
+void SetParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                   std::unique_ptr<torch::optim::OptimizerParamState> state) {
+  optimizer.state()[StateKey<StateMap::key_type>(param)] = std::move(state);
 }
 
 }  // namespace launch::trainer::compat

@@ -18,6 +18,10 @@
 //     chosen by what the constructor accepts, not by version number.
 //   - CPU autocast's accessors take the device type since 2.4 (the CPU-named ones are
 //     deprecated and warn at run time); the Cpu* functions below hide which.
+//   - torch::optim::Optimizer::state() is keyed by the parameter's TensorImpl address printed
+//     as a string in 1.13 (c10::guts::to_string, gone since) and by the address itself in 2.x.
+//     FindParamState and SetParamState build the key this LibTorch's map has, chosen by its
+//     key type, not by version number.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include <c10/util/Exception.h>
+#include <torch/optim/optimizer.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -87,5 +92,14 @@ struct GroupOptions {
 c10::intrusive_ptr<c10d::ProcessGroup> NewProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                        int rank, int size,
                                                        const GroupOptions& options);
+
+// The state `optimizer` keeps for `param` (one of its parameters), or null when it has none (not
+// stepped yet).
+torch::optim::OptimizerParamState* FindParamState(torch::optim::Optimizer& optimizer,
+                                                  const at::Tensor& param);
+// Replaces the state `optimizer` keeps for `param` with `state` (of the optimizer's own
+// OptimizerParamState subclass, or its step casts fail).
+void SetParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                   std::unique_ptr<torch::optim::OptimizerParamState> state);
 
 }  // namespace launch::trainer::compat

@@ -58,7 +58,11 @@ Status ParallelStrategy::LoadModelState(const std::string& dir, torch::optim::Op
     path = dir + "/model_rank" + std::to_string(rank()) + ".pt";
     if (!FileExists(path)) path = dir + "/model_rank0.pt";  // fewer ranks wrote it
   }
-  return trainer::LoadModelState(path, *model_, optimizer);
+  LAUNCH_RETURN_IF_ERROR(trainer::LoadModelState(path, *model_, optimizer));
+  // A zero run (zero.h) left the optimizer state in shards: this optimizer takes all of it.
+  if (!HasShardedOptimizerState(dir)) return Status::Ok();
+  LAUNCH_ASSIGN_OR_RETURN(std::vector<ParamPiece> whole, WholeParamPieces(*model_, optimizer));
+  return LoadShardedOptimizerState(dir, optimizer, whole).status();
 }
 
 void ParallelStrategy::BroadcastBuffers() {

@@ -4,12 +4,14 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "base/files.h"
 #include "trainer_runtime/state/checkpoint.h"
 #include "trainer_runtime/util/timeline.h"
 
@@ -216,25 +218,77 @@ class ZeroStrategy : public ParallelStrategy {
 
   Status SaveModelState(const std::string& dir, Optimizer& optimizer) override {
     // Parameters and buffers are every rank's (ddp's model.pt); the user's optimizer is never
-    // stepped, so it carries no state there.
+    // stepped, so it carries no state there. The state is in the shard files, each piece with
+    // the element range of its parameter (checkpoint.h), and rank 0's index of them.
     LAUNCH_RETURN_IF_ERROR(ParallelStrategy::SaveModelState(dir, optimizer));
-    return SaveOptimizerState(ShardFile(dir, rank()), *shard_optimizer_, LayoutTensor());
+    if (rank() == 0) {
+      std::vector<std::vector<PieceRange>> ranks;
+      for (int q = 0; q < world(); ++q) ranks.push_back(RangesOfRank(q));
+      LAUNCH_RETURN_IF_ERROR(SaveShardIndex(dir, ranks, LayoutTensor()));
+    }
+    return SaveShardedOptimizerState(dir, rank(), *shard_optimizer_, pieces_);
   }
 
   Status LoadModelState(const std::string& dir, Optimizer& optimizer, int64_t written_by) override {
-    LAUNCH_RETURN_IF_ERROR(ParallelStrategy::LoadModelState(dir, optimizer, written_by));
-    if (written_by != world())
-      return Status::InvalidConfig(
-          "the checkpoint in " + dir + " holds ZeRO optimizer state sharded over " +
-          std::to_string(written_by) + " ranks; this run has " + std::to_string(world()) +
-          " (resuming zero at another world size is not built yet: resume with " +
-          std::to_string(written_by) + " ranks)");
-    return LoadOptimizerState(ShardFile(dir, rank()), *shard_optimizer_, LayoutTensor());
+    // model.pt as the default reads it, but a sharded state is not gathered into `optimizer`:
+    // this rank takes only its pieces of it.
+    LAUNCH_RETURN_IF_ERROR(trainer::LoadModelState(dir + "/model.pt", *model_, optimizer));
+    if (HasShardedOptimizerState(dir)) {
+      LAUNCH_ASSIGN_OR_RETURN(ShardedLoad load,
+                              LoadShardedOptimizerState(dir, *shard_optimizer_, pieces_));
+      if (rank() == 0 && (load.written_by != world() || !load.same_cut))
+        std::fprintf(stderr,
+                     "train: ZeRO optimizer state recut: written as %s, read as %s (world, "
+                     "stage, unit sizes); rank 0 read %lld of the %lld shard files\n",
+                     LayoutText(load.layout).c_str(), LayoutText(LayoutTensor()).c_str(),
+                     static_cast<long long>(load.files_read),
+                     static_cast<long long>(load.written_by));
+      return Status::Ok();
+    }
+    if (FileExists(ShardFile(dir, 0))) {
+      // Written before the shards had an index: an optimizer saved whole per rank.
+      if (written_by != world())
+        return Status::InvalidConfig(
+            "the checkpoint in " + dir + " holds ZeRO optimizer state sharded over " +
+            std::to_string(written_by) + " ranks in the format before shards could be recut; " +
+            "resume it with " + std::to_string(written_by) + " ranks (its next checkpoint can " +
+            "then be resumed at any world size)");
+      return LoadOptimizerState(ShardFile(dir, rank()), *shard_optimizer_, LayoutTensor());
+    }
+    // No shards: an unsharded run (one process, ddp) left the whole state in model.pt, now in
+    // `optimizer`. This rank takes its pieces, and the whole copy goes.
+    LAUNCH_ASSIGN_OR_RETURN(std::vector<ParamPiece> whole, WholeParamPieces(*model_, optimizer));
+    LAUNCH_RETURN_IF_ERROR(ReshardOptimizerState(optimizer, whole, *shard_optimizer_, pieces_));
+    optimizer.state().clear();
+    return Status::Ok();
   }
 
  private:
-  static std::string ShardFile(const std::string& dir, int rank) {
-    return dir + "/zero_rank" + std::to_string(rank) + ".pt";
+  // The element ranges of the parameters that rank q's optimizer steps (what BuildShardOptimizer
+  // cuts for this rank), in the user's group order.
+  std::vector<PieceRange> RangesOfRank(int q) const {
+    std::unordered_map<const void*, size_t> param_index;
+    for (size_t i = 0; i < params_.size(); ++i) param_index[params_[i].unsafeGetTensorImpl()] = i;
+    std::vector<PieceRange> ranges;
+    for (const auto& group : user_->param_groups())
+      for (const auto& p : group.params()) {
+        const size_t i = param_index.at(p.unsafeGetTensorImpl());
+        const Unit& unit = units_[unit_of_param_[i]];
+        const int64_t begin = offset_in_unit_[i], end = begin + params_[i].numel();
+        const int64_t lo = std::max(begin, q * unit.shard);
+        const int64_t hi = std::min(end, (q + 1) * unit.shard);
+        if (lo < hi) ranges.push_back({static_cast<int64_t>(i), lo - begin, hi - begin});
+      }
+    return ranges;
+  }
+
+  // "[2, 1, 4160, 4160]" of a layout tensor.
+  static std::string LayoutText(const at::Tensor& layout) {
+    std::string out = "[";
+    const at::Tensor flat = layout.to(torch::kLong).reshape({-1});
+    for (int64_t i = 0; i < flat.numel(); ++i)
+      out += (i ? ", " : "") + std::to_string(flat[i].item<int64_t>());
+    return out + "]";
   }
 
   // What the shards' layout depends on: the world, the stage and each unit's size.
@@ -311,6 +365,7 @@ class ZeroStrategy : public ParallelStrategy {
         at::Tensor segment = unit.flat_param.narrow(0, lo, hi - lo);
         segment.mutable_grad() = unit.shard_grad.narrow(0, lo - rank() * unit.shard, hi - lo);
         segments.push_back(segment);
+        pieces_.push_back({{static_cast<int64_t>(i), lo - begin, hi - begin}, segment});
       }
       if (segments.empty()) continue;
       groups.emplace_back(std::move(segments), user_groups[g].options().clone());
@@ -399,6 +454,7 @@ class ZeroStrategy : public ParallelStrategy {
   std::vector<int64_t> offset_in_unit_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::unique_ptr<Optimizer> shard_optimizer_;
+  std::vector<ParamPiece> pieces_;  // its parameters: where in the model each segment lies
   std::vector<size_t> group_of_shard_group_;  // shard group -> the user's group it copies
   at::Tensor unit_pad_ = torch::zeros({1});
   bool sync_ = true;

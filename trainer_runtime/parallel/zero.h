@@ -27,9 +27,12 @@
 // stage 2 copies each gradient into its unit's bucket as it is produced, frees it, and reduces
 // every micro-batch into the shard (accumulating there), so no whole gradient outlives its unit.
 //
-// Checkpoints: rank 0 writes model.pt (parameters and buffers, as ddp), every rank its
-// optimizer shard (zero_rank<r>.pt) with the layout it was cut with. A resume needs the same
-// world size and layout (a clear error otherwise).
+// Checkpoints: rank 0 writes model.pt (parameters and buffers, as ddp) and the shards' index,
+// every rank its optimizer shard (zero_rank<r>.pt): each segment's parameter, element range and
+// state tensors (state/checkpoint.h). A resume at any world size, stage or unit size reads the
+// shard files that meet its segments, one at a time, and copies the overlapping elements; a
+// run without zero (one process, ddp) reads them all into its whole optimizer, and zero takes
+// its segments of a whole optimizer state that such a run left in model.pt.
 //
 // Internal to trainer_runtime (includes LibTorch).
 

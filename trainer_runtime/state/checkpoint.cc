@@ -8,9 +8,14 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 
 #include "base/files.h"
+#include "trainer_runtime/compat/torch_compat.h"
 
 namespace launch::trainer {
 namespace {
@@ -98,6 +103,234 @@ Status SaveArchive(torch::serialize::OutputArchive& archive, const std::string& 
   return file.Commit().WithContext("checkpoint");
 }
 
+namespace optim = torch::optim;
+
+// Every state tensor name of the five optimizers (a shard file holds those of its type).
+constexpr std::array<const char*, 7> kStateNames = {
+    "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg", "grad_avg", "sum"};
+
+// Calls on_tensor(name, tensor&) for each state tensor of `s`, an OptimizerParamState of one of
+// the five optimizers, and returns its step counter (null for SGD, which keeps none). *known is
+// false for any other type.
+template <typename F>
+int64_t* VisitState(optim::OptimizerParamState& s, bool* known, F&& on_tensor) {
+  *known = true;
+  if (auto* a = dynamic_cast<optim::AdamWParamState*>(&s)) {
+    on_tensor("exp_avg", a->exp_avg());
+    on_tensor("exp_avg_sq", a->exp_avg_sq());
+    on_tensor("max_exp_avg_sq", a->max_exp_avg_sq());
+    return &a->step();
+  }
+  if (auto* a = dynamic_cast<optim::AdamParamState*>(&s)) {
+    on_tensor("exp_avg", a->exp_avg());
+    on_tensor("exp_avg_sq", a->exp_avg_sq());
+    on_tensor("max_exp_avg_sq", a->max_exp_avg_sq());
+    return &a->step();
+  }
+  if (auto* a = dynamic_cast<optim::SGDParamState*>(&s)) {
+    on_tensor("momentum_buffer", a->momentum_buffer());
+    return nullptr;
+  }
+  if (auto* a = dynamic_cast<optim::RMSpropParamState*>(&s)) {
+    on_tensor("square_avg", a->square_avg());
+    on_tensor("momentum_buffer", a->momentum_buffer());
+    on_tensor("grad_avg", a->grad_avg());
+    return &a->step();
+  }
+  if (auto* a = dynamic_cast<optim::AdagradParamState*>(&s)) {
+    on_tensor("sum", a->sum());
+    return &a->step();
+  }
+  *known = false;
+  return nullptr;
+}
+
+// An empty per-parameter state of `optimizer`'s type; null for a type other than the five.
+std::unique_ptr<optim::OptimizerParamState> NewState(const optim::Optimizer& optimizer) {
+  if (dynamic_cast<const optim::AdamW*>(&optimizer))
+    return std::make_unique<optim::AdamWParamState>();
+  if (dynamic_cast<const optim::Adam*>(&optimizer))
+    return std::make_unique<optim::AdamParamState>();
+  if (dynamic_cast<const optim::SGD*>(&optimizer)) return std::make_unique<optim::SGDParamState>();
+  if (dynamic_cast<const optim::RMSprop*>(&optimizer))
+    return std::make_unique<optim::RMSpropParamState>();
+  if (dynamic_cast<const optim::Adagrad*>(&optimizer))
+    return std::make_unique<optim::AdagradParamState>();
+  return nullptr;
+}
+
+const char* const kUnknownOptimizer =
+    "the optimizer's state is checkpointed in pieces for torch::optim's SGD, Adam, AdamW, "
+    "RMSprop and Adagrad, not this one";
+
+// One piece's state: the step count (-1: the type keeps none) and the defined state tensors by
+// name, flattened.
+struct FlatState {
+  int64_t step = -1;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+};
+
+// `optimizer`'s state of `param`; nullopt when it has none. The tensors are the optimizer's own
+// (views where they are contiguous, as they are when the optimizer made them).
+StatusOr<std::optional<FlatState>> GetFlatState(optim::Optimizer& optimizer,
+                                                const torch::Tensor& param) {
+  optim::OptimizerParamState* state = compat::FindParamState(optimizer, param);
+  if (!state) return std::optional<FlatState>();
+  FlatState flat;
+  bool known = false;
+  const int64_t* step = VisitState(*state, &known, [&](const char* name, torch::Tensor& t) {
+    if (t.defined()) flat.tensors.emplace_back(name, t.reshape({-1}));
+  });
+  if (!known) return Status::InvalidConfig(kUnknownOptimizer);
+  if (step) flat.step = *step;
+  return std::optional<FlatState>(std::move(flat));
+}
+
+bool Overlap(const PieceRange& a, const PieceRange& b, int64_t* lo, int64_t* hi) {
+  if (a.param != b.param) return false;
+  *lo = std::max(a.begin, b.begin);
+  *hi = std::min(a.end, b.end);
+  return *lo < *hi;
+}
+
+std::string Describe(const PieceRange& r) {
+  return "parameter " + std::to_string(r.param) + " [" + std::to_string(r.begin) + ", " +
+         std::to_string(r.end) + ")";
+}
+
+// Builds the state of `pieces` from states of other ranges of the same parameters: each Add
+// copies the elements a source has in common with the pieces; Install checks that every piece
+// with any state got all of it, and sets it.
+class StateAssembler {
+ public:
+  explicit StateAssembler(const std::vector<ParamPiece>& pieces)
+      : pieces_(pieces), targets_(pieces.size()) {
+    for (size_t i = 0; i < pieces_.size(); ++i) by_param_[pieces_[i].range.param].push_back(i);
+  }
+
+  bool Meets(const PieceRange& r) const {
+    auto it = by_param_.find(r.param);
+    if (it == by_param_.end()) return false;
+    int64_t lo = 0, hi = 0;
+    for (size_t i : it->second)
+      if (Overlap(r, pieces_[i].range, &lo, &hi)) return true;
+    return false;
+  }
+
+  // `state` is that of range `r` (nullopt: none), read from `source` (for messages).
+  Status Add(const PieceRange& r, const std::optional<FlatState>& state,
+             const std::string& source) {
+    auto it = by_param_.find(r.param);
+    if (it == by_param_.end()) return Status::Ok();
+    for (size_t i : it->second) {
+      const PieceRange& mine = pieces_[i].range;
+      int64_t lo = 0, hi = 0;
+      if (!Overlap(r, mine, &lo, &hi)) continue;
+      Target& t = targets_[i];
+      if (!state) {
+        t.unstated += hi - lo;
+        continue;
+      }
+      t.stated += hi - lo;
+      if (t.step_source.empty()) {
+        t.step = state->step;
+        t.step_source = source;
+      } else if (t.step != state->step) {
+        return Status::InvalidConfig("the optimizer state of " + Describe(mine) + " has step " +
+                                     std::to_string(t.step) + " in " + t.step_source + " and " +
+                                     std::to_string(state->step) + " in " + source +
+                                     " (were these files written by one checkpoint?)");
+      }
+      for (const auto& [name, src] : state->tensors) {
+        if (src.numel() != r.end - r.begin)
+          return Status::InvalidConfig(source + ": state " + name + " of " + Describe(r) + " has " +
+                                       std::to_string(src.numel()) + " elements");
+        auto& [dst, covered] = t.tensors[name];
+        if (!dst.defined())
+          dst = torch::empty({mine.end - mine.begin}, pieces_[i].tensor.options());
+        dst.narrow(0, lo - mine.begin, hi - lo).copy_(src.narrow(0, lo - r.begin, hi - lo));
+        covered += hi - lo;
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Sets `optimizer`'s state of every piece that got any; `from` names the source in messages.
+  Status Install(optim::Optimizer& optimizer, const std::string& from) {
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      Target& t = targets_[i];
+      const PieceRange& mine = pieces_[i].range;
+      const int64_t n = mine.end - mine.begin;
+      if (t.stated == 0) continue;  // not stepped yet: it stays without state
+      if (t.stated != n || t.unstated != 0)
+        return Status::InvalidConfig(from + ": optimizer state covers " + std::to_string(t.stated) +
+                                     " of the " + std::to_string(n) + " elements of " +
+                                     Describe(mine) +
+                                     " (were its files written by one checkpoint?)");
+      std::unique_ptr<optim::OptimizerParamState> state = NewState(optimizer);
+      if (!state) return Status::InvalidConfig(kUnknownOptimizer);
+      size_t used = 0;
+      bool known = false;
+      int64_t* step = VisitState(*state, &known, [&](const char* name, torch::Tensor& field) {
+        auto it = t.tensors.find(name);
+        if (it == t.tensors.end()) return;
+        ++used;
+        if (it->second.second == n) field = it->second.first.view(pieces_[i].tensor.sizes());
+      });
+      for (const auto& [name, tensor_and_covered] : t.tensors) {
+        if (tensor_and_covered.second != n)
+          return Status::InvalidConfig(from + ": optimizer state " + name + " covers " +
+                                       std::to_string(tensor_and_covered.second) + " of the " +
+                                       std::to_string(n) + " elements of " + Describe(mine));
+      }
+      if (used != t.tensors.size() || (step == nullptr) != (t.step < 0)) {
+        std::string names;
+        for (const auto& [name, unused] : t.tensors) names += (names.empty() ? "" : ", ") + name;
+        return Status::InvalidConfig(
+            from + ": the optimizer state of " + Describe(mine) + " (" + names +
+            (t.step < 0 ? "" : ", step") +
+            ") is not this optimizer's (was it written with another optimizer type?)");
+      }
+      if (step) *step = t.step;
+      t.tensors.clear();
+      compat::SetParamState(optimizer, pieces_[i].tensor, std::move(state));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  struct Target {
+    int64_t stated = 0;    // elements covered by sources with state
+    int64_t unstated = 0;  // ... and without
+    int64_t step = -1;
+    std::string step_source;  // the first source with state
+    std::map<std::string, std::pair<torch::Tensor, int64_t>> tensors;  // flat, elements copied
+  };
+  const std::vector<ParamPiece>& pieces_;
+  std::vector<Target> targets_;
+  std::unordered_map<int64_t, std::vector<size_t>> by_param_;
+};
+
+std::string IndexFile(const std::string& dir) { return dir + "/zero_index.pt"; }
+
+torch::Tensor RangesTensor(const std::vector<PieceRange>& ranges) {
+  auto t = torch::empty({static_cast<int64_t>(ranges.size()), 3}, torch::kLong);
+  auto a = t.accessor<int64_t, 2>();
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    a[i][0] = ranges[i].param;
+    a[i][1] = ranges[i].begin;
+    a[i][2] = ranges[i].end;
+  }
+  return t;
+}
+
+std::vector<PieceRange> RangesOf(const torch::Tensor& t) {
+  std::vector<PieceRange> out;
+  auto a = t.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < t.size(0); ++i) out.push_back({a[i][0], a[i][1], a[i][2]});
+  return out;
+}
+
 }  // namespace
 
 Status SaveModelState(const std::string& path, const Model& model,
@@ -150,18 +383,171 @@ Status LoadModelState(const std::string& path, const Model& model,
   }
 }
 
-Status SaveOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
-                          const torch::Tensor& layout) {
+std::string ShardFile(const std::string& dir, int64_t rank) {
+  return dir + "/zero_rank" + std::to_string(rank) + ".pt";
+}
+
+Status SaveShardedOptimizerState(const std::string& dir, int rank,
+                                 torch::optim::Optimizer& optimizer,
+                                 const std::vector<ParamPiece>& pieces) {
+  const std::string path = ShardFile(dir, rank);
   torch::serialize::OutputArchive archive;
   try {
-    archive.write("layout", layout);
-    torch::serialize::OutputArchive opt;
-    optimizer.save(opt);
-    archive.write("optimizer", opt);
+    std::vector<PieceRange> ranges;
+    // Per piece: whether it has state, and its step count (-1: the type keeps none).
+    auto stated = torch::zeros({static_cast<int64_t>(pieces.size()), 2}, torch::kLong);
+    auto s = stated.accessor<int64_t, 2>();
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      ranges.push_back(pieces[i].range);
+      LAUNCH_ASSIGN_OR_RETURN(std::optional<FlatState> state,
+                              GetFlatState(optimizer, pieces[i].tensor));
+      if (!state) continue;
+      s[i][0] = 1;
+      s[i][1] = state->step;
+      // The archive refers to the optimizer's tensors; they are copied as the file is written.
+      for (const auto& [name, t] : state->tensors)
+        archive.write("piece" + std::to_string(i) + "/" + name, t);
+    }
+    archive.write("ranges", RangesTensor(ranges));
+    archive.write("state", stated);
   } catch (const c10::Error& e) {
     return Status::IoError("serialising checkpoint " + path + ": " + e.what_without_backtrace());
   }
   return SaveArchive(archive, path);
+}
+
+Status SaveShardIndex(const std::string& dir, const std::vector<std::vector<PieceRange>>& ranks,
+                      const torch::Tensor& layout) {
+  const std::string path = IndexFile(dir);
+  torch::serialize::OutputArchive archive;
+  try {
+    std::vector<PieceRange> all;
+    std::vector<int64_t> owner;
+    for (size_t r = 0; r < ranks.size(); ++r)
+      for (const PieceRange& range : ranks[r]) {
+        all.push_back(range);
+        owner.push_back(static_cast<int64_t>(r));
+      }
+    archive.write("world", torch::tensor({static_cast<int64_t>(ranks.size())}, torch::kLong));
+    archive.write("ranges", RangesTensor(all));
+    archive.write("rank", torch::tensor(owner, torch::kLong));
+    archive.write("layout", layout);
+  } catch (const c10::Error& e) {
+    return Status::IoError("serialising checkpoint " + path + ": " + e.what_without_backtrace());
+  }
+  return SaveArchive(archive, path);
+}
+
+bool HasShardedOptimizerState(const std::string& dir) { return FileExists(IndexFile(dir)); }
+
+StatusOr<ShardedLoad> LoadShardedOptimizerState(const std::string& dir,
+                                                torch::optim::Optimizer& optimizer,
+                                                const std::vector<ParamPiece>& pieces) {
+  ShardedLoad load;
+  StateAssembler assembler(pieces);
+  std::vector<bool> needed;
+  {
+    const std::string path = IndexFile(dir);
+    LAUNCH_ASSIGN_OR_RETURN(auto index, Open(path));
+    try {
+      torch::Tensor world, ranges, owner;
+      index->read("world", world);
+      index->read("ranges", ranges);
+      index->read("rank", owner);
+      index->read("layout", load.layout);
+      load.written_by = world.item<int64_t>();
+      needed.assign(static_cast<size_t>(load.written_by), false);
+      // The cut is the same when one file holds exactly this optimizer's ranges.
+      std::vector<std::vector<std::array<int64_t, 3>>> held(needed.size());
+      const std::vector<PieceRange> all = RangesOf(ranges);
+      auto o = owner.accessor<int64_t, 1>();
+      for (size_t i = 0; i < all.size(); ++i) {
+        const auto r = static_cast<size_t>(o[static_cast<int64_t>(i)]);
+        if (r >= needed.size())
+          return Status::IoError("checkpoint '" + path + "' names shard file " + std::to_string(r) +
+                                 " of " + std::to_string(load.written_by));
+        if (assembler.Meets(all[i])) needed[r] = true;
+        held[r].push_back({all[i].param, all[i].begin, all[i].end});
+      }
+      std::vector<std::array<int64_t, 3>> mine;
+      for (const ParamPiece& p : pieces)
+        mine.push_back({p.range.param, p.range.begin, p.range.end});
+      std::sort(mine.begin(), mine.end());
+      for (auto& h : held) {
+        std::sort(h.begin(), h.end());
+        if (!mine.empty() && h == mine) load.same_cut = true;
+      }
+    } catch (const c10::Error& e) {
+      return Status::IoError("checkpoint '" + path +
+                             "' is unreadable: " + e.what_without_backtrace());
+    }
+  }
+  // One file at a time: each is in memory only while its pieces are copied out.
+  for (size_t r = 0; r < needed.size(); ++r) {
+    if (!needed[r]) continue;
+    const std::string path = ShardFile(dir, static_cast<int64_t>(r));
+    LAUNCH_ASSIGN_OR_RETURN(auto archive, Open(path));
+    ++load.files_read;
+    try {
+      torch::Tensor ranges, stated;
+      archive->read("ranges", ranges);
+      archive->read("state", stated);
+      const std::vector<PieceRange> all = RangesOf(ranges);
+      auto s = stated.accessor<int64_t, 2>();
+      for (size_t i = 0; i < all.size(); ++i) {
+        if (!assembler.Meets(all[i])) continue;
+        std::optional<FlatState> state;
+        const auto row = static_cast<int64_t>(i);
+        if (s[row][0] != 0) {
+          state.emplace();
+          state->step = s[row][1];
+          for (const char* name : kStateNames) {
+            torch::Tensor t;
+            if (archive->try_read("piece" + std::to_string(i) + "/" + name, t))
+              state->tensors.emplace_back(name, t);
+          }
+        }
+        LAUNCH_RETURN_IF_ERROR(assembler.Add(all[i], state, path));
+      }
+    } catch (const c10::Error& e) {
+      return Status::IoError("checkpoint '" + path +
+                             "' is unreadable: " + e.what_without_backtrace());
+    }
+  }
+  torch::NoGradGuard no_grad;
+  LAUNCH_RETURN_IF_ERROR(assembler.Install(optimizer, "checkpoint " + dir));
+  return load;
+}
+
+Status ReshardOptimizerState(torch::optim::Optimizer& from,
+                             const std::vector<ParamPiece>& from_pieces,
+                             torch::optim::Optimizer& to, const std::vector<ParamPiece>& pieces) {
+  StateAssembler assembler(pieces);
+  torch::NoGradGuard no_grad;
+  for (const ParamPiece& piece : from_pieces) {
+    if (!assembler.Meets(piece.range)) continue;
+    LAUNCH_ASSIGN_OR_RETURN(std::optional<FlatState> state, GetFlatState(from, piece.tensor));
+    LAUNCH_RETURN_IF_ERROR(assembler.Add(piece.range, state, "the unsharded optimizer"));
+  }
+  return assembler.Install(to, "the unsharded optimizer");
+}
+
+StatusOr<std::vector<ParamPiece>> WholeParamPieces(const Model& model,
+                                                   torch::optim::Optimizer& optimizer) {
+  std::unordered_map<const void*, int64_t> index;
+  const std::vector<torch::Tensor> params = model.Parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    index[params[i].unsafeGetTensorImpl()] = static_cast<int64_t>(i);
+  std::vector<ParamPiece> pieces;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      auto it = index.find(p.unsafeGetTensorImpl());
+      if (it == index.end())
+        return Status::InvalidConfig(
+            "the optimizer holds a tensor that is not a trained parameter of the model");
+      pieces.push_back({{it->second, 0, p.numel()}, p});
+    }
+  return pieces;
 }
 
 Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,

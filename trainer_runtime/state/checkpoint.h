@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -47,11 +48,76 @@ Status SaveModelState(const std::string& path, const Model& model,
 Status LoadModelState(const std::string& path, const Model& model,
                       torch::optim::Optimizer& optimizer);
 
-// An optimizer's state alone (a ZeRO rank's shard), with `layout`: a tensor describing how the
-// state was cut (parallel/zero.cc), which LoadOptimizerState requires to be equal. IoError
-// naming the path; InvalidConfig when the layout differs (naming both).
-Status SaveOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
-                          const torch::Tensor& layout);
+// --- Optimizer state in pieces (ZeRO's shards), independent of how it was cut -------------
+//
+// A ZeRO rank's optimizer steps pieces of the trained parameters (parallel/zero.h). A checkpoint
+// keeps, per rank, each piece's element range and its state tensors by name (as torch::optim's
+// OptimizerParamState subclasses name them: Adam/AdamW step, exp_avg, exp_avg_sq,
+// max_exp_avg_sq; SGD momentum_buffer; RMSprop step, square_avg, momentum_buffer, grad_avg;
+// Adagrad step, sum), and rank 0 an index of every rank's ranges. Any other cut (another world
+// size, stage or unit size, or whole parameters in one process) is assembled from them.
+// Optimizer state is elementwise in all five optimizers, which is what makes this exact.
+
+// Elements [begin, end) of trained parameter `param` (its index in Model::Parameters()),
+// flattened.
+struct PieceRange {
+  int64_t param = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+// A piece an optimizer steps: `tensor` is one of the optimizer's parameters and holds the
+// elements of `range` in order (a ZeRO segment, or a whole parameter).
+struct ParamPiece {
+  PieceRange range;
+  torch::Tensor tensor;
+};
+
+// Rank `rank`'s shard file in checkpoint folder `dir`: dir/zero_rank<rank>.pt.
+std::string ShardFile(const std::string& dir, int64_t rank);
+// Writes rank `rank`'s shard file into checkpoint folder `dir`: the range of each of `pieces`
+// and `optimizer`'s state of it (nothing for a piece that has none, e.g. before the first
+// step). Streamed: the archive refers to the optimizer's own tensors. IoError naming the file;
+// InvalidConfig for an optimizer other than the five above.
+Status SaveShardedOptimizerState(const std::string& dir, int rank,
+                                 torch::optim::Optimizer& optimizer,
+                                 const std::vector<ParamPiece>& pieces);
+// Writes the folder's index (zero_index.pt; one rank, once): the ranges that each of the
+// ranks.size() shard files holds, and `layout` (how the shards were cut, for messages).
+Status SaveShardIndex(const std::string& dir, const std::vector<std::vector<PieceRange>>& ranks,
+                      const torch::Tensor& layout);
+// Whether `dir` holds a sharded optimizer state (its index).
+bool HasShardedOptimizerState(const std::string& dir);
+
+// What LoadShardedOptimizerState found.
+struct ShardedLoad {
+  int64_t written_by = 0;  // shard files in the checkpoint
+  int64_t files_read = 0;  // of them, those that met this optimizer's pieces
+  bool same_cut = false;   // the pieces are exactly those of one shard file
+  torch::Tensor layout;    // as SaveShardIndex got it
+};
+// Sets `optimizer`'s state of each of `pieces` from the sharded state in `dir`: reads the index,
+// then each shard file whose ranges meet `pieces`, one at a time (no more than one in memory),
+// copying the overlapping elements of each state tensor into new tensors shaped as the piece.
+// A piece the checkpoint has no state for keeps none. Errors (InvalidConfig, naming the file):
+// a piece only partly covered, or covered by pieces whose step counts differ; a state tensor
+// this optimizer's type does not have; an unreadable file (IoError).
+StatusOr<ShardedLoad> LoadShardedOptimizerState(const std::string& dir,
+                                                torch::optim::Optimizer& optimizer,
+                                                const std::vector<ParamPiece>& pieces);
+// The same from state in memory: sets `to`'s state of `pieces` from `from`'s state of
+// `from_pieces` (e.g. an unsharded optimizer read from model.pt, `from_pieces` its whole
+// parameters). Both optimizers of one type.
+Status ReshardOptimizerState(torch::optim::Optimizer& from,
+                             const std::vector<ParamPiece>& from_pieces,
+                             torch::optim::Optimizer& to, const std::vector<ParamPiece>& pieces);
+// The pieces of an unsharded optimizer over `model`: each parameter it holds, whole.
+// InvalidConfig when it holds a tensor that is not a trained parameter of `model`.
+StatusOr<std::vector<ParamPiece>> WholeParamPieces(const Model& model,
+                                                   torch::optim::Optimizer& optimizer);
+
+// A shard file from before the index existed: an optimizer saved whole with `layout`, which
+// must equal this run's (InvalidConfig naming both otherwise). IoError naming the path.
 Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
                           const torch::Tensor& layout);
 
