@@ -150,24 +150,6 @@ const std::vector<Inert>& InertAccelerateArgs() {
 
 // ---- accelerate's sharding, for the built-in trainer (ApplyAccelerateSharding).
 
-// The precedence layer a value came from: flag 3 > environment 2 > file 1 > default or derived
-// 0 (a derived value ranks as its default: no layer asked for it).
-int OriginLayer(const Origin* o) {
-  if (!o) return 0;
-  switch (o->kind) {
-    case Origin::Kind::kFlag:
-      return 3;
-    case Origin::Kind::kEnvironment:
-      return 2;
-    case Origin::Kind::kFile:
-      return 1;
-    case Origin::Kind::kDefault:
-    case Origin::Kind::kDerived:
-      return 0;
-  }
-  return 0;
-}
-
 // An accelerate setting's origin: its line in a config section, or its flag.
 const Origin* AccelerateOrigin(const LaunchConfig& c, const std::string& arg) {
   for (const std::string& key : {"accelerate." + arg, arg}) {
@@ -370,6 +352,24 @@ void PushOnce(std::vector<std::string>* warnings, std::string w) {
 }
 
 }  // namespace
+
+// The precedence layer a value came from: flag 3 > environment 2 > file 1 > default or derived
+// 0 (a derived value ranks as its default: no layer asked for it).
+int OriginLayer(const Origin* o) {
+  if (!o) return 0;
+  switch (o->kind) {
+    case Origin::Kind::kFlag:
+      return 3;
+    case Origin::Kind::kEnvironment:
+      return 2;
+    case Origin::Kind::kFile:
+      return 1;
+    case Origin::Kind::kDefault:
+    case Origin::Kind::kDerived:
+      return 0;
+  }
+  return 0;
+}
 
 Status ApplyAccelerateSharding(LaunchConfig* cfg) {
   const LaunchConfig& c = *cfg;

@@ -96,6 +96,10 @@ const std::map<std::string, std::string>& AccelerateSections();
 // does not honour (offload, wrap policies, ...) are named in one warning. ValidateTrain calls it.
 Status ApplyAccelerateSharding(LaunchConfig* cfg);
 
+// The precedence layer a value came from: flag 3 > environment 2 > file 1 > default or derived
+// 0 (null: 0).
+int OriginLayer(const Origin* o);
+
 // The key named `key` (its name or a synonym) among those that may be given at `places`.
 const KeyDef* FindKey(const std::string& key, unsigned places);
 std::vector<std::string> NamesAt(unsigned places);

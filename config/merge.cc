@@ -110,19 +110,7 @@ Status Validate(LaunchConfig* cfg) {
     // its default: it is what no layer asked for.
     auto rank_of = [&](const char* key) {
       auto it = cfg->origins.find(key);
-      if (it == cfg->origins.end()) return 0;
-      switch (it->second.kind) {
-        case Origin::Kind::kFlag:
-          return 3;
-        case Origin::Kind::kEnvironment:
-          return 2;
-        case Origin::Kind::kFile:
-          return 1;
-        case Origin::Kind::kDefault:
-        case Origin::Kind::kDerived:
-          return 0;
-      }
-      return 0;
+      return OriginLayer(it == cfg->origins.end() ? nullptr : &it->second);
     };
     int np_rank = rank_of("num_processes"), ppn_rank = rank_of("nproc_per_node");
     if (!nproc_explicit || np_rank > ppn_rank) {
