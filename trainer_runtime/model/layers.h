@@ -1,9 +1,9 @@
 #pragma once
 
 // Building blocks shared by the whole-model trainer (model.cc) and the pipeline stages
-// (pipeline_stages.cc): the transformer block. One definition keeps parameter names and maths
-// identical, so a pipeline stage copies its slice of the whole model by name and trains
-// exactly like it.
+// (pipeline_stages.cc): the transformer block and the MLP's layer. One definition keeps
+// parameter names and maths identical, so a pipeline stage copies its slice of the whole model
+// by name and trains exactly like it. Both are ZeRO stage-3 units (shard_unit.h).
 //
 // Internal to trainer_runtime (includes LibTorch).
 
@@ -15,12 +15,25 @@
 #include <torch/torch.h>
 
 #include "trainer_runtime/model/activation_checkpoint.h"
+#include "trainer_runtime/model/shard_unit.h"
 
 namespace launch::trainer {
 
-// Causal transformer block (pre-LayerNorm GPT block). With `checkpoint` its activations are
-// recomputed in backward instead of kept (activation_checkpoint.h): the same gradients.
-class BlockImpl : public torch::nn::Module {
+// A Linear layer (torch::nn::Linear's parameters, names and maths) that is a stage-3 unit.
+class UnitLinearImpl : public torch::nn::LinearImpl, public ShardUnit {
+ public:
+  using LinearImpl::LinearImpl;
+  torch::Tensor forward(const torch::Tensor& x) {
+    return ShardedForward(
+        *this, [this](const torch::Tensor& h) { return LinearImpl::forward(h); }, x);
+  }
+};
+TORCH_MODULE(UnitLinear);
+
+// Causal transformer block (pre-LayerNorm GPT block), a stage-3 unit. With `checkpoint` its
+// activations are recomputed in backward instead of kept (activation_checkpoint.h): the same
+// gradients.
+class BlockImpl : public torch::nn::Module, public ShardUnit {
  public:
   BlockImpl(int64_t d_model, int64_t heads, double dropout, bool checkpoint = false)
       : heads_(heads), dropout_(dropout), checkpoint_(checkpoint) {
@@ -32,10 +45,15 @@ class BlockImpl : public torch::nn::Module {
     fc2_ = register_module("fc2", torch::nn::Linear(4 * d_model, d_model));
   }
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal_mask) {
-    if (!checkpoint_) return Body(x, causal_mask);
-    // The mask by value: backward calls this again after forward returned.
-    return CheckpointedForward(
-        [this, causal_mask](const torch::Tensor& h) { return Body(h, causal_mask); }, x);
+    return ShardedForward(
+        *this,
+        [this, &causal_mask](const torch::Tensor& h) {
+          if (!checkpoint_) return Body(h, causal_mask);
+          // The mask by value: backward calls this again after forward returned.
+          return CheckpointedForward(
+              [this, causal_mask](const torch::Tensor& in) { return Body(in, causal_mask); }, h);
+        },
+        x);
   }
 
  private:

@@ -73,7 +73,7 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl>, public TensorForward {
     layers_.clear();
     for (size_t i = 0; i + 1 < widths_.size(); ++i)
       layers_.push_back(
-          register_module("fc" + std::to_string(i), torch::nn::Linear(widths_[i], widths_[i + 1])));
+          register_module("fc" + std::to_string(i), UnitLinear(widths_[i], widths_[i + 1])));
   }
   torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
   torch::Tensor forward(torch::Tensor x) {
@@ -106,7 +106,7 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl>, public TensorForward {
   }
 
   std::vector<int64_t> widths_;
-  std::vector<torch::nn::Linear> layers_;
+  std::vector<UnitLinear> layers_;  // each a ZeRO stage-3 unit
   double dropout_;
   bool checkpoint_;
 };

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "base/files.h"
+#include "trainer_runtime/model/activation_checkpoint.h"
+#include "trainer_runtime/model/shard_unit.h"
 #include "trainer_runtime/state/checkpoint.h"
 #include "trainer_runtime/util/timeline.h"
 
@@ -62,9 +64,16 @@ struct Unit {
   at::Tensor shard_grad;
   int64_t done = 0;  // parameters whose gradient is accumulated this backward
   c10::intrusive_ptr<c10d::Work> work;
+  // Stage 3, a module's unit (shard_unit.h): between uses flat_param's storage is released and
+  // shard_param ([shard]) holds this rank's slice, which its optimizer steps.
+  const torch::nn::Module* module = nullptr;
+  at::Tensor shard_param;
+  bool whole = true;                            // flat_param holds the parameters
+  c10::intrusive_ptr<c10d::Work> gather;        // an all-gather into flat_param not waited for
+  bool sharded() const { return module != nullptr; }
 };
 
-class ZeroStrategy : public ParallelStrategy {
+class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
  public:
   ZeroStrategy(const config::TrainConfig& cfg, Model* model, Optimizer* user,
                c10::intrusive_ptr<CountingProcessGroup> pg)
@@ -74,6 +83,9 @@ class ZeroStrategy : public ParallelStrategy {
         user_(user) {
     model_ = model;
     SetGroup(std::move(pg));
+  }
+  ~ZeroStrategy() override {
+    if (installed_) SetUnitGatherer(nullptr);
   }
 
   const char* Name() const override { return "zero"; }
@@ -108,6 +120,7 @@ class ZeroStrategy : public ParallelStrategy {
     params_ = model_->Parameters();
     BuildUnits();
     BuildShardOptimizer();
+    if (stage_ >= 3) SetupUnits();
     if (stage_ >= 2) {
       // Each parameter's gradient leaves as soon as it is accumulated (AfterAccumulate).
       for (auto& p : params_) p.mutable_grad() = at::Tensor();
@@ -134,6 +147,10 @@ class ZeroStrategy : public ParallelStrategy {
     // Rank 0's buffers before a forward that follows a synchronised one, as ddp.
     if (previous_forward_synced_) SyncBuffers();
     previous_forward_synced_ = sync;
+    // The units the last forward ran, in order: this one prefetches along them.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!recording_.empty()) order_ = std::move(recording_);
+    recording_.clear();
   }
 
   void SyncBuffers() override { BroadcastBuffers(); }
@@ -158,6 +175,10 @@ class ZeroStrategy : public ParallelStrategy {
     }
     while (!in_flight_.empty()) CollectOldest();
     first_sync_ = false;
+    // Units that got no gradient (or were prefetched and not used) go back to their shards.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].sharded() && !keep_whole_) Release(u);
     stats_.blocking_comm_ms += MsSince(start);
   }
 
@@ -191,17 +212,60 @@ class ZeroStrategy : public ParallelStrategy {
     auto start = Clock::now();
     Timeline::Scope span("zero", "all-gather parameters");
     // In place: this rank's slice of each unit is the input.
+    // Stage 3's module units stay sharded until their next forward gathers them.
     std::vector<c10::intrusive_ptr<c10d::Work>> gathers;
     for (auto& u : units_)
-      gathers.push_back(
-          pg_->AllGatherFlat(u.flat_param.narrow(0, rank() * u.shard, u.shard), u.flat_param));
+      if (!u.sharded())
+        gathers.push_back(
+            pg_->AllGatherFlat(u.flat_param.narrow(0, rank() * u.shard, u.shard), u.flat_param));
     for (auto& work : gathers) work->wait();
     stats_.blocking_comm_ms += MsSince(start);
   }
 
   void AfterOptimizerStep(int64_t) override {}
-  void Finish(int64_t) override {}
+  void Finish(int64_t) override {
+    // Training is over: the model is whole again for whatever reads it next (the final model
+    // file, an evaluation, the program's own use), as FSDP's summon_full_params.
+    GatherAll();
+    keep_whole_ = true;
+  }
   int64_t num_buckets() const override { return static_cast<int64_t>(units_.size()); }
+
+  // --- Stage 3: module units gathered around their use (UnitGatherer) -------------------------
+  bool IsUnit(const torch::nn::Module& module) const override {
+    return unit_of_module_.count(&module) > 0;
+  }
+
+  void BeforeUnitForward(const torch::nn::Module& module) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t u = unit_of_module_.at(&module);
+    auto start = Clock::now();
+    Gather(u);
+    Wait(u);
+    stats_.blocking_comm_ms += MsSince(start);
+    // Training forwards are recorded (not evaluation, not a checkpointed block's recomputation
+    // in backward); the next unit of the last forward is fetched while this one runs.
+    if (!torch::GradMode::is_enabled() || RecomputingForCheckpoint() ||
+        recording_.size() >= 4 * units_.size())
+      return;
+    recording_.push_back(u);
+    const size_t at = recording_.size() - 1;
+    if (at + 1 < order_.size() && order_[at] == u) Gather(order_[at + 1]);
+  }
+
+  void AfterUnitForward(const torch::nn::Module& module, const torch::Tensor& output) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const size_t u = unit_of_module_.at(&module);
+    if (keep_whole_) return;
+    const bool backward_follows =
+        torch::GradMode::is_enabled() && output.defined() && output.requires_grad();
+    // The forward's last unit is the first backward needs: it stays (FSDP keeps it too).
+    const bool last = backward_follows && !recording_.empty() && recording_.back() == u &&
+                      recording_.size() == order_.size() && order_.back() == u;
+    if (!last) Release(u);
+    if (backward_follows)
+      output.register_hook([this, u](const torch::Tensor&) { BeforeUnitBackward(u); });
+  }
 
   StateBytes MemoryBytes(const Optimizer&) const override {
     StateBytes out;
@@ -209,7 +273,8 @@ class ZeroStrategy : public ParallelStrategy {
       return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
     };
     for (const auto& u : units_) {
-      out.parameters += bytes(u.flat_param);
+      // At rest: a stage-3 module unit holds its shard only.
+      out.parameters += u.sharded() ? bytes(u.shard_param) : bytes(u.flat_param);
       out.gradients += bytes(u.flat_grad) + (ShardGradIsView() ? 0 : bytes(u.shard_grad));
     }
     out.optimizer = OptimizerStateBytes(*shard_optimizer_);
@@ -220,7 +285,11 @@ class ZeroStrategy : public ParallelStrategy {
     // Parameters and buffers are every rank's (ddp's model.pt); the user's optimizer is never
     // stepped, so it carries no state there. The state is in the shard files, each piece with
     // the element range of its parameter (checkpoint.h), and rank 0's index of them.
-    LAUNCH_RETURN_IF_ERROR(ParallelStrategy::SaveModelState(dir, optimizer));
+    // Stage 3: model.pt holds whole parameters, gathered for the save and released after it.
+    GatherAll();
+    Status saved = ParallelStrategy::SaveModelState(dir, optimizer);
+    if (!keep_whole_) ReleaseAll();
+    LAUNCH_RETURN_IF_ERROR(saved);
     if (rank() == 0) {
       std::vector<std::vector<PieceRange>> ranks;
       for (int q = 0; q < world(); ++q) ranks.push_back(RangesOfRank(q));
@@ -232,7 +301,26 @@ class ZeroStrategy : public ParallelStrategy {
   Status LoadModelState(const std::string& dir, Optimizer& optimizer, int64_t written_by) override {
     // model.pt as the default reads it, but a sharded state is not gathered into `optimizer`:
     // this rank takes only its pieces of it.
-    LAUNCH_RETURN_IF_ERROR(trainer::LoadModelState(dir + "/model.pt", *model_, optimizer));
+    // Stage 3: the module units are made whole (no gather: the file has them), and each rank
+    // keeps its slice.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& unit : units_)
+        if (unit.sharded() && !unit.whole) {
+          AllocateStorage(unit.flat_param);
+          unit.flat_param.zero_();
+          unit.whole = true;
+        }
+    }
+    Status loaded = trainer::LoadModelState(dir + "/model.pt", *model_, optimizer);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& unit : units_)
+        if (unit.sharded())
+          unit.shard_param.copy_(unit.flat_param.narrow(0, rank() * unit.shard, unit.shard));
+    }
+    if (!keep_whole_) ReleaseAll();
+    LAUNCH_RETURN_IF_ERROR(loaded);
     if (HasShardedOptimizerState(dir)) {
       LAUNCH_ASSIGN_OR_RETURN(ShardedLoad load,
                               LoadShardedOptimizerState(dir, *shard_optimizer_, pieces_));
@@ -300,10 +388,60 @@ class ZeroStrategy : public ParallelStrategy {
 
   int64_t Size(size_t u) const { return static_cast<int64_t>(units_[u].params.size()); }
 
+  // Stage 3: the model's outermost ShardUnit modules and, for each, the indices into params_ of
+  // the trained parameters only it uses, in descending order (the order backward produces
+  // them). A parameter also reached from another unit or from outside every unit is left to the
+  // root. Units in descending order of their last parameter: about the reverse of forward.
+  std::vector<std::pair<const torch::nn::Module*, std::vector<size_t>>> ModuleUnits() const {
+    std::vector<std::pair<std::string, const torch::nn::Module*>> units;
+    for (const auto& item : model_->module().named_modules("", /*include_self=*/false)) {
+      if (dynamic_cast<const ShardUnit*>(item.value().get()) == nullptr) continue;
+      bool inner = false;
+      for (const auto& [name, m] : units) inner = inner || item.key().rfind(name + ".", 0) == 0;
+      if (!inner) units.emplace_back(item.key(), item.value().get());
+    }
+    std::unordered_map<const void*, size_t> index;
+    for (size_t i = 0; i < params_.size(); ++i) index[params_[i].unsafeGetTensorImpl()] = i;
+    // Each parameter's owner: the unit its every occurrence lies in, or -1 (the root).
+    constexpr int kUnset = -2, kRoot = -1;
+    std::vector<int> owner(params_.size(), kUnset);
+    for (const auto& item : model_->module().named_parameters(/*recurse=*/true)) {
+      auto it = index.find(item.value().unsafeGetTensorImpl());
+      if (it == index.end()) continue;  // frozen: stays whole
+      int here = kRoot;
+      for (size_t u = 0; u < units.size(); ++u)
+        if (item.key().rfind(units[u].first + ".", 0) == 0) here = static_cast<int>(u);
+      int& o = owner[it->second];
+      o = (o == kUnset || o == here) ? here : kRoot;
+    }
+    std::vector<std::pair<const torch::nn::Module*, std::vector<size_t>>> out;
+    for (size_t u = 0; u < units.size(); ++u) {
+      std::vector<size_t> mine;
+      for (size_t k = params_.size(); k-- > 0;)
+        if (owner[k] == static_cast<int>(u)) mine.push_back(k);
+      if (!mine.empty()) out.emplace_back(units[u].second, std::move(mine));
+    }
+    return out;
+  }
+
   void BuildUnits() {
     torch::NoGradGuard no_grad;
     const int64_t element = params_.front().element_size();
-    // Backwards: the order backward produces gradients in, so unit 0 is ready first.
+    std::vector<bool> in_module_unit(params_.size(), false);
+    if (stage_ >= 3)
+      for (auto& [module, params] : ModuleUnits()) {
+        Unit unit;
+        unit.module = module;
+        for (size_t k : params) {
+          in_module_unit[k] = true;
+          unit.params.push_back(k);
+          unit.offset.push_back(unit.numel);
+          unit.numel += params_[k].numel();
+        }
+        units_.push_back(std::move(unit));
+      }
+    // The rest by size, backwards: the order backward produces gradients in, so unit 0 is ready
+    // first.
     Unit current;
     auto close = [&] {
       if (current.params.empty()) return;
@@ -311,6 +449,7 @@ class ZeroStrategy : public ParallelStrategy {
       current = Unit();
     };
     for (size_t k = params_.size(); k-- > 0;) {
+      if (in_module_unit[k]) continue;
       const int64_t n = params_[k].numel();
       if (!current.params.empty() &&
           static_cast<size_t>((current.numel + n) * element) > unit_cap_bytes_)
@@ -320,6 +459,11 @@ class ZeroStrategy : public ParallelStrategy {
       current.numel += n;
     }
     close();
+    // Reduce-scatters go in unit order: about the order of backward (by each unit's last
+    // parameter), so a unit rarely waits for one before it.
+    std::stable_sort(units_.begin(), units_.end(), [](const Unit& a, const Unit& b) {
+      return a.params.front() > b.params.front();
+    });
     unit_of_param_.assign(params_.size(), 0);
     const auto options = params_.front().options();
     for (size_t u = 0; u < units_.size(); ++u) {
@@ -340,11 +484,21 @@ class ZeroStrategy : public ParallelStrategy {
         if (stage_ == 1)
           p.mutable_grad() = unit.flat_grad.narrow(0, unit.offset[j], p.numel()).view(p.sizes());
       }
+      if (unit.sharded()) {
+        unit.shard_param = unit.flat_param.narrow(0, rank() * unit.shard, unit.shard).clone();
+        unit_of_module_[unit.module] = u;
+      }
     }
     offset_in_unit_.assign(params_.size(), 0);
     for (const Unit& unit : units_)
       for (size_t j = 0; j < unit.params.size(); ++j)
         offset_in_unit_[unit.params[j]] = unit.offset[j];
+  }
+
+  // This rank's slice of unit u's parameters: what its optimizer steps.
+  at::Tensor OwnSlice(Unit& unit) {
+    return unit.sharded() ? unit.shard_param
+                          : unit.flat_param.narrow(0, rank() * unit.shard, unit.shard);
   }
 
   void BuildShardOptimizer() {
@@ -362,7 +516,7 @@ class ZeroStrategy : public ParallelStrategy {
         const int64_t lo = std::max(begin, rank() * unit.shard);
         const int64_t hi = std::min(end, (rank() + 1) * unit.shard);
         if (lo >= hi) continue;
-        at::Tensor segment = unit.flat_param.narrow(0, lo, hi - lo);
+        at::Tensor segment = OwnSlice(unit).narrow(0, lo - rank() * unit.shard, hi - lo);
         segment.mutable_grad() = unit.shard_grad.narrow(0, lo - rank() * unit.shard, hi - lo);
         segments.push_back(segment);
         pieces_.push_back({{static_cast<int64_t>(i), lo - begin, hi - begin}, segment});
@@ -392,6 +546,9 @@ class ZeroStrategy : public ParallelStrategy {
       grad = at::Tensor();  // the whole gradient goes now; its unit's bucket has it
     }
     ++unit.done;
+    // Every gradient of the unit is in: backward needs its parameters no more.
+    if (unit.sharded() && unit.done == Size(unit_of_param_[i]) && !keep_whole_)
+      Release(unit_of_param_[i]);
     LaunchReady();
   }
 
@@ -444,6 +601,98 @@ class ZeroStrategy : public ParallelStrategy {
 
   bool ShardGradIsView() const { return stage_ == 1 && !sync_each_batch_; }
 
+  // Stage 3's start: module units go to their shards, and ShardedForward comes here.
+  void SetupUnits() {
+    int64_t in_units = 0, total = 0, units = 0;
+    for (const auto& p : params_) total += p.numel();
+    for (size_t u = 0; u < units_.size(); ++u)
+      if (units_[u].sharded()) {
+        ++units;
+        in_units += units_[u].numel;
+        Release(u);
+      }
+    SetUnitGatherer(this);
+    installed_ = true;
+    if (rank() != 0) return;
+    if (units == 0) {
+      std::printf(
+          "train: ZeRO stage 3: the model has no ShardUnit modules (model/shard_unit.h), so its "
+          "parameters stay whole on every rank and only gradients and optimizer state are "
+          "sharded (as stage 2)\n");
+    } else {
+      std::printf(
+          "train: ZeRO stage 3: %lld units (ShardUnit modules) hold %lld of the %lld trained "
+          "parameters, sharded over %d ranks; the other %lld stay whole on every rank\n",
+          static_cast<long long>(units), static_cast<long long>(in_units),
+          static_cast<long long>(total), world(), static_cast<long long>(total - in_units));
+    }
+    std::fflush(stdout);
+  }
+
+  // A module unit's parameters whole: storage back and an all-gather of the shards into it,
+  // launched (Wait finishes it). No-op when whole or on its way. REQUIRES: mu_ held or no
+  // backward running.
+  void Gather(size_t u) {
+    Unit& unit = units_[u];
+    if (!unit.sharded() || unit.whole) return;
+    AllocateStorage(unit.flat_param);
+    unit.whole = true;
+    unit.gather = pg_->AllGatherFlat(unit.shard_param, unit.flat_param);
+  }
+  void Wait(size_t u) {
+    Unit& unit = units_[u];
+    if (!unit.gather) return;
+    unit.gather->wait();
+    unit.gather.reset();
+  }
+  // The unit's flat buffer gives its memory back; its parameters keep their shapes but hold no
+  // data until the next Gather (FSDP frees storage the same way: every view of the buffer,
+  // those autograd saved included, sees the data again once it is gathered).
+  void Release(size_t u) {
+    Unit& unit = units_[u];
+    if (!unit.sharded() || !unit.whole) return;
+    Wait(u);
+    ReleaseStorage(unit.flat_param);
+    unit.whole = false;
+  }
+  void GatherAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t u = 0; u < units_.size(); ++u) Gather(u);
+    for (size_t u = 0; u < units_.size(); ++u) Wait(u);
+  }
+  void ReleaseAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t u = 0; u < units_.size(); ++u) Release(u);
+  }
+
+  // The gradient of unit u's output arrived: backward is about to use its parameters. The unit
+  // that ran before it in forward is fetched meanwhile, unless its backward is done.
+  void BeforeUnitBackward(size_t u) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto start = Clock::now();
+    Gather(u);
+    Wait(u);
+    stats_.blocking_comm_ms += MsSince(start);
+    for (size_t at = recording_.size(); at-- > 1;)
+      if (recording_[at] == u) {
+        const size_t before = recording_[at - 1];
+        if (units_[before].done == 0) Gather(before);
+        break;
+      }
+  }
+
+  static void AllocateStorage(const at::Tensor& flat) {
+    c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+    const size_t bytes = static_cast<size_t>(flat.numel()) * flat.element_size();
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+    storage->set_nbytes(bytes);
+  }
+  static void ReleaseStorage(const at::Tensor& flat) {
+    c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+    storage->set_nbytes(0);
+  }
+
   const int stage_;
   const size_t unit_cap_bytes_;
   const bool sync_each_batch_;
@@ -464,6 +713,12 @@ class ZeroStrategy : public ParallelStrategy {
   size_t next_launch_ = 0;               // guarded by mu_
   std::deque<Unit*> in_flight_;          // launched, not collected, oldest first; guarded by mu_
   static constexpr size_t kMaxInFlight = 1;
+  // Stage 3.
+  std::unordered_map<const torch::nn::Module*, size_t> unit_of_module_;
+  std::vector<size_t> recording_;  // module units in the order this forward ran them; mu_
+  std::vector<size_t> order_;      // the same of the forward before; mu_
+  bool keep_whole_ = false;        // after Finish: gathered for good
+  bool installed_ = false;         // this is the UnitGatherer
 };
 
 }  // namespace
@@ -471,9 +726,6 @@ class ZeroStrategy : public ParallelStrategy {
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateZeroStrategy(
     const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
     c10::intrusive_ptr<CountingProcessGroup> pg) {
-  if (cfg.parallel.zero_stage >= 3)
-    return Status::InvalidConfig(
-        "train.parallel.zero_stage: 3 (sharded parameters) is not built yet; use 1 or 2");
   auto zero = std::make_unique<ZeroStrategy>(cfg, model, optimizer, std::move(pg));
   LAUNCH_RETURN_IF_ERROR(zero->Check());
   // The shard optimizer's type must be known before Setup builds it.
