@@ -41,7 +41,9 @@ if(LAUNCH_BUILD_TRAINER)
     trainer_runtime/util/env.h
     trainer_runtime/data/sampler.h
     trainer_runtime/data/idx.h
-    trainer_runtime/model/pipeline_stages.h)
+    trainer_runtime/model/pipeline_stages.h
+    trainer_runtime/model/activation_checkpoint.h
+    trainer_runtime/model/shard_unit.h)
 endif()
 
 # launch_base -> launch::base, ...

@@ -1,12 +1,14 @@
-// A user's program on the public API only (accelerator.h, pipeline_stages.h, sampler.h), for
+// A user's program on the public API only (accelerator.h, pipeline_stages.h, sampler.h,
+// shard_unit.h), for
 // tests/api/test_api.py: trains a small model of its own on a torch::data dataset of its own in
 // the mode given by flags, or (--reference) computes the same training with plain LibTorch in one
 // process. Both write the final parameters as raw float32 to --out (rank R appends .R).
 //
-//   api_check --mode ddp|zero|local_sgd|dp|pipeline|none [--zero_stage 1|2] [--accum N]
+//   api_check --mode ddp|zero|local_sgd|dp|pipeline|none [--zero_stage 1|2|3] [--accum N]
 //             [--sync_each_batch]
 //             [--local_sgd K] [--schedule gpipe|1f1b] [--steps S] [--skew_init] --out FILE
 //   api_check --reference --world W [same flags] --out FILE
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -15,6 +17,7 @@
 #include "trainer_runtime/api/accelerator.h"
 #include "trainer_runtime/data/sampler.h"
 #include "trainer_runtime/model/pipeline_stages.h"
+#include "trainer_runtime/model/shard_unit.h"
 
 namespace {
 
@@ -36,18 +39,38 @@ class Blobs : public torch::data::datasets::Dataset<Blobs> {
   torch::Tensor x_, y_;
 };
 
-// The user's model: two layers, and a frozen embedding-like table that DDP must leave out.
+// A block of the user's own: a ZeRO stage-3 unit (shard_unit.h), whose parameters are gathered
+// around its forward; plain fn(x) in every other mode.
+struct BlockImpl : torch::nn::Module, launch::trainer::ShardUnit {
+  BlockImpl(int64_t in, int64_t out, torch::Tensor shared_gain) {
+    fc = register_module("fc", torch::nn::Linear(in, out));
+    gain = register_parameter("gain", std::move(shared_gain));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return launch::trainer::ShardedForward(
+        *this, [this](const torch::Tensor& h) { return torch::tanh(fc->forward(h)) * gain; }, x);
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::Tensor gain;
+};
+TORCH_MODULE(Block);
+
+// The user's model: two blocks that share (tie) one gain vector, a head, and a frozen
+// embedding-like table that DDP must leave out.
 struct NetImpl : torch::nn::Cloneable<NetImpl> {
   NetImpl() { reset(); }
   void reset() override {
-    fc1 = register_module("fc1", torch::nn::Linear(kFeatures, 16));
+    torch::Tensor gain = torch::ones({16});
+    block1 = register_module("block1", Block(kFeatures, 16, gain));
+    block2 = register_module("block2", Block(16, 16, gain));
     fc2 = register_module("fc2", torch::nn::Linear(16, kClasses));
     frozen = register_parameter("frozen", torch::ones({kClasses}), /*requires_grad=*/false);
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    return fc2->forward(torch::tanh(fc1->forward(x))) + frozen;
+    return fc2->forward(block2->forward(block1->forward(x))) + frozen;
   }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  Block block1{nullptr}, block2{nullptr};
+  torch::nn::Linear fc2{nullptr};
   torch::Tensor frozen;
 };
 TORCH_MODULE(Net);
@@ -73,10 +96,14 @@ void WriteParams(const std::string& path, const std::vector<torch::Tensor>& para
   }
 }
 
+// The trained parameters, each tensor once: Module::parameters() lists a tied tensor once per
+// module that registered it, and an optimizer given it twice would step it twice.
 std::vector<torch::Tensor> Trainable(torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
   for (auto& p : m.parameters())
-    if (p.requires_grad()) out.push_back(p);
+    if (p.requires_grad() &&
+        std::none_of(out.begin(), out.end(), [&](const torch::Tensor& q) { return q.is_same(p); }))
+      out.push_back(p);
   return out;
 }
 

@@ -1,8 +1,7 @@
 """The public Accelerator API, driven by a user's own module and dataset (api_check.cc) under
 `launch`, against the same training written in plain LibTorch in one process (same data, same
-seed): ddp (with and without accumulation, sync_each_batch, world 2 and 3), zero stages 1 and 2,
-Local SGD, dp and
-pipelines (GPipe, 1F1B, 2x2). Ranks that start from different weights end equal (Prepare
+seed): ddp (with and without accumulation, sync_each_batch, world 2 and 3), zero stages 1, 2
+and 3, Local SGD, dp and pipelines (GPipe, 1F1B, 2x2). Ranks that start from different weights end equal (Prepare
 broadcasts rank 0's), and no_sync really skips the all-reduce."""
 
 import array
@@ -71,9 +70,10 @@ class AcceleratorMatchesSingleProcessTest(unittest.TestCase):
         self.assertEqual(self.per_step(log), 1.0)
 
     def test_zero_stages_from_different_initial_weights_equal_one_process(self):
-        # The user's own module (with a frozen parameter) under ZeRO, units cut to a few hundred
+        # The user's own module (with a frozen parameter, and a parameter tied between its two
+        # stage-3 units, which leaves it to the root) under ZeRO, units cut to a few hundred
         # elements so shards split its parameters; accumulation, and three ranks.
-        for stage in ("1", "2"):
+        for stage in ("1", "2", "3"):
             self.run_case(2, ["--mode", "zero", "--zero_stage", stage, "--skew_init"])
             self.run_case(3, ["--mode", "zero", "--zero_stage", stage, "--accum", "2",
                               "--steps", "8"])

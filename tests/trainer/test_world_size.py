@@ -143,6 +143,14 @@ class WorldSizeChangeTest(unittest.TestCase):
         self.assertIn("rank 2: the checkpoint (written by 2 ranks) has no RNG state", third[2][2])
         self.assertIn("draws a new stream seeded from", third[2][2])
 
+    def test_zero_stage3_three_two_three_sees_each_sample_once_and_ends_on_time(self):
+        # Parameters and optimizer state sharded over 3, then 2, then 3 ranks: each resume
+        # reads the gathered parameters and recuts the optimizer pieces.
+        _, second, third = self.check_change("  parallel: {mode: zero, zero_stage: 3}")
+        self.assertIn("ZeRO optimizer state recut: written as [3, 3,", second[0][2])
+        self.assertIn("ZeRO optimizer state recut: written as [2, 3,", third[0][2])
+        self.assertEqual(final(self.out)["strategy"], "zero")
+
     def test_local_sgd_averages_the_old_replicas_into_every_new_rank(self):
         _, second, third = self.check_change("  local_sgd_steps: 7")
         self.assertIn("local_sgd: the checkpoint holds 3 replicas and this run has 2 ranks: "

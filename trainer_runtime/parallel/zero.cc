@@ -104,14 +104,24 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
             std::string(c10::toString(params.front().scalar_type())) + " and " +
             c10::toString(p.scalar_type()));
     }
-    std::unordered_map<const void*, bool> in_model;
-    for (const auto& p : params) in_model[p.unsafeGetTensorImpl()] = true;
+    std::unordered_map<const void*, std::string> name_of;
+    for (const auto& [name, p] : model_->NamedParameters()) name_of[p.unsafeGetTensorImpl()] = name;
+    std::unordered_map<const void*, bool> listed;
     for (const auto& group : user_->param_groups())
-      for (const auto& p : group.params())
-        if (!in_model.count(p.unsafeGetTensorImpl()))
+      for (const auto& p : group.params()) {
+        auto it = name_of.find(p.unsafeGetTensorImpl());
+        if (it == name_of.end())
           return Status::InvalidConfig(
               "train.parallel.mode zero: the optimizer holds a tensor that is not a trained "
               "parameter of the prepared model");
+        // Its shard would be stepped twice, with one state: list each tensor once.
+        if (!listed.emplace(p.unsafeGetTensorImpl(), true).second)
+          return Status::InvalidConfig(
+              "train.parallel.mode zero: the optimizer holds parameter '" + it->second +
+              "' twice (Module::parameters() lists a tied tensor once per module that "
+              "registered it); give the optimizer each tensor once, as "
+              "Accelerator::parameters() lists them");
+      }
     return Status::Ok();
   }
 
