@@ -35,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/exit_status.h"
+#include "base/exit_status.h"
 #include "base/status.h"
 
 namespace boost::asio {

@@ -170,6 +170,8 @@ struct TrainConfig {
   bool sync_with_dataloader = true;  // the accumulation window also closes at the loader's end
   int local_sgd_steps = 0;           // > 0: no gradient all-reduce; average params every K steps
   int64_t checkpoint_every = 100;    // optimizer steps; 0 = only at the end
+  // Checkpoints written by a forked child while training goes on (Accelerator::SaveState).
+  bool checkpoint_async = false;
   std::string resume = "auto";       // auto | never | PATH of a checkpoint file
   int64_t log_every = 10;            // optimizer steps between plain log lines
   int64_t eval_every = 0;            // optimizer steps between evaluations; 0 = only at the end

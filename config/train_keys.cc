@@ -416,6 +416,8 @@ std::vector<TrainKey> BuildTable() {
       // ---- checkpoints, logs
       Range("checkpoint_every", FIELD(checkpoint_every), 0, kBig,
             "optimizer steps; 0 = only at the end"),
+      Value("checkpoint_async", FIELD(checkpoint_async),
+            "write checkpoints in a forked child while training goes on"),
       Value("resume", FIELD(resume), "auto | never | PATH of a checkpoint file"),
       Value("resume_allow_changes", FIELD(resume_allow_changes),
             "resume although trajectory settings changed (they are listed)"),

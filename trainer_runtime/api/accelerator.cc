@@ -3,6 +3,8 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -12,8 +14,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "base/environment.h"
+#include "base/exit_status.h"
 #include "base/files.h"
 #include "base/strings.h"
 #include "config/train_keys.h"
@@ -107,6 +111,12 @@ void Accelerator::SetLayout(const ParallelLayout& layout) {
 
 Accelerator::~Accelerator() {
   if (trace_fd_ >= 0) ::close(trace_fd_);
+  // A save never committed (the program ends on an error): its writer goes too, and is reaped.
+  if (writer_pid_ > 0) {
+    ::kill(writer_pid_, SIGKILL);
+    while (::waitpid(writer_pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
 }
 
 StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
@@ -390,6 +400,7 @@ bool Accelerator::Step() {
   micro_in_window_ = 0;
   window_closes_ = false;
   if (strategy_) strategy_->AfterOptimizerStep(step_);
+  if (save_pending_) PollPendingSave();
   Timeline::Get().EndStep();
   return true;
 }
@@ -404,6 +415,8 @@ std::string Accelerator::allreduce_transport() const {
 }
 
 Status Accelerator::Finish() {
+  LAUNCH_RETURN_IF_ERROR(WaitForCheckpoint());
+  finished_ = true;  // saves from here on are synchronous: the run is about to end
   if (strategy_) strategy_->Finish(step_);
   SyncBuffers();
   if (options_.timeline.steps > 0) WriteTimeline();
@@ -528,9 +541,7 @@ SignalRequest Accelerator::PollSignals() {
 
 std::string Accelerator::StageFileName() const { return "stage" + std::to_string(stage_) + ".pt"; }
 
-Status Accelerator::SaveState(const std::string& dir) {
-  LAUNCH_CHECK(prepared_);
-  const std::string step_dir = StepDir(dir, step_);
+TrainState Accelerator::CurrentTrainState() const {
   TrainState state;
   state.step = step_;
   state.epoch = cursor_ ? cursor_->epoch : 0;
@@ -545,30 +556,145 @@ Status Accelerator::SaveState(const std::string& dir) {
   state.anchor_step = schedule_anchor_.step;
   state.anchor_position = schedule_anchor_.position;
   state.anchor_slope = schedule_anchor_.slope;
+  return state;
+}
+
+Status Accelerator::WriteStateFiles(const std::string& step_dir, const TrainState& state) {
+  Status status = Status::Ok();
+  if (pipeline_ && data_rank_ == 0)  // one copy per stage
+    status = SaveModelState(step_dir + "/" + StageFileName(), *model_, *optimizer_);
+  if (status.ok() && !pipeline_) status = strategy_->SaveModelState(step_dir, *optimizer_);
+  if (status.ok())
+    status = SaveRankState(step_dir + "/rank" + std::to_string(rank()) + ".pt", state);
+  return status;
+}
+
+Status Accelerator::SaveState(const std::string& dir) {
+  LAUNCH_CHECK(prepared_);
+  // One save at a time: an earlier asynchronous one is committed first.
+  LAUNCH_RETURN_IF_ERROR(WaitForCheckpoint());
+  const auto start = std::chrono::steady_clock::now();
+  const std::string step_dir = StepDir(dir, step_);
+  const TrainState state = CurrentTrainState();
   Status status = MakeDirs(step_dir);
   if (status.ok() && rank() == 0) {
     std::string run;
     for (const auto& [key, value] : run_settings_) run += key + ": " + value + "\n";
     status = WriteFileAtomically(step_dir + "/" + kRunFile, run);
   }
-  if (status.ok() && pipeline_ && data_rank_ == 0)  // one copy per stage
-    status = SaveModelState(step_dir + "/" + StageFileName(), *model_, *optimizer_);
-  if (status.ok() && !pipeline_) status = strategy_->SaveModelState(step_dir, *optimizer_);
-  if (status.ok())
-    status = SaveRankState(step_dir + "/rank" + std::to_string(rank()) + ".pt", state);
+  if (!finished_) ++checkpoints_saved_;
+  if (!options_.checkpoint_async || finished_) {
+    if (status.ok()) status = WriteStateFiles(step_dir, state);
+    status = CommitState(dir, step_, status);
+    if (!finished_)
+      checkpoint_blocking_ms_ += 1000 * Seconds(std::chrono::steady_clock::now() - start);
+    return status;
+  }
+  if (status.ok()) status = ForkStateWriter(step_dir, state);
+  // Pending on every rank alike, so that all take part in the commit's collectives; a rank
+  // that could not start its writer fails the commit for all.
+  save_pending_ = true;
+  pending_dir_ = dir;
+  pending_step_ = step_;
+  writer_status_ = status;
+  checkpoint_blocking_ms_ += 1000 * Seconds(std::chrono::steady_clock::now() - start);
+  return Status::Ok();
+}
+
+Status Accelerator::ForkStateWriter(const std::string& step_dir, const TrainState& state) {
+  Timeline::Scope span("train", "checkpoint (fork)");
+  // What needs the group happens here (zero stage 3 gathers its parameters); the child only
+  // writes files.
+  if (strategy_) strategy_->BeginSnapshot();
+  std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // The child dies with the worker, so a kill never leaves a writer behind, and it never
+    // returns into the program: _exit skips every destructor and atexit handler.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    const Status written = WriteStateFiles(step_dir, state);
+    if (!written.ok())
+      std::fprintf(stderr, "train: rank %d: writing the checkpoint of step %lld: %s\n", rank(),
+                   static_cast<long long>(state.step), written.message().c_str());
+    ::_exit(written.ok() ? 0 : 1);
+  }
+  const int fork_errno = errno;
+  if (strategy_) strategy_->EndSnapshot();
+  if (child < 0)
+    return Status::IoError("rank " + std::to_string(rank()) + ": the checkpoint of step " +
+                           std::to_string(state.step) +
+                           ": fork: " + std::strerror(fork_errno));
+  writer_pid_ = child;
+  return Status::Ok();
+}
+
+Status Accelerator::CommitState(const std::string& dir, int64_t step, const Status& status) {
   // Everyone learns whether every file was written before `latest` moves.
   auto failed = torch::tensor({status.ok() ? 0.0 : 1.0}, torch::kDouble);
   AllReduceSum(failed);
   if (!status.ok()) return status;
   if (failed.item<double>() > 0)
     return Status::IoError("another rank failed to write its part of the checkpoint for step " +
-                           std::to_string(step_));
+                           std::to_string(step));
   if (rank() == 0) {
-    LAUNCH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/latest", std::to_string(step_) + "\n"));
-    RemoveOtherSteps(dir, step_);  // superseded once `latest` names the new step
+    LAUNCH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/latest", std::to_string(step) + "\n"));
+    RemoveOtherSteps(dir, step);  // superseded once `latest` names the new step
   }
   Barrier();  // nobody reads `latest` before it is written
   return Status::Ok();
+}
+
+void Accelerator::ReapStateWriter(bool block) {
+  if (writer_pid_ <= 0) return;
+  int wait_status = 0;
+  pid_t got;
+  do {
+    got = ::waitpid(writer_pid_, &wait_status, block ? 0 : WNOHANG);
+  } while (got < 0 && errno == EINTR);
+  if (got == 0) return;  // still writing
+  if (got < 0) {
+    writer_status_ = Status::IoError("rank " + std::to_string(rank()) +
+                                     ": waiting for the checkpoint writer: " +
+                                     std::strerror(errno));
+  } else if (const ExitStatus exit = ExitStatus::FromWaitStatus(wait_status); !exit.success()) {
+    writer_status_ = Status::IoError("rank " + std::to_string(rank()) +
+                                     ": the process writing the checkpoint of step " +
+                                     std::to_string(pending_step_) + " " + exit.ToString());
+  }
+  writer_pid_ = -1;
+}
+
+Status Accelerator::WaitForCheckpoint() {
+  if (save_pending_) {
+    Timeline::Scope span("train", "checkpoint (waiting for the writer)");
+    const auto start = std::chrono::steady_clock::now();
+    ReapStateWriter(/*block=*/true);
+    save_pending_ = false;
+    Status committed = CommitState(pending_dir_, pending_step_, writer_status_);
+    checkpoint_blocking_ms_ += 1000 * Seconds(std::chrono::steady_clock::now() - start);
+    if (!committed.ok()) return committed;
+  }
+  Status error = save_error_;
+  save_error_ = Status::Ok();
+  return error;
+}
+
+void Accelerator::PollPendingSave() {
+  ReapStateWriter(/*block=*/false);
+  // Ranks whose writer still runs: all act on the same count.
+  auto writing = torch::tensor({writer_pid_ > 0 ? 1.0 : 0.0}, torch::kDouble);
+  AllReduceSum(writing);
+  if (writing.item<double>() > 0) return;
+  save_pending_ = false;
+  Status committed = CommitState(pending_dir_, pending_step_, writer_status_);
+  if (!committed.ok()) {
+    // Said now, and returned by the next SaveState, WaitForCheckpoint or Finish.
+    std::fprintf(stderr, "train: rank %d: the checkpoint of step %lld was not committed: %s\n",
+                 rank(), static_cast<long long>(pending_step_), committed.message().c_str());
+    save_error_ = committed;
+  }
 }
 
 void Accelerator::AddRunSetting(const std::string& key, const std::string& value) {

@@ -320,7 +320,24 @@ class Accelerator {
   // every rank's RNG state. Layout: dir/step<N>/{model*.pt, rank<r>.pt}; then rank 0 points
   // dir/latest at N and removes older step folders, so a kill at any moment leaves the last
   // complete checkpoint. IoError (every rank) when any rank failed to write. COLLECTIVE.
+  //
+  // With options().checkpoint_async (`train.checkpoint_async`), before Finish: the state is
+  // snapshotted by fork() (the child sees the memory as it was, copy-on-write) and the child
+  // writes the files while training goes on; SaveState returns once the child runs. `latest`
+  // moves when every rank's child is done: checked at each Step() boundary (one small
+  // all-reduce while a save is pending), or waited for by WaitForCheckpoint, the next
+  // SaveState and Finish. Until then the previous checkpoint stays the latest, so a kill of
+  // a worker (its child dies with it) at any moment leaves the last complete one. A failed
+  // background write is reported by the call that commits it (IoError naming the rank).
   Status SaveState(const std::string& dir);
+  // Waits for an asynchronous save and commits it (see SaveState); Ok when none is pending.
+  // COLLECTIVE.
+  Status WaitForCheckpoint();
+  // Checkpoints saved before Finish and the time the caller was blocked by them: in SaveState
+  // and, with checkpoint_async, in waiting for a writer (WaitForCheckpoint, the next SaveState,
+  // Finish) — the fork and whatever was not done by then, not the writing behind training.
+  int64_t checkpoints_saved() const { return checkpoints_saved_; }
+  double checkpoint_blocking_ms() const { return checkpoint_blocking_ms_; }
   // Restores what SaveState wrote under `dir` (the step named by dir/latest). Returns false when
   // there is none. Every rank loads its own RNG state; ranks agree on the step or fail with
   // Internal naming both. At another world size (logged, saying what happens):
@@ -396,6 +413,20 @@ class Accelerator {
   std::string StageFileName() const;  // pipeline: this stage's model file in a checkpoint
   void SetLayout(const ParallelLayout& layout);
   void LoadTrainState(const TrainState& state);  // LoadState: step, counters, cursor
+  TrainState CurrentTrainState() const;          // SaveState: what rank<r>.pt holds
+  // Writes this rank's files of a checkpoint into `step_dir` (model and rank state).
+  Status WriteStateFiles(const std::string& step_dir, const TrainState& state);
+  // Every rank learns whether every rank wrote its files (`status` is this rank's); then rank 0
+  // points dir/latest at `step`. COLLECTIVE.
+  Status CommitState(const std::string& dir, int64_t step, const Status& status);
+  // checkpoint_async: forks the child that writes this rank's files (WriteStateFiles).
+  Status ForkStateWriter(const std::string& step_dir, const TrainState& state);
+  // Waits for the writer (`block`) or checks whether it ended; once it has, writer_pid_ is -1
+  // and a failure is in writer_status_.
+  void ReapStateWriter(bool block);
+  // At a step boundary with a save pending: commits it when every rank's writer is done.
+  // COLLECTIVE.
+  void PollPendingSave();
   c10d::ProcessGroup* control() const;
   void CountSamples(int64_t n) {
     samples_seen_ += n;
@@ -445,6 +476,17 @@ class Accelerator {
   int64_t resharded_from_ = 0;  // LoadState at another world size: the old data world
   int trace_fd_ = -1;           // LAUNCH_TRACE_SAMPLES
   bool trigger_ = false;
+  bool finished_ = false;                        // Finish() ran: saves are synchronous
+  // checkpoint_async: a save not committed yet, its folder and step, its writer (the child,
+  // -1 once reaped) and how that went; a commit that failed at a step boundary, not returned.
+  bool save_pending_ = false;
+  std::string pending_dir_;
+  int64_t pending_step_ = 0;
+  int writer_pid_ = -1;
+  Status writer_status_ = Status::Ok();
+  Status save_error_ = Status::Ok();
+  int64_t checkpoints_saved_ = 0;
+  double checkpoint_blocking_ms_ = 0;
   std::optional<LoaderCursor> restored_cursor_;  // LoadState before PrepareDataLoader
   std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting
 };

@@ -106,6 +106,12 @@ class ParallelStrategy {
   // rank 0 writes model.pt (parameters, buffers, optimizer state), otherwise every rank writes
   // model_rank<r>.pt. IoError naming the file.
   virtual Status SaveModelState(const std::string& dir, torch::optim::Optimizer& optimizer);
+  // An asynchronous save (Accelerator::SaveState with checkpoint_async) forks between these
+  // two: what SaveModelState needs from the other ranks is fetched by BeginSnapshot, so that
+  // the child only writes files. zero stage 3 gathers its parameters there (COLLECTIVE) and
+  // releases them in EndSnapshot; nothing in other strategies.
+  virtual void BeginSnapshot() {}
+  virtual void EndSnapshot() {}
   // Restores what SaveModelState wrote into `dir` when `written_by` ranks wrote it. The default
   // reads model.pt, or with differing replicas this rank's model_rank<r>.pt (rank 0's when the
   // checkpoint has none for this rank). Errors: the file is missing or unreadable, or was

@@ -308,6 +308,11 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
     return SaveShardedOptimizerState(dir, rank(), *shard_optimizer_, pieces_);
   }
 
+  void BeginSnapshot() override { GatherAll(); }
+  void EndSnapshot() override {
+    if (!keep_whole_) ReleaseAll();
+  }
+
   Status LoadModelState(const std::string& dir, Optimizer& optimizer, int64_t written_by) override {
     // model.pt as the default reads it, but a sharded state is not gathered into `optimizer`:
     // this rank takes only its pieces of it.

@@ -616,6 +616,8 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
     << ",\n  \"reduce_scatters_total\": " << accel_->reduce_scatters_total()
     << ",\n  \"allgathers_total\": " << accel_->allgathers_total() << ",\n  \"state_bytes\": {"
     << state_bytes.str() << "}"
+    << ",\n  \"checkpoints\": " << accel_->checkpoints_saved()
+    << ",\n  \"checkpoint_blocking_ms\": " << Num(accel_->checkpoint_blocking_ms())
     << ",\n  \"samples_seen_per_rank\": " << accel_->samples_seen()
     << ",\n  \"samples_seen\": " << accel_->samples_seen_global()
     << ",\n  \"steps_this_run\": " << steps_this_run_ << ",\n  \"wall_s\": " << Num(wall_s)
@@ -694,6 +696,8 @@ Status Trainer::Run() {
     const bool last = step >= total_steps_;
     if ((scheduled || signal.checkpoint) && !last) {
       LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
+      // A signal's checkpoint is committed before going on (preemption may follow at once).
+      if (signal.checkpoint) LAUNCH_RETURN_IF_ERROR(accel_->WaitForCheckpoint());
       if (cfg_.save_model == config::SaveModel::kCheckpoints) LAUNCH_RETURN_IF_ERROR(SaveModel());
       if (signal.checkpoint)
         accel_->Print("train: " + SignalName(signal.signal) + ": wrote " + WriteDir() +

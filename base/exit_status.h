@@ -1,12 +1,13 @@
 #pragma once
 
-// How a worker ended, decoded once from waitpid()'s status word.
+// How a child process (a worker, a background checkpoint writer) ended, decoded once from
+// waitpid()'s status word.
 
 #include <string>
 
 #include "base/exit_code.h"
 
-namespace launch::agent {
+namespace launch {
 
 struct ExitStatus {
   bool signaled = false;  // killed by a signal (then `signal` is set), else exited with `code`
@@ -21,4 +22,4 @@ struct ExitStatus {
   std::string ToString() const;
 };
 
-}  // namespace launch::agent
+}  // namespace launch

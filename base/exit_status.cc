@@ -1,10 +1,10 @@
-#include "agent/exit_status.h"
+#include "base/exit_status.h"
 
 #include <sys/wait.h>
 
 #include "base/strings.h"
 
-namespace launch::agent {
+namespace launch {
 
 ExitStatus ExitStatus::FromWaitStatus(int wait_status) {
   ExitStatus s;
@@ -23,4 +23,4 @@ std::string ExitStatus::ToString() const {
   return "exited with code " + std::to_string(code);
 }
 
-}  // namespace launch::agent
+}  // namespace launch
