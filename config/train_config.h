@@ -172,9 +172,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 100;    // optimizer steps; 0 = only at the end
   // Checkpoints written by a forked child while training goes on (Accelerator::SaveState).
   bool checkpoint_async = false;
-  std::string resume = "auto";       // auto | never | PATH of a checkpoint file
-  int64_t log_every = 10;            // optimizer steps between plain log lines
-  int64_t eval_every = 0;            // optimizer steps between evaluations; 0 = only at the end
+  std::string resume = "auto";  // auto | never | PATH of a checkpoint file
+  int64_t log_every = 10;       // optimizer steps between plain log lines
+  int64_t eval_every = 0;       // optimizer steps between evaluations; 0 = only at the end
   // A per-rank trace of optimizer steps [from_step, from_step + steps) (trainer_runtime/
   // timeline.h), written to output_dir/timeline.json; steps 0 = none.
   struct Timeline {

@@ -624,8 +624,7 @@ Status Accelerator::ForkStateWriter(const std::string& step_dir, const TrainStat
   if (strategy_) strategy_->EndSnapshot();
   if (child < 0)
     return Status::IoError("rank " + std::to_string(rank()) + ": the checkpoint of step " +
-                           std::to_string(state.step) +
-                           ": fork: " + std::strerror(fork_errno));
+                           std::to_string(state.step) + ": fork: " + std::strerror(fork_errno));
   writer_pid_ = child;
   return Status::Ok();
 }
@@ -655,9 +654,9 @@ void Accelerator::ReapStateWriter(bool block) {
   } while (got < 0 && errno == EINTR);
   if (got == 0) return;  // still writing
   if (got < 0) {
-    writer_status_ = Status::IoError("rank " + std::to_string(rank()) +
-                                     ": waiting for the checkpoint writer: " +
-                                     std::strerror(errno));
+    writer_status_ =
+        Status::IoError("rank " + std::to_string(rank()) +
+                        ": waiting for the checkpoint writer: " + std::strerror(errno));
   } else if (const ExitStatus exit = ExitStatus::FromWaitStatus(wait_status); !exit.success()) {
     writer_status_ = Status::IoError("rank " + std::to_string(rank()) +
                                      ": the process writing the checkpoint of step " +

@@ -476,7 +476,7 @@ class Accelerator {
   int64_t resharded_from_ = 0;  // LoadState at another world size: the old data world
   int trace_fd_ = -1;           // LAUNCH_TRACE_SAMPLES
   bool trigger_ = false;
-  bool finished_ = false;                        // Finish() ran: saves are synchronous
+  bool finished_ = false;  // Finish() ran: saves are synchronous
   // checkpoint_async: a save not committed yet, its folder and step, its writer (the child,
   // -1 once reaped) and how that went; a commit that failed at a step boundary, not returned.
   bool save_pending_ = false;

@@ -68,8 +68,8 @@ struct Unit {
   // shard_param ([shard]) holds this rank's slice, which its optimizer steps.
   const torch::nn::Module* module = nullptr;
   at::Tensor shard_param;
-  bool whole = true;                            // flat_param holds the parameters
-  c10::intrusive_ptr<c10d::Work> gather;        // an all-gather into flat_param not waited for
+  bool whole = true;                      // flat_param holds the parameters
+  c10::intrusive_ptr<c10d::Work> gather;  // an all-gather into flat_param not waited for
   bool sharded() const { return module != nullptr; }
 };
 
