@@ -123,15 +123,18 @@ class ZeroNumericsTest(unittest.TestCase):
     def test_stage3_three_ranks_is_ddp_bit_for_bit(self):
         self.check_equals_ddp_bitwise(3, 3)
 
-    def test_stage3_transformer_with_activation_checkpointing_is_ddp_bit_for_bit(self):
+    def test_stage3_transformer_with_activation_checkpointing_and_bf16_is_ddp_bit_for_bit(self):
         """The transformer's blocks are units; its embeddings, final norm and head stay whole
         (the root). With activation checkpointing a block's recomputation in backward runs on
-        the parameters its output's gradient gathered. Evaluation gathers unit by unit."""
-        for checkpointing in ("false", "true"):
+        the parameters its output's gradient gathered; under bf16 autocast the gathered float32
+        parameters are cast as DDP's are. Evaluation gathers unit by unit."""
+        for checkpointing, precision in (("false", "no"), ("true", "no"), ("false", "bf16")):
             got = {}
             for mode, stage in (("ddp", 1), ("zero", 3)):
-                out = os.path.join(self.tmp, f"lm_{mode}_{checkpointing}")
+                name = f"lm_{mode}_{checkpointing}_{precision}"
+                out = os.path.join(self.tmp, name)
                 cfg = write_config(self.tmp, f"""
+mixed_precision: {precision}
 train:
   seed: 3
   output_dir: {out}
@@ -144,20 +147,20 @@ train:
   optimizer: {{type: adamw, lr: 3.0e-3}}
   resume: never
   parallel: {{mode: {mode}, zero_stage: {stage}}}
-""", f"lm_{mode}_{checkpointing}.yaml")
+""", name + ".yaml")
                 err = train(cfg, 2)
                 got[mode] = [params(out, r) for r in range(2)]
                 f = final(out)
                 self.assertTrue(math.isfinite(f["eval_loss"]), f)
                 if mode == "zero":
                     self.assertIn("ZeRO stage 3: 3 units (ShardUnit modules) hold", err)
-                    whole = final(os.path.join(self.tmp, f"lm_ddp_{checkpointing}"))
+                    whole = final(os.path.join(self.tmp, f"lm_ddp_{checkpointing}_{precision}"))
                     shard, full = f["state_bytes"]["parameters"][0], \
                         whole["state_bytes"]["parameters"][0]
                     self.assertLess(shard, full, "stage 3 held the whole transformer")
             self.assertEqual(got["zero"][0], got["zero"][1])
-            self.assertEqual(got["zero"][0], got["ddp"][0],
-                             f"activation_checkpointing {checkpointing}: stage 3 != ddp")
+            self.assertEqual(got["zero"][0], got["ddp"][0], f"activation_checkpointing "
+                             f"{checkpointing}, {precision}: stage 3 != ddp")
 
     def test_stages_equal_one_process_on_the_whole_batch(self):
         for stage in (1, 2, 3):
