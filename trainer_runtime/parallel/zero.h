@@ -6,8 +6,10 @@
 // ZeroRedundancyOptimizer is stage 1, FSDP's SHARD_GRAD_OP stage 2):
 //   stage 1  optimizer state: each rank steps only its shard of the parameters with its own
 //            optimizer, then the parameters are all-gathered;
-//   stage 2  also gradients: each rank keeps only its shard of the averaged gradients.
-// Bytes per parameter with fp32 Adam: ddp 16, stage 1 8 + 8/W, stage 2 4 + 12/W.
+//   stage 2  also gradients: each rank keeps only its shard of the averaged gradients;
+//   stage 3  also parameters (FSDP's FULL_SHARD): between uses each rank holds only its slice
+//            of each unit's parameters, gathered around the unit's forward and backward.
+// Bytes per parameter with fp32 Adam: ddp 16, stage 1 8 + 8/W, stage 2 4 + 12/W, stage 3 16/W.
 //
 // Layout. The trained parameters (Model::Parameters) are cut, walking them backwards (the order
 // backward produces gradients in), into units of about parallel.bucket_cap_mb. Each unit is one
@@ -26,6 +28,17 @@
 // reduces at the micro-batch that closes the accumulation window (no_sync before it, as ddp);
 // stage 2 copies each gradient into its unit's bucket as it is produced, frees it, and reduces
 // every micro-batch into the shard (accumulating there), so no whole gradient outlives its unit.
+//
+// Stage 3. The units of the model's ShardUnit modules (model/shard_unit.h) hold their
+// parameters only; the rest (the root: parameters outside every unit or shared between units)
+// is cut by size as above and stays whole. A module unit's flat buffer releases its storage
+// between uses, and shard_param holds this rank's slice, which the optimizer steps (so no
+// all-gather follows the step). ShardedForward comes to this strategy (UnitGatherer): the unit
+// is all-gathered for the forward (the next unit of the previous forward prefetched), released
+// after it but for the forward's last, and gathered again when its output's gradient arrives in
+// backward (the unit before it prefetched); once all its gradients are accumulated it is
+// released and reduce-scattered as in stage 2. Checkpoints, BeginSnapshot and Finish gather all
+// units (model.pt holds whole parameters); Finish leaves them whole.
 //
 // Checkpoints: rank 0 writes model.pt (parameters and buffers, as ddp) and the shards' index,
 // every rank its optimizer shard (zero_rank<r>.pt): each segment's parameter, element range and
@@ -48,8 +61,9 @@ namespace launch::trainer {
 
 // The ZeRO strategy of cfg.parallel.zero_stage around `model` (must outlive it) and `optimizer`
 // (the user's: its type, groups and options are copied onto the shards; it is not stepped).
-// InvalidConfig when the stage is not built (3), when the optimizer is not one of torch::optim's
-// SGD, Adam, AdamW, RMSprop or Adagrad, or when parameters mix dtypes or are not on the CPU.
+// InvalidConfig when the optimizer is not one of torch::optim's SGD, Adam, AdamW, RMSprop or
+// Adagrad, holds a tensor twice or one that is not a trained parameter, or when parameters mix
+// dtypes or are not on the CPU.
 // REQUIRES: `pg` is not null.
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateZeroStrategy(
     const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
