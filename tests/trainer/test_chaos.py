@@ -80,8 +80,11 @@ class ChaosTest(unittest.TestCase):
 
     def start_agent(self, i, cfg, port, marker, logs):
         """The agent of stand-in node i (127.0.0.<i+1>, node rank i)."""
+        # One thread per worker, as the reference's 4 workers on one node get from launch: a
+        # node of 1 worker would otherwise give it every core, and LibTorch's CPU kernels sum in
+        # another order with 2 threads (with LibTorch 2.6 the losses differed from step 2 on).
         env = dict(os.environ, LAUNCH_RDZV_LOCAL_ADDR=f"127.0.0.{i + 1}",
-                   LAUNCH_TEST_MARKER=marker)
+                   LAUNCH_TEST_MARKER=marker, OMP_NUM_THREADS="1")
         with open(os.path.join(self.tmp, f"{logs}-node{i}.log"), "a") as log:
             return subprocess.Popen(
                 [LAUNCH, "--nnodes", "3", "--node_rank", str(i), "--nproc_per_node",
