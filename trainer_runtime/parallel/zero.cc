@@ -180,7 +180,10 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
       // Units whose parameters got no gradient this time (unused) still go, in order: every
       // rank issues the same sequence.
       std::lock_guard<std::mutex> lock(mu_);
-      for (size_t u = 0; u < units_.size(); ++u) units_[u].done = Size(u);
+      for (size_t u = 0; u < units_.size(); ++u) {
+        if (units_[u].sharded() && units_[u].done < Size(u)) IntoBucket(u);
+        units_[u].done = Size(u);
+      }
       LaunchReady();
     }
     while (!in_flight_.empty()) CollectOldest();
@@ -553,18 +556,34 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
   void AfterAccumulate(size_t i) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!sync_ && stage_ == 1) return;  // no_sync: gradients accumulate in place
-    Unit& unit = units_[unit_of_param_[i]];
-    if (stage_ >= 2) {
+    const size_t u = unit_of_param_[i];
+    Unit& unit = units_[u];
+    if (stage_ >= 2 && !unit.sharded()) {
       at::Tensor& grad = params_[i].mutable_grad();
       if (!unit.bucket.defined()) unit.bucket = torch::zeros({unit.padded}, grad.options());
       unit.bucket.narrow(0, offset_in_unit_[i], grad.numel()).copy_(grad.reshape({-1}));
       grad = at::Tensor();  // the whole gradient goes now; its unit's bucket has it
     }
     ++unit.done;
-    // Every gradient of the unit is in: backward needs its parameters no more.
-    if (unit.sharded() && unit.done == Size(unit_of_param_[i]) && !keep_whole_)
-      Release(unit_of_param_[i]);
+    if (unit.sharded() && unit.done == Size(u)) IntoBucket(u);
     LaunchReady();
+  }
+
+  // Stage 3, a module unit whose backward is over (every gradient in, or backward ended): its
+  // parameters go first, then its gradients, kept whole until now, move into its bucket. A unit
+  // holds either its parameters and gradients or its gradients and bucket, never all three (its
+  // largest moment: one layer's parameters and gradient, not those and its bucket).
+  // REQUIRES: mu_ held.
+  void IntoBucket(size_t u) {
+    Unit& unit = units_[u];
+    if (!keep_whole_) Release(u);
+    for (size_t j = 0; j < unit.params.size(); ++j) {
+      at::Tensor& grad = params_[unit.params[j]].mutable_grad();
+      if (!grad.defined()) continue;
+      if (!unit.bucket.defined()) unit.bucket = torch::zeros({unit.padded}, grad.options());
+      unit.bucket.narrow(0, unit.offset[j], grad.numel()).copy_(grad.reshape({-1}));
+      grad = at::Tensor();
+    }
   }
 
   // Launches, in unit order, every unit whose parameters are all done. REQUIRES: mu_ held.
