@@ -96,6 +96,33 @@ def pids_with_marker(marker):
     return found
 
 
+def _state_and_ppid(pid):
+    """(state letter, parent pid) of a process from /proc/PID/stat, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def alive(pid):
+    """Whether `pid` is a live (not zombie) process."""
+    got = _state_and_ppid(pid)
+    return got is not None and got[0] != "Z"
+
+
+def live_children(pid):
+    """The live (not zombie) child processes of `pid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            got = _state_and_ppid(int(entry))
+            if got is not None and got[0] != "Z" and got[1] == pid:
+                out.append(int(entry))
+    return out
+
+
 def wait_until(predicate, timeout, interval=0.02):
     """Polls `predicate` until it is true or `timeout` seconds pass; returns its last value."""
     deadline = time.monotonic() + timeout

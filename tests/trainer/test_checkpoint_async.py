@@ -32,32 +32,6 @@ train:
 """
 
 
-def children(pid):
-    """The live (not zombie) child processes of `pid`."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            out.append(int(entry))
-    return out
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
-
-
 def latest(ckpt):
     with open(os.path.join(ckpt, "latest")) as f:
         return int(f.read())
@@ -90,14 +64,14 @@ class AsyncCheckpointTest(unittest.TestCase):
             deadline = time.monotonic() + 120
             while writer is None and time.monotonic() < deadline:
                 self.assertIsNone(procs[0].poll(), "the run ended before a kill landed")
-                kids = children(procs[0].pid) if os.path.exists(os.path.join(ckpt, "latest")) \
-                    else []
+                committed_once = os.path.exists(os.path.join(ckpt, "latest"))
+                kids = harness.live_children(procs[0].pid) if committed_once else []
                 if not kids:
                     time.sleep(0.002)
                     continue
                 for p in procs:
                     p.send_signal(signal.SIGSTOP)
-                if alive(kids[0]):
+                if harness.alive(kids[0]):
                     writer = kids[0]
                 else:
                     for p in procs:
@@ -111,12 +85,12 @@ class AsyncCheckpointTest(unittest.TestCase):
                 p.wait(timeout=30)  # not their pipes: a live writer would hold them open
             # It died with its worker (PR_SET_PDEATHSIG), bounded wait.
             for _ in range(200):
-                if not alive(writer):
+                if not harness.alive(writer):
                     break
                 time.sleep(0.01)
-            self.assertFalse(alive(writer), "the checkpoint writer outlived its worker")
+            self.assertFalse(harness.alive(writer), "the checkpoint writer outlived its worker")
         finally:
-            if writer is not None and alive(writer):
+            if writer is not None and harness.alive(writer):
                 os.kill(writer, signal.SIGKILL)
             for p in procs:
                 if p.poll() is None:
