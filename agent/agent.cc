@@ -112,6 +112,7 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
     ctx.restarts_used = attempt;
     ctx.max_restarts = options.max_restarts;
     ctx.will_restart = will_restart;
+    ctx.python = options.python;
     std::string report = FormatFailureReport(*result, ctx);
     // Through the console's writer (never a blocking write on the loop), in order with the
     // workers' lines.

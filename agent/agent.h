@@ -18,6 +18,8 @@ struct AgentOptions {
   // Per-attempt log folders <log_root>/attempt_<k>/ are created when non-empty; the group's
   // log_dir is pointed at them.
   std::string log_root;
+  // The workers' interpreter and what chose it, when they run Python (ReportContext::python).
+  std::string python;
 };
 
 // Runs until the workers succeed (returns 0), fail with no restarts left (returns the root

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <optional>
 
+#include "agent/failure_report.h"
 #include "agent/output_writer.h"
 #include "agent/ports.h"
 #include "base/exit_code.h"
@@ -281,6 +282,9 @@ class ElasticAgent {
     report.stderr_tail = Join(first.stderr_tail, "\n");
     if (!first.error_message.empty())  // its TORCHELASTIC_ERROR_FILE says more than stderr
       report.stderr_tail = "error: " + first.error_message + "\n" + first.error_traceback;
+    // Every node's report shows it: the interpreter is this node's.
+    std::string hint = MissingModuleHint(first, options_.local.python);
+    if (!hint.empty()) report.stderr_tail += "\n" + hint;
     report.time_us =
         std::chrono::duration_cast<std::chrono::microseconds>(first.time.time_since_epoch())
             .count();

@@ -20,6 +20,23 @@ std::string FormatTime(std::chrono::system_clock::time_point t) {
   return out;
 }
 
+std::string MissingModuleHint(const WorkerExit& exit, const std::string& python) {
+  if (python.empty() || exit.time - exit.started > std::chrono::minutes(1)) return "";
+  // The message is the error file's when the script used @record, else a line of stderr.
+  std::vector<std::string> lines = exit.stderr_tail;
+  lines.push_back(exit.error_message);
+  static const std::string kMarker = "ModuleNotFoundError: No module named ";
+  for (const std::string& line : lines) {
+    size_t at = line.find(kMarker);
+    if (at == std::string::npos) continue;
+    std::string module = Trim(line.substr(at + kMarker.size()));
+    return "hint: the workers' Python is " + python + ", which cannot import " + module +
+           ". If it is installed for another interpreter, choose that one with --python PATH "
+           "(or PYTHON_EXEC), or activate its virtualenv or conda environment before launch.";
+  }
+  return "";
+}
+
 std::string FormatFailureReport(const GroupResult& result, const ReportContext& ctx) {
   std::ostringstream o;
   std::string host = ctx.host.empty() ? "" : " on " + ctx.host;
@@ -46,6 +63,8 @@ std::string FormatFailureReport(const GroupResult& result, const ReportContext& 
     o << "  last " << root.stderr_tail.size() << " line(s) of its stderr:\n";
     for (const auto& line : root.stderr_tail) o << "    " << line << "\n";
   }
+  std::string hint = MissingModuleHint(root, ctx.python);
+  if (!hint.empty()) o << "  " << hint << "\n";
   if (result.failures.size() > 1) {
     o << "other failures:\n";
     for (size_t i = 1; i < result.failures.size(); ++i) {

@@ -255,6 +255,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       return proc.status();
     }
     w->pid = proc->pid;
+    w->exit.started = std::chrono::system_clock::now();
     w->out.pipe.assign(out_pipe[0]);
     w->err.pipe.assign(err_pipe[0]);
     w->out.open = w->err.open = true;

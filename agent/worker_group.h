@@ -95,8 +95,9 @@ struct WorkerExit {
   int rank = 0;
   pid_t pid = -1;
   ExitStatus status;
-  std::chrono::system_clock::time_point time;
-  bool stopped_by_agent = false;  // it ended after the agent had signalled it
+  std::chrono::system_clock::time_point time;     // when it ended
+  std::chrono::system_clock::time_point started;  // when it was spawned
+  bool stopped_by_agent = false;                  // it ended after the agent had signalled it
   std::vector<std::string> stderr_tail;
   // From its TORCHELASTIC_ERROR_FILE when it failed and wrote one (see error_file.h).
   std::string error_file;

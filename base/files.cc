@@ -17,6 +17,16 @@
 
 namespace launch {
 
+std::string Basename(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string Dirname(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
 Status MakeDirs(const std::string& path) {
   std::string cur;
   for (const std::string& part : Split(path, '/')) {

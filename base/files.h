@@ -7,6 +7,11 @@
 
 namespace launch {
 
+// The last component of a path ("train.yaml" for "configs/train.yaml", the path itself when
+// it has no slash), and everything before it ("configs"; "." when there is no slash).
+std::string Basename(const std::string& path);
+std::string Dirname(const std::string& path);
+
 // mkdir -p: creates `path` and its missing parents (0755). IoError names the folder that
 // could not be created (also when a file stands where a folder should be).
 Status MakeDirs(const std::string& path);

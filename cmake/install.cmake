@@ -2,6 +2,7 @@
 #
 #   cmake --install build --prefix P
 #     P/bin/{launch, launch-exec, train}          launch finds the other two beside itself
+#     P/libexec/launch/liblaunch-linebuf.so        preloaded into workers (agent/linebuf.c)
 #     P/lib/liblaunch_{base,config,trainer}.a      and liblaunch_trainer_<folder>.a below it
 #     P/include/launch/<folder>/<header>.h         includes stay repo-rooted: "config/loader.h",
 #                                                  "trainer_runtime/api/accelerator.h"
@@ -77,6 +78,7 @@ install(TARGETS ${_launch_libraries}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${LAUNCH_INSTALL_INCLUDEDIR})
 install(TARGETS ${_launch_programs} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(TARGETS launch_linebuf LIBRARY DESTINATION ${LAUNCH_LIBEXEC_SUBDIR})
 
 # Headers keep their folder under P/include/launch. With each public header goes every project
 # header it includes ("x/y.h", rooted at the repository), followed transitively when installing,

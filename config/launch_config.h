@@ -90,9 +90,12 @@ struct LaunchConfig {
   std::vector<int> local_ranks_filter;  // console shows only these local ranks; empty = all
   double stop_grace_s = 30;             // SIGTERM -> SIGKILL grace period for workers
   std::string python = "python3";       // interpreter for .py programs and -m
-  bool no_python = false;               // run the program as given (torchrun --no_python)
-  bool run_module = false;              // -m: the program is a Python module
-  bool run_path = false;                // torchrun --run_path: the program is a Python script
+  // Workers' output arrives as it is printed: PYTHONUNBUFFERED=1 (unless set) and, for a
+  // program not run under Python, stdout line-buffered through LD_PRELOAD (agent/linebuf.c).
+  bool line_buffered = true;
+  bool no_python = false;   // run the program as given (torchrun --no_python)
+  bool run_module = false;  // -m: the program is a Python module
+  bool run_path = false;    // torchrun --run_path: the program is a Python script
   // torchrun --virtual_local_rank: every worker sees LOCAL_RANK=0 and, on GPUs, only its own
   // device (CUDA_VISIBLE_DEVICES narrowed to it), so per-process code never indexes a device.
   bool virtual_local_rank = false;

@@ -1,6 +1,8 @@
 #include "config/loader.h"
 #include "config/train_keys.h"
 
+#include "base/files.h"
+
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -670,6 +672,48 @@ TEST_CASE("PrintConfigShowsTheZeroKeysAndWhereTheyCameFrom") {
   REQUIRE(ValidateTrain(&back).ok());
   CHECK(back.train.parallel.mode == ParallelMode::kZero);
   CHECK(back.train.parallel.zero_stage == 2);
+}
+
+TEST_CASE("TheActiveEnvironmentsPythonUnlessOneWasChosen") {
+  char templ[] = "/tmp/launch-venv-test-XXXXXX";
+  REQUIRE(mkdtemp(templ) != nullptr);
+  const std::string venv = templ, conda = venv + "/conda";
+  REQUIRE(MakeDirs(venv + "/bin").ok());
+  REQUIRE(MakeDirs(conda + "/bin").ok());
+  REQUIRE(symlink("/bin/sh", (venv + "/bin/python").c_str()) == 0);
+  REQUIRE(symlink("/bin/sh", (conda + "/bin/python3").c_str()) == 0);
+
+  LaunchConfig plain;
+  REQUIRE(ApplyEnvironment({}, &plain).ok());
+  CHECK(plain.python == "python3");
+  CHECK(plain.origins.count("python") == 0);
+
+  LaunchConfig active;
+  REQUIRE(ApplyEnvironment({{"VIRTUAL_ENV", venv}, {"CONDA_PREFIX", conda}}, &active).ok());
+  CHECK(active.python == venv + "/bin/python");
+  CHECK(active.origins["python"].ToString() == "environment VIRTUAL_ENV");
+  LaunchConfig in_conda;
+  REQUIRE(ApplyEnvironment({{"CONDA_PREFIX", conda}}, &in_conda).ok());
+  CHECK(in_conda.python == conda + "/bin/python3");
+
+  // A choice of any layer wins: the YAML, PYTHON_EXEC, LAUNCH_PYTHON (and the flags, applied
+  // after the environment).
+  LaunchConfig yaml;
+  REQUIRE(Load("python: /opt/py/bin/python3\n", &yaml).ok());
+  REQUIRE(ApplyEnvironment({{"VIRTUAL_ENV", venv}}, &yaml).ok());
+  CHECK(yaml.python == "/opt/py/bin/python3");
+  LaunchConfig exec;
+  REQUIRE(ApplyEnvironment({{"VIRTUAL_ENV", venv}, {"PYTHON_EXEC", "/opt/x"}}, &exec).ok());
+  CHECK(exec.python == "/opt/x");
+
+  // An environment without an interpreter is named, and PATH's python3 stays.
+  LaunchConfig broken;
+  REQUIRE(ApplyEnvironment({{"VIRTUAL_ENV", venv + "/nothing"}}, &broken).ok());
+  CHECK(broken.python == "python3");
+  REQUIRE(broken.warnings.size() == 1);
+  CHECK(broken.warnings[0] == "VIRTUAL_ENV=" + venv +
+                                  "/nothing has no bin/python; Python programs run under "
+                                  "python3 from PATH");
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Layers over the YAML: the environment and flags through the same key tables, then the
 // cross-field checks (Validate) once every layer is in.
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "base/strings.h"
@@ -20,6 +22,33 @@ Status ApplySetting(const std::string& key, const std::string& value, const Orig
                                  NearMiss(key, AllTopLevelNames()));
   return SetKey(*def, value, origin, where, cfg);
 }
+
+namespace {
+
+// torchrun and `accelerate launch` run workers with their own interpreter (sys.executable): the
+// one the user installed torch into. launch is no Python program, so without an explicit
+// choice (--python, PYTHON_EXEC, LAUNCH_PYTHON, the YAML) it takes the active environment's:
+// a shell that activated a virtualenv or conda environment may still find another python3
+// first on PATH (pyenv's shims, a module system, a PATH rebuilt by a job script).
+void ApplyPythonEnvironment(const std::map<std::string, std::string>& env, LaunchConfig* cfg) {
+  if (cfg->origins.count("python")) return;
+  for (const char* var : {"VIRTUAL_ENV", "CONDA_PREFIX"}) {
+    auto it = env.find(var);
+    if (it == env.end() || it->second.empty()) continue;
+    for (const char* name : {"/bin/python", "/bin/python3"}) {
+      std::string candidate = it->second + name;
+      if (::access(candidate.c_str(), X_OK) != 0) continue;
+      cfg->python = candidate;
+      cfg->origins["python"] = Origin{Origin::Kind::kEnvironment, var};
+      return;
+    }
+    cfg->warnings.push_back(std::string(var) + "=" + it->second +
+                            " has no bin/python; Python programs run under " + cfg->python +
+                            " from PATH");
+  }
+}
+
+}  // namespace
 
 Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchConfig* cfg) {
   // What `accelerate launch` (and launch itself) exports to its workers: a trainer started by
@@ -70,6 +99,7 @@ Status ApplyEnvironment(const std::map<std::string, std::string>& env, LaunchCon
       }
     }
   }
+  ApplyPythonEnvironment(env, cfg);
   return ApplyTrainEnvironment(env, cfg);
 }
 

@@ -337,6 +337,12 @@ const std::vector<KeyDef>& TopLevelTable() {
                 "copy streams to log files too: 1 stdout, 2 stderr, 3 both, or 0:1,1:3 per "
                 "local rank")
           .Show([](const LaunchConfig& c) { return StreamSpecText(c.tee); }),
+      Key("line_buffered", Field(&LaunchConfig::line_buffered))
+          .Flag({"line_buffered"}, kGroupLogs,
+                "workers' output arrives line by line: PYTHONUNBUFFERED=1 for Python, stdout "
+                "line-buffered for other dynamically linked programs (true; false keeps the "
+                "program's own buffering)")
+          .Show([](const LaunchConfig& c) { return Bool(c.line_buffered); }),
       Key("redirects",
           [](const std::string& s, LaunchConfig* c) { return ParseStreamSpec(s, &c->redirects); })
           .Flag({"redirects", "r"}, kGroupLogs,
@@ -355,7 +361,8 @@ const std::vector<KeyDef>& TopLevelTable() {
       // ---- Program
       Key("python", Field(&LaunchConfig::python))
           .Flag({"python"}, kGroupProgram,
-                "interpreter for Python programs (default: PYTHON_EXEC, else python3)")
+                "interpreter for Python programs (default: PYTHON_EXEC, else the active "
+                "VIRTUAL_ENV's or CONDA_PREFIX's, else python3 on PATH)")
           .Show([](const LaunchConfig& c) { return c.python; }),
       Key("no_python", Field(&LaunchConfig::no_python))
           .Flag({"no_python"}, kGroupProgram, "run the program as given, never via python")

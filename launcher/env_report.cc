@@ -52,11 +52,6 @@ std::string RealPath(const std::string& path) {
   return realpath(path.c_str(), buf) ? std::string(buf) : path;
 }
 
-std::string Dirname(const std::string& path) {
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
-}
-
 // "key: value" with the values aligned.
 std::string Row(const std::string& key, const std::string& value) {
   std::string k = key + ":";

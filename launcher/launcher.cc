@@ -97,9 +97,7 @@ std::string DerivedRunId(const config::LaunchConfig& cfg) {
   if (!cfg.program.empty()) {
     parts.insert(parts.end(), cfg.program.begin(), cfg.program.end());
   } else {
-    size_t slash = cfg.config_path.rfind('/');
-    parts.push_back(slash == std::string::npos ? cfg.config_path
-                                               : cfg.config_path.substr(slash + 1));
+    parts.push_back(Basename(cfg.config_path));
     parts.insert(parts.end(), cfg.extra_args.begin(), cfg.extra_args.end());
   }
   uint64_t h = kFnv1aInit;
@@ -187,7 +185,9 @@ std::string PlanSummary(const StatusOr<Plan>& plan, bool multi_node) {
                     plan->run_id
               : "MASTER_ADDR=" + plan->master_addr +
                     " MASTER_PORT=" + std::to_string(plan->master_port)) +
-         "\n# command: " + Join(plan->argv, " ") + "\n";
+         "\n# command: " + Join(plan->argv, " ") + "\n" +
+         (plan->python.empty() ? ""
+                               : "# python: " + plan->python + " (" + plan->python_origin + ")\n");
 }
 
 // The local agent's options for this node's plan: the worker group's layout, environment,
@@ -225,6 +225,7 @@ agent::AgentOptions MakeAgentOptions(const LaunchConfig& cfg, const Plan& plan,
   g.node_view.num_nodes = cfg.task_layout.num_nodes;
   g.gpu_workers = plan.device_kind == "gpu";
   opts.max_restarts = cfg.max_restarts;
+  if (!plan.python.empty()) opts.python = plan.python + " (" + plan.python_origin + ")";
   return opts;
 }
 
@@ -234,9 +235,7 @@ std::string ExecutableDir() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   if (n <= 0) return ".";
-  std::string path(buf, static_cast<size_t>(n));
-  size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "." : path.substr(0, slash);
+  return Dirname(std::string(buf, static_cast<size_t>(n)));
 }
 
 StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
@@ -508,15 +507,35 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
                   ": has no `train:` section; give `-- PROGRAM ARGS` to run a "
                   "program, or add a train: section");
   }
+  const bool under_python = !cfg.program.empty() && argv[0] == cfg.python;
   StatusOr<std::string> resolved = agent::ResolveProgram(argv[0]);
   if (!resolved.ok()) {
     if (argv[0] == bin_dir + "/train")
       return Status::InvalidConfig("the trainer binary is missing (" + argv[0] +
                                    "): build with -DLAUNCH_BUILD_TRAINER=ON");
+    if (under_python) {
+      auto origin = cfg.origins.find("python");
+      return Status::InvalidConfig(
+          "cannot run the Python interpreter (" +
+          (origin == cfg.origins.end()
+               ? std::string("python3 on PATH")
+               : "python: " + cfg.python + ", " + origin->second.ToString()) +
+          "): " + resolved.status().message() +
+          "; choose one with --python PATH or PYTHON_EXEC, or activate its environment");
+    }
     return Status::InvalidConfig("cannot run the program: " + resolved.status().message());
   }
   argv[0] = *resolved;
   plan.argv = argv;
+  if (under_python) {
+    auto origin = cfg.origins.find("python");
+    plan.python = argv[0];
+    plan.python_origin =
+        origin == cfg.origins.end() ? "python3 on PATH" : origin->second.ToString();
+  } else if (!cfg.program.empty() && StartsWith(Basename(argv[0]), "python")) {
+    plan.python = argv[0];  // `-- python3 train.py`
+    plan.python_origin = "the program given";
+  }
 
   // Rendezvous for the workers' own store: one node, so the master is here.
   plan.master_addr = cfg.main_process_ip;
@@ -569,6 +588,21 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
       getenv("NCCL_ASYNC_ERROR_HANDLING") == nullptr) {
     plan.extra_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
     plan.extra_env["NCCL_ASYNC_ERROR_HANDLING"] = "1";
+  }
+  // Output as it is printed. A worker's stdout is a pipe to the agent, so Python and C stdio
+  // would buffer it in blocks (tqdm bars and progress lines arriving late, or at exit). Python
+  // gets -u above and PYTHONUNBUFFERED (which reaches `-- python3 x.py` and the interpreters a
+  // script starts) unless the user chose; other programs get stdout line-buffered by a
+  // preloaded library, as coreutils' stdbuf -oL does (agent/linebuf.c).
+  if (cfg.line_buffered) {
+    if (!getenv("PYTHONUNBUFFERED")) plan.extra_env["PYTHONUNBUFFERED"] = "1";
+    const std::string linebuf = bin_dir + "/" + LAUNCH_LINEBUF_FROM_BIN;
+    const char* preload = getenv("LD_PRELOAD");
+    std::string current = preload ? preload : "";
+    // LD_PRELOAD separates entries by spaces and colons: a path with either cannot be listed.
+    if (plan.python.empty() && linebuf.find_first_of(" :") == std::string::npos &&
+        ::access(linebuf.c_str(), R_OK) == 0 && current.find(linebuf) == std::string::npos)
+      plan.extra_env["LD_PRELOAD"] = current.empty() ? linebuf : current + " " + linebuf;
   }
   if (force_cpu && cfg.origins.count("distributed_type") + cfg.origins.count("use_cpu") > 0)
     plan.extra_env["CUDA_VISIBLE_DEVICES"] = "";

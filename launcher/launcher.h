@@ -29,6 +29,11 @@ struct Plan {
   std::vector<int> file_streams;     // per local rank
   std::vector<int> console_streams;  // per local rank
   std::map<std::string, std::string> extra_env;
+  // The interpreter the workers run when the program is Python (a .py file, -m, or a program
+  // named python*), and what chose it ("python3 on PATH", "environment VIRTUAL_ENV", ...):
+  // --print_config names it, and a failure report that looks like a missing package too.
+  std::string python;
+  std::string python_origin;
   // The built-in trainer: where the effective configuration goes (train.output_dir/
   // effective_config[.nodeR].yaml); the workers run `train --effective_config` on it.
   std::string effective_config;

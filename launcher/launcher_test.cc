@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 
+#include "base/files.h"
+
 #include <doctest/doctest.h>
 
 namespace launch::launcher {
@@ -144,6 +146,76 @@ TEST_CASE("PlanRejectsMissingPrograms") {
   Parsed none = Parse({});
   REQUIRE(none.status.ok());
   CHECK(MakePlan(none.cfg, "/x", kCpuHost, {}).status().message().find("nothing to run") == 0);
+}
+
+// A bin/ folder with the preload library where the launcher looks for it.
+std::string FakeInstall() {
+  char templ[] = "/tmp/launch-plan-test-XXXXXX";
+  REQUIRE(mkdtemp(templ) != nullptr);
+  std::string bin = std::string(templ) + "/bin";
+  const std::string lib = bin + "/" + LAUNCH_LINEBUF_FROM_BIN;
+  REQUIRE(MakeDirs(bin).ok());
+  REQUIRE(WriteFileAtomically(lib, "").ok());
+  return bin;
+}
+
+TEST_CASE("PlanMakesWorkerOutputLive") {
+  const std::string bin = FakeInstall();
+  const std::string lib = bin + "/" + LAUNCH_LINEBUF_FROM_BIN;
+  Parsed c = Parse({"--", "/bin/true"});
+  REQUIRE(c.status.ok());
+  StatusOr<Plan> plan = MakePlan(c.cfg, bin, kCpuHost, {});
+  REQUIRE(plan.ok());
+  CHECK(plan->extra_env.at("LD_PRELOAD") == lib);
+  CHECK(plan->extra_env.at("PYTHONUNBUFFERED") == "1");
+  CHECK(plan->python.empty());
+  // The user's preload stays, and theirs comes first; their PYTHONUNBUFFERED is theirs.
+  plan =
+      MakePlan(c.cfg, bin, kCpuHost, {{"LD_PRELOAD", "/x/libmine.so"}, {"PYTHONUNBUFFERED", ""}});
+  REQUIRE(plan.ok());
+  CHECK(plan->extra_env.at("LD_PRELOAD") == "/x/libmine.so " + lib);
+  CHECK(plan->extra_env.count("PYTHONUNBUFFERED") == 0);
+  // Python reads neither C stdio nor the preload: -u and the variable do it.
+  Parsed py = Parse({"--python", "/bin/sh", "x.py"});
+  REQUIRE(py.status.ok());
+  plan = MakePlan(py.cfg, bin, kCpuHost, {});
+  REQUIRE(plan.ok());
+  CHECK(plan->extra_env.count("LD_PRELOAD") == 0);
+  CHECK(plan->python == "/bin/sh");
+  CHECK(plan->python_origin == "flag --python");
+  // Turned off: nothing is added.
+  Parsed off = Parse({"--line_buffered", "false", "--", "/bin/true"});
+  REQUIRE(off.status.ok());
+  plan = MakePlan(off.cfg, bin, kCpuHost, {});
+  REQUIRE(plan.ok());
+  CHECK(plan->extra_env.count("LD_PRELOAD") == 0);
+  CHECK(plan->extra_env.count("PYTHONUNBUFFERED") == 0);
+  // No library where the launcher looks (a partial install): no preload, and no ld.so warning
+  // in every worker.
+  plan = MakePlan(c.cfg, "/nonexistent", kCpuHost, {});
+  REQUIRE(plan.ok());
+  CHECK(plan->extra_env.count("LD_PRELOAD") == 0);
+}
+
+TEST_CASE("PlanNamesTheInterpreterAndWhatChoseIt") {
+  Parsed p = Parse({"x.py"});
+  REQUIRE(p.status.ok());
+  p.cfg.python = "/bin/sh";  // as the default python3 would resolve
+  p.cfg.origins.erase("python");
+  StatusOr<Plan> plan = MakePlan(p.cfg, "/nonexistent", kCpuHost, {});
+  REQUIRE(plan.ok());
+  CHECK(plan->python_origin == "python3 on PATH");
+  // `-- python3 x.py`: the program is the interpreter.
+  Parsed given = Parse({"--", "/bin/sh", "x.py"});
+  REQUIRE(given.status.ok());
+  CHECK(MakePlan(given.cfg, "/nonexistent", kCpuHost, {})->python.empty());
+  p.cfg.python = "/nonexistent/venv/bin/python";
+  p.cfg.origins["python"] = config::Origin{config::Origin::Kind::kEnvironment, "VIRTUAL_ENV"};
+  plan = MakePlan(p.cfg, "/nonexistent", kCpuHost, {});
+  CHECK(plan.status().message().find("cannot run the Python interpreter (python: "
+                                     "/nonexistent/venv/bin/python, environment VIRTUAL_ENV)") ==
+        0);
+  CHECK(plan.status().message().find("--python PATH or PYTHON_EXEC") != std::string::npos);
 }
 
 }  // namespace
