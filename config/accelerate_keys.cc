@@ -517,7 +517,7 @@ const std::map<std::string, std::vector<std::string>>& InertAccelerateKeys() {
       {"commands", {}},
       {"command_file", {}},
       {"gpu_type", {"*"}},
-      {"ipex_config", {}},
+      {"ipex_config", {"false"}},  // per field: {ipex: false}
       {"mpirun_config", {}},
   };
   return keys;

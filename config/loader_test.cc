@@ -316,6 +316,8 @@ TEST_CASE("AccelerateSectionsAreKeptForTheScriptAndInertValuesWarnOnce") {
                          "downcast_bf16: true\n"
                          "tpu_use_sudo: true\n"
                          "same_network: false\n"
+                         "ipex_config: {ipex: false}\n"  // what accelerate writes on every CPU
+                         "mpirun_config: {}\n"
                          "num_processes: 2\n",
                          "acc.yaml", &cfg)
               .ok());
@@ -333,6 +335,16 @@ TEST_CASE("AccelerateSectionsAreKeptForTheScriptAndInertValuesWarnOnce") {
   CHECK(cfg.warnings[0] ==
         "these accelerate settings have no effect with launch: downcast_bf16 (acc.yaml), "
         "tpu_use_sudo (acc.yaml)");
+  // A section that asks for something is named.
+  LaunchConfig ipex;
+  REQUIRE(LoadYamlString("ipex_config: {ipex: true}\nmpirun_config: {mpirun_hostfile: /h}\n",
+                         "acc.yaml", &ipex)
+              .ok());
+  REQUIRE(Validate(&ipex).ok());
+  REQUIRE(ipex.warnings.size() == 1);
+  CHECK(ipex.warnings[0] ==
+        "these accelerate settings have no effect with launch: ipex_config (acc.yaml), "
+        "mpirun_config (acc.yaml)");
 }
 
 TEST_CASE("OneKeyTableServesFlagsEnvironmentAndRdzvConf") {

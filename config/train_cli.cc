@@ -50,6 +50,7 @@ StatusOr<TrainCommandLine> ParseTrainCommandLine(const std::vector<std::string>&
                  "a configuration launch resolved (no environment, no flags applied)");
   app.add_flag("--self_test,--self-test", cl.self_test,
                "the distributed self-check behind `launch test`");
+  app.add_flag("--version", cl.version, "print the version and the LibTorch it uses, and exit");
   app.add_flag("--dump_params,--dump-params", cl.dump_params,
                "also write every parameter as raw float32 (output_dir/params_rank<R>.bin)");
   const std::vector<const TrainKey*> keys = FlagKeys();

@@ -28,6 +28,7 @@ struct TrainCommandLine {
   bool self_test = false;        // --self_test
   bool dump_params = false;      // --dump_params (trainer_runtime/trainer.h TrainerOptions)
   bool help = false;             // -h/--help: print help_text and exit 0
+  bool version = false;          // --version: print the version and exit 0
   std::string help_text;
   struct Setting {
     std::string path;  // train key, e.g. "optimizer.lr"

@@ -148,12 +148,20 @@ Status LoadDocument(const YAML::Node& root, const std::string& name, LaunchConfi
     }
     auto inert = InertAccelerateKeys().find(key);
     if (inert != InertAccelerateKeys().end() || StartsWith(key, "tpu_")) {
-      std::string v = ToLower(AccelerateText(value));
       std::vector<std::string> fine = {"false", ""};
       if (inert != InertAccelerateKeys().end()) fine = inert->second;
-      bool harmless = value.IsNull() || (value.IsMap() && value.size() == 0) ||
-                      std::find(fine.begin(), fine.end(), "*") != fine.end() ||
-                      std::find(fine.begin(), fine.end(), v) != fine.end();
+      auto fine_value = [&](const std::string& text) {
+        return std::find(fine.begin(), fine.end(), "*") != fine.end() ||
+               std::find(fine.begin(), fine.end(), ToLower(text)) != fine.end();
+      };
+      bool harmless = value.IsNull() || (!value.IsMap() && fine_value(AccelerateText(value)));
+      if (value.IsMap()) {
+        // A section (`ipex_config: {ipex: false}`, which `accelerate config` writes for every
+        // CPU machine) asks for nothing when each of its values is one that asks for nothing.
+        harmless = true;
+        for (auto kv = value.begin(); kv != value.end(); ++kv)
+          harmless &= kv->second.IsNull() || fine_value(AccelerateText(kv->second));
+      }
       if (!harmless) ignored.push_back(key);
       continue;
     }

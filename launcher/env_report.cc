@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "agent/cgroup.h"
+#include "agent/subprocess.h"
 #include "base/environment.h"
 #include "base/exit_code.h"
 #include "base/files.h"
@@ -301,9 +302,36 @@ std::string TrainerSection(const std::string& self) {
   std::string train = Dirname(self) + "/train";
   if (!Exists(train)) return Row("trainer", "not built (no " + train + ")");
   std::string version = Trim(Capture({train, "--version"}, std::chrono::seconds(10)));
-  if (version.empty()) return Row("trainer", train + " (`train --version` gave nothing)");
-  std::string out = Row("trainer", train);
-  for (const std::string& line : Split(version, '\n')) out += "                     " + line + "\n";
+  if (version.empty()) return Row("trainer", train + " (`train --version` failed)");
+  return Row("trainer", version + ": " + train);
+}
+
+// What a Python worker would run under (the interpreter `launch` resolves for script.py, and
+// what chose it), its version and whether it imports torch: accelerate env's "Python version,
+// PyTorch version" for the interpreter that matters, the workers'.
+std::string PythonSection(const config::LaunchConfig& cfg) {
+  auto origin = cfg.origins.find("python");
+  const std::string why =
+      origin == cfg.origins.end() ? "python3 on PATH" : origin->second.ToString();
+  StatusOr<std::string> python = agent::ResolveProgram(cfg.python);
+  if (!python.ok())
+    return Row("workers' Python", cfg.python + " (" + why + "): " + python.status().message());
+  static const char* kProbe =
+      "import sys\n"
+      "print('Python ' + sys.version.split()[0])\n"
+      "for name in ('torch', 'numpy'):\n"
+      "    try:\n"
+      "        m = __import__(name)\n"
+      "        extra = ''\n"
+      "        if name == 'torch':\n"
+      "            extra = ' (CUDA ' + ('yes' if m.cuda.is_available() else 'no') + ')'\n"
+      "        print(name + ' ' + m.__version__ + extra)\n"
+      "    except Exception as e:\n"
+      "        print(name + ': cannot be imported (' + type(e).__name__ + ': ' + str(e) + ')')\n";
+  std::string out = Row("workers' Python", *python + " (" + why + ")");
+  std::string probe = Trim(Capture({*python, "-c", kProbe}, std::chrono::seconds(30)));
+  if (probe.empty()) return out + "  it did not run (or took over 30 s)\n";
+  for (const std::string& line : Split(probe, '\n')) out += "  " + line + "\n";
   return out;
 }
 
@@ -437,15 +465,24 @@ bool IsReportedVariable(const std::string& name) {
                                               "LOCAL_WORLD_SIZE",
                                               "LD_LIBRARY_PATH",
                                               "XDG_CONFIG_HOME",
+                                              "XDG_CACHE_HOME",
+                                              "HF_HOME",  // where accelerate's config is
+                                              "VIRTUAL_ENV",
+                                              "CONDA_PREFIX",
+                                              "PYTHON_EXEC",
+                                              "PYTHONPATH",
+                                              "PYTHONUNBUFFERED",
+                                              "LD_PRELOAD",
+                                              "TORCH_NCCL_ASYNC_ERROR_HANDLING",
                                               "PMI_RANK",
                                               "PMI_SIZE",
                                               "OPENBLAS_NUM_THREADS",
                                               "MKL_NUM_THREADS"};
   if (exact.count(name)) return true;
   for (const char* prefix :
-       {"LAUNCH_", "PET_", "TORCHELASTIC_", "NCCL_", "GLOO_", "SLURM_JOB_ID", "SLURM_JOB_NODELIST",
-        "SLURM_STEP_", "SLURM_NNODES", "SLURM_NODEID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_GPUS",
-        "SLURM_CPUS_ON_NODE", "OMPI_COMM_WORLD_"})
+       {"LAUNCH_", "PET_", "TORCHELASTIC_", "ACCELERATE_", "NCCL_", "GLOO_", "SLURM_JOB_ID",
+        "SLURM_JOB_NODELIST", "SLURM_STEP_", "SLURM_NNODES", "SLURM_NODEID", "SLURM_PROCID",
+        "SLURM_NTASKS", "SLURM_GPUS", "SLURM_CPUS_ON_NODE", "OMPI_COMM_WORLD_"})
     if (StartsWith(name, prefix)) return true;
   return false;
 }
@@ -464,30 +501,37 @@ std::string EnvironmentSection(const std::map<std::string, std::string>& env) {
   return out.empty() ? "  (none of the variables launch, SLURM, MPI, CUDA or NCCL read)\n" : out;
 }
 
-std::string ConfigSection(const std::string& given, const std::map<std::string, std::string>& env) {
-  std::string out;
+// The configuration `launch` would run with here: the file given, else the first default file
+// that exists (launch's, then accelerate's, as `launch` itself picks), then the environment.
+struct LoadedConfig {
+  std::string header;  // the "config file:" line, and any load error or warning
+  config::LaunchConfig cfg;
+};
+
+LoadedConfig LoadConfig(const std::string& given, const std::map<std::string, std::string>& env) {
+  LoadedConfig out;
   std::string path = given;
   std::string why = "given on the command line";
   if (path.empty()) {
-    std::string def = DefaultConfigPath();
-    if (!def.empty() && Exists(def)) {
-      path = def;
-      why = "the default config file";
-    } else {
-      why = "none: no config given and no default config file (" +
-            (def.empty() ? std::string("HOME unset") : def) + ")";
+    const std::vector<std::string> candidates = DefaultConfigCandidates(env);
+    for (size_t i = 0; i < candidates.size() && path.empty(); ++i) {
+      if (!Exists(candidates[i])) continue;
+      path = candidates[i];
+      why = i == 0 ? "launch's default config file"
+                   : "accelerate's default config file, which launch uses when it has none";
     }
+    if (path.empty())
+      why = "none: no config given and no default config file (" +
+            (candidates.empty() ? std::string("HOME unset") : Join(candidates, ", ")) + ")";
   }
-  out += Row("config file", path.empty() ? why : path + " (" + why + ")");
-  config::LaunchConfig cfg;
+  out.header = Row("config file", path.empty() ? why : path + " (" + why + ")");
   Status s = Status::Ok();
-  if (!path.empty()) s = config::LoadYamlFile(path, &cfg);
-  if (s.ok()) s = config::ApplyEnvironment(env, &cfg);
-  if (s.ok()) s = config::ApplySchedulerEnvironment(env, &cfg);
-  if (s.ok()) s = config::Validate(&cfg);
-  if (!s.ok()) out += "  the config does not load: " + s.message() + "\n";
-  for (const std::string& w : cfg.warnings) out += "  warning: " + w + "\n";
-  out += "\n" + config::FormatConfig(cfg);
+  if (!path.empty()) s = config::LoadYamlFile(path, &out.cfg);
+  if (s.ok()) s = config::ApplyEnvironment(env, &out.cfg);
+  if (s.ok()) s = config::ApplySchedulerEnvironment(env, &out.cfg);
+  if (s.ok()) s = config::Validate(&out.cfg);
+  if (!s.ok()) out.header += "  the config does not load: " + s.message() + "\n";
+  for (const std::string& w : out.cfg.warnings) out.header += "  warning: " + w + "\n";
   return out;
 }
 
@@ -501,11 +545,13 @@ std::string EnvReport(const std::string& config_file) {
   out += SystemSection();
   out += TorchSection();
   out += TrainerSection(self);
+  LoadedConfig loaded = LoadConfig(config_file, env);
+  out += PythonSection(loaded.cfg);
   out += BlasSection();
   out += CpuSection();
   out += GpuSection();
   out += "environment:\n" + EnvironmentSection(env);
-  out += ConfigSection(config_file, env);
+  out += loaded.header + "\n" + config::FormatConfig(loaded.cfg);
   return out;
 }
 

@@ -32,6 +32,10 @@ int main(int argc, char** argv) {
     std::fputs(cl->help_text.c_str(), stdout);
     return 0;
   }
+  if (cl->version) {
+    std::printf("train %s (%s)\n", LAUNCH_VERSION, launch::trainer::BuildDescription().c_str());
+    return 0;
+  }
   if (cl->self_test) {
     launch::Status s = launch::trainer::RunSelfTest({});
     return s.ok() ? 0 : Fail(s);

@@ -20,6 +20,7 @@
 #include "base/files.h"
 #include "base/strings.h"
 #include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/data/data.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/model/pipeline_stages.h"
@@ -754,6 +755,11 @@ Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& option
   } catch (const std::exception& e) {
     return Status::Internal(trainer.Phase() + ": " + e.what());
   }
+}
+
+std::string BuildDescription() {
+  return "LibTorch " + compat::LibTorchVersion() + ", Gloo, NCCL " +
+         (compat::HasNccl() ? "yes" : "no");
 }
 
 }  // namespace launch::trainer

@@ -31,4 +31,8 @@ struct TrainerOptions {
 // REQUIRES: train.present.
 Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& options);
 
+// What `train --version` prints after its own version: the LibTorch it was built with and the
+// collectives it can use ("LibTorch 2.6.0, Gloo, NCCL no").
+std::string BuildDescription();
+
 }  // namespace launch::trainer
