@@ -114,7 +114,7 @@ TEST_CASE("SlurmCpuJobsTakeTheAllocatedCpus") {
 }
 
 TEST_CASE("SlurmEndpointFromLaunchVariableWinsOverTheNodeList") {
-  // The review's issue 15: the endpoint's host and port keep their origin.
+  // The endpoint's host and port keep their origin (a LAUNCH_* variable beats SLURM).
   LaunchConfig cfg;
   REQUIRE(ApplyEnvironment({{"LAUNCH_RDZV_ENDPOINT", "login5:29400"}}, &cfg).ok());
   REQUIRE(ApplySchedulerEnvironment(SlurmStep(1), &cfg).ok());

@@ -37,7 +37,7 @@ namespace {
 
 using config::ParallelMode;
 
-// The one signal flag (STYLE.md): the last signal received, 0 when none. A stop (SIGTERM,
+// The one signal flag: the last signal received, 0 when none. A stop (SIGTERM,
 // SIGINT) outranks a checkpoint request (SIGUSR1, SIGUSR2). PollSignals reads and clears it at
 // a step boundary, where the state is consistent.
 volatile std::sig_atomic_t g_signal = 0;

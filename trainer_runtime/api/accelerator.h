@@ -16,6 +16,10 @@
 //     }
 //   accel->Finish();                                  // Local SGD's last average, barrier
 //
+// Backward and Step replace a ported loop's own loss.backward() and optimizer.zero_grad(): a
+// plain backward() is not synchronised (each rank would train on its own), and under ddp the
+// gradients are views into the all-reduce buckets, which zero_grad() cannot detach (it aborts).
+//
 // Mixed precision (options.mixed_precision, the top-level `mixed_precision` key): `bf16` is CPU
 // autocast to bfloat16, as torch.autocast("cpu", torch.bfloat16): matmuls and convolutions run
 // in bfloat16 while parameters, gradients, optimizer state and the loss stay float32, and

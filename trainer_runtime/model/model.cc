@@ -236,7 +236,7 @@ class ScriptModuleImpl : public torch::nn::Module, public TensorForward {
  public:
   explicit ScriptModuleImpl(torch::jit::Module script) : script_(std::move(script)) {
     std::unordered_set<const void*> seen;
-    // The parameter_list iterator is not STL-compatible (PLATFORM.md): plain loops.
+    // The parameter_list iterator is not STL-compatible: plain loops.
     for (const auto& item : script_.named_parameters(/*recurse=*/true)) {
       if (!seen.insert(item.value.unsafeGetTensorImpl()).second) continue;  // tied weights
       register_parameter(Flat(item.name), item.value, item.value.requires_grad());
@@ -348,7 +348,7 @@ StatusOr<torch::nn::AnyModule> LoadScriptModule(const std::string& path, const s
     // the model's time is in its linear and convolution kernels, which fusion leaves alone.
     torch::jit::setTensorExprFuserEnabled(false);
     torch::jit::Module m = torch::jit::load(path);
-    // A module saved in eval mode loads in eval mode (PLATFORM.md).
+    // A module saved in eval mode loads in eval mode (torch::jit::load keeps its training flag).
     m.train();
     return torch::nn::AnyModule(std::make_shared<ScriptModuleImpl>(std::move(m)));
   } catch (const c10::Error& e) {

@@ -1,6 +1,6 @@
 #pragma once
 
-// Stand-in for the LibTorch header that Debian's libtorch-dev does not ship (PLATFORM.md).
+// Stand-in for the LibTorch header that Debian's libtorch-dev does not ship.
 // c10d/reducer.hpp includes it only to hold a std::shared_ptr<DistAutogradContext> member
 // and to static_assert the GradCallback type, so a declaration with the same GradCallback
 // keeps the Reducer's layout identical to the compiled library. Never define or use the
