@@ -221,7 +221,10 @@ class Backpressure(unittest.TestCase):
         worker = ("import signal, sys\n"
                   "signal.signal(signal.SIGUSR1, lambda *_: print('usr1 handled', file=sys.stderr,"
                   " flush=True))\n"
-                  "sys.stdout.buffer.write(b'y' * (2 << 20) + b'\\n'); sys.stdout.flush()\n")
+                  # Unbuffered (launch's PYTHONUNBUFFERED), a write the signal interrupts
+                  # returns what it wrote: the rest is written by the loop.
+                  "data = memoryview(b'y' * (2 << 20) + b'\\n')\n"
+                  "while data: data = data[sys.stdout.buffer.write(data):]\n")
         l = self.start("--log_dir", logs, "--run_id", "fifo", "--stop_grace", "2", "--",
                        SYSTEM_PYTHON, "-c", worker)
         self.assertTrue(wait_until(lambda: pipe_backlog(fifo_fd) >= 60 << 10, 20),
