@@ -25,6 +25,7 @@
 
 #include "agent/cgroup.h"
 #include "agent/subprocess.h"
+#include "base/elf.h"
 #include "base/environment.h"
 #include "base/exit_code.h"
 #include "base/files.h"
@@ -79,46 +80,6 @@ std::string FindLibrary(const std::string& soname) {
     if (Exists(p)) return p;
   }
   return "";
-}
-
-// DT_NEEDED entries of an ELF64 shared library (read from its .dynamic section; the library is
-// mapped read-only, never loaded).
-std::vector<std::string> NeededLibraries(const std::string& path) {
-  std::vector<std::string> needed;
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return needed;
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(Elf64_Ehdr))) {
-    close(fd);
-    return needed;
-  }
-  size_t size = static_cast<size_t>(st.st_size);
-  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (map == MAP_FAILED) return needed;
-  const auto* base = static_cast<const unsigned char*>(map);
-  const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(base);
-  auto in_file = [&](uint64_t off, uint64_t len) { return off <= size && len <= size - off; };
-  if (std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == ELFCLASS64 &&
-      in_file(eh->e_shoff, uint64_t(eh->e_shnum) * sizeof(Elf64_Shdr))) {
-    const auto* sh = reinterpret_cast<const Elf64_Shdr*>(base + eh->e_shoff);
-    for (int i = 0; i < eh->e_shnum; ++i) {
-      if (sh[i].sh_type != SHT_DYNAMIC || sh[i].sh_link >= eh->e_shnum) continue;
-      const Elf64_Shdr& strtab = sh[sh[i].sh_link];
-      if (!in_file(sh[i].sh_offset, sh[i].sh_size) || !in_file(strtab.sh_offset, strtab.sh_size))
-        break;
-      const auto* dyn = reinterpret_cast<const Elf64_Dyn*>(base + sh[i].sh_offset);
-      size_t count = sh[i].sh_size / sizeof(Elf64_Dyn);
-      for (size_t j = 0; j < count && dyn[j].d_tag != DT_NULL; ++j) {
-        if (dyn[j].d_tag != DT_NEEDED || dyn[j].d_un.d_val >= strtab.sh_size) continue;
-        const char* s = reinterpret_cast<const char*>(base + strtab.sh_offset + dyn[j].d_un.d_val);
-        needed.emplace_back(s, strnlen(s, strtab.sh_size - dyn[j].d_un.d_val));
-      }
-      break;
-    }
-  }
-  munmap(map, size);
-  return needed;
 }
 
 bool AnyContains(const std::vector<std::string>& items, const std::string& part) {
@@ -276,14 +237,15 @@ std::string TorchSection() {
   if (!so_version.empty()) v += ", library " + so_version;
   out += Row("LibTorch", v);
   out += Row("  library", real);
-  std::vector<std::string> needed = NeededLibraries(real);
+  std::vector<std::string> needed = ElfNeededLibraries(real);
   bool cuda = Exists(libdir + "/libtorch_cuda.so") || AnyContains(needed, "libtorch_cuda") ||
               AnyContains(needed, "libcudart");
   bool gloo = AnyContains(needed, "gloo") ||
               Exists(header_dir + "/torch/csrc/distributed/c10d/ProcessGroupGloo.hpp");
   bool nccl = false;
   if (cuda) {
-    std::vector<std::string> cuda_needed = NeededLibraries(RealPath(libdir + "/libtorch_cuda.so"));
+    std::vector<std::string> cuda_needed =
+        ElfNeededLibraries(RealPath(libdir + "/libtorch_cuda.so"));
     nccl = AnyContains(cuda_needed, "nccl") ||
            Exists(header_dir + "/torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp");
   }

@@ -16,6 +16,7 @@
 #include "agent/elastic_agent.h"
 #include "agent/ports.h"
 #include "agent/subprocess.h"
+#include "base/elf.h"
 #include "base/environment.h"
 #include "base/files.h"
 #include "base/host.h"
@@ -599,8 +600,14 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
     const std::string linebuf = bin_dir + "/" + LAUNCH_LINEBUF_FROM_BIN;
     const char* preload = getenv("LD_PRELOAD");
     std::string current = preload ? preload : "";
+    // A program built with GCC's AddressSanitizer or ThreadSanitizer (a shared runtime) aborts
+    // when another library is preloaded before its runtime: it keeps its own buffering.
+    bool sanitized = false;
+    for (const std::string& lib : ElfNeededLibraries(plan.argv[0]))
+      sanitized |=
+          StartsWith(lib, "libasan") || StartsWith(lib, "libtsan") || StartsWith(lib, "libhwasan");
     // LD_PRELOAD separates entries by spaces and colons: a path with either cannot be listed.
-    if (plan.python.empty() && linebuf.find_first_of(" :") == std::string::npos &&
+    if (plan.python.empty() && !sanitized && linebuf.find_first_of(" :") == std::string::npos &&
         ::access(linebuf.c_str(), R_OK) == 0 && current.find(linebuf) == std::string::npos)
       plan.extra_env["LD_PRELOAD"] = current.empty() ? linebuf : current + " " + linebuf;
   }

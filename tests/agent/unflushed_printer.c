@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   printf("ready\n");
   for (int waited = 0; waited < atoi(argv[2]) * 10 && access(argv[1], F_OK) != 0; ++waited)
     usleep(100 * 1000);
-  printf("done\n");
+  // Whether the go file came in time: it can only if "ready" reached the test before.
+  printf("done %s\n", access(argv[1], F_OK) == 0 ? "go" : "timeout");
   return 0;
 }
