@@ -155,6 +155,38 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   return text;
 }
 
+StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return Status::NotFound("cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const bool dir = S_ISDIR(st.st_mode);
+    ::close(fd);
+    return Status::InvalidArgument("'" + path + "' is " +
+                                   (dir ? "a directory" : "not a regular file") +
+                                   ", not a file to read");
+  }
+  // Read up to one byte past the limit: a file that grows while it is read is caught too.
+  std::string text;
+  char buf[65536];
+  while (text.size() <= max_bytes) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Status::FromErrno("read error on '" + path + "'", err);
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  if (text.size() > max_bytes)
+    return Status::InvalidArgument("'" + path + "' has more than the " +
+                                   std::to_string(max_bytes) + " bytes it may have");
+  return text;
+}
+
 std::string ReadSmallFile(const std::string& path, size_t limit) {
   // In pieces, growing with what is there: a buffer of `limit` bytes up front would cost its
   // whole size in resident memory (launch reads /proc/self/mountinfo with a 4 MiB limit at

@@ -65,6 +65,11 @@ class AtomicFileWriter {
 
 // A whole file. NotFound when it cannot be opened, IoError on a read error.
 StatusOr<std::string> ReadFile(const std::string& path);
+// A regular file of at most `max_bytes`, read whole: InvalidArgument naming the path for a
+// directory, a device (/dev/zero would be read until memory ran out), a FIFO (opened without
+// blocking, so one without a writer is refused, not waited on) or a larger file; NotFound and
+// IoError as ReadFile.
+StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes);
 // Whether `path` names a regular file (following links).
 bool FileExists(const std::string& path);
 

@@ -15,6 +15,9 @@ std::string Join(const std::vector<std::string>& parts, std::string_view sep);
 bool StartsWith(std::string_view s, std::string_view prefix);
 bool EndsWith(std::string_view s, std::string_view suffix);
 std::string ToLower(std::string_view s);
+// No C0 control character and no DEL (UTF-8 beyond ASCII is fine): text that may go in a log
+// line or a terminal as it is.
+bool IsPrintable(std::string_view s);
 
 // Levenshtein distance; used for "did you mean" suggestions.
 size_t EditDistance(std::string_view a, std::string_view b);

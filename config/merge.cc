@@ -10,6 +10,7 @@
 #include "config/loader.h"
 #include "config/scalars.h"
 #include "config/train_keys.h"
+#include "config/value_text.h"
 
 namespace launch::config {
 
@@ -150,7 +151,15 @@ Status Validate(LaunchConfig* cfg) {
                                      " is not divisible by num_machines " +
                                      std::to_string(cfg->min_nodes) +
                                      " (give nproc_per_node instead for elastic or uneven nodes)");
-      cfg->nproc_per_node = std::to_string(cfg->num_processes / cfg->min_nodes);
+      const int per_node = cfg->num_processes / cfg->min_nodes;
+      // The same bound as nproc_per_node's own: a plan holds a few entries per worker.
+      if (per_node > kMaxWorkersPerNode)
+        return Status::InvalidConfig(
+            cfg->origins["num_processes"].ToString() + ": num_processes " +
+            std::to_string(cfg->num_processes) + " over " + std::to_string(cfg->min_nodes) +
+            " machine(s) is " + std::to_string(per_node) + " workers per machine, more than " +
+            std::to_string(kMaxWorkersPerNode));
+      cfg->nproc_per_node = std::to_string(per_node);
       cfg->origins["nproc_per_node"] =
           Origin{Origin::Kind::kDerived, "num_processes / num_machines"};
     } else if (np_rank == ppn_rank) {
@@ -164,6 +173,22 @@ Status Validate(LaunchConfig* cfg) {
             cfg->origins["nproc_per_node"].ToString() + "); give one of the two");
     }
   }
+  // What the rendezvous would refuse from another node's point of view ("lost the server"):
+  // named here, with where the value came from.
+  auto where = [&](const char* key) {
+    auto it = cfg->origins.find(key);
+    return it == cfg->origins.end() ? std::string(key) : it->second.ToString() + ": " + key;
+  };
+  if (cfg->run_id.size() > kMaxRunIdBytes || !IsPrintable(cfg->run_id))
+    return Status::InvalidConfig(
+        where("run_id") + " must be printable text of at most " + std::to_string(kMaxRunIdBytes) +
+        " bytes (it is " + std::to_string(cfg->run_id.size()) + " bytes)");
+  for (const auto& [key, value] :
+       {std::pair<const char*, double>{"rdzv_conf.join_timeout", cfg->rdzv_conf.join_timeout_s},
+        {"rdzv_conf.heartbeat_timeout", cfg->rdzv_conf.heartbeat_timeout_s}})
+    if (value < kMinRendezvousTimeoutS)
+      return Status::InvalidConfig(where(key) + " is " + Num(value) +
+                                   " s; the rendezvous needs at least 0.05 s");
   if (cfg->distributed_type == DistributedType::kNo && cfg->nproc_per_node == "auto" &&
       cfg->num_processes == 0) {
     cfg->nproc_per_node = "1";

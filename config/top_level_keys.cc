@@ -130,10 +130,11 @@ const std::vector<KeyDef>& TopLevelTable() {
             long long v = 0;
             if (l == "auto" || l == "gpu" || l == "cpu") {
               c->nproc_per_node = l;
-            } else if (ParseInt64(l, &v) && v >= 1 && v <= 4096) {
+            } else if (ParseInt64(l, &v) && v >= 1 && v <= kMaxWorkersPerNode) {
               c->nproc_per_node = std::to_string(v);
             } else {
-              return "expected a number >= 1, 'auto', 'gpu' or 'cpu', got '" + s + "'";
+              return "expected a number from 1 to " + std::to_string(kMaxWorkersPerNode) +
+                     ", 'auto', 'gpu' or 'cpu', got '" + s + "'";
             }
             return std::string();
           })
@@ -211,7 +212,7 @@ const std::vector<KeyDef>& TopLevelTable() {
           })
           .Syn({"node_rank"})
           .Flag({"machine_rank", "node_rank"}, kGroupNodes,
-                "this machine's rank (assigned by the rendezvous when absent)")
+                "this machine's rank (assigned by the rendezvous when absent or -1)")
           .Show([](const LaunchConfig& c) {
             return c.machine_rank < 0 ? "" : std::to_string(c.machine_rank);
           }),

@@ -5,9 +5,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <map>
 #include <fstream>
 #include <sstream>
 
+#include "base/files.h"
 #include "base/strings.h"
 #include "config/key_table.h"
 #include "config/loader.h"
@@ -107,9 +109,38 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, LaunchConfig* c
   return Status::Ok();
 }
 
+// yaml-cpp keeps both entries of a key given twice in one mapping, and the later one would win
+// silently: a config edited by appending (`num_processes: 3` under an old `num_processes: 1`)
+// is refused, naming both lines. Aliases may make a small file a huge tree ("billion laughs"):
+// the walk stops after `budget` nodes, and yaml-cpp's own limits bound the depth.
+Status RefuseDuplicateKeys(const YamlContext& ctx, const YAML::Node& node, const std::string& path,
+                           int* budget) {
+  if (--*budget < 0) return Status::Ok();
+  if (node.IsSequence()) {
+    for (const YAML::Node& item : node)
+      LAUNCH_RETURN_IF_ERROR(RefuseDuplicateKeys(ctx, item, path, budget));
+    return Status::Ok();
+  }
+  if (!node.IsMap()) return Status::Ok();
+  std::map<std::string, YAML::Node> seen;
+  for (auto kv = node.begin(); kv != node.end(); ++kv) {
+    if (!kv->first.IsScalar()) continue;
+    const std::string key = kv->first.Scalar();
+    auto [it, fresh] = seen.emplace(key, kv->first);
+    if (!fresh)
+      return Status::InvalidConfig(ctx.Where(kv->first) + ": " + path + key +
+                                   " is given twice (first at line " +
+                                   std::to_string(it->second.Mark().line + 1) + ")");
+    LAUNCH_RETURN_IF_ERROR(RefuseDuplicateKeys(ctx, kv->second, path + key + ".", budget));
+  }
+  return Status::Ok();
+}
+
 Status LoadDocument(const YAML::Node& root, const std::string& name, LaunchConfig* cfg) {
   YamlContext ctx{name, cfg};
   if (root.IsNull() || !root.IsDefined()) return Status::Ok();  // empty file: all defaults
+  int budget = 1 << 20;
+  LAUNCH_RETURN_IF_ERROR(RefuseDuplicateKeys(ctx, root, "", &budget));
   if (!root.IsMap())
     return Status::InvalidConfig(ctx.Where(root) + ": expected a mapping of keys at the top level");
   std::vector<std::string> ignored;
@@ -218,12 +249,16 @@ Status LoadYamlString(const std::string& text, const std::string& name, LaunchCo
 }
 
 Status LoadYamlFile(const std::string& path, LaunchConfig* cfg) {
-  std::ifstream in(path);
-  if (!in) return Status::InvalidConfig(path + ": cannot open the config file");
-  std::stringstream buf;
-  buf << in.rdbuf();
+  // A config is a file someone wrote: a directory is not read as an empty one, and /dev/zero
+  // is not read until memory runs out.
+  StatusOr<std::string> text = ReadRegularFile(path, kMaxConfigBytes);
+  if (!text.ok())
+    return Status::InvalidConfig(
+        text.status().code() == Status::Code::kNotFound
+            ? path + ": cannot open the config file"
+            : "the config file " + text.status().message());
   cfg->config_path = path;
-  return LoadYamlString(buf.str(), path, cfg);
+  return LoadYamlString(*text, path, cfg);
 }
 
 StatusOr<TrainConfig> LoadTrainConfigFile(const std::string& path) {

@@ -335,6 +335,10 @@ StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
     out.action = CommandLine::Action::kPrint;
     out.text = app.help();
     return out;
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11 says "--nproc_per_node: 1 required  missing".
+    std::string what = e.what();
+    return Status::InvalidConfig(what.substr(0, what.find(':')) + " needs a value");
   } catch (const CLI::ParseError& e) {
     return Status::InvalidConfig(e.what());
   }

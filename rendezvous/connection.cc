@@ -133,7 +133,17 @@ void Connection::OnFrameComplete() {
   }
   Status valid = ValidateMessage(frame_header_.type, *fields);
   if (!valid.ok()) {
-    Fail(valid.WithContext(ToString(frame_header_.type)));
+    Status why = valid.WithContext(ToString(frame_header_.type));
+    if (frame_header_.type == MessageType::kJoin) {
+      // Answered, not just closed: the refused agent names the reason ("field 'run_id' is 2000
+      // bytes") instead of reporting a lost server, which is all a bare close tells it.
+      ErrorMessage refused;
+      refused.config_error = true;
+      refused.message = "the rendezvous server refused this node's JOIN: " + why.message();
+      SendAndClose(MessageType::kError, ToFields(refused), why);
+      return;
+    }
+    Fail(why);
     return;
   }
   body_.clear();
@@ -164,10 +174,11 @@ Status Connection::Send(MessageType type, const Fields& fields) {
   return Status::Ok();
 }
 
-Status Connection::SendAndClose(MessageType type, const Fields& fields) {
+Status Connection::SendAndClose(MessageType type, const Fields& fields, Status why) {
   Status sent = Send(type, fields);
   close_after_write_ = true;
-  if (!writing_) Close(Status::Ok());
+  close_reason_ = std::move(why);
+  if (!writing_) Close(close_reason_);
   return sent;
 }
 
@@ -175,7 +186,7 @@ void Connection::WriteNext() {
   if (closed_) return;
   if (write_queue_.empty()) {
     writing_ = false;
-    if (close_after_write_) Close(Status::Ok());
+    if (close_after_write_) Close(close_reason_);
     return;
   }
   writing_ = true;

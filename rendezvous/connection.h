@@ -58,8 +58,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // exceeds the size the peer accepts; OK when the connection is already closing (its
   // on_closed reports why).
   Status Send(MessageType type, const Fields& fields);
-  // Sends, then closes once the frame is flushed (or the write deadline passes).
-  Status SendAndClose(MessageType type, const Fields& fields);
+  // Sends, then closes once the frame is flushed (or the write deadline passes); on_closed
+  // gets `why`.
+  Status SendAndClose(MessageType type, const Fields& fields, Status why = Status::Ok());
   // See the header comment. `outgoing`: the direction of the frames this side sends.
   // REQUIRES: called once, from on_frame of the last handshake frame received or right after
   // the last handshake frame was sent, before anything else is sent.
@@ -108,6 +109,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   size_t pending_bytes_ = 0;
   bool writing_ = false;
   bool close_after_write_ = false;
+  Status close_reason_;  // what on_closed reports after SendAndClose
   bool closed_ = false;
   bool detached_ = false;
   uint64_t read_generation_ = 0;  // which frame read the read timer belongs to

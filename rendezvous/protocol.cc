@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "base/strings.h"
+#include "config/launch_config.h"
 
 namespace launch::rendezvous {
 namespace {
@@ -131,14 +132,6 @@ StatusOr<FailureReport> GetReport(const Fields& f, const std::string& prefix) {
   LAUNCH_RETURN_IF_ERROR(GetString(f, prefix + "stderr_tail", kMaxStderrTail, &r.stderr_tail));
   LAUNCH_RETURN_IF_ERROR(GetMicros(f, prefix + "time_us", &r.time_us));
   return r;
-}
-
-bool IsPrintable(std::string_view s) {
-  for (char c : s) {
-    unsigned char u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f) return false;
-  }
-  return true;
 }
 
 bool IsIpAddress(const std::string& s) {
@@ -307,7 +300,7 @@ Fields ToFields(const JoinRequest& m) {
 
 StatusOr<JoinRequest> ParseJoin(const Fields& f) {
   JoinRequest m;
-  LAUNCH_RETURN_IF_ERROR(GetString(f, "run_id", kMaxShortString, &m.run_id));
+  LAUNCH_RETURN_IF_ERROR(GetString(f, "run_id", config::kMaxRunIdBytes, &m.run_id));
   LAUNCH_RETURN_IF_ERROR(GetInt(f, "min_nodes", 1, kMaxNodes, &m.min_nodes));
   LAUNCH_RETURN_IF_ERROR(GetInt(f, "max_nodes", 1, kMaxNodes, &m.max_nodes));
   if (m.max_nodes < m.min_nodes) return Status::ProtocolError("max_nodes is below min_nodes");
@@ -323,7 +316,8 @@ StatusOr<JoinRequest> ParseJoin(const Fields& f) {
   LAUNCH_RETURN_IF_ERROR(GetMicros(f, "clock_us", &m.clock_us));
   if (!IsPrintable(m.run_id) || !IsPrintable(m.hostname))
     return Status::ProtocolError("fields 'run_id' and 'hostname' must be printable text");
-  if (m.heartbeat_timeout_s < 0.05 || m.join_timeout_s < 0.05)
+  if (m.heartbeat_timeout_s < config::kMinRendezvousTimeoutS ||
+      m.join_timeout_s < config::kMinRendezvousTimeoutS)
     return Status::ProtocolError("heartbeat_timeout and join_timeout must be at least 0.05 s");
   return m;
 }

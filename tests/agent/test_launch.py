@@ -397,7 +397,7 @@ class Config(unittest.TestCase):
         self.assert_config_error("num_processes: [2\n", "FILE:")
 
     def test_bad_flag_values(self):
-        self.assert_config_error("{}\n", "--nproc_per_node: expected a number >= 1", "--nproc_per_node", "0")
+        self.assert_config_error("{}\n", "--nproc_per_node: expected a number from 1 to 4096", "--nproc_per_node", "0")
         r = launch("--max_restarts", "-1", "--", "true")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--max_restarts: expected a value >= 0", r.stderr)
