@@ -188,6 +188,11 @@ void Terminal::Write(const std::string& text) {
 
 void Prompter::Say(const std::string& text) { term_->Write(text + "\n"); }
 
+void Prompter::Warn(const std::string& text) {
+  term_->Write(term_->fancy() ? std::string("  ") + kRed + "! " + text + kReset + "\n"
+                              : "  ! " + text + "\n");
+}
+
 StatusOr<int> Prompter::Choose(const std::string& question, const std::vector<std::string>& options,
                                int default_index) {
   LAUNCH_CHECK(
@@ -311,8 +316,7 @@ StatusOr<std::string> Prompter::Ask(const std::string& question, const std::stri
     std::string error =
         validate ? validate(answer) : (answer.empty() ? "an answer is needed" : std::string());
     if (error.empty()) return answer;
-    term_->Write(fancy ? std::string("  ") + kRed + "! " + error + kReset + "\n"
-                       : "  ! " + error + "\n");
+    Warn(error);
   }
 }
 

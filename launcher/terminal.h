@@ -117,6 +117,8 @@ class Prompter {
 
   // A line of information (not a question).
   void Say(const std::string& text);
+  // A line saying what is wrong with an answer ("  ! text", in red on a fancy terminal).
+  void Warn(const std::string& text);
 
  private:
   // Reads one line with simple editing; Interrupted on ^C, or ^D on an empty line.

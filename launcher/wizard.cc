@@ -182,10 +182,24 @@ Status AskMachine(Prompter& p, int gpus, bool from_file, ConfigAnswers* a) {
         a->machine_rank,
         p.AskInt("What is the rank of this machine? (0 is the main machine)",
                  std::min(a->machine_rank, a->num_machines - 1), 0, a->num_machines - 1));
-    LAUNCH_ASSIGN_OR_RETURN(
-        a->main_process_ip,
-        p.Ask("What is the IP address (or host name) of the main machine, rank 0?",
-              from_file && a->main_process_ip != "127.0.0.1" ? a->main_process_ip : "", CheckHost));
+    std::string ip_default =
+        from_file && !IsLoopbackHost(a->main_process_ip) ? a->main_process_ip : "";
+    while (true) {
+      LAUNCH_ASSIGN_OR_RETURN(
+          a->main_process_ip,
+          p.Ask("What is the IP address (or host name) of the main machine, rank 0?", ip_default,
+                CheckHost));
+      if (!IsLoopbackHost(a->main_process_ip)) break;
+      // Every machine dials this address, and on each of them loopback is the machine itself.
+      // accelerate takes it silently; it is right only for several launches on one host.
+      p.Warn(a->main_process_ip + " is a loopback address: the other machines cannot reach it");
+      LAUNCH_ASSIGN_OR_RETURN(
+          bool keep,
+          p.Confirm("Keep it anyway? (only for trying the job with several launches on this "
+                    "one machine)",
+                    false));
+      if (keep) break;
+    }
   }
   if (a->where != Where::kThisMachine) {
     LAUNCH_ASSIGN_OR_RETURN(
@@ -365,7 +379,9 @@ int Save(const ConfigAnswers& answers, const std::string& path) {
 
 std::string NextCommand(const ConfigAnswers& a, const std::string& path, bool is_default_path) {
   std::string cfg = is_default_path ? "" : " --config_file " + path;
-  std::string program = a.train ? "" : " -- python3 train.py";
+  // The script form: launch runs a .py file as torchrun does, `python3 -u` (unbuffered, so
+  // print() output shows while the worker runs), where `-- python3 train.py` would be buffered.
+  std::string program = a.train ? "" : " train.py";
   std::ostringstream out;
   out << "Next:\n";
   switch (a.where) {
@@ -383,7 +399,9 @@ std::string NextCommand(const ConfigAnswers& a, const std::string& path, bool is
           << "   # inside an sbatch script; templates in scripts/slurm/\n";
       break;
   }
-  if (!a.train) out << "  (replace `python3 train.py` with your program and its arguments)\n";
+  if (!a.train)
+    out << "  (replace `train.py` with your script and its arguments; a program that is not "
+           "Python goes after `--`: `launch -- ./prog ARGS`)\n";
   return out.str();
 }
 
@@ -410,7 +428,7 @@ int RunWizard(const std::string& path, bool is_default_path) {
   if (!Terminal::IsTerminal(0)) {
     std::cerr << "launch config: the wizard needs a terminal, and standard input is not one.\n"
                  "Write a config without questions with `launch config default` (then edit it),\n"
-                 "or write the YAML by hand (see README.md).\n";
+                 "or write the YAML by hand (its keys: docs/launcher.md#the-yaml).\n";
     return kExitUsage;
   }
   Terminal term(0, 1);

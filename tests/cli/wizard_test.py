@@ -45,6 +45,15 @@ class WizardTest(unittest.TestCase):
         self.sessions.append(s)
         return s
 
+    def cpus_and_defaults(self, s):
+        """Answers the device question with CPUs, then Enter up to and including the trainer."""
+        s.expect("Which devices")
+        s.send("1" + ENTER)
+        for prompt in ("processes per machine?", "Mixed precision?", "restart after a failure?",
+                       "built-in trainer"):
+            s.expect(prompt)
+            s.send(ENTER)
+
     def print_config(self, path):
         """The file as `launch --print_config` sees it, when the launch binary is built."""
         if not os.path.exists(harness.LAUNCH):
@@ -75,6 +84,11 @@ class WizardTest(unittest.TestCase):
         s.expect("main machine, rank 0?:")
         s.send(ENTER)  # no default: an answer is required
         s.expect("the address of the main machine is needed")
+        s.send("127.0.0.1" + ENTER)  # loopback in a 3-machine job: warned, then asked again
+        s.expect("127.0.0.1 is a loopback address: the other machines cannot reach it")
+        s.expect("Keep it anyway?")
+        s.send(ENTER)
+        s.expect("main machine, rank 0?:")
         s.send("10.0.0.77\x7f" + ENTER)  # backspace edits the answer
         s.expect("port should the rendezvous use on the main machine? [29500]:")
         s.send(ENTER)
@@ -166,6 +180,37 @@ class WizardTest(unittest.TestCase):
         with open(path) as f:
             self.assertEqual(yaml.safe_load(f), doc)
 
+    def test_loopback_main_address_can_be_kept_explicitly(self):
+        # Several launches on one host (a rehearsal of a 2-machine job) need 127.0.0.1 or
+        # localhost; the wizard warns, and keeps it when told to.
+        path = os.path.join(self.dir, "two.yaml")
+        s = self.start("--config_file", path)
+        s.expect("Where will the job run?")
+        s.send("2" + ENTER)
+        s.expect("How many machines? [2]:")
+        s.send(ENTER)
+        s.expect("(0 is the main machine) [0]:")
+        s.send(ENTER)
+        s.expect("main machine, rank 0?:")
+        s.send("localhost" + ENTER)
+        s.expect("localhost is a loopback address: the other machines cannot reach it")
+        s.expect("Keep it anyway? (only for trying the job with several launches on this one "
+                 "machine) [yes/NO]:")
+        s.send("y" + ENTER)
+        s.expect("[29500]:")
+        s.send(ENTER)
+        s.expect("shared secret")
+        s.send(ENTER)
+        self.cpus_and_defaults(s)
+        s.expect("Wrote " + path)
+        s.expect("launch --config_file " + path + " train.py")
+        s.expect("launch --config_file " + path + " --machine_rank R train.py")
+        self.assertEqual(s.wait(), 0, s.text())
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        self.assertEqual(doc["main_process_ip"], "localhost")
+        self.assertEqual(doc["num_machines"], 2)
+
     def test_ctrl_c_writes_nothing_and_restores_the_terminal(self):
         # The shell ignores SIGINT so that it survives to report; the wizard installs its own
         # handler. `stty -a` afterwards shows the terminal mode the wizard left behind.
@@ -208,16 +253,7 @@ class WizardTest(unittest.TestCase):
         s = self.start()
         s.expect("Where will the job run?")
         s.send(ENTER)
-        s.expect("Which devices")
-        s.send("1" + ENTER)
-        s.expect("processes per machine?")
-        s.send(ENTER)
-        s.expect("Mixed precision?")
-        s.send(ENTER)
-        s.expect("restart after a failure?")
-        s.send(ENTER)
-        s.expect("built-in trainer")
-        s.send(ENTER)
+        self.cpus_and_defaults(s)
         s.expect(self.default_path + " exists. Overwrite it? [yes/NO]:")
         s.send(ENTER)
         s.expect("Nothing was written")
@@ -229,14 +265,10 @@ class WizardTest(unittest.TestCase):
         s = self.start()
         s.expect("Where will the job run?")
         s.send(ENTER)
-        s.expect("Which devices")
-        s.send("1" + ENTER)
-        for prompt in ("processes per machine?", "Mixed precision?", "restart after a failure?",
-                       "built-in trainer"):
-            s.expect(prompt)
-            s.send(ENTER)
+        self.cpus_and_defaults(s)
         s.expect("Wrote " + self.default_path)
-        s.expect("launch -- python3 train.py")
+        s.expect("Next:")
+        s.expect("  launch train.py\r\n")  # the script form: python3 -u, as torchrun runs it
         self.assertEqual(s.wait(), 0)
         with open(self.default_path) as f:
             doc = yaml.safe_load(f)
@@ -259,6 +291,7 @@ class WizardTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("needs a terminal", r.stderr)
         self.assertIn("launch config default", r.stderr)
+        self.assertIn("docs/launcher.md#the-yaml", r.stderr)  # where the keys are documented
         self.assertFalse(os.path.exists(self.default_path))
 
     def test_config_default_never_overwrites_silently(self):
