@@ -1,6 +1,7 @@
 #include "launcher/wizard.h"
 
 #include <fcntl.h>
+#include <langinfo.h>
 #include <pwd.h>
 #include <sched.h>
 #include <sys/stat.h>
@@ -9,9 +10,11 @@
 
 #include <cerrno>
 #include <climits>
+#include <clocale>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -208,13 +211,14 @@ Status AskMachine(Prompter& p, int gpus, bool from_file, ConfigAnswers* a) {
                  a->main_process_port > 0 ? a->main_process_port : 29500, 1, 65535));
     LAUNCH_ASSIGN_OR_RETURN(
         a->rdzv_token,
-        p.Ask("A shared secret for the rendezvous? (empty: none, or set LAUNCH_RDZV_TOKEN)",
-              a->rdzv_token, [](const std::string& s) {
-                for (char c : s)
-                  if (std::isspace(static_cast<unsigned char>(c)))
-                    return std::string("the secret may not contain spaces");
-                return std::string();
-              }));
+        p.AskSecret("A shared secret for the rendezvous? (typing is not shown; empty: none, or "
+                    "set LAUNCH_RDZV_TOKEN)",
+                    a->rdzv_token, [](const std::string& s) {
+                      for (char c : s)
+                        if (std::isspace(static_cast<unsigned char>(c)))
+                          return std::string("the secret may not contain spaces");
+                      return std::string();
+                    }));
   }
 
   LAUNCH_ASSIGN_OR_RETURN(int device,
@@ -275,8 +279,8 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
                                    IndexOf(models, a->model)));
   a->model = models[static_cast<size_t>(model)];
   if (a->model == "torchscript") {
-    LAUNCH_ASSIGN_OR_RETURN(a->torchscript_path, p.Ask("Path of the TorchScript file?",
-                                                       a->torchscript_path, CheckReadableFile));
+    LAUNCH_ASSIGN_OR_RETURN(a->torchscript_path, p.AskPath("Path of the TorchScript file?",
+                                                           a->torchscript_path, CheckReadableFile));
     a->torchscript_path = AbsolutePath(a->torchscript_path);
   }
   if (a->model == "transformer") {
@@ -285,8 +289,8 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
     a->data = "idx";
     if (a->data_path.empty()) a->data_path = config::kFashionMnistDir;
     LAUNCH_ASSIGN_OR_RETURN(a->data_path,
-                            p.Ask("Folder of the MNIST-format image files (train-*, t10k-*)?",
-                                  a->data_path, CheckDirectory));
+                            p.AskPath("Folder of the MNIST-format image files (train-*, t10k-*)?",
+                                      a->data_path, CheckDirectory));
     a->data_path = AbsolutePath(a->data_path);
   } else {
     LAUNCH_ASSIGN_OR_RETURN(int data,
@@ -297,9 +301,9 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
     a->data = data == 0 ? "synthetic" : "csv";
   }
   if (a->data == "csv" || a->data == "text") {
-    LAUNCH_ASSIGN_OR_RETURN(a->data_path, p.Ask(a->data == "text" ? "Path of the text corpus?"
-                                                                  : "Path of the CSV file?",
-                                                a->data_path, CheckReadableFile));
+    LAUNCH_ASSIGN_OR_RETURN(a->data_path, p.AskPath(a->data == "text" ? "Path of the text corpus?"
+                                                                      : "Path of the CSV file?",
+                                                    a->data_path, CheckReadableFile));
     a->data_path = AbsolutePath(a->data_path);
   }
   if (a->data == "csv") {
@@ -330,8 +334,8 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
                           p.AskInt("Batch size per process?", a->batch_size, 1, 1 << 24));
   LAUNCH_ASSIGN_OR_RETURN(a->max_steps,
                           p.AskInt("How many optimizer steps?", a->max_steps, 1, INT_MAX));
-  LAUNCH_ASSIGN_OR_RETURN(a->output_dir,
-                          p.Ask("Directory for metrics and checkpoints?", a->output_dir, nullptr));
+  LAUNCH_ASSIGN_OR_RETURN(
+      a->output_dir, p.AskPath("Directory for metrics and checkpoints?", a->output_dir, nullptr));
   return Status::Ok();
 }
 
@@ -431,6 +435,10 @@ int RunWizard(const std::string& path, bool is_default_path) {
                  "or write the YAML by hand (its keys: docs/launcher.md#the-yaml).\n";
     return kExitUsage;
   }
+  // Answers are UTF-8 (so is the file); libedit decodes and measures typed characters by
+  // LC_CTYPE, so a terminal left in the C locale still edits an 'é' as one character.
+  std::setlocale(LC_CTYPE, "");
+  if (std::strcmp(nl_langinfo(CODESET), "UTF-8") != 0) std::setlocale(LC_CTYPE, "C.UTF-8");
   Terminal term(0, 1);
   Status s = term.EnterRawMode();
   if (!s.ok()) {

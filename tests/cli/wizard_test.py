@@ -2,11 +2,14 @@
 answers re-asked, the written YAML loads, Ctrl-C leaves nothing behind and restores the
 terminal; `launch config default` never overwrites silently; no terminal -> exit 2."""
 
+import fcntl
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
+import termios
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -18,6 +21,10 @@ import yaml  # noqa: E402
 
 DOWN = "\x1b[B"
 UP = "\x1b[A"
+LEFT = "\x1b[D"
+HOME = "\x1b[H"
+END = "\x1b[F"
+TAB = "\t"
 ENTER = "\r"
 CTRL_C = "\x03"
 
@@ -42,6 +49,9 @@ class WizardTest(unittest.TestCase):
         if shell_wrap:
             argv = ["/bin/sh", "-c", shell_wrap, "sh", *argv]
         s = PtySession(argv, env=self.env, cwd=self.dir)
+        # Wide enough that no prompt wraps: libedit marks a wrap with " \r", which would split
+        # the text the tests look for. libedit reads the size at the first text answer.
+        fcntl.ioctl(s.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 250, 0, 0))
         self.sessions.append(s)
         return s
 
@@ -80,7 +90,7 @@ class WizardTest(unittest.TestCase):
         s.expect("rank of this machine? (0 is the main machine) [0]:")
         s.send("5" + ENTER)
         s.expect("expected a number from 0 to 2, got 5")
-        s.send("1" + ENTER)
+        s.send(UP + "\x7f1" + ENTER)  # Up recalls the rejected "5" (history); it is edited to 1
         s.expect("main machine, rank 0?:")
         s.send(ENTER)  # no default: an answer is required
         s.expect("the address of the main machine is needed")
@@ -93,7 +103,7 @@ class WizardTest(unittest.TestCase):
         s.expect("port should the rendezvous use on the main machine? [29500]:")
         s.send(ENTER)
         s.expect("shared secret")
-        s.send("tok123" + ENTER)
+        s.send("tok1234\x7f" + ENTER)  # not shown; Backspace still edits
         s.expect("Which devices should the workers use?")
         s.send("1" + ENTER)  # CPUs whatever this machine has
         s.expect("How many processes per machine?")
@@ -122,10 +132,15 @@ class WizardTest(unittest.TestCase):
         s.expect("How many optimizer steps? [300]:")
         s.send("40" + ENTER)
         s.expect("Directory for metrics and checkpoints? [runs/launch]:")
-        s.send(ENTER)
+        # Tab completes the folder's name; then Left inserts before the last letter, Home and End
+        # jump to either end of the line.
+        os.mkdir(os.path.join(self.dir, "checkpoints_here"))
+        s.send("chec" + TAB)  # libedit redraws with cursor moves: the file shows the result
+        s.send("abd" + LEFT + "c" + HOME + "./" + END + "e" + ENTER)
         s.expect("Wrote " + path)
         s.expect("--machine_rank R")
         self.assertEqual(s.wait(), 0, s.text())
+        self.assertNotIn("tok12", s.text())  # the secret never reached the screen
 
         with open(path) as f:
             text = f.read()
@@ -143,10 +158,11 @@ class WizardTest(unittest.TestCase):
         self.assertEqual(doc["rdzv_token"], "tok123")
         self.assertEqual(doc["train"]["gradient_accumulation_steps"], 2)
         self.assertEqual(doc["train"]["max_steps"], 40)
+        self.assertEqual(doc["train"]["output_dir"], "./checkpoints_here/abcde")
         self.assertEqual(doc["train"]["parallel"]["mode"], "ddp")
         # A file holding the rendezvous secret is private.
         self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
-        self.assertEqual(os.listdir(self.dir), ["cluster.yaml"])  # no temporary left behind
+        self.assertEqual(sorted(os.listdir(self.dir)), ["checkpoints_here", "cluster.yaml"])
 
         # The file as launch's loader sees it (`launch env` loads and validates it; --print_config
         # would also start planning a 3-machine job).
@@ -164,11 +180,12 @@ class WizardTest(unittest.TestCase):
         s.expect("The defaults below are the answers in the existing " + path)
         prompts = ["Where will the job run?", "How many machines? [3]:",
                    "(0 is the main machine) [1]:", "rank 0? [10.0.0.7]:", "[29500]:",
-                   "LAUNCH_RDZV_TOKEN) [tok123]:", "Which devices", "processes per machine?",
+                   "LAUNCH_RDZV_TOKEN) [Enter keeps the current one]:", "Which devices",
+                   "processes per machine?",
                    "Mixed precision?", "after a failure? [1]:", "parallel mode)? [YES/no]:",
                    "Which model?", "Which training data?", "Which parallel mode?",
                    "per optimizer step? [2]:", "Batch size per process? [32]:",
-                   "optimizer steps? [40]:", "checkpoints? [runs/launch]:"]
+                   "optimizer steps? [40]:", "checkpoints? [./checkpoints_here/abcde]:"]
         for prompt in prompts:
             s.expect(prompt)
             s.send(ENTER)
@@ -179,6 +196,7 @@ class WizardTest(unittest.TestCase):
         self.assertEqual(s.wait(), 0, s.text())
         with open(path) as f:
             self.assertEqual(yaml.safe_load(f), doc)
+        self.assertNotIn("tok123", s.text())  # the current secret is kept, not shown
 
     def test_loopback_main_address_can_be_kept_explicitly(self):
         # Several launches on one host (a rehearsal of a 2-machine job) need 127.0.0.1 or
@@ -220,6 +238,19 @@ class WizardTest(unittest.TestCase):
         s.expect("Which devices should the workers use?")
         s.send(DOWN)
         s.expect("> 2) NVIDIA GPUs")  # the key was read in raw mode before Ctrl-C arrives
+        self.assert_ctrl_c_writes_nothing_and_restores_the_terminal(s)
+
+    def test_ctrl_c_while_editing_a_text_answer(self):
+        s = self.start(shell_wrap='trap "" INT; "$@"; echo "rc=$?"; stty -a')
+        s.expect("Where will the job run?")
+        s.send(ENTER)
+        s.expect("Which devices should the workers use?")
+        s.send("1" + ENTER)
+        s.expect("How many processes per machine?")
+        s.send("12" + LEFT)  # libedit has the line
+        self.assert_ctrl_c_writes_nothing_and_restores_the_terminal(s)
+
+    def assert_ctrl_c_writes_nothing_and_restores_the_terminal(self, s):
         s.send(CTRL_C)
         s.expect("Interrupted; nothing was written.")
         s.expect("rc=130")
