@@ -229,6 +229,55 @@ TEST_CASE("LoadAnswersReadsBackWhatWasWritten") {
   CHECK(LoadAnswers(path).status().code() == Status::Code::kInvalidConfig);
 }
 
+// Writes `a`, reads the answers back and checks they render the same file.
+ConfigAnswers RoundTrip(const ConfigAnswers& a) {
+  std::string path = TempDir() + "/c.yaml";
+  REQUIRE(WriteFileAtomically(path, RenderConfigYaml(a)).ok());
+  StatusOr<ConfigAnswers> back = LoadAnswers(path);
+  REQUIRE_MESSAGE(back.ok(), (back.status().ToString()));
+  CHECK(RenderConfigYaml(*back) == RenderConfigYaml(a));
+  return *back;
+}
+
+TEST_CASE("ShardingChoicesRenderAndReadBack") {
+  ConfigAnswers trainer;
+  trainer.train = true;
+  trainer.parallel_mode = "zero";
+  trainer.zero_stage = 2;
+  LaunchConfig zero = LoadRendered(trainer);
+  CHECK(zero.train.parallel.mode == config::ParallelMode::kZero);
+  CHECK(zero.train.parallel.zero_stage == 2);
+  CHECK(RoundTrip(trainer).zero_stage == 2);
+
+  trainer.parallel_mode = "ddp";
+  trainer.local_sgd_steps = 8;
+  LaunchConfig local_sgd = LoadRendered(trainer);
+  CHECK(local_sgd.train.parallel.mode == config::ParallelMode::kDdp);
+  CHECK(local_sgd.train.local_sgd_steps == 8);
+  CHECK(RoundTrip(trainer).local_sgd_steps == 8);
+
+  // Without train:, the script's Accelerator shards: accelerate's keys, mapped by launch.
+  ConfigAnswers script;
+  script.use_gpu = true;
+  script.sharding = "fsdp";
+  script.fsdp_strategy = "SHARD_GRAD_OP";
+  LaunchConfig fsdp = LoadRendered(script);
+  CHECK(fsdp.distributed_type == DistributedType::kFsdp);
+  CHECK(fsdp.accelerate["fsdp_sharding_strategy"] == "SHARD_GRAD_OP");
+  CHECK(RoundTrip(script).fsdp_strategy == "SHARD_GRAD_OP");
+
+  script.sharding = "deepspeed";
+  script.deepspeed_zero_stage = 3;
+  LaunchConfig deepspeed = LoadRendered(script);
+  CHECK(deepspeed.distributed_type == DistributedType::kDeepSpeed);
+  CHECK(deepspeed.accelerate["zero_stage"] == "3");
+  CHECK(RoundTrip(script).deepspeed_zero_stage == 3);
+
+  // With train:, the trainer's own parallel mode decides: no FSDP or DeepSpeed keys.
+  script.train = true;
+  CHECK(LoadRendered(script).distributed_type == DistributedType::kMultiGpu);
+}
+
 TEST_CASE("DefaultConfigPathFollowsXdgThenHome") {
   CHECK(DefaultConfigPath({{"XDG_CONFIG_HOME", "/x/cfg"}, {"HOME", "/home/u"}}) ==
         "/x/cfg/launch/default_config.yaml");

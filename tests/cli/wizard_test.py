@@ -229,6 +229,54 @@ class WizardTest(unittest.TestCase):
         self.assertEqual(doc["main_process_ip"], "localhost")
         self.assertEqual(doc["num_machines"], 2)
 
+    def answer(self, s, *steps):
+        """For each (prompt, keys): waits for the prompt, then types the keys."""
+        for prompt, keys in steps:
+            s.expect(prompt)
+            s.send(keys)
+
+    def test_trainer_zero_stage_is_offered_and_loads(self):
+        path = os.path.join(self.dir, "zero.yaml")
+        s = self.start("--config_file", path)
+        self.answer(s, ("Where will the job run?", ENTER), ("Which devices", "1" + ENTER),
+                    ("processes per machine?", ENTER), ("Mixed precision?", ENTER),
+                    ("restart after a failure?", ENTER), ("built-in trainer", "y" + ENTER),
+                    ("Which model?", ENTER), ("Which training data?", ENTER),
+                    ("local SGD: no gradient all-reduce", "2" + ENTER),  # zero
+                    ("What should zero shard?", "2" + ENTER),
+                    ("per optimizer step? [1]:", ENTER), ("Batch size", ENTER),
+                    ("optimizer steps?", ENTER), ("checkpoints?", ENTER))
+        s.expect("Wrote " + path)
+        self.assertEqual(s.wait(), 0, s.text())
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        self.assertEqual(doc["train"]["parallel"]["mode"], "zero")
+        self.assertEqual(doc["train"]["parallel"]["zero_stage"], 2)
+        shown = self.print_config(path)
+        if shown is not None:
+            self.assertRegex(shown, r"train.parallel.mode: zero\s+# " + path)
+            self.assertRegex(shown, r"train.parallel.zero_stage: 2\s+# " + path)
+
+    def test_script_sharding_is_offered_for_gpu_jobs_without_the_trainer(self):
+        path = os.path.join(self.dir, "fsdp.yaml")
+        s = self.start("--config_file", path)
+        self.answer(s, ("Where will the job run?", ENTER),
+                    ("Which devices", "2" + ENTER),  # GPUs, whether or not this machine has one
+                    ("processes per machine?", ENTER), ("Which GPUs", ENTER),
+                    ("Mixed precision?", ENTER), ("restart after a failure?", ENTER),
+                    ("built-in trainer", ENTER),
+                    ("Should your script's Accelerator shard the model?", "2" + ENTER),
+                    ("Which FSDP sharding strategy?", "2" + ENTER))
+        s.expect("Wrote " + path)
+        self.assertEqual(s.wait(), 0, s.text())
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        self.assertEqual(doc["distributed_type"], "FSDP")
+        self.assertEqual(doc["fsdp_config"]["fsdp_sharding_strategy"], "SHARD_GRAD_OP")
+        shown = self.print_config(path)
+        if shown is not None:
+            self.assertRegex(shown, r"distributed_type: FSDP\s+# " + path)
+
     def test_ctrl_c_writes_nothing_and_restores_the_terminal(self):
         # The shell ignores SIGINT so that it survives to report; the wizard installs its own
         # handler. `stty -a` afterwards shows the terminal mode the wizard left behind.
