@@ -291,7 +291,7 @@ StatusOr<std::string> Terminal::ReadEditedLine(const std::string& prompt, bool c
     if (have_termios_) tcsetattr(in_fd_, TCSADRAIN, &saved_termios_);
     rl_getc_function = ReadEditorChar;  // rl_initialize installs it
     rl_catch_signals = 0;  // keep our handlers: libedit's re-send the signal to the whole group
-    rl_readline_name = "launch";  // the section of ~/.editrc that applies
+    rl_readline_name = "launch";  // ~/.editrc lines prefixed "launch:" apply here only
     rl_instream = stdin;
     rl_outstream = stdout;
     if (rl_initialize() != 0) {

@@ -5,7 +5,7 @@
 // validation, yes/no questions, secrets typed without echo).
 //
 // Text answers on a real terminal are edited with libedit (BSD; its readline API): cursor keys,
-// Home/End, Ctrl-A/E/K/W, this session's earlier answers on Up/Down, and Tab completing file
+// Home/End, Ctrl-A/E/K, this session's earlier answers on Up/Down, and Tab completing file
 // names where the question asks for a path. Elsewhere (pipes in tests, TERM=dumb) and for
 // secrets, a small editor of our own reads the line: Backspace and Ctrl-U only. Text is UTF-8;
 // column widths and libedit's decoding follow LC_CTYPE, which the caller sets (RunWizard: the
