@@ -1,12 +1,16 @@
 #include "launcher/terminal.h"
 
+#include <editline/readline.h>
 #include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cwchar>
 
 #include "base/strings.h"
 
@@ -21,6 +25,141 @@ void OnStopSignal(int signo) { g_stop_signal = signo; }
 
 Status InterruptedBy(int signo) {
   return Status::Interrupted("interrupted by " + SignalName(signo));
+}
+
+// Waits up to `timeout_ms` (-1: for ever) for one byte of `fd`. *got is false on timeout; the
+// end of the input reads as Ctrl-D.
+Status ReadByteFrom(int fd, int timeout_ms, unsigned char* byte, bool* got) {
+  *got = false;
+  // Poll in short slices so a signal that arrives between the flag check and the wait is seen
+  // within 100 ms even where EINTR does not reach us.
+  int waited = 0;
+  while (true) {
+    if (g_stop_signal) return InterruptedBy(g_stop_signal);
+    int slice = timeout_ms < 0 ? 100 : std::min(100, timeout_ms - waited);
+    if (timeout_ms >= 0 && slice <= 0) return Status::Ok();
+    struct pollfd pfd {
+      fd, POLLIN, 0
+    };
+    int r = poll(&pfd, 1, slice);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno("poll on the terminal", errno);
+    }
+    if (r == 0) {
+      waited += slice;
+      continue;
+    }
+    ssize_t n = read(fd, byte, 1);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status::FromErrno("reading the terminal", errno);
+    }
+    if (n == 0) {
+      *byte = 0x04;  // end of input reads as Ctrl-D
+    }
+    *got = true;
+    return Status::Ok();
+  }
+}
+
+// Bytes in the UTF-8 sequence that `lead` starts; 1 for a byte that starts none.
+size_t Utf8Length(unsigned char lead) {
+  if (lead >= 0xF0 && lead <= 0xF7) return 4;
+  if (lead >= 0xE0 && lead <= 0xEF) return 3;
+  if (lead >= 0xC2 && lead <= 0xDF) return 2;
+  return 1;
+}
+
+// The code point at text[*pos], moving *pos past it. A malformed byte reads as itself (as
+// Latin-1), so that no typed byte is lost.
+char32_t DecodeUtf8(const std::string& text, size_t* pos) {
+  const unsigned char lead = static_cast<unsigned char>(text[*pos]);
+  const size_t n = Utf8Length(lead);
+  char32_t cp = lead & (0x7F >> n);
+  for (size_t i = 1; i < n; ++i) {
+    const unsigned char c = *pos + i < text.size() ? static_cast<unsigned char>(text[*pos + i]) : 0;
+    if ((c & 0xC0) != 0x80) {
+      ++*pos;
+      return lead;
+    }
+    cp = (cp << 6) | (c & 0x3F);
+  }
+  *pos += n;
+  return n == 1 ? lead : cp;
+}
+
+// Columns `text` takes on the terminal: 2 for a wide (CJK) character, 0 for a combining mark,
+// 1 where the locale does not know the character.
+size_t DisplayColumns(const std::string& text) {
+  size_t columns = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    int w = wcwidth(static_cast<wchar_t>(DecodeUtf8(text, &pos)));
+    columns += w < 0 ? 1 : static_cast<size_t>(w);
+  }
+  return columns;
+}
+
+// libedit's character source (rl_getc_function): the next UTF-8 character of the terminal as a
+// code point (libedit stores what this returns as one wchar_t). It waits as ReadKey does, so a
+// Ctrl-C ends the line at once: libedit's own read() retries the first EINTR and would sit
+// until the next key. EOF on a signal, an error or the end of the input.
+int ReadEditorChar(FILE* in) {
+  const int fd = fileno(in);
+  unsigned char byte = 0;
+  bool got = false;
+  if (!ReadByteFrom(fd, -1, &byte, &got).ok()) return EOF;
+  std::string sequence(1, static_cast<char>(byte));
+  const size_t length = Utf8Length(byte);
+  while (sequence.size() < length) {
+    if (!ReadByteFrom(fd, 50, &byte, &got).ok()) return EOF;
+    if (!got) break;
+    sequence += static_cast<char>(byte);
+  }
+  size_t pos = 0;
+  return static_cast<int>(DecodeUtf8(sequence, &pos));
+}
+
+// File names for Tab, a folder's with its '/' so that the next Tab goes on inside it (libedit's
+// readline API appends one fixed character to every unique match; it is set to none).
+char* CompleteFileName(const char* text, int state) {
+  char* match = rl_filename_completion_function(text, state);
+  struct stat st {};
+  if (match == nullptr || stat(match, &st) != 0 || !S_ISDIR(st.st_mode)) return match;
+  const size_t n = std::strlen(match);
+  if (n > 0 && match[n - 1] == '/') return match;
+  char* with_slash = static_cast<char*>(std::realloc(match, n + 2));  // libedit free()s it
+  if (with_slash == nullptr) return match;
+  std::strcpy(with_slash + n, "/");
+  return with_slash;
+}
+
+// Tab's candidates where the question asks for a path. Given as the "attempted" function: with
+// it libedit does not backslash-escape blanks in a name (the answer is taken literally).
+char** CompletePath(const char* text, int, int) {
+  return rl_completion_matches(text, CompleteFileName);
+}
+
+// Tab elsewhere: no candidates, and no fallback to file names.
+char** CompleteNothing(const char*, int, int) {
+  rl_attempted_completion_over = 1;
+  return nullptr;
+}
+
+// `prompt` with each ANSI style sequence between \1 and \2, which libedit does not count as
+// columns when it places the cursor.
+std::string MarkInvisible(const std::string& prompt) {
+  std::string out;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    size_t end = prompt[i] == '\x1b' ? prompt.find('m', i) : std::string::npos;
+    if (end == std::string::npos) {
+      out += prompt[i];
+      continue;
+    }
+    out += '\1' + prompt.substr(i, end + 1 - i) + '\2';
+    i = end;
+  }
+  return out;
 }
 
 constexpr char kBold[] = "\x1b[1m";
@@ -67,7 +206,8 @@ Status Terminal::EnterRawMode() {
   raw.c_iflag &= ~(IXON);
   raw.c_cc[VMIN] = 1;
   raw.c_cc[VTIME] = 0;
-  if (tcsetattr(in_fd_, TCSAFLUSH, &raw) != 0)
+  // TCSADRAIN, not TCSAFLUSH: coming back from libedit's mode, keys typed ahead are answers.
+  if (tcsetattr(in_fd_, TCSADRAIN, &raw) != 0)
     return Status::FromErrno("cannot switch the terminal to raw mode", errno);
   raw_ = true;
   return Status::Ok();
@@ -78,44 +218,10 @@ void Terminal::Restore() {
   raw_ = false;
 }
 
-Status Terminal::ReadByte(int timeout_ms, unsigned char* byte, bool* got) {
-  *got = false;
-  // Poll in short slices so a signal that arrives between the flag check and the wait is seen
-  // within 100 ms even where EINTR does not reach us.
-  int waited = 0;
-  while (true) {
-    if (g_stop_signal) return InterruptedBy(g_stop_signal);
-    int slice = timeout_ms < 0 ? 100 : std::min(100, timeout_ms - waited);
-    if (timeout_ms >= 0 && slice <= 0) return Status::Ok();
-    struct pollfd pfd {
-      in_fd_, POLLIN, 0
-    };
-    int r = poll(&pfd, 1, slice);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return Status::FromErrno("poll on the terminal", errno);
-    }
-    if (r == 0) {
-      waited += slice;
-      continue;
-    }
-    ssize_t n = read(in_fd_, byte, 1);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return Status::FromErrno("reading the terminal", errno);
-    }
-    if (n == 0) {
-      *byte = 0x04;  // end of input reads as Ctrl-D
-    }
-    *got = true;
-    return Status::Ok();
-  }
-}
-
 StatusOr<Terminal::Key> Terminal::ReadKey() {
   unsigned char c = 0;
   bool got = false;
-  LAUNCH_RETURN_IF_ERROR(ReadByte(-1, &c, &got));
+  LAUNCH_RETURN_IF_ERROR(ReadByteFrom(in_fd_, -1, &c, &got));
   Key key;
   switch (c) {
     case '\r':
@@ -146,11 +252,11 @@ StatusOr<Terminal::Key> Terminal::ReadKey() {
   // nothing within a few milliseconds.
   key.kind = KeyKind::kEscape;
   unsigned char next = 0;
-  LAUNCH_RETURN_IF_ERROR(ReadByte(50, &next, &got));
+  LAUNCH_RETURN_IF_ERROR(ReadByteFrom(in_fd_, 50, &next, &got));
   if (!got || (next != '[' && next != 'O')) return key;
   unsigned char final_byte = 0;
   do {  // skip parameters such as "1;5" up to the final byte
-    LAUNCH_RETURN_IF_ERROR(ReadByte(50, &final_byte, &got));
+    LAUNCH_RETURN_IF_ERROR(ReadByteFrom(in_fd_, 50, &final_byte, &got));
     if (!got) return key;
   } while ((final_byte >= '0' && final_byte <= '9') || final_byte == ';');
   switch (final_byte) {
@@ -172,6 +278,43 @@ StatusOr<Terminal::Key> Terminal::ReadKey() {
   return key;
 }
 
+bool Terminal::CanEdit() const {
+  return in_fd_ == STDIN_FILENO && out_fd_ == STDOUT_FILENO && fancy_ && IsTerminal(in_fd_);
+}
+
+StatusOr<std::string> Terminal::ReadEditedLine(const std::string& prompt, bool complete_files) {
+  LAUNCH_CHECK(CanEdit(), "ReadEditedLine needs stdin and stdout on a terminal");
+  if (!editor_ready_) {
+    // rl_initialize turns editing off when it finds echo off, and libedit takes the mode it
+    // finds then as the one to return to: the terminal's own. Later calls go straight from raw
+    // mode to libedit's, so no typed-ahead key is echoed by the terminal in between.
+    if (have_termios_) tcsetattr(in_fd_, TCSADRAIN, &saved_termios_);
+    rl_getc_function = ReadEditorChar;  // rl_initialize installs it
+    rl_catch_signals = 0;  // keep our handlers: libedit's re-send the signal to the whole group
+    rl_readline_name = "launch";  // ~/.editrc lines prefixed "launch:" apply here only
+    rl_instream = stdin;
+    rl_outstream = stdout;
+    if (rl_initialize() != 0) {
+      LAUNCH_RETURN_IF_ERROR(EnterRawMode());
+      return Status::IoError("cannot start libedit's line editor");
+    }
+    rl_completion_append_character = '\0';
+    editor_ready_ = true;
+  }
+  rl_attempted_completion_function = complete_files ? CompletePath : CompleteNothing;
+  char* line = readline(MarkInvisible(prompt).c_str());
+  Status raw = EnterRawMode();
+  if (line == nullptr) {
+    if (g_stop_signal) return InterruptedBy(g_stop_signal);
+    return Status::Interrupted("end of input");
+  }
+  std::string text(line);
+  std::free(line);
+  LAUNCH_RETURN_IF_ERROR(raw);
+  if (!Trim(text).empty()) add_history(text.c_str());
+  return text;
+}
+
 void Terminal::Write(const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
@@ -187,6 +330,11 @@ void Terminal::Write(const std::string& text) {
 // ---------------------------------------------------------------------------------------------
 
 void Prompter::Say(const std::string& text) { term_->Write(text + "\n"); }
+
+void Prompter::Warn(const std::string& text) {
+  term_->Write(term_->fancy() ? std::string("  ") + kRed + "! " + text + kReset + "\n"
+                              : "  ! " + text + "\n");
+}
 
 StatusOr<int> Prompter::Choose(const std::string& question, const std::vector<std::string>& options,
                                int default_index) {
@@ -259,7 +407,18 @@ StatusOr<int> Prompter::Choose(const std::string& question, const std::vector<st
   }
 }
 
-StatusOr<std::string> Prompter::ReadLine() {
+StatusOr<std::string> Prompter::ReadLine(const std::string& prompt, LineKind kind) {
+  if (kind != LineKind::kSecret && term_->CanEdit())
+    return term_->ReadEditedLine(prompt, kind == LineKind::kPath);
+  term_->Write(prompt);
+  // A secret shows nothing, not even one '*' per character, as sudo and ssh do: a screen share
+  // or a terminal log then holds neither the secret nor its length.
+  const bool echo = kind != LineKind::kSecret;
+  auto erase = [&](size_t columns) {
+    if (echo)
+      term_->Write(std::string(columns, '\b') + std::string(columns, ' ') +
+                   std::string(columns, '\b'));
+  };
   std::string line;
   while (true) {
     LAUNCH_ASSIGN_OR_RETURN(Terminal::Key key, term_->ReadKey());
@@ -274,46 +433,65 @@ StatusOr<std::string> Prompter::ReadLine() {
         break;
       case Terminal::KeyKind::kBackspace:
         if (!line.empty()) {
-          // Drop one UTF-8 code point (continuation bytes are 10xxxxxx).
-          while (!line.empty() && (static_cast<unsigned char>(line.back()) & 0xC0) == 0x80)
-            line.pop_back();
-          if (!line.empty()) line.pop_back();
-          term_->Write("\b \b");
+          // Drop the last UTF-8 character (continuation bytes are 10xxxxxx) and the columns
+          // it took.
+          size_t start = line.size() - 1;
+          while (start > 0 && (static_cast<unsigned char>(line[start]) & 0xC0) == 0x80) --start;
+          const size_t columns = DisplayColumns(line.substr(start));
+          line.erase(start);
+          erase(columns);
         }
         break;
       case Terminal::KeyKind::kKillLine:
-        term_->Write(std::string(line.size(), '\b') + std::string(line.size(), ' ') +
-                     std::string(line.size(), '\b'));
+        erase(DisplayColumns(line));
         line.clear();
         break;
       case Terminal::KeyKind::kChar:
         if (static_cast<unsigned char>(key.ch) >= 0x20) {
           line += key.ch;
-          term_->Write(std::string(1, key.ch));
+          if (echo) term_->Write(std::string(1, key.ch));
         }
         break;
       default:
-        break;  // arrows and ESC are not part of a text answer
+        break;  // arrows and ESC are not part of a text answer here
     }
   }
 }
 
-StatusOr<std::string> Prompter::Ask(const std::string& question, const std::string& default_value,
-                                    const Validator& validate) {
-  const bool fancy = term_->fancy();
+StatusOr<std::string> Prompter::AskLine(const std::string& question,
+                                        const std::string& shown_default,
+                                        const std::string& default_value, LineKind kind,
+                                        const Validator& validate) {
+  std::string prompt =
+      term_->fancy() ? std::string(kBold) + "? " + question + kReset : "? " + question;
+  if (!shown_default.empty()) prompt += " [" + shown_default + "]";
+  prompt += ": ";
   while (true) {
-    std::string prompt = fancy ? std::string(kBold) + "? " + question + kReset : "? " + question;
-    if (!default_value.empty()) prompt += " [" + default_value + "]";
-    term_->Write(prompt + ": ");
-    LAUNCH_ASSIGN_OR_RETURN(std::string line, ReadLine());
+    LAUNCH_ASSIGN_OR_RETURN(std::string line, ReadLine(prompt, kind));
     std::string answer = Trim(line);
     if (answer.empty()) answer = default_value;
     std::string error =
         validate ? validate(answer) : (answer.empty() ? "an answer is needed" : std::string());
     if (error.empty()) return answer;
-    term_->Write(fancy ? std::string("  ") + kRed + "! " + error + kReset + "\n"
-                       : "  ! " + error + "\n");
+    Warn(error);
   }
+}
+
+StatusOr<std::string> Prompter::Ask(const std::string& question, const std::string& default_value,
+                                    const Validator& validate) {
+  return AskLine(question, default_value, default_value, LineKind::kText, validate);
+}
+
+StatusOr<std::string> Prompter::AskPath(const std::string& question,
+                                        const std::string& default_value,
+                                        const Validator& validate) {
+  return AskLine(question, default_value, default_value, LineKind::kPath, validate);
+}
+
+StatusOr<std::string> Prompter::AskSecret(const std::string& question, const std::string& current,
+                                          const Validator& validate) {
+  return AskLine(question, current.empty() ? "" : "Enter keeps the current one", current,
+                 LineKind::kSecret, validate);
 }
 
 StatusOr<int> Prompter::AskInt(const std::string& question, int default_value, int lo, int hi) {

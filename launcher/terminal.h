@@ -2,7 +2,14 @@
 
 // The terminal UI of `launch config`: key input in non-canonical mode, and prompts built on it
 // (menus driven by arrow and number keys, text answers with a default and on-the-spot
-// validation, yes/no questions).
+// validation, yes/no questions, secrets typed without echo).
+//
+// Text answers on a real terminal are edited with libedit (BSD; its readline API): cursor keys,
+// Home/End, Ctrl-A/E/K, this session's earlier answers on Up/Down, and Tab completing file
+// names where the question asks for a path. Elsewhere (pipes in tests, TERM=dumb) and for
+// secrets, a small editor of our own reads the line: Backspace and Ctrl-U only. Text is UTF-8;
+// column widths and libedit's decoding follow LC_CTYPE, which the caller sets (RunWizard: the
+// user's locale when it is UTF-8, else C.UTF-8).
 //
 // Terminal owns the terminal state for its lifetime: the constructor records the input's
 // termios and installs SIGINT/SIGTERM/SIGHUP handlers that only set a flag; EnterRawMode()
@@ -63,6 +70,16 @@ class Terminal {
   // of the input; IoError when reading fails.
   StatusOr<Key> ReadKey();
 
+  // Whether ReadEditedLine may be used: input and output are the process's stdin and stdout
+  // (libedit's readline API reads and writes those), both terminals, and fancy().
+  bool CanEdit() const;
+  // One line read with libedit after `prompt` (which may hold ANSI styles), without the
+  // newline. Meanwhile the terminal is in libedit's mode (echo on, signals on); on return it is
+  // in raw mode again. Non-blank lines join this process's history. Tab completes file names
+  // when `complete_files`, else does nothing. Interrupted on a signal (as ReadKey) or Ctrl-D on
+  // an empty line. REQUIRES: CanEdit(), EnterRawMode() called.
+  StatusOr<std::string> ReadEditedLine(const std::string& prompt, bool complete_files);
+
   // Writes all of `text` (retrying on EINTR and short writes); errors are ignored: there is no
   // one to tell when the terminal itself is gone.
   void Write(const std::string& text);
@@ -74,14 +91,12 @@ class Terminal {
   int Columns() const;
 
  private:
-  // Waits up to `timeout_ms` (-1: for ever) for one byte. *got is false on timeout.
-  Status ReadByte(int timeout_ms, unsigned char* byte, bool* got);
-
   int in_fd_;
   int out_fd_;
   bool fancy_ = true;
   bool have_termios_ = false;
   bool raw_ = false;
+  bool editor_ready_ = false;  // libedit initialised for this terminal
   struct termios saved_termios_ {};
   struct sigaction saved_int_ {
   }, saved_term_{}, saved_hup_{};
@@ -108,6 +123,14 @@ class Prompter {
   // itself whether an empty answer is acceptable). Leading and trailing blanks are trimmed.
   StatusOr<std::string> Ask(const std::string& question, const std::string& default_value,
                             const Validator& validate = nullptr);
+  // Ask for a file or folder: Tab completes file names where the line is edited with libedit.
+  StatusOr<std::string> AskPath(const std::string& question, const std::string& default_value,
+                                const Validator& validate = nullptr);
+  // Ask for a secret: typed characters are not shown (Backspace and Ctrl-U still edit), and
+  // the answer joins no history. An empty answer keeps `current`, which is never shown: the
+  // prompt says "[Enter keeps the current one]" instead.
+  StatusOr<std::string> AskSecret(const std::string& question, const std::string& current,
+                                  const Validator& validate = nullptr);
 
   // An integer in [lo, hi]; the default is shown as "[n]".
   StatusOr<int> AskInt(const std::string& question, int default_value, int lo, int hi);
@@ -117,10 +140,20 @@ class Prompter {
 
   // A line of information (not a question).
   void Say(const std::string& text);
+  // A line saying what is wrong with an answer ("  ! text", in red on a fancy terminal).
+  void Warn(const std::string& text);
 
  private:
-  // Reads one line with simple editing; Interrupted on ^C, or ^D on an empty line.
-  StatusOr<std::string> ReadLine();
+  enum class LineKind { kText, kPath, kSecret };
+  // The question loop behind Ask, AskPath and AskSecret; `shown_default` is what the brackets
+  // show ("" for none).
+  StatusOr<std::string> AskLine(const std::string& question, const std::string& shown_default,
+                                const std::string& default_value, LineKind kind,
+                                const Validator& validate);
+  // Writes `prompt` and reads one line: with libedit where the terminal allows it (not for
+  // secrets), else with our own editor (Backspace, Ctrl-U; no echo for kSecret). Interrupted
+  // on ^C, or ^D on an empty line.
+  StatusOr<std::string> ReadLine(const std::string& prompt, LineKind kind);
 
   Terminal* term_;
 };

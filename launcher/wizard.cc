@@ -1,17 +1,21 @@
 #include "launcher/wizard.h"
 
 #include <fcntl.h>
+#include <langinfo.h>
 #include <pwd.h>
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <clocale>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -182,10 +186,24 @@ Status AskMachine(Prompter& p, int gpus, bool from_file, ConfigAnswers* a) {
         a->machine_rank,
         p.AskInt("What is the rank of this machine? (0 is the main machine)",
                  std::min(a->machine_rank, a->num_machines - 1), 0, a->num_machines - 1));
-    LAUNCH_ASSIGN_OR_RETURN(
-        a->main_process_ip,
-        p.Ask("What is the IP address (or host name) of the main machine, rank 0?",
-              from_file && a->main_process_ip != "127.0.0.1" ? a->main_process_ip : "", CheckHost));
+    std::string ip_default =
+        from_file && !IsLoopbackHost(a->main_process_ip) ? a->main_process_ip : "";
+    while (true) {
+      LAUNCH_ASSIGN_OR_RETURN(
+          a->main_process_ip,
+          p.Ask("What is the IP address (or host name) of the main machine, rank 0?", ip_default,
+                CheckHost));
+      if (!IsLoopbackHost(a->main_process_ip)) break;
+      // Every machine dials this address, and on each of them loopback is the machine itself.
+      // accelerate takes it silently; it is right only for several launches on one host.
+      p.Warn(a->main_process_ip + " is a loopback address: the other machines cannot reach it");
+      LAUNCH_ASSIGN_OR_RETURN(
+          bool keep,
+          p.Confirm("Keep it anyway? (only for trying the job with several launches on this "
+                    "one machine)",
+                    false));
+      if (keep) break;
+    }
   }
   if (a->where != Where::kThisMachine) {
     LAUNCH_ASSIGN_OR_RETURN(
@@ -194,13 +212,14 @@ Status AskMachine(Prompter& p, int gpus, bool from_file, ConfigAnswers* a) {
                  a->main_process_port > 0 ? a->main_process_port : 29500, 1, 65535));
     LAUNCH_ASSIGN_OR_RETURN(
         a->rdzv_token,
-        p.Ask("A shared secret for the rendezvous? (empty: none, or set LAUNCH_RDZV_TOKEN)",
-              a->rdzv_token, [](const std::string& s) {
-                for (char c : s)
-                  if (std::isspace(static_cast<unsigned char>(c)))
-                    return std::string("the secret may not contain spaces");
-                return std::string();
-              }));
+        p.AskSecret("A shared secret for the rendezvous? (typing is not shown; empty: none, or "
+                    "set LAUNCH_RDZV_TOKEN)",
+                    a->rdzv_token, [](const std::string& s) {
+                      for (char c : s)
+                        if (std::isspace(static_cast<unsigned char>(c)))
+                          return std::string("the secret may not contain spaces");
+                      return std::string();
+                    }));
   }
 
   LAUNCH_ASSIGN_OR_RETURN(int device,
@@ -261,8 +280,8 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
                                    IndexOf(models, a->model)));
   a->model = models[static_cast<size_t>(model)];
   if (a->model == "torchscript") {
-    LAUNCH_ASSIGN_OR_RETURN(a->torchscript_path, p.Ask("Path of the TorchScript file?",
-                                                       a->torchscript_path, CheckReadableFile));
+    LAUNCH_ASSIGN_OR_RETURN(a->torchscript_path, p.AskPath("Path of the TorchScript file?",
+                                                           a->torchscript_path, CheckReadableFile));
     a->torchscript_path = AbsolutePath(a->torchscript_path);
   }
   if (a->model == "transformer") {
@@ -271,8 +290,8 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
     a->data = "idx";
     if (a->data_path.empty()) a->data_path = config::kFashionMnistDir;
     LAUNCH_ASSIGN_OR_RETURN(a->data_path,
-                            p.Ask("Folder of the MNIST-format image files (train-*, t10k-*)?",
-                                  a->data_path, CheckDirectory));
+                            p.AskPath("Folder of the MNIST-format image files (train-*, t10k-*)?",
+                                      a->data_path, CheckDirectory));
     a->data_path = AbsolutePath(a->data_path);
   } else {
     LAUNCH_ASSIGN_OR_RETURN(int data,
@@ -283,24 +302,43 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
     a->data = data == 0 ? "synthetic" : "csv";
   }
   if (a->data == "csv" || a->data == "text") {
-    LAUNCH_ASSIGN_OR_RETURN(a->data_path, p.Ask(a->data == "text" ? "Path of the text corpus?"
-                                                                  : "Path of the CSV file?",
-                                                a->data_path, CheckReadableFile));
+    LAUNCH_ASSIGN_OR_RETURN(a->data_path, p.AskPath(a->data == "text" ? "Path of the text corpus?"
+                                                                      : "Path of the CSV file?",
+                                                    a->data_path, CheckReadableFile));
     a->data_path = AbsolutePath(a->data_path);
   }
   if (a->data == "csv") {
     LAUNCH_ASSIGN_OR_RETURN(a->label_column,
                             p.Ask("Name of the label column?", a->label_column, nullptr));
   }
-  const std::vector<std::string> modes = {"ddp", "none", "dp", "pipeline"};
+  // local_sgd is ddp's process group with local_sgd_steps > 0 (config/train_keys.cc).
+  const std::vector<std::string> modes = {"ddp", "zero", "local_sgd", "none", "dp", "pipeline"};
   LAUNCH_ASSIGN_OR_RETURN(
       int mode,
       p.Choose("Which parallel mode?",
                {"ddp: one replica per process, gradients all-reduced (recommended)",
+                "zero: ddp with the training state sharded over the processes (less memory)",
+                "local SGD: no gradient all-reduce; parameters averaged every K steps",
                 "none: each process trains alone", "dp: several replicas inside one process",
                 "pipeline: layers split into stages over processes"},
-               IndexOf(modes, a->parallel_mode)));
+               IndexOf(modes, a->local_sgd_steps > 0 ? "local_sgd" : a->parallel_mode)));
   a->parallel_mode = modes[static_cast<size_t>(mode)];
+  if (a->parallel_mode == "zero") {
+    LAUNCH_ASSIGN_OR_RETURN(int stage,
+                            p.Choose("What should zero shard?",
+                                     {"stage 1: optimizer state", "stage 2: also gradients",
+                                      "stage 3: also parameters between uses (FSDP's FULL_SHARD)"},
+                                     std::clamp(a->zero_stage, 1, 3) - 1));
+    a->zero_stage = stage + 1;
+  }
+  if (a->parallel_mode == "local_sgd") {
+    a->parallel_mode = "ddp";
+    LAUNCH_ASSIGN_OR_RETURN(a->local_sgd_steps,
+                            p.AskInt("Average the parameters every how many optimizer steps?",
+                                     a->local_sgd_steps > 0 ? a->local_sgd_steps : 8, 1, 1 << 20));
+  } else {
+    a->local_sgd_steps = 0;
+  }
   if (a->parallel_mode == "pipeline") {
     LAUNCH_ASSIGN_OR_RETURN(a->stages,
                             p.AskInt("How many pipeline stages?", std::max(2, a->stages), 2, 1024));
@@ -316,8 +354,46 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
                           p.AskInt("Batch size per process?", a->batch_size, 1, 1 << 24));
   LAUNCH_ASSIGN_OR_RETURN(a->max_steps,
                           p.AskInt("How many optimizer steps?", a->max_steps, 1, INT_MAX));
-  LAUNCH_ASSIGN_OR_RETURN(a->output_dir,
-                          p.Ask("Directory for metrics and checkpoints?", a->output_dir, nullptr));
+  LAUNCH_ASSIGN_OR_RETURN(
+      a->output_dir, p.AskPath("Directory for metrics and checkpoints?", a->output_dir, nullptr));
+  return Status::Ok();
+}
+
+// accelerate's FSDP strategies, in its order; config/accelerate_keys.cc maps them for launch.
+const std::vector<std::string> kFsdpStrategies = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD",
+                                                  "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"};
+
+// A GPU job without `train:` runs the user's script: its accelerate Accelerator may shard the
+// model, and launch exports the choice as `accelerate launch` does.
+Status AskScriptSharding(Prompter& p, ConfigAnswers* a) {
+  const std::vector<std::string> kinds = {"none", "fsdp", "deepspeed"};
+  LAUNCH_ASSIGN_OR_RETURN(
+      int kind,
+      p.Choose("Should your script's Accelerator shard the model? (accelerate's FSDP "
+               "or DeepSpeed; scripts without accelerate ignore this)",
+               {"no: every process holds the whole model (DDP)", "FSDP (distributed_type FSDP)",
+                "DeepSpeed ZeRO (distributed_type "
+                "DEEPSPEED)"},
+               IndexOf(kinds, a->sharding)));
+  a->sharding = kinds[static_cast<size_t>(kind)];
+  if (a->sharding == "fsdp") {
+    LAUNCH_ASSIGN_OR_RETURN(
+        int strategy,
+        p.Choose("Which FSDP sharding strategy?",
+                 {"FULL_SHARD: parameters, gradients and optimizer state",
+                  "SHARD_GRAD_OP: gradients and optimizer state", "NO_SHARD: nothing (DDP)",
+                  "HYBRID_SHARD: FULL_SHARD within a machine, replicated across machines",
+                  "HYBRID_SHARD_ZERO2: SHARD_GRAD_OP within a machine, replicated across"},
+                 IndexOf(kFsdpStrategies, a->fsdp_strategy)));
+    a->fsdp_strategy = kFsdpStrategies[static_cast<size_t>(strategy)];
+  }
+  if (a->sharding == "deepspeed") {
+    LAUNCH_ASSIGN_OR_RETURN(int stage, p.Choose("Which ZeRO stage?",
+                                                {"0: no sharding", "1: optimizer state",
+                                                 "2: also gradients", "3: also parameters"},
+                                                std::clamp(a->deepspeed_zero_stage, 0, 3)));
+    a->deepspeed_zero_stage = stage;
+  }
   return Status::Ok();
 }
 
@@ -365,7 +441,9 @@ int Save(const ConfigAnswers& answers, const std::string& path) {
 
 std::string NextCommand(const ConfigAnswers& a, const std::string& path, bool is_default_path) {
   std::string cfg = is_default_path ? "" : " --config_file " + path;
-  std::string program = a.train ? "" : " -- python3 train.py";
+  // The script form: launch runs a .py file as torchrun does, `python3 -u` (unbuffered, so
+  // print() output shows while the worker runs), where `-- python3 train.py` would be buffered.
+  std::string program = a.train ? "" : " train.py";
   std::ostringstream out;
   out << "Next:\n";
   switch (a.where) {
@@ -383,7 +461,9 @@ std::string NextCommand(const ConfigAnswers& a, const std::string& path, bool is
           << "   # inside an sbatch script; templates in scripts/slurm/\n";
       break;
   }
-  if (!a.train) out << "  (replace `python3 train.py` with your program and its arguments)\n";
+  if (!a.train)
+    out << "  (replace `train.py` with your script and its arguments; a program that is not "
+           "Python goes after `--`: `launch -- ./prog ARGS`)\n";
   return out.str();
 }
 
@@ -410,9 +490,13 @@ int RunWizard(const std::string& path, bool is_default_path) {
   if (!Terminal::IsTerminal(0)) {
     std::cerr << "launch config: the wizard needs a terminal, and standard input is not one.\n"
                  "Write a config without questions with `launch config default` (then edit it),\n"
-                 "or write the YAML by hand (see README.md).\n";
+                 "or write the YAML by hand (its keys: docs/launcher.md#the-yaml).\n";
     return kExitUsage;
   }
+  // Answers are UTF-8 (so is the file); libedit decodes and measures typed characters by
+  // LC_CTYPE, so a terminal left in the C locale still edits an 'é' as one character.
+  std::setlocale(LC_CTYPE, "");
+  if (std::strcmp(nl_langinfo(CODESET), "UTF-8") != 0) std::setlocale(LC_CTYPE, "C.UTF-8");
   Terminal term(0, 1);
   Status s = term.EnterRawMode();
   if (!s.ok()) {
@@ -437,6 +521,7 @@ int RunWizard(const std::string& path, bool is_default_path) {
   }
   s = AskMachine(p, VisibleGpus(ProbeHost().gpus, CurrentEnvironment()), from_file, &answers);
   if (s.ok()) s = AskTrainer(p, &answers);
+  if (s.ok() && answers.use_gpu && !answers.train) s = AskScriptSharding(p, &answers);
   bool overwrite = true;
   if (s.ok() && FileExists(path)) {
     p.Say("Replacing " + path + " drops any keys the wizard does not ask about (log_dir, " +
@@ -545,6 +630,20 @@ StatusOr<ConfigAnswers> LoadAnswers(const std::string& path) {
   a.mixed_precision = c.mixed_precision;
   a.max_restarts = c.max_restarts;
   a.rdzv_token = c.rdzv_token;
+  auto accelerate = [&c](const char* arg) {
+    auto it = c.accelerate.find(arg);
+    return it == c.accelerate.end() ? std::string() : it->second;
+  };
+  if (c.distributed_type == config::DistributedType::kFsdp) {
+    a.sharding = "fsdp";
+    std::string strategy = accelerate("fsdp_sharding_strategy");
+    if (IndexOf(kFsdpStrategies, strategy) > 0) a.fsdp_strategy = strategy;
+  } else if (c.distributed_type == config::DistributedType::kDeepSpeed) {
+    a.sharding = "deepspeed";
+    long long stage = 0;
+    if (ParseInt64(accelerate("zero_stage"), &stage) && stage >= 0 && stage <= 3)
+      a.deepspeed_zero_stage = static_cast<int>(stage);
+  }
   const config::TrainConfig& t = c.train;
   a.train = t.present;
   if (t.present) {
@@ -554,6 +653,8 @@ StatusOr<ConfigAnswers> LoadAnswers(const std::string& path) {
     a.data_path = t.data.path;
     a.label_column = t.data.label_column;
     a.parallel_mode = config::ToString(t.parallel.mode);
+    a.zero_stage = t.parallel.zero_stage;
+    a.local_sgd_steps = t.local_sgd_steps;
     a.stages = std::max(2, t.parallel.stages);
     a.microbatches = t.parallel.microbatches;
     a.gradient_accumulation_steps = t.gradient_accumulation_steps;
@@ -574,9 +675,19 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
     << "# no file of its own.\n"
     << "# When launching: command-line flag > environment (SLURM, MPI, LAUNCH_*) > this file.\n"
     << "# `launch --print_config` shows every value in effect and where it came from.\n\n";
-  y << Line("", "distributed_type", a.use_gpu ? "MULTI_GPU" : "MULTI_CPU",
-            a.use_gpu ? "one process per GPU, NCCL (MULTI_CPU: Gloo on CPUs)"
-                      : "processes on CPUs, Gloo (MULTI_GPU: NCCL on GPUs)");
+  // The script's sharding only: the trainer's is train.parallel, written below.
+  const std::string sharding = a.use_gpu && !a.train ? a.sharding : "none";
+  if (sharding == "fsdp") {
+    y << Line("", "distributed_type", "FSDP",
+              "one process per GPU; the script's Accelerator shards with FSDP");
+  } else if (sharding == "deepspeed") {
+    y << Line("", "distributed_type", "DEEPSPEED",
+              "one process per GPU; the script's Accelerator shards with DeepSpeed");
+  } else {
+    y << Line("", "distributed_type", a.use_gpu ? "MULTI_GPU" : "MULTI_CPU",
+              a.use_gpu ? "one process per GPU, NCCL (MULTI_CPU: Gloo on CPUs)"
+                        : "processes on CPUs, Gloo (MULTI_GPU: NCCL on GPUs)");
+  }
   // dp drives all its replicas from one process (train_rules.cc refuses it across processes).
   const bool dp = a.train && a.parallel_mode == "dp";
   long long ppn = dp ? 1 : 0;
@@ -627,8 +738,18 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   else if (a.where != Where::kThisMachine)
     y << "# rdzv_token: SECRET                  # or LAUNCH_RDZV_TOKEN in the environment\n";
 
+  if (sharding == "fsdp") {
+    y << "fsdp_config:\n";
+    y << Line("  ", "fsdp_sharding_strategy", a.fsdp_strategy,
+              "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2");
+  } else if (sharding == "deepspeed") {
+    y << "deepspeed_config:\n";
+    y << Line("  ", "zero_stage", std::to_string(a.deepspeed_zero_stage),
+              "0 none | 1 optimizer state | 2 also gradients | 3 also parameters");
+  }
+
   if (!a.train) {
-    y << "\n# No `train:` section: run your own program with `launch -- PROGRAM ARGS`.\n";
+    y << "\n# No `train:` section: run your script with `launch train.py ARGS`.\n";
     return y.str();
   }
   y << "\n# The built-in trainer (`launch` runs it when no program is given after `--`).\n";
@@ -673,9 +794,12 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   y << Line("  ", "max_grad_norm", "1.0", "gradient clipping; 0 = none");
   y << "  parallel:\n";
   y << Line("    ", "mode", a.parallel_mode, config::TrainChoices("parallel.mode"));
-  if (a.parallel_mode == "ddp")
+  if (a.parallel_mode == "ddp" && a.local_sgd_steps == 0)
     y << Line("    ", "bucket_cap_mb", config::TrainDefault("parallel.bucket_cap_mb"),
               "gradient bucket size");
+  if (a.parallel_mode == "zero")
+    y << Line("    ", "zero_stage", std::to_string(a.zero_stage),
+              config::TrainDoc("parallel.zero_stage"));
   if (dp)
     y << Line("    ", "replicas", config::TrainDefault("parallel.replicas"),
               config::TrainDoc("parallel.replicas"));
@@ -687,6 +811,9 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   }
   y << Line("  ", "gradient_accumulation_steps", std::to_string(a.gradient_accumulation_steps),
             "micro-batches per optimizer step");
+  if (a.local_sgd_steps > 0)
+    y << Line("  ", "local_sgd_steps", std::to_string(a.local_sgd_steps),
+              config::TrainDoc("local_sgd_steps"));
   for (const char* key : {"sync_each_batch", "checkpoint_every", "resume"})
     y << Line("  ", key, config::TrainDefault(key), config::TrainDoc(key));
   return y.str();

@@ -52,6 +52,11 @@ struct ConfigAnswers {
   std::string mixed_precision = "no";   // no | bf16 | fp16 (fp16 with GPUs only)
   int max_restarts = 0;
   std::string rdzv_token;  // empty: none (or LAUNCH_RDZV_TOKEN at run time)
+  // use_gpu without `train:`: how the script's accelerate Accelerator shards the model
+  // (distributed_type FSDP or DEEPSPEED); the built-in trainer's own choice is parallel_mode.
+  std::string sharding = "none";             // none | fsdp | deepspeed
+  std::string fsdp_strategy = "FULL_SHARD";  // fsdp: accelerate's fsdp_sharding_strategy
+  int deepspeed_zero_stage = 2;              // deepspeed: 0-3 (accelerate's default 2)
 
   // The `train:` section, when wanted.
   bool train = false;
@@ -60,7 +65,10 @@ struct ConfigAnswers {
   std::string data = "synthetic";      // synthetic | csv | text
   std::string data_path;               // csv, text: absolute path
   std::string label_column = "label";  // csv
-  std::string parallel_mode = "ddp";   // none | dp | ddp | pipeline
+  std::string parallel_mode = "ddp";   // ddp | zero | none | dp | pipeline
+  int zero_stage = 1;                  // zero: 1 optimizer state, 2 also gradients, 3 parameters
+  int local_sgd_steps = 0;             // ddp: > 0 averages parameters every K optimizer steps
+                                       // instead of all-reducing gradients (Local SGD)
   int stages = 2;                      // pipeline
   int microbatches = 4;                // pipeline
   int gradient_accumulation_steps = 1;

@@ -229,6 +229,55 @@ TEST_CASE("LoadAnswersReadsBackWhatWasWritten") {
   CHECK(LoadAnswers(path).status().code() == Status::Code::kInvalidConfig);
 }
 
+// Writes `a`, reads the answers back and checks they render the same file.
+ConfigAnswers RoundTrip(const ConfigAnswers& a) {
+  std::string path = TempDir() + "/c.yaml";
+  REQUIRE(WriteFileAtomically(path, RenderConfigYaml(a)).ok());
+  StatusOr<ConfigAnswers> back = LoadAnswers(path);
+  REQUIRE_MESSAGE(back.ok(), (back.status().ToString()));
+  CHECK(RenderConfigYaml(*back) == RenderConfigYaml(a));
+  return *back;
+}
+
+TEST_CASE("ShardingChoicesRenderAndReadBack") {
+  ConfigAnswers trainer;
+  trainer.train = true;
+  trainer.parallel_mode = "zero";
+  trainer.zero_stage = 2;
+  LaunchConfig zero = LoadRendered(trainer);
+  CHECK(zero.train.parallel.mode == config::ParallelMode::kZero);
+  CHECK(zero.train.parallel.zero_stage == 2);
+  CHECK(RoundTrip(trainer).zero_stage == 2);
+
+  trainer.parallel_mode = "ddp";
+  trainer.local_sgd_steps = 8;
+  LaunchConfig local_sgd = LoadRendered(trainer);
+  CHECK(local_sgd.train.parallel.mode == config::ParallelMode::kDdp);
+  CHECK(local_sgd.train.local_sgd_steps == 8);
+  CHECK(RoundTrip(trainer).local_sgd_steps == 8);
+
+  // Without train:, the script's Accelerator shards: accelerate's keys, mapped by launch.
+  ConfigAnswers script;
+  script.use_gpu = true;
+  script.sharding = "fsdp";
+  script.fsdp_strategy = "SHARD_GRAD_OP";
+  LaunchConfig fsdp = LoadRendered(script);
+  CHECK(fsdp.distributed_type == DistributedType::kFsdp);
+  CHECK(fsdp.accelerate["fsdp_sharding_strategy"] == "SHARD_GRAD_OP");
+  CHECK(RoundTrip(script).fsdp_strategy == "SHARD_GRAD_OP");
+
+  script.sharding = "deepspeed";
+  script.deepspeed_zero_stage = 3;
+  LaunchConfig deepspeed = LoadRendered(script);
+  CHECK(deepspeed.distributed_type == DistributedType::kDeepSpeed);
+  CHECK(deepspeed.accelerate["zero_stage"] == "3");
+  CHECK(RoundTrip(script).deepspeed_zero_stage == 3);
+
+  // With train:, the trainer's own parallel mode decides: no FSDP or DeepSpeed keys.
+  script.train = true;
+  CHECK(LoadRendered(script).distributed_type == DistributedType::kMultiGpu);
+}
+
 TEST_CASE("DefaultConfigPathFollowsXdgThenHome") {
   CHECK(DefaultConfigPath({{"XDG_CONFIG_HOME", "/x/cfg"}, {"HOME", "/home/u"}}) ==
         "/x/cfg/launch/default_config.yaml");
@@ -253,17 +302,17 @@ TEST_CASE("DefaultConfigCandidatesAreOursThenAcceleratesInItsOrder") {
   CHECK(DefaultConfigCandidates(std::map<std::string, std::string>{}).empty());
 }
 
-// Prompts driven through a pipe: the same byte sequences a terminal sends.
-struct PipePrompter {
+// A pipe pair fed with `keys`: the same byte sequences a terminal sends.
+struct Pipes {
   int in[2];
   int out[2];
-  PipePrompter(const std::string& keys) {
+  explicit Pipes(const std::string& keys) {
     REQUIRE(pipe(in) == 0);
     REQUIRE(pipe(out) == 0);
     REQUIRE(write(in[1], keys.data(), keys.size()) == static_cast<ssize_t>(keys.size()));
     close(in[1]);
   }
-  ~PipePrompter() {
+  ~Pipes() {
     close(in[0]);
     close(out[0]);
     close(out[1]);
@@ -279,37 +328,36 @@ struct PipePrompter {
   }
 };
 
+// Prompts answered through Pipes.
+struct PipePrompter : Pipes {
+  explicit PipePrompter(const std::string& keys) : Pipes(keys) {}
+  Terminal term{in[0], out[1]};
+  Prompter p{&term};
+};
+
 TEST_CASE("MenuMovesWithArrowsAndNumbers") {
   const std::vector<std::string> options = {"a", "b", "c"};
   {
     PipePrompter io("\x1b[B\x1b[B\x1b[A\r");  // down, down, up: "b"
-    Terminal term(io.in[0], io.out[1]);
-    Prompter p(&term);
-    StatusOr<int> choice = p.Choose("Pick", options, 0);
+    StatusOr<int> choice = io.p.Choose("Pick", options, 0);
     REQUIRE(choice.ok());
     CHECK(*choice == 1);
   }
   {
     PipePrompter io("3\r");
-    Terminal term(io.in[0], io.out[1]);
-    Prompter p(&term);
-    StatusOr<int> choice = p.Choose("Pick", options, 0);
+    StatusOr<int> choice = io.p.Choose("Pick", options, 0);
     REQUIRE(choice.ok());
     CHECK(*choice == 2);
   }
   {
     PipePrompter io("\x1b[A\r");  // up from the first wraps to the last
-    Terminal term(io.in[0], io.out[1]);
-    Prompter p(&term);
-    StatusOr<int> choice = p.Choose("Pick", options, 0);
+    StatusOr<int> choice = io.p.Choose("Pick", options, 0);
     REQUIRE(choice.ok());
     CHECK(*choice == 2);
   }
   {
     PipePrompter io("\r");  // Enter takes the default
-    Terminal term(io.in[0], io.out[1]);
-    Prompter p(&term);
-    StatusOr<int> choice = p.Choose("Pick", options, 1);
+    StatusOr<int> choice = io.p.Choose("Pick", options, 1);
     REQUIRE(choice.ok());
     CHECK(*choice == 1);
   }
@@ -317,9 +365,7 @@ TEST_CASE("MenuMovesWithArrowsAndNumbers") {
 
 TEST_CASE("AskReasksAfterAnInvalidAnswer") {
   PipePrompter io("two\r5\r\r");
-  Terminal term(io.in[0], io.out[1]);
-  Prompter p(&term);
-  StatusOr<int> n = p.AskInt("How many?", 2, 1, 4);
+  StatusOr<int> n = io.p.AskInt("How many?", 2, 1, 4);
   REQUIRE(n.ok());
   CHECK(*n == 2);  // "two" rejected, 5 out of range, then Enter takes the default
   std::string shown = io.Output();
@@ -328,25 +374,44 @@ TEST_CASE("AskReasksAfterAnInvalidAnswer") {
   CHECK(shown.find("How many? [2]") != std::string::npos);
 }
 
-TEST_CASE("AskEditsWithBackspace") {
+TEST_CASE("AskEditsWithBackspaceAndCtrlUByColumns") {
   PipePrompter io(
       "10.0.0.9\x7f"
-      "1\r");
-  Terminal term(io.in[0], io.out[1]);
-  Prompter p(&term);
-  StatusOr<std::string> ip = p.Ask("Address?", "", nullptr);
+      "1\r"
+      "h\xc3\xa9llo\x15"
+      "ok\r");
+  StatusOr<std::string> ip = io.p.Ask("Address?", "", nullptr);
   REQUIRE(ip.ok());
   CHECK(*ip == "10.0.0.1");
+  StatusOr<std::string> name = io.p.Ask("Name?", "", nullptr);
+  REQUIRE(name.ok());
+  CHECK(*name == "ok");
+  // "héllo" is six bytes and five columns: Ctrl-U moves back five, as far as the line goes.
+  CHECK(io.Output().find("h\xc3\xa9llo\b\b\b\b\b     \b\b\b\b\bok") != std::string::npos);
+}
+
+TEST_CASE("SecretIsNotEchoedAndKeepsTheCurrentOneOnEnter") {
+  PipePrompter io(
+      "s3cr\x7f"
+      "et\r\r");
+  StatusOr<std::string> typed = io.p.AskSecret("Token?", "", nullptr);
+  REQUIRE(typed.ok());
+  CHECK(*typed == "s3cet");  // Backspace edits what is not shown
+  StatusOr<std::string> kept = io.p.AskSecret("Token?", "older", nullptr);
+  REQUIRE(kept.ok());
+  CHECK(*kept == "older");
+  std::string shown = io.Output();
+  CHECK(shown.find("s3c") == std::string::npos);
+  CHECK(shown.find("older") == std::string::npos);
+  CHECK(shown.find("Token? [Enter keeps the current one]: ") != std::string::npos);
 }
 
 TEST_CASE("ConfirmShowsDefaultAndAcceptsYesNo") {
   PipePrompter io("maybe\ry\r\r");
-  Terminal term(io.in[0], io.out[1]);
-  Prompter p(&term);
-  StatusOr<bool> first = p.Confirm("Go?", false);
+  StatusOr<bool> first = io.p.Confirm("Go?", false);
   REQUIRE(first.ok());
   CHECK(*first);
-  StatusOr<bool> second = p.Confirm("Again?", false);
+  StatusOr<bool> second = io.p.Confirm("Again?", false);
   REQUIRE(second.ok());
   CHECK(!*second);
   std::string shown = io.Output();
@@ -357,16 +422,12 @@ TEST_CASE("ConfirmShowsDefaultAndAcceptsYesNo") {
 TEST_CASE("CtrlCAndEndOfInputInterrupt") {
   {
     PipePrompter io("12\x03");
-    Terminal term(io.in[0], io.out[1]);
-    Prompter p(&term);
-    StatusOr<std::string> a = p.Ask("Q?", "x", nullptr);
+    StatusOr<std::string> a = io.p.Ask("Q?", "x", nullptr);
     CHECK(a.status().code() == Status::Code::kInterrupted);
   }
   {
     PipePrompter io("");  // the input ends before an answer
-    Terminal term(io.in[0], io.out[1]);
-    Prompter p(&term);
-    StatusOr<int> c = p.Choose("Pick", {"a", "b"}, 0);
+    StatusOr<int> c = io.p.Choose("Pick", {"a", "b"}, 0);
     CHECK(c.status().code() == Status::Code::kInterrupted);
   }
 }

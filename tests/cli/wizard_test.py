@@ -2,11 +2,14 @@
 answers re-asked, the written YAML loads, Ctrl-C leaves nothing behind and restores the
 terminal; `launch config default` never overwrites silently; no terminal -> exit 2."""
 
+import fcntl
 import os
 import shutil
 import stat
+import struct
 import subprocess
 import sys
+import termios
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -18,6 +21,10 @@ import yaml  # noqa: E402
 
 DOWN = "\x1b[B"
 UP = "\x1b[A"
+LEFT = "\x1b[D"
+HOME = "\x1b[H"
+END = "\x1b[F"
+TAB = "\t"
 ENTER = "\r"
 CTRL_C = "\x03"
 
@@ -42,8 +49,20 @@ class WizardTest(unittest.TestCase):
         if shell_wrap:
             argv = ["/bin/sh", "-c", shell_wrap, "sh", *argv]
         s = PtySession(argv, env=self.env, cwd=self.dir)
+        # Wide enough that no prompt wraps: libedit marks a wrap with " \r", which would split
+        # the text the tests look for. libedit reads the size at the first text answer.
+        fcntl.ioctl(s.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 250, 0, 0))
         self.sessions.append(s)
         return s
+
+    def cpus_and_defaults(self, s):
+        """Answers the device question with CPUs, then Enter up to and including the trainer."""
+        s.expect("Which devices")
+        s.send("1" + ENTER)
+        for prompt in ("processes per machine?", "Mixed precision?", "restart after a failure?",
+                       "built-in trainer"):
+            s.expect(prompt)
+            s.send(ENTER)
 
     def print_config(self, path):
         """The file as `launch --print_config` sees it, when the launch binary is built."""
@@ -71,15 +90,20 @@ class WizardTest(unittest.TestCase):
         s.expect("rank of this machine? (0 is the main machine) [0]:")
         s.send("5" + ENTER)
         s.expect("expected a number from 0 to 2, got 5")
-        s.send("1" + ENTER)
+        s.send(UP + "\x7f1" + ENTER)  # Up recalls the rejected "5" (history); it is edited to 1
         s.expect("main machine, rank 0?:")
         s.send(ENTER)  # no default: an answer is required
         s.expect("the address of the main machine is needed")
+        s.send("127.0.0.1" + ENTER)  # loopback in a 3-machine job: warned, then asked again
+        s.expect("127.0.0.1 is a loopback address: the other machines cannot reach it")
+        s.expect("Keep it anyway?")
+        s.send(ENTER)
+        s.expect("main machine, rank 0?:")
         s.send("10.0.0.77\x7f" + ENTER)  # backspace edits the answer
         s.expect("port should the rendezvous use on the main machine? [29500]:")
         s.send(ENTER)
         s.expect("shared secret")
-        s.send("tok123" + ENTER)
+        s.send("tok1234\x7f" + ENTER)  # not shown; Backspace still edits
         s.expect("Which devices should the workers use?")
         s.send("1" + ENTER)  # CPUs whatever this machine has
         s.expect("How many processes per machine?")
@@ -108,10 +132,15 @@ class WizardTest(unittest.TestCase):
         s.expect("How many optimizer steps? [300]:")
         s.send("40" + ENTER)
         s.expect("Directory for metrics and checkpoints? [runs/launch]:")
-        s.send(ENTER)
+        # Tab completes the folder's name; then Left inserts before the last letter, Home and End
+        # jump to either end of the line.
+        os.mkdir(os.path.join(self.dir, "checkpoints_here"))
+        s.send("chec" + TAB)  # libedit redraws with cursor moves: the file shows the result
+        s.send("abd" + LEFT + "c" + HOME + "./" + END + "e" + ENTER)
         s.expect("Wrote " + path)
         s.expect("--machine_rank R")
         self.assertEqual(s.wait(), 0, s.text())
+        self.assertNotIn("tok12", s.text())  # the secret never reached the screen
 
         with open(path) as f:
             text = f.read()
@@ -129,10 +158,11 @@ class WizardTest(unittest.TestCase):
         self.assertEqual(doc["rdzv_token"], "tok123")
         self.assertEqual(doc["train"]["gradient_accumulation_steps"], 2)
         self.assertEqual(doc["train"]["max_steps"], 40)
+        self.assertEqual(doc["train"]["output_dir"], "./checkpoints_here/abcde")
         self.assertEqual(doc["train"]["parallel"]["mode"], "ddp")
         # A file holding the rendezvous secret is private.
         self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600)
-        self.assertEqual(os.listdir(self.dir), ["cluster.yaml"])  # no temporary left behind
+        self.assertEqual(sorted(os.listdir(self.dir)), ["checkpoints_here", "cluster.yaml"])
 
         # The file as launch's loader sees it (`launch env` loads and validates it; --print_config
         # would also start planning a 3-machine job).
@@ -150,11 +180,12 @@ class WizardTest(unittest.TestCase):
         s.expect("The defaults below are the answers in the existing " + path)
         prompts = ["Where will the job run?", "How many machines? [3]:",
                    "(0 is the main machine) [1]:", "rank 0? [10.0.0.7]:", "[29500]:",
-                   "LAUNCH_RDZV_TOKEN) [tok123]:", "Which devices", "processes per machine?",
+                   "LAUNCH_RDZV_TOKEN) [Enter keeps the current one]:", "Which devices",
+                   "processes per machine?",
                    "Mixed precision?", "after a failure? [1]:", "parallel mode)? [YES/no]:",
                    "Which model?", "Which training data?", "Which parallel mode?",
                    "per optimizer step? [2]:", "Batch size per process? [32]:",
-                   "optimizer steps? [40]:", "checkpoints? [runs/launch]:"]
+                   "optimizer steps? [40]:", "checkpoints? [./checkpoints_here/abcde]:"]
         for prompt in prompts:
             s.expect(prompt)
             s.send(ENTER)
@@ -165,6 +196,86 @@ class WizardTest(unittest.TestCase):
         self.assertEqual(s.wait(), 0, s.text())
         with open(path) as f:
             self.assertEqual(yaml.safe_load(f), doc)
+        self.assertNotIn("tok123", s.text())  # the current secret is kept, not shown
+
+    def test_loopback_main_address_can_be_kept_explicitly(self):
+        # Several launches on one host (a rehearsal of a 2-machine job) need 127.0.0.1 or
+        # localhost; the wizard warns, and keeps it when told to.
+        path = os.path.join(self.dir, "two.yaml")
+        s = self.start("--config_file", path)
+        s.expect("Where will the job run?")
+        s.send("2" + ENTER)
+        s.expect("How many machines? [2]:")
+        s.send(ENTER)
+        s.expect("(0 is the main machine) [0]:")
+        s.send(ENTER)
+        s.expect("main machine, rank 0?:")
+        s.send("localhost" + ENTER)
+        s.expect("localhost is a loopback address: the other machines cannot reach it")
+        s.expect("Keep it anyway? (only for trying the job with several launches on this one "
+                 "machine) [yes/NO]:")
+        s.send("y" + ENTER)
+        s.expect("[29500]:")
+        s.send(ENTER)
+        s.expect("shared secret")
+        s.send(ENTER)
+        self.cpus_and_defaults(s)
+        s.expect("Wrote " + path)
+        s.expect("launch --config_file " + path + " train.py")
+        s.expect("launch --config_file " + path + " --machine_rank R train.py")
+        self.assertEqual(s.wait(), 0, s.text())
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        self.assertEqual(doc["main_process_ip"], "localhost")
+        self.assertEqual(doc["num_machines"], 2)
+
+    def answer(self, s, *steps):
+        """For each (prompt, keys): waits for the prompt, then types the keys."""
+        for prompt, keys in steps:
+            s.expect(prompt)
+            s.send(keys)
+
+    def test_trainer_zero_stage_is_offered_and_loads(self):
+        path = os.path.join(self.dir, "zero.yaml")
+        s = self.start("--config_file", path)
+        self.answer(s, ("Where will the job run?", ENTER), ("Which devices", "1" + ENTER),
+                    ("processes per machine?", ENTER), ("Mixed precision?", ENTER),
+                    ("restart after a failure?", ENTER), ("built-in trainer", "y" + ENTER),
+                    ("Which model?", ENTER), ("Which training data?", ENTER),
+                    ("local SGD: no gradient all-reduce", "2" + ENTER),  # zero
+                    ("What should zero shard?", "2" + ENTER),
+                    ("per optimizer step? [1]:", ENTER), ("Batch size", ENTER),
+                    ("optimizer steps?", ENTER), ("checkpoints?", ENTER))
+        s.expect("Wrote " + path)
+        self.assertEqual(s.wait(), 0, s.text())
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        self.assertEqual(doc["train"]["parallel"]["mode"], "zero")
+        self.assertEqual(doc["train"]["parallel"]["zero_stage"], 2)
+        shown = self.print_config(path)
+        if shown is not None:
+            self.assertRegex(shown, r"train.parallel.mode: zero\s+# " + path)
+            self.assertRegex(shown, r"train.parallel.zero_stage: 2\s+# " + path)
+
+    def test_script_sharding_is_offered_for_gpu_jobs_without_the_trainer(self):
+        path = os.path.join(self.dir, "fsdp.yaml")
+        s = self.start("--config_file", path)
+        self.answer(s, ("Where will the job run?", ENTER),
+                    ("Which devices", "2" + ENTER),  # GPUs, whether or not this machine has one
+                    ("processes per machine?", ENTER), ("Which GPUs", ENTER),
+                    ("Mixed precision?", ENTER), ("restart after a failure?", ENTER),
+                    ("built-in trainer", ENTER),
+                    ("Should your script's Accelerator shard the model?", "2" + ENTER),
+                    ("Which FSDP sharding strategy?", "2" + ENTER))
+        s.expect("Wrote " + path)
+        self.assertEqual(s.wait(), 0, s.text())
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        self.assertEqual(doc["distributed_type"], "FSDP")
+        self.assertEqual(doc["fsdp_config"]["fsdp_sharding_strategy"], "SHARD_GRAD_OP")
+        shown = self.print_config(path)
+        if shown is not None:
+            self.assertRegex(shown, r"distributed_type: FSDP\s+# " + path)
 
     def test_ctrl_c_writes_nothing_and_restores_the_terminal(self):
         # The shell ignores SIGINT so that it survives to report; the wizard installs its own
@@ -175,6 +286,19 @@ class WizardTest(unittest.TestCase):
         s.expect("Which devices should the workers use?")
         s.send(DOWN)
         s.expect("> 2) NVIDIA GPUs")  # the key was read in raw mode before Ctrl-C arrives
+        self.assert_ctrl_c_writes_nothing_and_restores_the_terminal(s)
+
+    def test_ctrl_c_while_editing_a_text_answer(self):
+        s = self.start(shell_wrap='trap "" INT; "$@"; echo "rc=$?"; stty -a')
+        s.expect("Where will the job run?")
+        s.send(ENTER)
+        s.expect("Which devices should the workers use?")
+        s.send("1" + ENTER)
+        s.expect("How many processes per machine?")
+        s.send("12" + LEFT)  # libedit has the line
+        self.assert_ctrl_c_writes_nothing_and_restores_the_terminal(s)
+
+    def assert_ctrl_c_writes_nothing_and_restores_the_terminal(self, s):
         s.send(CTRL_C)
         s.expect("Interrupted; nothing was written.")
         s.expect("rc=130")
@@ -208,16 +332,7 @@ class WizardTest(unittest.TestCase):
         s = self.start()
         s.expect("Where will the job run?")
         s.send(ENTER)
-        s.expect("Which devices")
-        s.send("1" + ENTER)
-        s.expect("processes per machine?")
-        s.send(ENTER)
-        s.expect("Mixed precision?")
-        s.send(ENTER)
-        s.expect("restart after a failure?")
-        s.send(ENTER)
-        s.expect("built-in trainer")
-        s.send(ENTER)
+        self.cpus_and_defaults(s)
         s.expect(self.default_path + " exists. Overwrite it? [yes/NO]:")
         s.send(ENTER)
         s.expect("Nothing was written")
@@ -229,14 +344,10 @@ class WizardTest(unittest.TestCase):
         s = self.start()
         s.expect("Where will the job run?")
         s.send(ENTER)
-        s.expect("Which devices")
-        s.send("1" + ENTER)
-        for prompt in ("processes per machine?", "Mixed precision?", "restart after a failure?",
-                       "built-in trainer"):
-            s.expect(prompt)
-            s.send(ENTER)
+        self.cpus_and_defaults(s)
         s.expect("Wrote " + self.default_path)
-        s.expect("launch -- python3 train.py")
+        s.expect("Next:")
+        s.expect("  launch train.py\r\n")  # the script form: python3 -u, as torchrun runs it
         self.assertEqual(s.wait(), 0)
         with open(self.default_path) as f:
             doc = yaml.safe_load(f)
@@ -259,6 +370,7 @@ class WizardTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("needs a terminal", r.stderr)
         self.assertIn("launch config default", r.stderr)
+        self.assertIn("docs/launcher.md#the-yaml", r.stderr)  # where the keys are documented
         self.assertFalse(os.path.exists(self.default_path))
 
     def test_config_default_never_overwrites_silently(self):
