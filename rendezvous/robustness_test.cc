@@ -247,6 +247,22 @@ TEST_CASE("FramesAfterTheHandshakeNeedTheSessionMac") {
   CHECK(h.LogContains("bad MAC"));
 }
 
+TEST_CASE("ARefusedJoinIsAnsweredWithTheReasonBeforeTheClose") {
+  // An agent whose JOIN breaks a protocol limit learns why (an ERROR naming the field) instead
+  // of seeing a bare close, which it could only report as a lost server.
+  Harness h;
+  JoinRequest j = Join(2, 2, -1);
+  j.run_id = std::string(2000, 'x');
+  auto peer = std::make_shared<RawPeer>(h.io);
+  std::string key = Handshake(h, *peer);
+  peer->Write(MacedFrame(key, 0, MessageType::kJoin, ToFields(j)));
+  REQUIRE(RunUntil(
+      h.io, [&] { return peer->closed; }, milliseconds(3000)));
+  CHECK(peer->received.find("the rendezvous server refused this node's JOIN") != std::string::npos);
+  CHECK(peer->received.find("field 'run_id' is 2000 bytes, more than 1024") != std::string::npos);
+  RendezvousSucceedsBeside(h);
+}
+
 TEST_CASE("MessagesLargerThanOneMebibyteArriveIntact") {
   // An ASSIGN's node table grows with the job (host names up to 256 bytes); whatever one side
   // can encode the other accepts. 12000 nodes with long names: about 4 MiB.

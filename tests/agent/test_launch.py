@@ -11,7 +11,8 @@ import sys
 import time
 import unittest
 
-from harness import LAUNCH, REPO, SYSTEM_PYTHON, launch, pids_with_marker, tmpdir, unique_marker, wait_until
+from harness import (LAUNCH, REPO, SYSTEM_PYTHON, launch, pids_with_marker, run, tmpdir,
+                     unique_marker, wait_until)
 
 CONTRACT = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -401,6 +402,38 @@ class Config(unittest.TestCase):
         r = launch("--max_restarts", "-1", "--", "true")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--max_restarts: expected a value >= 0", r.stderr)
+
+    def test_bad_input_is_refused_with_its_key_never_a_crash(self):
+        # Each case exits 2 naming what is wrong, under a memory limit that an unbounded
+        # allocation would hit (the review's bad-input table; std::bad_alloc aborted with 134).
+        def refused(args, expected, text=None):
+            if text is not None:
+                args = [*args, self.write(text)]
+            r = run(["prlimit", "--as=%d" % (2 << 30), LAUNCH, *args, "--", "true"], timeout=60)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertIn(expected, r.stderr)
+            self.assertNotIn("terminate called", r.stderr)
+
+        refused(["--print_config", "--num_processes", "2000000000"],
+                "num_processes 2000000000 over 1 machine(s) is 2000000000 workers per machine, "
+                "more than 4096")
+        refused([], "num_processes 2000000000 over 2 machine(s)",
+                "num_processes: 2000000000\nnum_machines: 2\n")
+        d = tmpdir()
+        refused(["--config_file", d], "is a directory")
+        refused(["--config_file", "/dev/zero"], "'/dev/zero' is not a regular file")
+        fifo = os.path.join(d, "job.yaml")
+        os.mkfifo(fifo)  # no writer: refused at once, not waited on
+        refused([fifo], "is not a regular file")
+        refused([], ":2: num_processes is given twice (first at line 1)",
+                "num_processes: 1\nnum_processes: 3\n")
+        refused([], ":4: train.optimizer.lr is given twice (first at line 3)",
+                "train:\n  optimizer:\n    lr: 0.1\n    lr: 0.2\n")
+        # What only the rendezvous would have refused, named at load time on any node.
+        refused(["--run_id", "x" * 2000], "run_id must be printable text of at most 1024 bytes")
+        refused(["--nnodes", "2", "--rdzv_conf", "heartbeat_timeout=0.001"],
+                "rdzv_conf.heartbeat_timeout is 0.001 s; the rendezvous needs at least 0.05 s")
+        refused(["--nproc_per_node"], "--nproc_per_node needs a value")
 
     def test_missing_config_file(self):
         r = launch("/nonexistent/job.yaml")
