@@ -1,5 +1,6 @@
 #include "launcher/terminal.h"
 
+#include <dlfcn.h>
 #include <editline/readline.h>
 #include <poll.h>
 #include <sys/ioctl.h>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <cwchar>
+#include <type_traits>
 
 #include "base/strings.h"
 
@@ -100,6 +102,58 @@ size_t DisplayColumns(const std::string& text) {
   return columns;
 }
 
+// libedit, loaded when the first edited line is read: `launch` itself starts without it (and
+// its libtinfo, libbsd and libmd: fewer objects for the dynamic loader at every start, and
+// `launch` runs where libedit is not installed; the wizard then falls back to its own line
+// input). Types come from <editline/readline.h>; every symbol is looked up here.
+struct Editline {
+  decltype(&::readline) readline;
+  decltype(&::add_history) add_history;
+  decltype(&::rl_initialize) initialize;
+  decltype(&::rl_filename_completion_function) filename_completion_function;
+  decltype(&::rl_completion_matches) completion_matches;
+  decltype(&::rl_getc_function) getc_function;
+  decltype(&::rl_catch_signals) catch_signals;
+  decltype(&::rl_readline_name) readline_name;
+  decltype(&::rl_instream) instream;
+  decltype(&::rl_outstream) outstream;
+  decltype(&::rl_completion_append_character) completion_append_character;
+  decltype(&::rl_attempted_completion_function) attempted_completion_function;
+  decltype(&::rl_attempted_completion_over) attempted_completion_over;
+
+  // Null when libedit.so.2 or one of its symbols is missing.
+  static const Editline* Get() {
+    static const Editline* loaded = Load();
+    return loaded;
+  }
+
+ private:
+  static const Editline* Load() {
+    void* lib = dlopen("libedit.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return nullptr;
+    static Editline e;
+    bool complete = true;
+    auto bind = [&](auto& field, const char* name) {
+      field = reinterpret_cast<std::remove_reference_t<decltype(field)>>(dlsym(lib, name));
+      complete &= field != nullptr;
+    };
+    bind(e.readline, "readline");
+    bind(e.add_history, "add_history");
+    bind(e.initialize, "rl_initialize");
+    bind(e.filename_completion_function, "rl_filename_completion_function");
+    bind(e.completion_matches, "rl_completion_matches");
+    bind(e.getc_function, "rl_getc_function");
+    bind(e.catch_signals, "rl_catch_signals");
+    bind(e.readline_name, "rl_readline_name");
+    bind(e.instream, "rl_instream");
+    bind(e.outstream, "rl_outstream");
+    bind(e.completion_append_character, "rl_completion_append_character");
+    bind(e.attempted_completion_function, "rl_attempted_completion_function");
+    bind(e.attempted_completion_over, "rl_attempted_completion_over");
+    return complete ? &e : nullptr;  // the library stays loaded for the process's life
+  }
+};
+
 // libedit's character source (rl_getc_function): the next UTF-8 character of the terminal as a
 // code point (libedit stores what this returns as one wchar_t). It waits as ReadKey does, so a
 // Ctrl-C ends the line at once: libedit's own read() retries the first EINTR and would sit
@@ -123,7 +177,7 @@ int ReadEditorChar(FILE* in) {
 // File names for Tab, a folder's with its '/' so that the next Tab goes on inside it (libedit's
 // readline API appends one fixed character to every unique match; it is set to none).
 char* CompleteFileName(const char* text, int state) {
-  char* match = rl_filename_completion_function(text, state);
+  char* match = Editline::Get()->filename_completion_function(text, state);
   struct stat st {};
   if (match == nullptr || stat(match, &st) != 0 || !S_ISDIR(st.st_mode)) return match;
   const size_t n = std::strlen(match);
@@ -137,12 +191,12 @@ char* CompleteFileName(const char* text, int state) {
 // Tab's candidates where the question asks for a path. Given as the "attempted" function: with
 // it libedit does not backslash-escape blanks in a name (the answer is taken literally).
 char** CompletePath(const char* text, int, int) {
-  return rl_completion_matches(text, CompleteFileName);
+  return Editline::Get()->completion_matches(text, CompleteFileName);
 }
 
 // Tab elsewhere: no candidates, and no fallback to file names.
 char** CompleteNothing(const char*, int, int) {
-  rl_attempted_completion_over = 1;
+  *Editline::Get()->attempted_completion_over = 1;
   return nullptr;
 }
 
@@ -279,30 +333,32 @@ StatusOr<Terminal::Key> Terminal::ReadKey() {
 }
 
 bool Terminal::CanEdit() const {
-  return in_fd_ == STDIN_FILENO && out_fd_ == STDOUT_FILENO && fancy_ && IsTerminal(in_fd_);
+  return in_fd_ == STDIN_FILENO && out_fd_ == STDOUT_FILENO && fancy_ && IsTerminal(in_fd_) &&
+         Editline::Get() != nullptr;
 }
 
 StatusOr<std::string> Terminal::ReadEditedLine(const std::string& prompt, bool complete_files) {
-  LAUNCH_CHECK(CanEdit(), "ReadEditedLine needs stdin and stdout on a terminal");
+  LAUNCH_CHECK(CanEdit(), "ReadEditedLine needs stdin and stdout on a terminal, and libedit");
+  const Editline& el = *Editline::Get();
   if (!editor_ready_) {
     // rl_initialize turns editing off when it finds echo off, and libedit takes the mode it
     // finds then as the one to return to: the terminal's own. Later calls go straight from raw
     // mode to libedit's, so no typed-ahead key is echoed by the terminal in between.
     if (have_termios_) tcsetattr(in_fd_, TCSADRAIN, &saved_termios_);
-    rl_getc_function = ReadEditorChar;  // rl_initialize installs it
-    rl_catch_signals = 0;  // keep our handlers: libedit's re-send the signal to the whole group
-    rl_readline_name = "launch";  // ~/.editrc lines prefixed "launch:" apply here only
-    rl_instream = stdin;
-    rl_outstream = stdout;
-    if (rl_initialize() != 0) {
+    *el.getc_function = ReadEditorChar;  // rl_initialize installs it
+    *el.catch_signals = 0;  // keep our handlers: libedit's re-send the signal to the whole group
+    *el.readline_name = "launch";  // ~/.editrc lines prefixed "launch:" apply here only
+    *el.instream = stdin;
+    *el.outstream = stdout;
+    if (el.initialize() != 0) {
       LAUNCH_RETURN_IF_ERROR(EnterRawMode());
       return Status::IoError("cannot start libedit's line editor");
     }
-    rl_completion_append_character = '\0';
+    *el.completion_append_character = '\0';
     editor_ready_ = true;
   }
-  rl_attempted_completion_function = complete_files ? CompletePath : CompleteNothing;
-  char* line = readline(MarkInvisible(prompt).c_str());
+  *el.attempted_completion_function = complete_files ? CompletePath : CompleteNothing;
+  char* line = el.readline(MarkInvisible(prompt).c_str());
   Status raw = EnterRawMode();
   if (line == nullptr) {
     if (g_stop_signal) return InterruptedBy(g_stop_signal);
@@ -311,7 +367,7 @@ StatusOr<std::string> Terminal::ReadEditedLine(const std::string& prompt, bool c
   std::string text(line);
   std::free(line);
   LAUNCH_RETURN_IF_ERROR(raw);
-  if (!Trim(text).empty()) add_history(text.c_str());
+  if (!Trim(text).empty()) el.add_history(text.c_str());
   return text;
 }
 
