@@ -84,27 +84,49 @@ std::string MakeRunId() {
   return std::string(buf) + "-" + std::to_string(getpid());
 }
 
+// The built-in trainer's settings that every rank must share (TrajectorySettings, output_dir):
+// not the top-level keys, which legitimately differ per machine (machine_rank in the wizard's
+// per-machine files). Empty when the job runs a program of its own.
+std::string TrainerIdentity(const config::LaunchConfig& cfg) {
+  if (!cfg.program.empty() || !cfg.train.present) return "";
+  std::string text = cfg.train.output_dir;
+  for (const auto& [key, value] : config::TrajectorySettings(cfg.train))
+    text += "\n" + key + "=" + value;
+  return Hex64(Fnv1a64(text)).substr(0, 12);
+}
+
+// What makes a job this job, as every node of it sees it: the role, the program as given
+// (not as resolved: install paths may differ between machines) with the content of each
+// argument that names a small file here (the script: two projects' `python train.py` differ
+// there, not in the command), and for the trainer its settings (above).
+std::string JobIdentityHash(const config::LaunchConfig& cfg) {
+  uint64_t h = kFnv1aInit;
+  auto add = [&h](const std::string& part) {
+    h = Fnv1a64(std::string_view(part.c_str(), part.size() + 1), h);
+  };
+  add(cfg.role);
+  add(cfg.run_module ? "-m" : "");
+  for (const std::string& arg : cfg.program) {
+    add(arg);
+    struct stat st;
+    if (::stat(arg.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) continue;
+    StatusOr<std::string> content = ReadRegularFile(arg, 1 << 20);
+    if (content.ok()) add(*content);
+  }
+  for (const std::string& arg : cfg.extra_args) add(arg);
+  return Hex64(Fnv1a64(TrainerIdentity(cfg), h)).substr(0, 12);
+}
+
 // The run id of a multi-node job that names none. The nodes of one job must agree on it
 // without talking to each other, and an unrelated job pointed at the same endpoint must get
 // another one, so that the rendezvous refuses it (naming both ids) instead of letting it join
 // as a node or a spare. Hence a hash of what the nodes of one job share: the node count,
-// max_restarts, the role and the program with its arguments as given (not as resolved: install
-// paths may differ between machines). Not the endpoint: it is the same for both jobs anyway,
-// and the machines of one job may spell it differently (a name here, an address there).
+// max_restarts and the job's identity (above). Not the endpoint: it is the same for both jobs
+// anyway, and the machines of one job may spell it differently (a name here, an address there).
 std::string DerivedRunId(const config::LaunchConfig& cfg) {
-  std::vector<std::string> parts = {
-      std::to_string(cfg.min_nodes) + ":" + std::to_string(cfg.max_nodes),
-      std::to_string(cfg.max_restarts), cfg.role, cfg.run_module ? "-m" : ""};
-  if (!cfg.program.empty()) {
-    parts.insert(parts.end(), cfg.program.begin(), cfg.program.end());
-  } else {
-    parts.push_back(Basename(cfg.config_path));
-    parts.insert(parts.end(), cfg.extra_args.begin(), cfg.extra_args.end());
-  }
-  uint64_t h = kFnv1aInit;
-  for (const std::string& part : parts)
-    h = Fnv1a64(std::string_view(part.c_str(), part.size() + 1), h);
-  return "job-" + Hex64(h).substr(0, 12);
+  std::string parts = std::to_string(cfg.min_nodes) + ":" + std::to_string(cfg.max_nodes) + " " +
+                      std::to_string(cfg.max_restarts) + " " + JobIdentityHash(cfg);
+  return "job-" + Hex64(Fnv1a64(parts)).substr(0, 12);
 }
 
 void Warn(const std::string& msg) { log::Warn(msg); }
@@ -158,7 +180,11 @@ agent::ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& c
   o.heartbeat_timeout_s = cfg.rdzv_conf.heartbeat_timeout_s;
   o.local_address = cfg.rdzv_local_addr;
   // What must agree across nodes beyond run_id, nnodes and max_restarts (compared one by one).
-  o.fingerprint = "role=" + cfg.role;
+  // The trainer's settings, compared at every JOIN: two trainer jobs given one run id (a reused
+  // --rdzv_id) are refused, never merged as a scale-up. A program of the user's own may differ
+  // per node (torchrun's MPMD jobs), so only a derived run id tells such jobs apart.
+  const std::string trainer = TrainerIdentity(cfg);
+  o.fingerprint = "role=" + cfg.role + (trainer.empty() ? "" : " train=" + trainer);
   return o;
 }
 

@@ -25,7 +25,8 @@ class Node:
     """One `launch` agent; output (stdout+stderr) goes to a file to avoid pipe stalls."""
 
     def __init__(self, index, port, nnodes, nproc=2, rank=None, extra=(), worker_args=(),
-                 env=None, marker=None, tmp=None, endpoint=None, program=None, prefix=()):
+                 env=None, marker=None, tmp=None, endpoint=None, program=None, prefix=(),
+                 cwd=None, config=None):
         self.addr = f"127.0.0.{index + 1}"
         self.log_path = os.path.join(tmp, f"node{index}.log")
         where = (["--rdzv_endpoint", endpoint] if endpoint else
@@ -34,7 +35,10 @@ class Node:
                 *where, *extra]
         if rank is not None:
             args += ["--node_rank", str(rank)]
-        args += ["--", *(program or [harness.SYSTEM_PYTHON, WORKER, *worker_args])]
+        if config:  # the built-in trainer
+            args.append(config)
+        else:
+            args += ["--", *(program or [harness.SYSTEM_PYTHON, WORKER, *worker_args])]
         full_env = dict(os.environ)
         if not endpoint:
             full_env["LAUNCH_RDZV_LOCAL_ADDR"] = self.addr
@@ -43,7 +47,8 @@ class Node:
         full_env.update(env or {})
         self.log = open(self.log_path, "w")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=full_env,
+                                     cwd=cwd)
 
     def wait(self, timeout=30):
         try:
@@ -248,6 +253,53 @@ class MultiNodeTest(unittest.TestCase):
         run_ids = {e["TORCHELASTIC_RUN_ID"] for n in (a, b) for e in env_lines(n.output())}
         self.assertEqual(len(run_ids), 1)
         self.assertIn(run_ids.pop(), ids)
+
+    def test_two_projects_written_alike_are_two_jobs(self):
+        # `launch --nnodes 1:2 -- python3 train.py` in two project folders: the commands read
+        # alike, the scripts differ. The second is refused at once (both ids named), never
+        # merged into the first as a scale-up (which restarted both through every attempt).
+        dirs = []
+        for name in ("project_a", "project_b"):
+            d = os.path.join(self.tmp, name)
+            os.makedirs(d)
+            with open(os.path.join(d, "train.py"), "w") as f:
+                f.write("import time\nprint('%s ran', flush=True)\ntime.sleep(3)\n" % name)
+            dirs.append(d)
+        program = [harness.SYSTEM_PYTHON, "train.py"]
+        extra = ["--rdzv_conf", "last_call_timeout=0.2"]
+        a = self.start(0, "1:2", nproc=1, extra=extra, program=program, cwd=dirs[0])
+        self.wait_for_text(a, r"project_a ran")
+        b = self.start(1, "1:2", nproc=1, extra=extra, program=program, cwd=dirs[1])
+        self.assertEqual(b.wait(15), 2, b.output())
+        self.assertNotIn("project_b ran", b.output())
+        self.assertEqual(len(set(re.findall(r"job-[0-9a-f]{12}", b.output()))), 2, b.output())
+        self.assertEqual(a.wait(30), 0, a.output())
+        self.assertNotIn("scale-up", a.output())
+        self.assertEqual(a.output().count("project_a ran"), 1, a.output())
+
+    def test_a_reused_run_id_with_other_trainer_settings_is_refused_at_join(self):
+        # Two trainer jobs given the same --rdzv_id: the fingerprint (the trainer's settings)
+        # tells them apart, and the newcomer is refused naming it, never merged as a scale-up.
+        # (A program of the user's own may differ per node: torchrun's MPMD jobs.)
+        if not os.path.exists(harness.TRAIN):
+            self.skipTest("train is not built")
+        configs = []
+        for name, lr in (("a", "0.01"), ("b", "0.02")):
+            path = os.path.join(self.tmp, f"job_{name}.yaml")
+            with open(path, "w") as f:
+                f.write("train:\n  model: {type: mlp, layers: [8, 16, 4]}\n"
+                        "  data: {type: synthetic, samples: 100000}\n  batch_size: 8\n"
+                        f"  max_steps: 100000\n  optimizer: {{type: sgd, lr: {lr}}}\n"
+                        f"  output_dir: {self.tmp}/out_{name}\n  checkpoint_every: 0\n")
+            configs.append(path)
+        extra = ["--rdzv_id", "shared-id", "--rdzv_conf", "last_call_timeout=0.2"]
+        a = self.start(0, "1:2", nproc=1, extra=extra, config=configs[0])
+        self.wait_for_text(a, r"step \d+", timeout=60)
+        b = self.start(1, "1:2", nproc=1, extra=extra, config=configs[1])
+        self.assertEqual(b.wait(15), 2, b.output())
+        self.assertIn("config fingerprint mismatch", b.output())
+        self.assertIsNone(a.proc.poll(), a.output())
+        self.assertNotIn("scale-up", a.output())
 
     def test_missing_node_times_out_listing_missing_ranks(self):
         conf = ["--rdzv_conf", "join_timeout=1.5"]
