@@ -53,6 +53,8 @@ struct StreamSpec {
 // once instead of surfacing on another node as a lost server.
 inline constexpr size_t kMaxRunIdBytes = 1024;
 inline constexpr double kMinRendezvousTimeoutS = 0.05;
+inline constexpr int kMaxNodes = 65536;
+inline constexpr int kMaxRestarts = 1 << 20;
 // A config file larger than this is refused (a real one is a few KiB; yaml-cpp would need
 // tens of times its size in memory).
 inline constexpr size_t kMaxConfigBytes = 16u << 20;

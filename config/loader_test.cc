@@ -109,7 +109,7 @@ TEST_CASE("PrecedenceFlagOverEnvironmentOverYaml") {
 TEST_CASE("FlagErrorsNameTheFlag") {
   LaunchConfig cfg;
   Status s = ApplySetting("nnodes", "3:2", Origin{Origin::Kind::kFlag, "--nnodes"}, &cfg);
-  CHECK(s.message() == "--nnodes: expected 1 <= MIN <= MAX, got '3:2'");
+  CHECK(s.message() == "--nnodes: expected 1 <= MIN <= MAX <= 65536, got '3:2'");
   s = ApplySetting("tee", "7", Origin{Origin::Kind::kFlag, "--tee"}, &cfg);
   CHECK(s.message().rfind("--tee: expected 0 (none)", 0) == 0);
 }

@@ -134,7 +134,8 @@ std::string ParseNodes(const std::string& s, int* min_nodes, int* max_nodes) {
   } else if (parts.size() != 2 || !ParseInt64(parts[0], &lo) || !ParseInt64(parts[1], &hi)) {
     return "expected N or MIN:MAX, got '" + s + "'";
   }
-  if (lo < 1 || hi < lo || hi > 100000) return "expected 1 <= MIN <= MAX, got '" + s + "'";
+  if (lo < 1 || hi < lo || hi > kMaxNodes)
+    return "expected 1 <= MIN <= MAX <= " + std::to_string(kMaxNodes) + ", got '" + s + "'";
   *min_nodes = static_cast<int>(lo);
   *max_nodes = static_cast<int>(hi);
   return "";

@@ -319,7 +319,13 @@ const std::vector<KeyDef>& TopLevelTable() {
           .Show([](const LaunchConfig& c) { return c.role; }),
 
       // ---- Failures and restarts
-      Key("max_restarts", NonNegative(&LaunchConfig::max_restarts))
+      Key("max_restarts",
+          [](const std::string& s, LaunchConfig* c) {
+            std::string err = NonNegative(&LaunchConfig::max_restarts)(s, c);
+            if (err.empty() && c->max_restarts > kMaxRestarts)
+              return "expected at most " + std::to_string(kMaxRestarts) + " restarts, got " + s;
+            return err;
+          })
           .Flag({"max_restarts"}, kGroupFaults,
                 "restart the whole group up to N times after a failure")
           .Show([](const LaunchConfig& c) { return std::to_string(c.max_restarts); }),

@@ -309,7 +309,7 @@ StatusOr<JoinRequest> ParseJoin(const Fields& f) {
   LAUNCH_RETURN_IF_ERROR(GetInt(f, "master_port", 1, 65535, &m.master_port));
   LAUNCH_RETURN_IF_ERROR(GetString(f, "hostname", 256, &m.hostname));
   LAUNCH_RETURN_IF_ERROR(GetString(f, "fingerprint", 256, &m.fingerprint));
-  LAUNCH_RETURN_IF_ERROR(GetInt(f, "max_restarts", 0, 1 << 20, &m.max_restarts));
+  LAUNCH_RETURN_IF_ERROR(GetInt(f, "max_restarts", 0, config::kMaxRestarts, &m.max_restarts));
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "join_timeout", &m.join_timeout_s));
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "last_call_timeout", &m.last_call_timeout_s));
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "heartbeat_timeout", &m.heartbeat_timeout_s));

@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "config/launch_config.h"
 
 namespace launch::rendezvous {
 
@@ -208,7 +209,7 @@ struct ErrorMessage {
 inline constexpr size_t kNonceSize = 32;
 inline constexpr size_t kMaxStderrTail = 16 * 1024;
 inline constexpr size_t kMaxShortString = 1024;
-inline constexpr int kMaxNodes = 65536;
+inline constexpr int kMaxNodes = config::kMaxNodes;
 
 Fields ToFields(const Hello& m);
 Fields ToFields(const JoinRequest& m);
