@@ -2,9 +2,29 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+
+#include <nlohmann/json.hpp>
 
 namespace launch::agent {
+
+namespace {
+
+using nlohmann::json;
+
+// A field's text: strings as they decode, other scalars as JSON writes them (a number
+// "message" reads as "42"); nullopt for null, objects, arrays and absent fields.
+std::optional<std::string> ScalarText(const json& object, const char* key) {
+  if (!object.is_object()) return std::nullopt;
+  const auto it = object.find(key);
+  if (it == object.end()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_number() || it->is_boolean()) return it->dump();
+  return std::nullopt;
+}
+
+}  // namespace
 
 std::optional<WorkerError> ReadErrorFile(const std::string& path) {
   constexpr size_t kMaxBytes = 1 << 20;
@@ -22,25 +42,23 @@ std::optional<WorkerError> ReadErrorFile(const std::string& path) {
   }
   ::close(fd);
   if (text.empty() || text.size() > kMaxBytes) return std::nullopt;
-  // JSON is YAML's flow style: yaml-cpp reads it, escapes included.
-  try {
-    YAML::Node root = YAML::Load(text);
-    if (!root.IsMap()) return std::nullopt;
-    YAML::Node m = root["message"];
-    WorkerError e;
-    if (m.IsScalar()) {
-      e.message = m.Scalar();
-    } else if (m.IsMap()) {
-      if (m["message"].IsScalar()) e.message = m["message"].Scalar();
-      YAML::Node extra = m["extraInfo"];
-      if (extra.IsMap() && extra["py_callstack"].IsScalar())
-        e.traceback = extra["py_callstack"].Scalar();
-    }
-    if (e.message.empty() && e.traceback.empty()) return std::nullopt;
-    return e;
-  } catch (const YAML::Exception&) {
-    return std::nullopt;
+  // Python's json writes non-ASCII as \u escapes, surrogate pairs beyond the BMP (an emoji):
+  // a JSON parser decodes them to UTF-8. The non-throwing parse: this runs on the agent's
+  // thread, and a malformed file only means the report falls back to the stderr tail.
+  const json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) return std::nullopt;
+  const auto m = root.find("message");
+  if (m == root.end()) return std::nullopt;
+  WorkerError e;
+  if (m->is_object()) {
+    e.message = ScalarText(*m, "message").value_or("");
+    const auto extra = m->find("extraInfo");
+    if (extra != m->end()) e.traceback = ScalarText(*extra, "py_callstack").value_or("");
+  } else {
+    e.message = ScalarText(root, "message").value_or("");
   }
+  if (e.message.empty() && e.traceback.empty()) return std::nullopt;
+  return e;
 }
 
 }  // namespace launch::agent

@@ -8,7 +8,8 @@
 //                "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "1700000000"}}}
 //
 // ("message" may also be a plain string.) The failure report quotes the root cause's message
-// and traceback from it instead of guessing from the stderr tail.
+// and traceback from it instead of guessing from the stderr tail. Strings decode as JSON defines
+// them: \u escapes (surrogate pairs, which Python's json writes for an emoji) become UTF-8.
 
 #include <optional>
 #include <string>

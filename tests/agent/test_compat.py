@@ -208,13 +208,15 @@ class TorchrunBehaviour(unittest.TestCase):
 
     def test_error_file_of_a_record_decorated_script_is_quoted(self):
         # torch's @record writes the exception to TORCHELASTIC_ERROR_FILE; the report quotes it.
+        # Python's json writes the emoji as a surrogate pair (\ud83d\ude00), which the agent
+        # must decode as JSON does.
         d = tmpdir()
         script = os.path.join(d, "fail.py")
         with open(script, "w") as f:
             f.write("import os, time\n"
                     "from torch.distributed.elastic.multiprocessing.errors import record\n"
                     "def inner():\n"
-                    "    raise ValueError('bad shard 42')\n"
+                    "    raise ValueError('bad shard 42 \\U0001F600')\n"
                     "@record\n"
                     "def main():\n"
                     "    if os.environ['RANK'] == '1':\n"
@@ -226,7 +228,7 @@ class TorchrunBehaviour(unittest.TestCase):
                    env={"TMPDIR": private_tmp})
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertIn("root cause: rank 1", r.stderr)
-        self.assertIn("  error: ValueError: bad shard 42", r.stderr)
+        self.assertIn("  error: ValueError: bad shard 42 \U0001F600\n", r.stderr)
         self.assertRegex(r.stderr, r"traceback \(from \S+rank_1\.error\.json\):")
         self.assertIn("in inner", r.stderr)
         self.assertEqual(os.listdir(private_tmp), [], "the private error directory was left")
@@ -237,7 +239,7 @@ class TorchrunBehaviour(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stderr)
         with open(os.path.join(logs, "j", "attempt_0", "rank_1.error.json")) as f:
             record = json.load(f)
-        self.assertEqual(record["message"]["message"], "ValueError: bad shard 42")
+        self.assertEqual(record["message"]["message"], "ValueError: bad shard 42 \U0001F600")
         # A worker that writes nothing there (no @record) is reported from its stderr.
         r = launch("--", "/bin/sh", "-c", "echo plain failure >&2; exit 4")
         self.assertEqual(r.returncode, 4)

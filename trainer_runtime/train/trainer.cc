@@ -17,6 +17,8 @@
 #include <optional>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "base/files.h"
 #include "base/strings.h"
 #include "trainer_runtime/api/accelerator.h"
@@ -36,6 +38,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using config::ParallelMode;
+using nlohmann::ordered_json;  // metrics.jsonl and final.json keep their documented key order
+
+// `j` as one line of text (indent -1) or indented, ending in a newline. NaN and infinities
+// are written as null (JSON has neither); a string that is not UTF-8 gets U+FFFD instead of
+// failing the write.
+std::string JsonText(const ordered_json& j, int indent) {
+  return j.dump(indent, ' ', false, ordered_json::error_handler_t::replace) + "\n";
+}
 
 std::string Eta(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "--:--";
@@ -500,18 +510,23 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
   if (!accel_->IsMainProcess()) return Status::Ok();
   const double step_ms = step_s * 1000;
   const double comm_ms = std::min(comm.blocking_comm_ms, step_ms);
-  metrics_ << "{\"step\": " << accel_->step() << ", \"loss\": " << Num(loss)
-           << ", \"lr\": " << Num(accel_->learning_rate())
-           << ", \"samples_per_s\": " << Num(samples / step_s) << ", \"comm_ms\": " << Num(comm_ms)
-           << ", \"compute_ms\": " << Num(step_ms - comm_ms) << ", \"step_ms\": " << Num(step_ms)
-           << ", \"allreduces\": " << comm.allreduces;
-  if (comm.reduce_scatters || comm.allgathers)
-    metrics_ << ", \"reduce_scatters\": " << comm.reduce_scatters
-             << ", \"allgathers\": " << comm.allgathers;
-  metrics_ << ", \"micro_batches\": " << accel_->micro_batches_last_step()
-           << ", \"buckets_launched_before_grads_done\": " << comm.launched_before_grads_done;
-  if (pipeline_) metrics_ << ", \"peak_live_microbatches\": " << accel_->pipeline()->peak_live();
-  metrics_ << ", \"epoch\": " << accel_->epoch() << "}\n";
+  ordered_json line = {{"step", accel_->step()},
+                       {"loss", loss},
+                       {"lr", accel_->learning_rate()},
+                       {"samples_per_s", static_cast<double>(samples) / step_s},
+                       {"comm_ms", comm_ms},
+                       {"compute_ms", step_ms - comm_ms},
+                       {"step_ms", step_ms},
+                       {"allreduces", comm.allreduces}};
+  if (comm.reduce_scatters || comm.allgathers) {
+    line["reduce_scatters"] = comm.reduce_scatters;
+    line["allgathers"] = comm.allgathers;
+  }
+  line["micro_batches"] = accel_->micro_batches_last_step();
+  line["buckets_launched_before_grads_done"] = comm.launched_before_grads_done;
+  if (pipeline_) line["peak_live_microbatches"] = accel_->pipeline()->peak_live();
+  line["epoch"] = accel_->epoch();
+  metrics_ << JsonText(line, -1);
   metrics_.flush();
   if (!metrics_) return Status::IoError("writing " + cfg_.output_dir + "/metrics.jsonl");
   return Status::Ok();
@@ -559,71 +574,78 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   const std::vector<int64_t> own = accel_->StateBytes();
   const torch::Tensor all = accel_->Gather(torch::tensor(own, torch::kLong));
   if (!accel_->IsMainProcess()) return Status::Ok();
-  std::ostringstream state_bytes;
+  ordered_json state_bytes = ordered_json::object();
   const char* kinds[] = {"parameters", "gradients", "optimizer"};
   for (int k = 0; k < 3; ++k) {
-    state_bytes << (k ? ", " : "") << "\"" << kinds[k] << "\": [";
+    ordered_json& per_rank = state_bytes[kinds[k]] = ordered_json::array();
     for (int r = 0; r < accel_->world_size(); ++r)
-      state_bytes << (r ? ", " : "") << all[r * 3 + k].item<int64_t>();
-    state_bytes << "]";
+      per_rank.push_back(all[r * 3 + k].item<int64_t>());
   }
   std::string checksum = Hex64(mine);
-  std::ostringstream pipeline;
+  ordered_json pipeline;
   if (pipeline_) {
     constexpr int kFields = PipelineEngine::kStatFields;
     const int stages = accel_->num_stages();
+    // Field `field` of every stage's stats: counts as integers, the rest as they are.
     auto list = [&](int field, bool integer) {
-      std::string out = "[";
+      ordered_json out = ordered_json::array();
       for (int s = 0; s < stages; ++s) {
         const double v = stats[static_cast<size_t>(s * kFields + field)];
-        out += (s ? ", " : "") + (integer ? std::to_string(std::llround(v)) : Num(v));
+        if (integer) {
+          out.push_back(static_cast<int64_t>(std::llround(v)));
+        } else {
+          out.push_back(v);
+        }
       }
-      return out + "]";
+      return out;
     };
-    std::string checksums = "[";
+    ordered_json checksums = ordered_json::array();
     uint64_t combined = kFnv1aInit;
     for (int s = 0; s < stages; ++s) {
       const uint64_t h =
           (static_cast<uint64_t>(stats[static_cast<size_t>(s * kFields + 5)]) << 32) |
           static_cast<uint64_t>(stats[static_cast<size_t>(s * kFields + 6)]);
       combined = (combined ^ h) * 1099511628211ull;
-      checksums += std::string(s ? ", " : "") + "\"" + Hex64(h) + "\"";
+      checksums.push_back(Hex64(h));
     }
-    checksums += "]";
     checksum = Hex64(combined);
-    pipeline << ",\n  \"pipeline\": {\n    \"stages\": " << stages
-             << ",\n    \"replicas\": " << accel_->data_parallel_size()
-             << ",\n    \"microbatches\": " << cfg_.parallel.microbatches
-             << ",\n    \"schedule\": \"" << config::ToString(cfg_.parallel.schedule)
-             << "\",\n    \"partition\": [";
-    for (size_t i = 0; i < partition_.size(); ++i) pipeline << (i ? ", " : "") << partition_[i];
-    pipeline << "],\n    \"peak_live_microbatches\": " << list(0, true)
-             << ",\n    \"idle_fraction\": " << list(1, false) << ",\n    \"theoretical_bubble\": "
-             << Num(TheoreticalBubble(stages, cfg_.parallel.microbatches))
-             << ",\n    \"busy_s\": " << list(2, false) << ",\n    \"window_s\": " << list(3, false)
-             << ",\n    \"peak_rss_mb\": " << list(4, false)
-             << ",\n    \"peak_boundary_activation_bytes\": " << list(7, true)
-             << ",\n    \"stage_param_checksums\": " << checksums << "\n  }";
+    pipeline = {{"stages", stages},
+                {"replicas", accel_->data_parallel_size()},
+                {"microbatches", cfg_.parallel.microbatches},
+                {"schedule", config::ToString(cfg_.parallel.schedule)},
+                {"partition", partition_},
+                {"peak_live_microbatches", list(0, true)},
+                {"idle_fraction", list(1, false)},
+                {"theoretical_bubble", TheoreticalBubble(stages, cfg_.parallel.microbatches)},
+                {"busy_s", list(2, false)},
+                {"window_s", list(3, false)},
+                {"peak_rss_mb", list(4, false)},
+                {"peak_boundary_activation_bytes", list(7, true)},
+                {"stage_param_checksums", std::move(checksums)}};
   }
-  std::ostringstream o;
-  o << "{\n  \"steps\": " << accel_->step() << ",\n  \"train_loss\": " << Num(train_loss)
-    << ",\n  \"eval_loss\": " << Num(eval_loss) << ",\n  \"eval_accuracy\": " << Num(eval_acc)
-    << ",\n  \"loss_floor\": " << Num(data_.loss_floor) << ",\n  \"param_checksum\": \"" << checksum
-    << "\""
-    << ",\n  \"world_size\": " << accel_->world_size() << ",\n  \"strategy\": \""
-    << accel_->mode_name() << "\",\n  \"buckets\": " << accel_->num_buckets()
-    << ",\n  \"allreduces_total\": " << accel_->allreduces_total()
-    << ",\n  \"pair_exchanges_total\": " << accel_->pair_exchanges_total()
-    << ",\n  \"reduce_scatters_total\": " << accel_->reduce_scatters_total()
-    << ",\n  \"allgathers_total\": " << accel_->allgathers_total() << ",\n  \"state_bytes\": {"
-    << state_bytes.str() << "}"
-    << ",\n  \"checkpoints\": " << accel_->checkpoints_saved()
-    << ",\n  \"checkpoint_blocking_ms\": " << Num(accel_->checkpoint_blocking_ms())
-    << ",\n  \"samples_seen_per_rank\": " << accel_->samples_seen()
-    << ",\n  \"samples_seen\": " << accel_->samples_seen_global()
-    << ",\n  \"steps_this_run\": " << steps_this_run_ << ",\n  \"wall_s\": " << Num(wall_s)
-    << ",\n  \"loop_s\": " << Num(loop_s_) << pipeline.str() << "\n}\n";
-  return WriteFileAtomically(cfg_.output_dir + "/final.json", o.str());
+  ordered_json summary = {{"steps", accel_->step()},
+                          {"train_loss", train_loss},
+                          {"eval_loss", eval_loss},
+                          {"eval_accuracy", eval_acc},
+                          {"loss_floor", data_.loss_floor},
+                          {"param_checksum", checksum},
+                          {"world_size", accel_->world_size()},
+                          {"strategy", accel_->mode_name()},
+                          {"buckets", accel_->num_buckets()},
+                          {"allreduces_total", accel_->allreduces_total()},
+                          {"pair_exchanges_total", accel_->pair_exchanges_total()},
+                          {"reduce_scatters_total", accel_->reduce_scatters_total()},
+                          {"allgathers_total", accel_->allgathers_total()},
+                          {"state_bytes", std::move(state_bytes)},
+                          {"checkpoints", accel_->checkpoints_saved()},
+                          {"checkpoint_blocking_ms", accel_->checkpoint_blocking_ms()},
+                          {"samples_seen_per_rank", accel_->samples_seen()},
+                          {"samples_seen", accel_->samples_seen_global()},
+                          {"steps_this_run", steps_this_run_},
+                          {"wall_s", wall_s},
+                          {"loop_s", loop_s_}};
+  if (pipeline_) summary["pipeline"] = std::move(pipeline);
+  return WriteFileAtomically(cfg_.output_dir + "/final.json", JsonText(summary, 2));
 }
 
 Status Trainer::DumpParams() {

@@ -1,24 +1,15 @@
 #include "trainer_runtime/util/loop_util.h"
 
-#include <cctype>
-#include <cmath>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
 
-#include "base/strings.h"
+#include <nlohmann/json.hpp>
 
 namespace launch::trainer {
 
 double Seconds(std::chrono::steady_clock::duration d) {
   return std::chrono::duration<double>(d).count();
-}
-
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  std::ostringstream o;
-  o << std::setprecision(17) << v;
-  return o.str();
 }
 
 std::string Fixed(double v, int digits) {
@@ -49,12 +40,13 @@ std::string MetricsHistoryUpTo(const std::string& path, int64_t step) {
   std::ifstream old(path);
   std::string line;
   while (std::getline(old, line)) {
-    const size_t at = line.find("\"step\": ");
-    if (at == std::string::npos) continue;
-    std::string digits;
-    for (size_t i = at + 8; i < line.size() && std::isdigit(line[i]); ++i) digits += line[i];
-    long long line_step = 0;
-    if (ParseInt64(digits, &line_step) && line_step <= step) kept += line + "\n";
+    // A line the crash of a previous run cut short does not parse, and is dropped with the
+    // steps that are redone.
+    const nlohmann::json object = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!object.is_object()) continue;
+    const auto at = object.find("step");
+    if (at != object.end() && at->is_number_integer() && at->get<int64_t>() <= step)
+      kept += line + "\n";
   }
   return kept;
 }

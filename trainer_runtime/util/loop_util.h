@@ -1,7 +1,7 @@
 #pragma once
 
 // Plain-C++ pieces of the training loops that trainer.cc, accelerator.cc and pipeline_engine.cc
-// share: number formatting for logs and JSON, the resume log lines, metrics.jsonl history and
+// share: number formatting for logs, the resume log lines, metrics.jsonl history and
 // the lost-peer test. Torch stays out so this is a cheap translation unit.
 #include <chrono>
 #include <cstdint>
@@ -11,9 +11,6 @@ namespace launch::trainer {
 
 // A steady-clock duration in seconds.
 double Seconds(std::chrono::steady_clock::duration d);
-
-// JSON number: finite values with enough digits (17) to round-trip, "null" otherwise.
-std::string Num(double v);
 
 // `v` with exactly `digits` digits after the point (std::fixed), for human-readable logs.
 std::string Fixed(double v, int digits);

@@ -1,6 +1,6 @@
 #include "trainer_runtime/util/timeline.h"
 
-#include <sstream>
+#include <nlohmann/json.hpp>
 
 #include "base/files.h"
 
@@ -8,20 +8,11 @@ namespace launch::trainer {
 
 namespace {
 
-// JSON string body: names are ours ("bucket 3 all-reduce"), but escape anyway.
-std::string Escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  return out;
+using nlohmann::ordered_json;  // the keys keep the order the files always had ("ph" first)
+
+// The file's text. A name that is not UTF-8 gets U+FFFD instead of failing the write.
+std::string Text(const ordered_json& events) {
+  return events.dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace
@@ -88,42 +79,43 @@ void Timeline::EndAsync(uint64_t id) {
 }
 
 Status Timeline::WriteRank(const std::string& path) const {
-  std::ostringstream os;
   MutexLock lock(&mu_);
-  const std::string pid = std::to_string(rank_);
-  os << "[\n{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":" << pid
-     << ",\"args\":{\"name\":\"rank " << pid << "\"}},\n"
-     << "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":" << pid
-     << ",\"args\":{\"sort_index\":" << pid << "}}";
+  ordered_json events = ordered_json::array();
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", rank_},
+                    {"args", {{"name", "rank " + std::to_string(rank_)}}}});
+  events.push_back({{"ph", "M"},
+                    {"name", "process_sort_index"},
+                    {"pid", rank_},
+                    {"args", {{"sort_index", rank_}}}});
   for (const Event& e : events_) {
-    os << ",\n{\"ph\":\"" << e.phase << "\",\"pid\":" << pid << ",\"tid\":\"" << Escape(e.track)
-       << "\",\"name\":\"" << Escape(e.name) << "\",\"cat\":\"" << Escape(e.track)
-       << "\",\"ts\":" << e.ts_us;
-    if (e.phase == 'X') os << ",\"dur\":" << e.dur_us;
-    if (e.phase != 'X') os << ",\"id\":" << e.id;
-    os << "}";
+    ordered_json event = {{"ph", std::string(1, e.phase)},
+                          {"pid", rank_},
+                          {"tid", e.track},
+                          {"name", e.name},
+                          {"cat", e.track},
+                          {"ts", e.ts_us}};
+    if (e.phase == 'X') {
+      event["dur"] = e.dur_us;
+    } else {
+      event["id"] = e.id;
+    }
+    events.push_back(std::move(event));
   }
-  os << "\n]\n";
-  return WriteFileAtomically(path, os.str());
+  return WriteFileAtomically(path, Text(events));
 }
 
 Status Timeline::Merge(const std::vector<std::string>& rank_files, const std::string& out) {
-  std::string merged = "[";
-  bool first = true;
+  ordered_json merged = ordered_json::array();
   for (const std::string& file : rank_files) {
     LAUNCH_ASSIGN_OR_RETURN(std::string text, ReadFile(file));
-    const size_t open = text.find('[');
-    const size_t close = text.rfind(']');
-    if (open == std::string::npos || close == std::string::npos || close < open)
+    ordered_json events = ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (events.is_discarded() || !events.is_array())
       return Status::IoError(file + ": not a JSON array of trace events");
-    std::string body = text.substr(open + 1, close - open - 1);
-    if (body.find_first_not_of(" \n") == std::string::npos) continue;
-    merged += first ? "" : ",";
-    merged += body;
-    first = false;
+    for (ordered_json& e : events) merged.push_back(std::move(e));
   }
-  merged += "]\n";
-  return WriteFileAtomically(out, merged);
+  return WriteFileAtomically(out, Text(merged));
 }
 
 Timeline::Scope::Scope(const char* track, std::string name)

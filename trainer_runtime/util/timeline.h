@@ -55,8 +55,8 @@ class Timeline {
 
   // The events of this rank as a JSON array, written atomically to `path`.
   Status WriteRank(const std::string& path) const;
-  // Concatenates the rank files (JSON arrays, as WriteRank writes them) into one array at
-  // `out`. IoError naming the file that could not be read or written.
+  // The events of the rank files (JSON arrays, as WriteRank writes them), in order, as one
+  // array at `out`. IoError naming the file that could not be read, parsed or written.
   static Status Merge(const std::vector<std::string>& rank_files, const std::string& out);
 
   // RAII span on a track: records [construction, destruction) if recording at construction.
