@@ -297,7 +297,7 @@ class ElasticAgent {
     if (finished_) return;
     std::string text = std::string(n.counts_as_restart ? "restarting" : "re-forming") +
                        " every node (round " + std::to_string(n.next_round) +
-                       "): " + rdzv::SanitizeForTerminal(n.reason);
+                       "): " + SanitizeForTerminal(n.reason);
     log::Info(text);
     if (n.report) PrintReport(*n.report);
     StopWorkersThen(After::kRejoin, 0);
@@ -317,7 +317,7 @@ class ElasticAgent {
       code = failure.report && failure.report->global_rank >= 0 ? ExitCodeForReport(*failure.report)
                                                                 : kExitFailure;
     if (interrupt_signal_ != 0) return;  // our own leaving; the signal decides the exit code
-    log::Error(rdzv::SanitizeForTerminal(status.message()));
+    log::Error(SanitizeForTerminal(status.message()));
     if (failure.report) PrintReport(*failure.report);
     StopWorkersThen(After::kExit, code);
   }

@@ -49,12 +49,16 @@ std::string FormatFailureReport(const GroupResult& result, const ReportContext& 
   o << "root cause: rank " << root.rank << " (local_rank " << root.local_rank << ", pid "
     << root.pid << host << ") " << root.status.ToString() << " at " << FormatTime(root.time)
     << "\n";
+  // What a worker wrote goes to the terminal through SanitizeForTerminal: an error file's
+  // "\u001b" is a real ESC once decoded.
   if (!root.error_message.empty()) {
     // What the program itself recorded (torch's @record): the exception and its traceback.
-    o << "  error: " << root.error_message << "\n";
+    std::vector<std::string> message = Split(SanitizeForTerminal(root.error_message), '\n');
+    o << "  error: " << message[0] << "\n";
+    for (size_t i = 1; i < message.size(); ++i) o << "         " << message[i] << "\n";
     if (!root.error_traceback.empty()) {
       o << "  traceback (from " << root.error_file << "):\n";
-      for (const auto& line : Split(root.error_traceback, '\n'))
+      for (const auto& line : Split(SanitizeForTerminal(root.error_traceback), '\n'))
         if (!line.empty()) o << "    " << line << "\n";
     }
   } else if (root.stderr_tail.empty()) {

@@ -46,5 +46,16 @@ TEST_CASE("AMissingModuleAtStartNamesTheInterpreterAndHowToChooseAnother") {
             .empty());
 }
 
+TEST_CASE("AnErrorFilesMessageCannotDriveTheTerminalAndKeepsItsLines") {
+  GroupResult result;
+  result.outcome = GroupResult::Outcome::kFailed;
+  WorkerExit e = FailedAfter(std::chrono::seconds(1), {});
+  e.error_message = "ValueError: bad\x1b[2J\nsecond line";
+  result.failures = {e};
+  const std::string report = FormatFailureReport(result, ReportContext{});
+  CHECK(report.find('\x1b') == std::string::npos);
+  CHECK(report.find("  error: ValueError: bad?[2J\n         second line\n") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace launch::agent

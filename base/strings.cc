@@ -55,6 +55,16 @@ bool IsPrintable(std::string_view s) {
   return true;
 }
 
+std::string SanitizeForTerminal(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    unsigned char u = static_cast<unsigned char>(c);
+    out.push_back(c == '\n' || c == '\t' || (u >= 0x20 && u != 0x7f) ? c : '?');
+  }
+  return out;
+}
+
 std::string ToLower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -18,6 +18,10 @@ std::string ToLower(std::string_view s);
 // No C0 control character and no DEL (UTF-8 beyond ASCII is fine): text that may go in a log
 // line or a terminal as it is.
 bool IsPrintable(std::string_view s);
+// `s` with every control character but newline and tab replaced by '?': text from another
+// process or machine (a worker's error message, a peer's hostname) cannot move the cursor,
+// recolour or retitle the terminal it is printed on.
+std::string SanitizeForTerminal(std::string_view s);
 
 // Levenshtein distance; used for "did you mean" suggestions.
 size_t EditDistance(std::string_view a, std::string_view b);

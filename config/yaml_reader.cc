@@ -5,8 +5,8 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <map>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "base/files.h"
@@ -111,14 +111,16 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, LaunchConfig* c
 
 // yaml-cpp keeps both entries of a key given twice in one mapping, and the later one would win
 // silently: a config edited by appending (`num_processes: 3` under an old `num_processes: 1`)
-// is refused, naming both lines. Aliases may make a small file a huge tree ("billion laughs"):
-// the walk stops after `budget` nodes, and yaml-cpp's own limits bound the depth.
+// is refused, naming both lines. Aliases may make a small file a huge tree ("billion laughs")
+// or an endless one (`&a [*a]`): the walk stops after `budget` nodes and below kMaxDepth levels
+// (no config key is nested more than a few levels deep).
 Status RefuseDuplicateKeys(const YamlContext& ctx, const YAML::Node& node, const std::string& path,
-                           int* budget) {
-  if (--*budget < 0) return Status::Ok();
+                           int* budget, int depth = 0) {
+  constexpr int kMaxDepth = 32;
+  if (--*budget < 0 || depth > kMaxDepth) return Status::Ok();
   if (node.IsSequence()) {
     for (const YAML::Node& item : node)
-      LAUNCH_RETURN_IF_ERROR(RefuseDuplicateKeys(ctx, item, path, budget));
+      LAUNCH_RETURN_IF_ERROR(RefuseDuplicateKeys(ctx, item, path, budget, depth + 1));
     return Status::Ok();
   }
   if (!node.IsMap()) return Status::Ok();
@@ -131,7 +133,8 @@ Status RefuseDuplicateKeys(const YamlContext& ctx, const YAML::Node& node, const
       return Status::InvalidConfig(ctx.Where(kv->first) + ": " + path + key +
                                    " is given twice (first at line " +
                                    std::to_string(it->second.Mark().line + 1) + ")");
-    LAUNCH_RETURN_IF_ERROR(RefuseDuplicateKeys(ctx, kv->second, path + key + ".", budget));
+    LAUNCH_RETURN_IF_ERROR(
+        RefuseDuplicateKeys(ctx, kv->second, path + key + ".", budget, depth + 1));
   }
   return Status::Ok();
 }
@@ -253,10 +256,9 @@ Status LoadYamlFile(const std::string& path, LaunchConfig* cfg) {
   // is not read until memory runs out.
   StatusOr<std::string> text = ReadRegularFile(path, kMaxConfigBytes);
   if (!text.ok())
-    return Status::InvalidConfig(
-        text.status().code() == Status::Code::kNotFound
-            ? path + ": cannot open the config file"
-            : "the config file " + text.status().message());
+    return Status::InvalidConfig(text.status().code() == Status::Code::kNotFound
+                                     ? path + ": cannot open the config file"
+                                     : "the config file " + text.status().message());
   cfg->config_path = path;
   return LoadYamlString(*text, path, cfg);
 }

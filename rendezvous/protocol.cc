@@ -501,20 +501,6 @@ std::string FormatEndpoint(const std::string& host, int port) {
   return host + ":" + std::to_string(port);
 }
 
-std::string SanitizeForTerminal(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (char c : s) {
-    unsigned char u = static_cast<unsigned char>(c);
-    if (c == '\n' || c == '\t' || (u >= 0x20 && u != 0x7f)) {
-      out.push_back(c);
-    } else {
-      out.push_back('?');
-    }
-  }
-  return out;
-}
-
 std::string FormatFailureReport(const FailureReport& r) {
   std::string what = SanitizeForTerminal(r.reason);
   std::string line = "root cause: ";

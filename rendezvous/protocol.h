@@ -235,8 +235,8 @@ std::string FormatEndpoint(const std::string& host, int port);
 
 // A multi-line report for the console, identical on every node:
 //   "root cause: rank 3 (node 1, host gpu02, local rank 1) exited with code 7\n  | last stderr..."
-// Control characters from the peer are replaced, so a report cannot drive the terminal.
+// Control characters from the peer are replaced (SanitizeForTerminal, base/strings.h), so a
+// report cannot drive the terminal.
 std::string FormatFailureReport(const FailureReport& r);
-std::string SanitizeForTerminal(std::string_view s);
 
 }  // namespace launch::rendezvous

@@ -1,0 +1,85 @@
+"""Generated bad configs: every one is refused with exit 2 and a message naming a file:line, key,
+flag or limit, or accepted with exit 0 — never a crash, a hang or an unbounded allocation.
+`launch --print_config` reads each under a memory limit (prlimit) and a timeout; the generator
+is seeded, so a failure reproduces."""
+
+import os
+import random
+import shutil
+import subprocess
+import unittest
+
+from harness import LAUNCH, tmpdir
+
+MEMORY_LIMIT = 1 << 30  # far above what a real config needs; an unbounded allocation hits it
+
+# Keys and the kinds of values that stress them.
+KEYS = ["num_processes", "nproc_per_node", "num_machines", "machine_rank", "max_restarts",
+        "main_process_port", "run_id", "stop_grace", "mixed_precision", "distributed_type",
+        "rdzv_conf", "gpu_ids", "tee", "local_ranks_filter", "python", "line_buffered"]
+TRAIN_KEYS = ["batch_size", "max_steps", "gradient_accumulation_steps", "seed", "output_dir",
+              "model", "optimizer", "data", "parallel", "checkpoint_every", "log_every"]
+VALUES = ["2000000000", "-1", "0", "1e30", "-1e308", ".nan", ".inf", "9" * 40, "''", "~",
+          "[1, 2, 3]", "{a: 1}", "'x'", "true", "'" + "y" * 5000 + "'", "2:1", "1:70000",
+          "'\\x00'", "\"\\u0001\\u001b[2J\"", "&a [*a]", "!!binary aGVsbG8=", "{lr: -1}",
+          "{type: mlp, layers: [100000, 100000, 100000]}", "{mode: zero, zero_stage: 9}",
+          "heartbeat_timeout=0.001", "join_timeout=1e9", "3", "auto", "gpu", "bf16"]
+
+
+# Lines that load, mixed in so that some generated configs are accepted too.
+VALID = ["num_processes: 2", "nproc_per_node: 1", "max_restarts: 3", "mixed_precision: bf16",
+         "run_id: ok", "main_process_port: 29500", "rdzv_conf: {join_timeout: 60}",
+         "distributed_type: MULTI_CPU", "stop_grace: 5", "line_buffered: false"]
+
+
+def generate(rng):
+    lines = []
+    bad_lines = rng.choice([0, 1, 1, 2, 4])
+    for _ in range(bad_lines):
+        lines.append(f"{rng.choice(KEYS)}: {rng.choice(VALUES)}")
+    lines += rng.sample(VALID, rng.randint(0, 3))
+    rng.shuffle(lines)
+    if rng.random() < 0.3:
+        lines.append("train:")
+        for _ in range(rng.randint(1, 5)):
+            lines.append(f"  {rng.choice(TRAIN_KEYS)}: {rng.choice(VALUES)}")
+    if lines and rng.random() < 0.2:
+        lines.append(rng.choice(lines))  # a key given twice
+    if rng.random() < 0.1:
+        lines.append("x: " + "[" * rng.randint(100, 3000))  # deep nesting, unterminated
+    return "\n".join(lines) + "\n"
+
+
+class GeneratedConfigs(unittest.TestCase):
+    def setUp(self):
+        self.dir = tmpdir()
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def test_every_generated_config_is_refused_or_accepted_never_a_crash(self):
+        rng = random.Random(20261126)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCH_", "PET_"))}
+        outcomes = {0: 0, 2: 0}
+        for i in range(300):
+            text = generate(rng)
+            path = os.path.join(self.dir, f"c{i}.yaml")
+            with open(path, "w") as f:
+                f.write(text)
+            r = subprocess.run(["prlimit", f"--as={MEMORY_LIMIT}", LAUNCH, "--print_config",
+                                path, "--", "true"], capture_output=True, text=True,
+                               timeout=30, env=env, stdin=subprocess.DEVNULL)
+            detail = f"config {i}:\n{text}\nstderr: {r.stderr[-2000:]}"
+            self.assertIn(r.returncode, (0, 2), detail)
+            self.assertNotIn("terminate called", r.stderr, detail)
+            if r.returncode == 2:
+                # Refusals name where: the file (with a line where the YAML has one).
+                self.assertIn(path, r.stderr, detail)
+            outcomes[r.returncode] += 1
+        # The generator reaches both sides (a generator that only produces refusals tests less).
+        self.assertGreater(outcomes[0], 30, outcomes)
+        self.assertGreater(outcomes[2], 100, outcomes)
+
+
+if __name__ == "__main__":
+    unittest.main()
