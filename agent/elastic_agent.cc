@@ -89,6 +89,7 @@ class ElasticAgent {
     events.on_restart = [this](const rdzv::RestartNotice& n) { OnRestart(n); };
     events.on_done = [this] { OnDone(); };
     events.on_failed = [this](const Status& s, const rdzv::JobFailure& f) { OnFailed(s, f); };
+    events.on_lost = [this](const Status& s) { OnLost(s); };
     client_ = rdzv::RendezvousClient::Create(io_, co, events);
     client_->Start();
     io_.run();
@@ -176,7 +177,7 @@ class ElasticAgent {
     });
   }
 
-  enum class After { kNothing, kRejoin, kExit };
+  enum class After { kNothing, kRejoin, kReconnect, kExit };
 
   // Stops the workers (when running), then rejoins or exits.
   void StopWorkersThen(After after, int exit_code, int signo = SIGTERM) {
@@ -192,7 +193,7 @@ class ElasticAgent {
   void ContinueAfterStop() {
     After after = after_stop_;
     after_stop_ = After::kNothing;
-    if (after == After::kRejoin) {
+    if (after == After::kRejoin || after == After::kReconnect) {
       StatusOr<int> port = ReservePort();
       if (!port.ok()) {
         log::Error(port.status().message());
@@ -200,7 +201,10 @@ class ElasticAgent {
         Finish(kExitFailure);
         return;
       }
-      client_->Rejoin(*port);
+      if (after == After::kRejoin)
+        client_->Rejoin(*port);
+      else
+        client_->Reconnect(*port);
     } else if (after == After::kExit) {
       Finish(exit_code_);
     }
@@ -209,6 +213,7 @@ class ElasticAgent {
   void OnAssigned(const rdzv::Assignment& a) {
     if (finished_ || interrupt_signal_ != 0) return;
     round_ = a.round;
+    restarts_left_ = a.max_restarts - a.restart_count;
     WorkerGroupSpec spec = options_.local.group;
     spec.local_world_size = a.local_world_size;
     spec.rank_offset = a.rank_offset;
@@ -322,6 +327,29 @@ class ElasticAgent {
     StopWorkersThen(After::kExit, code);
   }
 
+  // The server went away without a last word (its connection closed or timed out). The host's
+  // own loss ends the job: the rendezvous (and the round's state) went with it. Another agent
+  // was most likely cut off by the network: it does what a restarted `launch` with the same
+  // machine_rank would do, stop its workers and join again (until join_timeout), and the server
+  // takes it back in place of the session it lost (one restart). With no restart left that
+  // loss ends the job anyway, so it leaves at once.
+  void OnLost(const Status& status) {
+    if (finished_ || interrupt_signal_ != 0) return;
+    std::string why = rdzv::SanitizeForTerminal(status.message());
+    if (server_ || restarts_left_ <= 0) {
+      log::Error(why + (server_ || round_ < 0 ? "" : "; no restart left to re-join with"));
+      client_->Close();
+      StopWorkersThen(After::kExit, kExitFailure);
+      return;
+    }
+    std::string rank =
+        options_.node_rank >= 0 ? "machine_rank " + std::to_string(options_.node_rank) : "a node";
+    log::Warn(why + "; stopping the workers and joining again as " + rank + " (for up to " +
+              std::to_string(static_cast<long long>(options_.join_timeout_s)) +
+              " s, join_timeout)");
+    StopWorkersThen(After::kReconnect, 0);
+  }
+
   void PrintReport(const rdzv::FailureReport& r) {
     std::string text = rdzv::FormatFailureReport(r);
     for (const std::string& line : Split(text, '\n')) log::Info(line);
@@ -364,6 +392,9 @@ class ElasticAgent {
   bool group_running_ = false;
   After after_stop_ = After::kNothing;
   int round_ = -1;
+  // Restarts the job has left as of this node's latest assignment; before the first
+  // assignment nothing has run, so a lost server is simply joined again.
+  int restarts_left_ = 1;
   int reported_round_ = -1;  // the round whose failure this agent has reported
   int interrupt_signal_ = 0;
   bool finished_ = false;

@@ -9,7 +9,10 @@
 //     RESTART         -> stop workers, print the (shared) root cause, reserve a port, re-JOIN
 //     local success   -> SUCCEEDED, then DONE (exit 0) as soon as every node is done
 //     FAILED          -> print the same root cause every node prints, exit non-zero
-//     server lost     -> stop workers, exit 1
+//     server lost     -> stop workers; the hosting agent, or one with no restart left, exits 1;
+//                        any other reconnects and JOINs again with its machine_rank (as a
+//                        restarted `launch` would), retrying until join_timeout; exit 1 when
+//                        that fails or nothing listens at the endpoint any more
 //
 // The agent of the node that owns the endpoint also runs the RendezvousServer on the same
 // io_context: rank 0 when node ranks are explicit, otherwise the first agent on the endpoint's
@@ -45,7 +48,7 @@ struct ElasticAgentOptions {
   int max_restarts = 0;
   double join_timeout_s = 600;
   double last_call_timeout_s = 1;
-  double heartbeat_timeout_s = 5;
+  double heartbeat_timeout_s = 10;  // RdzvConf::heartbeat_timeout_s
   // This node's own address: the rendezvous connection is made from it, so the server (and so
   // MASTER_ADDR) sees it. Empty = the kernel's choice. Lets one machine stand in for several
   // nodes (127.0.0.2, 127.0.0.3) and picks the interface on multi-homed hosts.

@@ -64,7 +64,11 @@ inline constexpr int kMaxWorkersPerNode = 4096;
 struct RdzvConf {
   double join_timeout_s = 600;     // how long agents wait for the minimum number of nodes
   double last_call_timeout_s = 1;  // after MIN nodes joined, wait this long for more (up to MAX)
-  double heartbeat_timeout_s = 5;  // an agent silent this long is declared lost
+  // Liveness between the agents and the rendezvous (rendezvous/protocol.h): heartbeats every
+  // fifth of it; an outage or a pause of up to 0.8 x this costs nothing, a peer silent (or not
+  // acknowledging) for 1.5 x this is lost. 10: a lost node is known within 15 s, torchrun's
+  // keep-alive (5 s x 3), and the outages torchrun rides out (5 s cut, 8 s SIGSTOP) cost nothing.
+  double heartbeat_timeout_s = 10;
   // torchrun's spelling of the same: once either is given, heartbeat_timeout becomes
   // keep_alive_interval x keep_alive_max_attempt (torchrun's defaults 5 s and 3 for the other).
   double keep_alive_interval_s = 5;

@@ -266,7 +266,8 @@ const std::vector<KeyDef>& TopLevelTable() {
           Seconds([](LaunchConfig* c) { return &c->rdzv_conf.heartbeat_timeout_s; }))
           .In(kYaml | kEnv | kRdzvConf)
           .Flag({"heartbeat_timeout"}, kGroupNodes,
-                "seconds of silence before a machine is declared lost (5)")
+                "seconds: outages up to 0.8 x this cost nothing, a machine silent 1.5 x this is "
+                "lost (10)")
           .Records({"rdzv_conf.heartbeat_timeout"})
           .Show([](const LaunchConfig& c) { return Num(c.rdzv_conf.heartbeat_timeout_s); }),
       // torchrun's keep-alive pair: a node is lost after keep_alive_max_attempt missed

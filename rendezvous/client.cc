@@ -109,6 +109,16 @@ void RendezvousClient::Connect() {
                         [self = shared_from_this(), socket](const boost::system::error_code& ec) {
                           if (self->finished_) return;
                           self->retry_timer_.cancel();
+                          if (ec == asio::error::connection_refused && self->reconnecting_) {
+                            // It answered a moment ago; now nothing listens: the hosting
+                            // agent is gone, and the job with it.
+                            JobFailure f;
+                            f.message = "lost the rendezvous server at " + self->endpoint_text_ +
+                                        ", and it now refuses connections: the agent hosting "
+                                        "it is gone";
+                            self->Fail(Status::PeerLost(f.message), f);
+                            return;
+                          }
                           if (ec) {
                             self->last_connect_error_ = ec.message();
                             self->Connect();  // the next address, or back off
@@ -130,10 +140,17 @@ void RendezvousClient::RetryLater(const std::string& why) {
   auto now = std::chrono::steady_clock::now();
   if (now >= deadline_) {
     JobFailure f;
+    const std::string within =
+        " within " + std::to_string(static_cast<long long>(options_.join.join_timeout_s)) +
+        " s (join_timeout): " + why;
+    if (reconnecting_) {
+      f.message =
+          "lost the rendezvous server at " + endpoint_text_ + " and could not re-join" + within;
+      Fail(Status::PeerLost(f.message), f);
+      return;
+    }
     f.config_error = true;
-    f.message = "cannot reach the rendezvous server at " + endpoint_text_ + " within " +
-                std::to_string(static_cast<long long>(options_.join.join_timeout_s)) +
-                " s (join_timeout): " + why;
+    f.message = "cannot reach the rendezvous server at " + endpoint_text_ + within;
     Fail(Status::Timeout(f.message), f);
     return;
   }
@@ -205,9 +222,10 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
         return;
       }
       welcomed_ = true;
+      reconnecting_ = false;
       conn_->StartAuthenticated(SessionKey(options_.token, server_nonce_, nonce_),
                                 MacDirection::kToServer);
-      conn_->SetReadTimeout(HeartbeatTimeout());
+      conn_->SetLiveness(HeartbeatTimeout());
       options_.join.clock_us = WallClockMicros();  // the server measures our clock offset
       SendOrFail(MessageType::kJoin, ToFields(options_.join));
       ArmHeartbeat();
@@ -254,9 +272,25 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
   }
 }
 
+void RendezvousClient::DropConnection() {
+  heartbeat_timer_.cancel();
+  if (conn_) conn_->Detach();
+  conn_.reset();
+  nonce_.clear();
+  server_nonce_.clear();
+  welcomed_ = false;
+}
+
 void RendezvousClient::OnClosed(const Status& why) {
-  if (finished_) return;
+  if (finished_ || lost_) return;
   JobFailure f;
+  if (!welcomed_ && reconnecting_) {
+    // The server spoke launch's protocol a moment ago: a handshake cut short is the network
+    // (or a busy server), retried like a failed connect.
+    DropConnection();
+    RetryLater("no handshake: " + (why.ok() ? std::string("closed") : why.message()));
+    return;
+  }
   if (!welcomed_) {
     f.config_error = true;
     // DecodeHeader's words for a frame with our magic and another version: a launch server
@@ -276,13 +310,30 @@ void RendezvousClient::OnClosed(const Status& why) {
   }
   f.message = "lost the rendezvous server at " + endpoint_text_ + ": " +
               (why.ok() ? "connection closed" : why.message());
-  Fail(Status::PeerLost(f.message), f);
+  if (!events_.on_lost) {
+    Fail(Status::PeerLost(f.message), f);
+    return;
+  }
+  DropConnection();
+  lost_ = true;
+  events_.on_lost(Status::PeerLost(f.message));
+}
+
+void RendezvousClient::Reconnect(int master_port) {
+  if (finished_ || !lost_) return;
+  lost_ = false;
+  reconnecting_ = true;
+  if (master_port > 0) options_.join.master_port = master_port;
+  warned_resolve_ = false;
+  retry_delay_ = std::chrono::milliseconds(20);
+  last_connect_error_.clear();
+  Start();
 }
 
 void RendezvousClient::ArmHeartbeat() {
-  heartbeat_timer_.expires_after(std::max(HeartbeatTimeout() / 4, std::chrono::milliseconds(10)));
+  heartbeat_timer_.expires_after(HeartbeatInterval(HeartbeatTimeout()));
   heartbeat_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-    if (ec || self->finished_ || !self->conn_) return;
+    if (ec || self->finished_ || !self->conn_ || !self->welcomed_) return;
     self->SendOrFail(MessageType::kHeartbeat, {});
     self->ArmHeartbeat();
   });

@@ -11,6 +11,8 @@
 //   ... events.on_restart(notice)         // stop workers, then:
 //   client->Rejoin(new_master_port);
 //   ... events.on_done() / events.on_failed(status, failure)   // terminal: exit
+//   ... events.on_lost(status)            // the server is gone, not terminal: stop workers, then:
+//   client->Reconnect(new_master_port);   // connect, authenticate and JOIN again, as Start()
 //
 // Connection: every attempt resolves the endpoint again and tries each address it resolves to
 // in order. A failed resolution (a DNS blip, or a name that appears only once the server's
@@ -18,8 +20,16 @@
 // ERROR before the handshake (the server's per-address or total connection cap) are retried
 // with backoff until join_timeout (the server may start after the clients), then Timeout naming
 // the last error; the first failed resolution is logged at once, so a misspelt name shows.
-// Every read has a deadline (handshake_timeout before the server is authenticated,
-// heartbeat_timeout after); heartbeats go out every heartbeat_timeout / 4.
+// Every read has a deadline (handshake_timeout before the server is authenticated, the
+// liveness of protocol.h after); heartbeats go out every heartbeat_timeout / 5.
+//
+// Losing the server (its connection closed or timed out, with no DONE, FAILED or ERROR) ends
+// the client with on_failed(PeerLost) when on_lost is null. Otherwise on_lost fires and the
+// client waits for Reconnect(), which goes through Start()'s path again with the same JoinRequest
+// (the same machine_rank), so the server takes it back as it would a restarted agent. While
+// reconnecting, a failed handshake is retried like a failed connect (the server was a launch
+// server a moment ago); a refused connection ends it at once with on_failed(PeerLost) (nothing
+// listens there any more: the hosting agent is gone); so does join_timeout without success.
 //
 // Terminal events fire exactly once, and nothing fires after them or after Close().
 // on_failed's Status code tells the exit code: InvalidConfig / AuthFailed / Timeout (setup
@@ -63,6 +73,8 @@ struct ClientEvents {
   std::function<void(const RestartNotice&)> on_restart;
   std::function<void()> on_done;
   std::function<void(const Status&, const JobFailure&)> on_failed;
+  // The server was lost (PeerLost, naming it); see the header comment. Null = terminal.
+  std::function<void(const Status&)> on_lost;
 };
 
 class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
@@ -78,6 +90,9 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   // After on_restart: join the next round. `master_port` is a freshly reserved free port
   // (0 keeps the previous one).
   void Rejoin(int master_port);
+  // After on_lost: connect and JOIN again (retrying until join_timeout from now).
+  // `master_port` as for Rejoin. Ignored unless the client is lost.
+  void Reconnect(int master_port);
   void ReportFailure(const FailureReport& report);
   void ReportSuccess(int round);
   // Closes the connection; no callback fires afterwards. Idempotent.
@@ -94,6 +109,8 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   void OnConnected(boost::asio::ip::tcp::socket socket);
   void OnFrame(MessageType type, Fields fields);
   void OnClosed(const Status& why);
+  // Forgets the connection and its handshake state (the session is over).
+  void DropConnection();
   void ArmHeartbeat();
   void Fail(Status status, JobFailure failure);
   // Send, or Fail when the message cannot be sent (larger than the protocol allows).
@@ -117,7 +134,9 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   std::string nonce_;
   std::string server_nonce_;
   bool welcomed_ = false;
-  bool finished_ = false;  // terminal event delivered or Close() called
+  bool lost_ = false;          // on_lost fired; waiting for Reconnect()
+  bool reconnecting_ = false;  // between Reconnect() and the next WELCOME
+  bool finished_ = false;      // terminal event delivered or Close() called
 };
 
 }  // namespace launch::rendezvous

@@ -1,7 +1,15 @@
 #include "rendezvous/connection.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <utility>
+
+#ifndef TCP_RTO_MAX_MS
+#define TCP_RTO_MAX_MS 44  // Linux 6.15; older headers lack it
+#endif
 
 namespace launch::rendezvous {
 
@@ -23,6 +31,20 @@ Connection::Connection(tcp::socket socket)
   auto endpoint = socket_.remote_endpoint(ec);
   remote_address_ = ec ? "?" : AddressString(endpoint.address());
   socket_.set_option(tcp::no_delay(true), ec);
+}
+
+void Connection::SetLiveness(std::chrono::milliseconds heartbeat_timeout) {
+  read_timeout_ = LossDeadline(heartbeat_timeout);
+  if (!socket_.is_open()) return;
+  const int fd = socket_.native_handle();
+  // Without a cap, TCP's retransmission backoff (0.2, 0.4, 0.8, 1.6, 3.2 s...) holds the first
+  // frame after an outage for up to the outage's length again, and the read deadline fires
+  // although the network is back (protocol.h, Liveness). Older kernels refuse it (EINVAL,
+  // ENOPROTOOPT): the documented shorter tolerance.
+  const int rto_max_ms = kRetransmitCap.count();
+  ::setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &rto_max_ms, sizeof(rto_max_ms));
+  const unsigned int user_timeout_ms = static_cast<unsigned int>(read_timeout_.count());
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof(user_timeout_ms));
 }
 
 void Connection::Start(Callbacks callbacks) {

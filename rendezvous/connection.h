@@ -53,6 +53,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // `timeout` after the reader starts waiting for it.
   void SetReadTimeout(std::chrono::milliseconds timeout) { read_timeout_ = timeout; }
   void SetWriteTimeout(std::chrono::milliseconds timeout) { write_timeout_ = timeout; }
+  // An authenticated session's liveness (protocol.h): the read deadline becomes
+  // LossDeadline(heartbeat_timeout), and so does the socket's TCP_USER_TIMEOUT (data
+  // unacknowledged that long closes the connection with PeerLost); TCP retransmits at least
+  // every kRetransmitCap (TCP_RTO_MAX_MS, Linux >= 6.15; best effort where the kernel lacks it).
+  void SetLiveness(std::chrono::milliseconds heartbeat_timeout);
 
   // Queues a frame. ProtocolError (nothing sent, the connection stays open) when the message
   // exceeds the size the peer accepts; OK when the connection is already closing (its

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -523,6 +524,14 @@ std::string FormatFailureReport(const FailureReport& r) {
     }
   }
   return line;
+}
+
+std::chrono::milliseconds HeartbeatInterval(std::chrono::milliseconds heartbeat_timeout) {
+  return std::max(heartbeat_timeout / kHeartbeatsPerTimeout, std::chrono::milliseconds(10));
+}
+
+std::chrono::milliseconds LossDeadline(std::chrono::milliseconds heartbeat_timeout) {
+  return heartbeat_timeout + heartbeat_timeout / 2;
 }
 
 int64_t WallClockMicros() {

@@ -34,7 +34,7 @@
 //   server -> agent   WELCOME   {proof}                 the server proves the token back
 //   agent  -> server  JOIN      {JoinRequest}           once per round
 //   server -> agent   ASSIGN    {Assignment}            the round closed; start workers
-//   both ways         HEARTBEAT {}                      every heartbeat_timeout / 4
+//   both ways         HEARTBEAT {}                      every heartbeat_timeout / 5
 //   agent  -> server  REPORT    {FailureReport}         a local worker failed
 //   agent  -> server  SUCCEEDED {round}                 every local worker exited 0
 //   server -> agent   RESTART   {RestartNotice}         stop workers, send JOIN again
@@ -42,6 +42,7 @@
 //   server -> agent   FAILED    {JobFailure}            the job is over: exit non-zero
 //   either way        ERROR     {code, message}         refusal; the sender closes
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -133,9 +134,31 @@ struct JoinRequest {
   int max_restarts = 0;
   double join_timeout_s = 600;
   double last_call_timeout_s = 1;
-  double heartbeat_timeout_s = 5;
+  double heartbeat_timeout_s = 10;
   int64_t clock_us = 0;  // the agent's wall clock when it sent the JOIN (0: not sent)
 };
+
+// Liveness, the same on both sides of a connection, from the job's heartbeat_timeout T:
+//  * each side sends a HEARTBEAT every HeartbeatInterval(T) = T / 5;
+//  * a peer is lost when nothing at all arrived from it for LossDeadline(T) = 1.5 T (the read
+//    deadline: a frozen or hung process), or when data sent to it stayed unacknowledged that
+//    long (TCP_USER_TIMEOUT: the network is gone), whichever comes first;
+//  * TCP retransmits at least every kRetransmitCap (TCP_RTO_MAX_MS, Linux >= 6.15).
+// Why: after an outage a frame gets through only at TCP's next retransmission, and TCP doubles
+// the wait each time (0.2, 0.4, 0.8 ... s). Measured on Linux 6.18 (veth pair, blackhole qdisc
+// both ways, heartbeats every T / 5): the first frame came up to 0.3 s after a 1.6 s outage
+// ended, 3.4 s after a 4 s one and 6.9 s after an 8 s one, so a side saw up to 2.2, 8.0 and
+// 15.9 s of silence, and the old deadline of T lost the peer after outages of about T / 2.
+// With the cap: at most 1.0 s after (0.2 s typical), silence at most T / 5 + D + 1 s. So with
+// 1.5 T an outage of up to 0.8 T costs nothing for any T >= 2 s, and one of 2 T is always a
+// lost peer (1.5 T to 1.7 T after it began). (TCP_THIN_LINEAR_TIMEOUTS changed nothing here.)
+// Without the cap (older kernels) about 0.6 T is survived.
+inline constexpr int kHeartbeatsPerTimeout = 5;
+// TCP's longest wait between two retransmissions on a rendezvous connection (TCP_RTO_MAX_MS;
+// the kernel's minimum, 1 s; the default is 120 s).
+inline constexpr std::chrono::milliseconds kRetransmitCap{1000};
+std::chrono::milliseconds HeartbeatInterval(std::chrono::milliseconds heartbeat_timeout);
+std::chrono::milliseconds LossDeadline(std::chrono::milliseconds heartbeat_timeout);
 
 // Microseconds since the epoch on this machine's wall clock (FailureReport::time_us).
 int64_t WallClockMicros();

@@ -62,8 +62,8 @@ struct Effect {
     kArmTimer,      // arm `timer` to fire at `at_us` (replaces a pending one)
     kCancelTimer,   // cancel `timer`
     kLog,           // `text`: one line for the server's log
-    kLiveness,      // the read deadline of every session is now `heartbeat_timeout` (and the
-                    // shell's own heartbeats go out at a quarter of it)
+    kLiveness,      // every session's liveness now follows `heartbeat_timeout` (protocol.h:
+                    // Connection::SetLiveness; the shell's own heartbeats at a fifth of it)
     kIdle,          // a finished job's last session closed: the job is forgotten
   };
   Kind kind = Kind::kLog;

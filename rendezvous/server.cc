@@ -232,7 +232,7 @@ void RendezvousServer::EndHandshake(Session& s) {
 }
 
 void RendezvousServer::ArmHeartbeat() {
-  heartbeat_interval_ = std::max(machine_.heartbeat_timeout() / 4, std::chrono::milliseconds(10));
+  heartbeat_interval_ = HeartbeatInterval(machine_.heartbeat_timeout());
   heartbeat_timer_.expires_after(heartbeat_interval_);
   std::weak_ptr<RendezvousServer> weak = shared_from_this();
   heartbeat_timer_.async_wait([weak](const boost::system::error_code& ec) {
@@ -317,7 +317,7 @@ void RendezvousServer::HandleHello(Session& s, const Fields& fields) {
   s.conn->StartAuthenticated(SessionKey(options_.token, s.server_nonce, hello->nonce),
                              MacDirection::kToAgent);
   s.authenticated = true;
-  s.conn->SetReadTimeout(machine_.heartbeat_timeout());
+  s.conn->SetLiveness(machine_.heartbeat_timeout());
   EndHandshake(s);
   const int64_t now = WallClockMicros();
   Apply(machine_.OnAuthenticated(s.id, s.remote_address, s.local_address, now), now);
@@ -390,7 +390,7 @@ void RendezvousServer::Apply(Effects effects, int64_t now_us) {
         break;
       case Effect::Kind::kLiveness:
         for (auto& [id, s] : sessions_)
-          if (s->authenticated) s->conn->SetReadTimeout(e.heartbeat_timeout);
+          if (s->authenticated) s->conn->SetLiveness(e.heartbeat_timeout);
         heartbeat_timer_.cancel();  // re-armed at the job's own pace
         ArmHeartbeat();
         break;

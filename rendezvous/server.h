@@ -24,8 +24,11 @@
 //    that is loopback (node 0 runs on this host) and some agent came from another host: then
 //    this server's own address on that agent's connection (what it reached). Each node gets
 //    only its own row (no node table), so an ASSIGN is small at any scale.
-//  * Liveness. Every frame read has a deadline of heartbeat_timeout (agents send heartbeats at
-//    a quarter of it); EOF (an agent killed by SIGKILL) is seen at once.
+//  * Liveness (protocol.h): heartbeats both ways every heartbeat_timeout / 5; an agent is lost
+//    when nothing arrived from it for 1.5 x heartbeat_timeout or its socket had data
+//    unacknowledged that long (TCP_USER_TIMEOUT), so an outage of up to 0.8 x heartbeat_timeout
+//    costs nothing; EOF (an agent killed by SIGKILL) is seen at once. An agent cut off for
+//    longer comes back on its own (a new session with its machine_rank, see the rank rule).
 //  * Failures. The root cause of a round is its earliest failure by time, not the first report
 //    to arrive: a report carries the failure's wall-clock time (corrected by the node's clock
 //    offset measured at JOIN; a lost node counts from when the server saw it go), and the
@@ -80,7 +83,7 @@ struct ServerOptions {
   std::chrono::milliseconds handshake_timeout{5000};
   // Read deadline for authenticated agents before the job's spec (with its heartbeat_timeout)
   // is known; and the write deadline for every frame.
-  std::chrono::milliseconds default_heartbeat_timeout{5000};
+  std::chrono::milliseconds default_heartbeat_timeout{10000};
   std::chrono::milliseconds write_timeout{5000};
   size_t max_connections = 8192;  // more are accepted, told "busy" and closed at once
   // Connections in the handshake at once, and per source address (see above). Loopback peers
