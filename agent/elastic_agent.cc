@@ -335,7 +335,7 @@ class ElasticAgent {
   // loss ends the job anyway, so it leaves at once.
   void OnLost(const Status& status) {
     if (finished_ || interrupt_signal_ != 0) return;
-    std::string why = rdzv::SanitizeForTerminal(status.message());
+    std::string why = SanitizeForTerminal(status.message());
     if (server_ || restarts_left_ <= 0) {
       log::Error(why + (server_ || round_ < 0 ? "" : "; no restart left to re-join with"));
       client_->Close();
