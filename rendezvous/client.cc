@@ -148,7 +148,8 @@ void RendezvousClient::RetryLater(const std::string& why) {
 }
 
 void RendezvousClient::OnConnected(tcp::socket socket) {
-  conn_ = Connection::Create(std::move(socket));
+  conn_ = Connection::Create(std::move(socket), Receiver::kAgent, options_.join.max_nodes);
+  heard_since_welcome_ = false;
   conn_->SetReadTimeout(options_.handshake_timeout);
   conn_->SetWriteTimeout(options_.write_timeout);
   std::weak_ptr<RendezvousClient> weak = shared_from_this();
@@ -164,13 +165,10 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
   if (finished_) return;
   if (type == MessageType::kError) {
     StatusOr<ErrorMessage> err = ParseError(fields);
-    if (err.ok() && err->busy && !welcomed_) {
-      // No room on the server now: a fresh connection later, like a refused connect.
-      conn_->Detach();
-      conn_.reset();
-      nonce_.clear();
-      server_nonce_.clear();
-      RetryLater(err->message);
+    if (err.ok() && err->busy && !heard_since_welcome_) {
+      // No room on the server now, or our JOIN came too late (the server says so only before
+      // it took one): a fresh connection later, like a refused connect.
+      Reconnect(err->message);
       return;
     }
     JobFailure f;
@@ -220,6 +218,7 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
     Fail(Status::ProtocolError(f.message), f);
     return;
   }
+  heard_since_welcome_ = true;
   switch (type) {
     case MessageType::kHeartbeat:
       return;
@@ -254,9 +253,31 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
   }
 }
 
+void RendezvousClient::Reconnect(const std::string& why) {
+  heartbeat_timer_.cancel();
+  conn_->Detach();
+  conn_.reset();
+  nonce_.clear();
+  server_nonce_.clear();
+  welcomed_ = false;
+  RetryLater(why);
+}
+
 void RendezvousClient::OnClosed(const Status& why) {
   if (finished_) return;
   JobFailure f;
+  if (!welcomed_ && why.code() == Status::Code::kTimeout) {
+    // Connected, but no handshake in time: a server whose handshake slots are all taken (a
+    // flood of strangers) answers late or says "busy"; a port held by something else never
+    // answers. Both are retried until join_timeout, said once.
+    const std::string what = "no handshake from " + endpoint_text_ + " (" + why.message() +
+                             "): the rendezvous server is busy, or the port is not a launch "
+                             "rendezvous server";
+    if (!warned_handshake_ && options_.log) options_.log(what + "; retrying until join_timeout");
+    warned_handshake_ = true;
+    Reconnect(what);
+    return;
+  }
   if (!welcomed_) {
     f.config_error = true;
     // DecodeHeader's words for a frame with our magic and another version: a launch server

@@ -14,10 +14,12 @@
 //
 // Connection: every attempt resolves the endpoint again and tries each address it resolves to
 // in order. A failed resolution (a DNS blip, or a name that appears only once the server's
-// machine is up, as a Kubernetes pod's does), refused or unreachable connections, and a "busy"
-// ERROR before the handshake (the server's per-address or total connection cap) are retried
-// with backoff until join_timeout (the server may start after the clients), then Timeout naming
-// the last error; the first failed resolution is logged at once, so a misspelt name shows.
+// machine is up, as a Kubernetes pod's does), refused or unreachable connections, no handshake
+// within handshake_timeout after connecting (a server busy with a flood of strangers, or a
+// port held by something silent), and a "busy" ERROR before the server took our JOIN (its
+// caps and deadlines for strangers, server.h) are retried with backoff until join_timeout (the
+// server may start after the clients), then Timeout naming the last error; the first failed
+// resolution and the first missing handshake are logged at once, so a misspelt name shows.
 // Every read has a deadline (handshake_timeout before the server is authenticated,
 // heartbeat_timeout after); heartbeats go out every heartbeat_timeout / 4.
 //
@@ -94,6 +96,8 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   void OnConnected(boost::asio::ip::tcp::socket socket);
   void OnFrame(MessageType type, Fields fields);
   void OnClosed(const Status& why);
+  // Drops the connection before the server took our JOIN and connects again later.
+  void Reconnect(const std::string& why);
   void ArmHeartbeat();
   void Fail(Status status, JobFailure failure);
   // Send, or Fail when the message cannot be sent (larger than the protocol allows).
@@ -117,6 +121,8 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   std::string nonce_;
   std::string server_nonce_;
   bool welcomed_ = false;
+  bool heard_since_welcome_ = false;  // a frame after WELCOME on this connection
+  bool warned_handshake_ = false;
   bool finished_ = false;  // terminal event delivered or Close() called
 };
 
