@@ -105,6 +105,7 @@ void RendezvousServer::Stop() {
   for (auto& [id, s] : sessions_) s->conn->Detach();
   sessions_.clear();
   waiting_.clear();  // closes the sockets
+  waiting_by_source_.clear();
 }
 
 void RendezvousServer::FailAndStop(const std::string& message) {
@@ -118,6 +119,7 @@ void RendezvousServer::FailAndStop(const std::string& message) {
   accept_backoff_timer_.cancel();
   sweep_timer_.cancel();
   waiting_.clear();
+  waiting_by_source_.clear();
   // Strangers have no job to hear about; the others close after their FAILED is flushed
   // (SendAndClose above).
   for (auto& [id, s] : sessions_)
@@ -190,6 +192,7 @@ void RendezvousServer::OnAccepted(tcp::socket socket) {
   if (handshakes_ >= options_.max_handshakes) {
     // Accepted (so the kernel's backlog never overflows into SYN retransmits, seconds for a
     // large job starting at once) but not read from: a descriptor, no buffer.
+    ++waiting_by_source_[remote_address];
     waiting_.push_back(Waiting{std::move(socket), std::move(remote_address),
                                std::move(local_address), std::chrono::steady_clock::now()});
     ArmSweep();
@@ -232,6 +235,11 @@ void RendezvousServer::Unpend(const std::string& remote_address) {
   if (it != pending_by_source_.end() && --it->second == 0) pending_by_source_.erase(it);
 }
 
+void RendezvousServer::Unwait(const std::string& remote_address) {
+  auto it = waiting_by_source_.find(remote_address);
+  if (it != waiting_by_source_.end() && --it->second == 0) waiting_by_source_.erase(it);
+}
+
 void RendezvousServer::EndHandshake(Session& s) {
   if (!s.in_handshake) return;
   s.in_handshake = false;
@@ -243,18 +251,25 @@ void RendezvousServer::EndHandshake(Session& s) {
   // in the handshake: the strangers of a flood hold most slots, so an agent from anywhere
   // else is next. (Sweep refuses those that waited too long.)
   while (handshakes_ < options_.max_handshakes && !waiting_.empty()) {
-    auto best = waiting_.begin();
-    size_t best_count = SIZE_MAX;
-    for (auto w = waiting_.begin(); w != waiting_.end() && best_count > 0; ++w) {
-      auto h = handshakes_by_source_.find(w->remote_address);
-      const size_t count = h == handshakes_by_source_.end() ? 0 : h->second;
-      if (count < best_count) {
-        best = w;
-        best_count = count;
+    auto in_handshake = [this](const std::string& source) {
+      auto h = handshakes_by_source_.find(source);
+      return h == handshakes_by_source_.end() ? size_t{0} : h->second;
+    };
+    // One look per waiting address (usually few), then one pass to that address's oldest.
+    const std::string* source = &waiting_.front().remote_address;
+    size_t fewest = in_handshake(*source);
+    for (auto w = waiting_by_source_.begin(); w != waiting_by_source_.end() && fewest > 0; ++w) {
+      const size_t count = in_handshake(w->first);
+      if (count < fewest) {
+        source = &w->first;
+        fewest = count;
       }
     }
+    auto best = std::find_if(waiting_.begin(), waiting_.end(),
+                             [&](const Waiting& w) { return w.remote_address == *source; });
     Waiting next = std::move(*best);
     waiting_.erase(best);
+    Unwait(next.remote_address);
     StartHandshake(std::move(next.socket), next.remote_address, next.local_address);
   }
 }
@@ -300,6 +315,7 @@ void RendezvousServer::Sweep() {
     LogStranger("refused a connection from " + w->remote_address + ": " + why);
     RefuseBusy(w->socket, why);
     Unpend(w->remote_address);
+    Unwait(w->remote_address);
     w = waiting_.erase(w);
   }
   // Strangers past their deadline; a short one while others wait for their slots.

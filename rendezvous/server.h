@@ -163,6 +163,7 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   // connection.
   void EndHandshake(Session& s);
   void Unpend(const std::string& remote_address);
+  void Unwait(const std::string& remote_address);
   // Closes a stranger with a "busy" ERROR (the agent retries) and frees its slot at once.
   void RefuseStranger(Session& s, const std::string& why);
   // Enforces the strangers' deadlines (see the header comment), every few hundred ms while
@@ -207,7 +208,8 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   std::map<std::string, size_t> pending_by_source_;
   // Connections in the handshake, by source address (which waiting one gets a free slot).
   std::map<std::string, size_t> handshakes_by_source_;
-  std::deque<Waiting> waiting_;  // for a handshake slot, oldest first
+  std::deque<Waiting> waiting_;                      // for a handshake slot, oldest first
+  std::map<std::string, size_t> waiting_by_source_;  // how many of them, by source address
   // The stranger log's window: when it began, lines written, lines held back, the last one.
   std::chrono::steady_clock::time_point stranger_window_start_;
   size_t stranger_lines_ = 0;
