@@ -157,7 +157,8 @@ void Connection::OnFrameComplete() {
       ErrorMessage refused;
       refused.config_error = true;
       refused.message = "the rendezvous server refused this node's JOIN: " + why.message();
-      SendAndClose(MessageType::kError, ToFields(refused), why);
+      Status sent = SendAndClose(MessageType::kError, ToFields(refused), why);
+      if (!sent.ok()) Fail(why);  // too long to send: closed with the reason all the same
       return;
     }
     Fail(why);
