@@ -55,7 +55,9 @@ class ElasticAgent {
     std::string where = rdzv::FormatEndpoint(options_.endpoint_host, options_.endpoint_port);
     if (options_.token.empty() && !IsLoopbackHost(options_.endpoint_host))
       log::Warn("the rendezvous endpoint " + where +
-                " is not on loopback and no rdzv_token is set; any host that reaches it can join");
+                " is not on loopback and no rdzv_token is set: any host that reaches it can join "
+                "this job; give every node the same secret (export LAUNCH_RDZV_TOKEN=$(openssl "
+                "rand -hex 16) before srun, mpirun or ssh)");
     Status hosted = MaybeHostServer();
     if (!hosted.ok()) {
       log::Error(hosted.message());

@@ -165,7 +165,8 @@ void RendezvousClient::RetryLater(const std::string& why) {
 }
 
 void RendezvousClient::OnConnected(tcp::socket socket) {
-  conn_ = Connection::Create(std::move(socket));
+  conn_ = Connection::Create(std::move(socket), Receiver::kAgent, options_.join.max_nodes);
+  heard_since_welcome_ = false;
   conn_->SetReadTimeout(options_.handshake_timeout);
   conn_->SetWriteTimeout(options_.write_timeout);
   std::weak_ptr<RendezvousClient> weak = shared_from_this();
@@ -179,15 +180,13 @@ void RendezvousClient::OnConnected(tcp::socket socket) {
 
 void RendezvousClient::OnFrame(MessageType type, Fields fields) {
   if (finished_) return;
+  heard_from_server_ = true;  // whatever it says, a launch rendezvous server is there
   if (type == MessageType::kError) {
     StatusOr<ErrorMessage> err = ParseError(fields);
-    if (err.ok() && err->busy && !welcomed_) {
-      // No room on the server now: a fresh connection later, like a refused connect.
-      conn_->Detach();
-      conn_.reset();
-      nonce_.clear();
-      server_nonce_.clear();
-      RetryLater(err->message);
+    if (err.ok() && err->busy && !heard_since_welcome_) {
+      // No room on the server now, or our JOIN came too late (the server says so only before
+      // it took one): a fresh connection later, like a refused connect.
+      RetryConnection(err->message);
       return;
     }
     JobFailure f;
@@ -238,6 +237,7 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
     Fail(Status::ProtocolError(f.message), f);
     return;
   }
+  heard_since_welcome_ = true;
   switch (type) {
     case MessageType::kHeartbeat:
       return;
@@ -281,14 +281,32 @@ void RendezvousClient::DropConnection() {
   welcomed_ = false;
 }
 
+void RendezvousClient::RetryConnection(const std::string& why) {
+  DropConnection();
+  RetryLater(why);
+}
+
 void RendezvousClient::OnClosed(const Status& why) {
   if (finished_ || lost_) return;
   JobFailure f;
   if (!welcomed_ && reconnecting_) {
     // The server spoke launch's protocol a moment ago: a handshake cut short is the network
     // (or a busy server), retried like a failed connect.
-    DropConnection();
-    RetryLater("no handshake: " + (why.ok() ? std::string("closed") : why.message()));
+    RetryConnection("no handshake: " + (why.ok() ? std::string("closed") : why.message()));
+    return;
+  }
+  if (!welcomed_ && why.code() == Status::Code::kTimeout &&
+      (heard_from_server_ || ++silent_handshakes_ < kSilentHandshakesBeforeGivingUp)) {
+    // Connected, but no handshake in time: a server whose handshake slots are all taken (a
+    // flood of strangers) answers late or says "busy" (then it has spoken, and is retried
+    // until join_timeout); a port held by something else never answers, and is named after a
+    // few silent attempts rather than waited on for join_timeout.
+    const std::string what = "no handshake from " + endpoint_text_ + " (" + why.message() +
+                             "): the rendezvous server is busy, or the port is not a launch "
+                             "rendezvous server";
+    if (!warned_handshake_ && options_.log) options_.log(what + "; retrying");
+    warned_handshake_ = true;
+    RetryConnection(what);
     return;
   }
   if (!welcomed_) {

@@ -16,12 +16,15 @@
 //
 // Connection: every attempt resolves the endpoint again and tries each address it resolves to
 // in order. A failed resolution (a DNS blip, or a name that appears only once the server's
-// machine is up, as a Kubernetes pod's does), refused or unreachable connections, and a "busy"
-// ERROR before the handshake (the server's per-address or total connection cap) are retried
-// with backoff until join_timeout (the server may start after the clients), then Timeout naming
-// the last error; the first failed resolution is logged at once, so a misspelt name shows.
-// Every read has a deadline (handshake_timeout before the server is authenticated, the
-// liveness of protocol.h after); heartbeats go out every heartbeat_timeout / 5.
+// machine is up, as a Kubernetes pod's does), refused or unreachable connections, no handshake
+// within handshake_timeout after connecting (a server busy with a flood of strangers), and a
+// "busy" ERROR before the server took our JOIN (its caps and deadlines for strangers, server.h)
+// are retried with backoff until join_timeout (the server may start after the clients), then
+// Timeout naming the last error; the first failed resolution and the first missing handshake
+// are logged at once, so a misspelt name shows. An endpoint that never said a word in
+// kSilentHandshakesBeforeGivingUp connections is a port held by something else: ProtocolError
+// naming it. Every read has a deadline (handshake_timeout before the server is authenticated,
+// the liveness of protocol.h after); heartbeats go out every heartbeat_timeout / 5.
 //
 // Losing the server (its connection closed or timed out, with no DONE, FAILED or ERROR) ends
 // the client with on_failed(PeerLost) when on_lost is null. Otherwise on_lost fires and the
@@ -77,6 +80,9 @@ struct ClientEvents {
   std::function<void(const Status&)> on_lost;
 };
 
+// Connections to an endpoint that never answered before it is named as not a launch server.
+inline constexpr int kSilentHandshakesBeforeGivingUp = 3;
+
 class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
  public:
   static std::shared_ptr<RendezvousClient> Create(boost::asio::io_context& io,
@@ -111,6 +117,8 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   void OnClosed(const Status& why);
   // Forgets the connection and its handshake state (the session is over).
   void DropConnection();
+  // Drops the connection before the server took our JOIN and connects again later.
+  void RetryConnection(const std::string& why);
   void ArmHeartbeat();
   void Fail(Status status, JobFailure failure);
   // Send, or Fail when the message cannot be sent (larger than the protocol allows).
@@ -134,9 +142,13 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   std::string nonce_;
   std::string server_nonce_;
   bool welcomed_ = false;
-  bool lost_ = false;          // on_lost fired; waiting for Reconnect()
-  bool reconnecting_ = false;  // between Reconnect() and the next WELCOME
-  bool finished_ = false;      // terminal event delivered or Close() called
+  bool lost_ = false;                 // on_lost fired; waiting for Reconnect()
+  bool reconnecting_ = false;         // between Reconnect() and the next WELCOME
+  bool heard_since_welcome_ = false;  // a frame after WELCOME on this connection
+  bool heard_from_server_ = false;    // any frame from the endpoint, ever
+  int silent_handshakes_ = 0;         // connections the endpoint never said a word on
+  bool warned_handshake_ = false;
+  bool finished_ = false;  // terminal event delivered or Close() called
 };
 
 }  // namespace launch::rendezvous

@@ -19,12 +19,15 @@ std::string AddressString(const asio::ip::address& address) {
   return address.to_string();
 }
 
-std::shared_ptr<Connection> Connection::Create(tcp::socket socket) {
-  return std::shared_ptr<Connection>(new Connection(std::move(socket)));
+std::shared_ptr<Connection> Connection::Create(tcp::socket socket, Receiver receiver,
+                                               int max_nodes) {
+  return std::shared_ptr<Connection>(new Connection(std::move(socket), receiver, max_nodes));
 }
 
-Connection::Connection(tcp::socket socket)
+Connection::Connection(tcp::socket socket, Receiver receiver, int max_nodes)
     : socket_(std::move(socket)),
+      receiver_(receiver),
+      max_nodes_(max_nodes),
       read_timer_(socket_.get_executor()),
       write_timer_(socket_.get_executor()) {
   boost::system::error_code ec;
@@ -84,19 +87,33 @@ void Connection::OnHeader(const boost::system::error_code& ec) {
                                 : Status::PeerLost(ec.message()));
     return;
   }
-  // Validate before allocating anything.
-  uint32_t limit = authenticated() ? kMaxPayloadSize + kMacSize : kMaxHandshakePayload;
-  StatusOr<FrameHeader> header = DecodeHeader(header_, limit);
+  // Validate before allocating anything: the type's own limit, not the protocol's largest.
+  StatusOr<FrameHeader> header = DecodeHeader(header_, UINT32_MAX);
   if (!header.ok()) {
     Fail(header.status());
     return;
   }
+  const char* type = ToString(header->type);
   if (!authenticated() && !IsHandshakeMessage(header->type)) {
-    Fail(Status::ProtocolError(std::string(ToString(header->type)) +
-                               " before the handshake completed"));
+    Fail(Status::ProtocolError(std::string(type) + " before the handshake completed"));
     return;
   }
-  if (authenticated() && header->length < kMacSize) {
+  const uint32_t limit = authenticated() ? MaxPayload(header->type, receiver_, max_nodes_)
+                                         : std::min(MaxPayload(header->type, receiver_, max_nodes_),
+                                                    kMaxHandshakePayload);
+  if (limit == 0) {
+    Fail(Status::ProtocolError(std::string(type) + " is never sent to " +
+                               (receiver_ == Receiver::kServer ? "a server" : "an agent")));
+    return;
+  }
+  const uint32_t mac_size = authenticated() ? kMacSize : 0;
+  if (header->length > limit + mac_size) {
+    Fail(Status::ProtocolError("a " + std::string(type) + " frame of " +
+                               std::to_string(header->length) + " bytes (a " + type +
+                               " carries at most " + std::to_string(limit + mac_size) + ")"));
+    return;
+  }
+  if (header->length < mac_size) {
     Fail(Status::AuthFailed("frame without its MAC"));
     return;
   }
@@ -162,7 +179,8 @@ void Connection::OnFrameComplete() {
       ErrorMessage refused;
       refused.config_error = true;
       refused.message = "the rendezvous server refused this node's JOIN: " + why.message();
-      SendAndClose(MessageType::kError, ToFields(refused), why);
+      Status sent = SendAndClose(MessageType::kError, ToFields(refused), why);
+      if (!sent.ok()) Fail(why);  // too long to send: closed with the reason all the same
       return;
     }
     Fail(why);
@@ -179,8 +197,11 @@ Status Connection::Send(MessageType type, const Fields& fields) {
   if (closed_ || close_after_write_) return Status::Ok();
   size_t mac_size = authenticated() ? kMacSize : 0;
   std::string frame = EncodeFrame(type, fields, mac_size);
-  size_t limit = authenticated() ? kMaxPayloadSize : kMaxHandshakePayload;
-  if (frame.size() - kHeaderSize > limit)
+  // What the other side accepts (OnHeader there).
+  const Receiver peer = receiver_ == Receiver::kServer ? Receiver::kAgent : Receiver::kServer;
+  size_t limit = MaxPayload(type, peer, max_nodes_);
+  if (!authenticated()) limit = std::min<size_t>(limit, kMaxHandshakePayload);
+  if (frame.size() - kHeaderSize > limit)  // the MAC is appended below
     return Status::ProtocolError(std::string(ToString(type)) + " of " +
                                  std::to_string(frame.size() - kHeaderSize) +
                                  " bytes exceeds the protocol's limit of " + std::to_string(limit));

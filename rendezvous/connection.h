@@ -9,13 +9,19 @@
 // owner may call Close() from inside on_frame. After Detach() no callback runs again; owners
 // call it before they go away. Not thread-safe: use from the io_context's thread only.
 //
+// Limits: a frame is accepted only when its type is one this side receives and its length is
+// within that type's limit (MaxPayload in protocol.h, for this side as `receiver`); both are
+// checked from the 12-byte header, before anything is allocated for the body, and a frame
+// beyond them closes the connection with a ProtocolError naming the type, its length and the
+// limit (the owner logs it with the peer's address). A body is read in pieces as it arrives,
+// never allocated up front from the length field.
+//
 // Authentication: a new connection accepts only handshake frames (protocol.h) of at most
 // kMaxHandshakePayload bytes, so an unauthenticated peer costs a few KiB at most. Once the owner
 // has verified the handshake it calls StartAuthenticated(session key): from then on every frame
-// sent carries FrameMac(key, direction, sequence, frame) (auth.h) after its payload, every frame
-// received must carry a valid one for the next sequence number of the other direction (else
-// the connection closes with AuthFailed), and frames up to kMaxPayloadSize are accepted. A body
-// is read in pieces as it arrives, never allocated up front from the length field.
+// sent carries FrameMac(key, direction, sequence, frame) (auth.h) after its payload, and every
+// frame received must carry a valid one for the next sequence number of the other direction
+// (else the connection closes with AuthFailed).
 
 #include <chrono>
 #include <cstdint>
@@ -45,7 +51,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::function<void(Status)> on_closed;
   };
 
-  static std::shared_ptr<Connection> Create(tcp::socket socket);
+  // `receiver`: which side of the protocol this connection is (it reads what the other side
+  // sends); `max_nodes`: for an agent, the MAX node count it joins with (sizes ASSIGN).
+  static std::shared_ptr<Connection> Create(tcp::socket socket, Receiver receiver,
+                                            int max_nodes = kMaxNodes);
 
   // Starts the read loop. REQUIRES: called once.
   void Start(Callbacks callbacks);
@@ -60,7 +69,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void SetLiveness(std::chrono::milliseconds heartbeat_timeout);
 
   // Queues a frame. ProtocolError (nothing sent, the connection stays open) when the message
-  // exceeds the size the peer accepts; OK when the connection is already closing (its
+  // exceeds the size the peer accepts for its type; OK when the connection is already closing (its
   // on_closed reports why).
   Status Send(MessageType type, const Fields& fields);
   // Sends, then closes once the frame is flushed (or the write deadline passes); on_closed
@@ -86,7 +95,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   static constexpr size_t kMaxPendingBytes = kMaxPayloadSize + (16u << 20);
 
  private:
-  explicit Connection(tcp::socket socket);
+  Connection(tcp::socket socket, Receiver receiver, int max_nodes);
   void ReadHeader();
   void OnHeader(const boost::system::error_code& ec);
   void ReadBody();
@@ -97,6 +106,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void Fail(Status why);
 
   tcp::socket socket_;
+  const Receiver receiver_;
+  const int max_nodes_;
   asio::steady_timer read_timer_;
   asio::steady_timer write_timer_;
   Callbacks callbacks_;

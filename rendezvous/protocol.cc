@@ -177,6 +177,45 @@ bool IsHandshakeMessage(MessageType type) {
          type == MessageType::kWelcome || type == MessageType::kError;
 }
 
+uint32_t MaxPayload(MessageType type, Receiver receiver, int max_nodes) {
+  // Each limit is the largest message of its type that the parser accepts, rounded up: strings
+  // at their field's limit, integers at the 24 characters GetInt reads (protocol_test encodes
+  // each such message and checks it fits).
+  constexpr uint32_t kTiny = 64;        // HEARTBEAT, DONE, SUCCEEDED
+  constexpr uint32_t kHandshake = 256;  // CHALLENGE, HELLO, WELCOME: a nonce or proof
+  constexpr uint32_t kReport = kMaxStderrTail + 4096;  // + host, reason, numbers
+  const bool to_server = receiver == Receiver::kServer;
+  switch (type) {
+    case MessageType::kHello:
+      return to_server ? kHandshake : 0;
+    case MessageType::kJoin:
+      return to_server ? 4096 : 0;  // run_id 1 KiB, hostname, fingerprint 256 B each
+    case MessageType::kReport:
+      return to_server ? kReport : 0;
+    case MessageType::kSucceeded:
+      return to_server ? kTiny : 0;
+    case MessageType::kHeartbeat:
+      return kTiny;
+    case MessageType::kChallenge:
+    case MessageType::kWelcome:
+      return to_server ? 0 : kHandshake;
+    case MessageType::kError:
+      return to_server ? 0 : kMaxShortString * 4 + 256;
+    case MessageType::kDone:
+      return to_server ? 0 : kTiny;
+    case MessageType::kRestart:
+      return to_server ? 0 : kReport + 4096;  // + a reason
+    case MessageType::kFailed:
+      return to_server ? 0 : kReport + 8192;  // + a 4 KiB message
+    case MessageType::kAssign: {
+      if (to_server) return 0;
+      const uint64_t nodes = static_cast<uint64_t>(std::clamp(max_nodes, 1, kMaxNodes));
+      return static_cast<uint32_t>(4096 + nodes * kMaxNodeRowSize);
+    }
+  }
+  return 0;
+}
+
 StatusOr<FrameHeader> DecodeHeader(const uint8_t* data, uint32_t max_length) {
   if (std::memcmp(data, kMagic, sizeof(kMagic)) != 0)
     return Status::ProtocolError("not a launch rendezvous frame (bad magic)");
@@ -371,6 +410,9 @@ StatusOr<Assignment> ParseAssignment(const Fields& f) {
   LAUNCH_RETURN_IF_ERROR(GetString(f, "nodes", kMaxPayloadSize, &table));
   for (const std::string& line : Split(table, '\n')) {
     if (line.empty()) continue;
+    if (line.size() + 1 > kMaxNodeRowSize)
+      return Status::ProtocolError("field 'nodes' has a line longer than " +
+                                   std::to_string(kMaxNodeRowSize) + " bytes");
     std::vector<std::string> cols = Split(line, '\t');
     NodeInfo n;
     long long rank = 0, lws = 0, off = 0;

@@ -12,18 +12,22 @@
 //   12      ...   payload a field list (below)
 //   ...     32    MAC     after the handshake only: see auth.h and connection.h
 //
-// Length limits depend on the connection's state: before authentication only the handshake
-// messages (CHALLENGE, HELLO, WELCOME, ERROR) of at most kMaxHandshakePayload bytes; after it
-// any message up to kMaxPayloadSize, which bounds every message the parsers below accept (so
-// whatever one side can produce, the other accepts).
+// Length limits are per message type and direction (MaxPayload below): each type's limit is
+// the largest message of that type the parsers below accept, so whatever one side can
+// produce, the other accepts, and nothing larger is ever read. Before authentication only the
+// handshake messages (CHALLENGE, HELLO, WELCOME, ERROR) are accepted, and at most
+// kMaxHandshakePayload bytes of them. kMaxPayloadSize bounds everything (the decoders' own
+// limit).
 //
 // Payload: u16 field count (<= kMaxFields), then per field: u8 key length (1..kMaxKeySize),
 // key bytes ([a-z0-9_]), u32 value length, value bytes (any bytes). Keys are strictly
 // ascending (one canonical encoding; no duplicates).
 //
-// A reader checks the 12-byte header (magic, version, known type, length bound) BEFORE it
-// allocates anything for the payload, and allocates as bytes arrive, so a peer claiming a
-// 4 GiB frame costs nothing and an unauthenticated peer at most kMaxHandshakePayload.
+// A reader checks the 12-byte header (magic, version, known type, the type's length limit)
+// BEFORE it allocates anything for the payload, and allocates as bytes arrive, so a peer
+// claiming a 4 GiB frame costs nothing, an unauthenticated peer at most kMaxHandshakePayload,
+// and an authenticated one (anyone, when no token is set) what its frame's type allows: tens
+// of KiB at most towards a server.
 // Every decoder below returns a Status on malformed input and never crashes or throws on any
 // input (fuzzed by rendezvous/fuzz_protocol.cc).
 //
@@ -59,8 +63,7 @@ namespace launch::rendezvous {
 inline constexpr char kMagic[4] = {'L', 'R', 'D', 'Z'};
 inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr size_t kHeaderSize = 12;
-// 65536 nodes x (256-byte host name + address + numbers) in an ASSIGN's node table stays
-// well below this.
+// Bounds every frame: the largest, an ASSIGN with a node table for kMaxNodes, stays below.
 inline constexpr uint32_t kMaxPayloadSize = 64u << 20;  // 64 MiB
 inline constexpr uint32_t kMaxHandshakePayload = 4096;
 inline constexpr size_t kMaxFields = 256;
@@ -92,6 +95,21 @@ struct FrameHeader {
 StatusOr<FrameHeader> DecodeHeader(const uint8_t* data, uint32_t max_length = kMaxPayloadSize);
 // True for the messages of the handshake (the only ones accepted before authentication).
 bool IsHandshakeMessage(MessageType type);
+
+// Which side reads a frame: each accepts only what the other sends.
+enum class Receiver { kServer, kAgent };
+// One row of an ASSIGN's node table: at most this many bytes (ParseAssignment checks it).
+inline constexpr size_t kMaxNodeRowSize = 512;
+// The largest payload (fields, without the MAC) a frame of `type` may carry to `receiver`;
+// 0 when that side never receives the type. `max_nodes` sizes ASSIGN's node table: the MAX
+// node count the receiving agent joined with (a job never assigns more). protocol_test
+// builds each message with every field at its largest and checks that it fits.
+//
+//   to a server: HELLO 256, JOIN 4 KiB, HEARTBEAT 64, REPORT 20 KiB (16 KiB stderr tail),
+//                SUCCEEDED 64
+//   to an agent: CHALLENGE 256, WELCOME 256, ERROR 4.25 KiB, HEARTBEAT 64, DONE 64,
+//                ASSIGN 4 KiB + max_nodes x kMaxNodeRowSize, RESTART 24 KiB, FAILED 28 KiB
+uint32_t MaxPayload(MessageType type, Receiver receiver, int max_nodes);
 
 // Field list: keys sorted (std::map), so encoding is deterministic.
 using Fields = std::map<std::string, std::string>;
@@ -184,8 +202,9 @@ struct Assignment {
   std::string master_addr;  // node 0's address as the server saw it
   int master_port = 0;      // the port node 0 reserved
   std::string run_id;
-  // By node rank (encoded as one field). The server sends it empty: each node gets only its
-  // own row above, since a table in every node's ASSIGN is O(n^2) bytes per round.
+  // By node rank (encoded as one field, one line of at most kMaxNodeRowSize bytes per node).
+  // The server sends it empty: each node gets only its own row above, since a table in every
+  // node's ASSIGN is O(n^2) bytes per round.
   std::vector<NodeInfo> nodes;
 };
 

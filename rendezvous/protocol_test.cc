@@ -1,6 +1,10 @@
 #include "rendezvous/protocol.h"
 
+#include <set>
+
 #include <doctest/doctest.h>
+
+#include "base/strings.h"
 
 namespace launch::rendezvous {
 namespace {
@@ -177,6 +181,101 @@ TEST_CASE("ErrorBusyFlagIsOptionalOnTheWire") {
   CHECK_FALSE(back->busy);
   f["busy"] = "yes";
   CHECK_FALSE(ParseError(f).ok());
+}
+
+// The largest message of a type that its parser accepts: every integer written with the 24
+// characters GetInt reads (leading zeros), every duration with 32.
+Fields Widest(Fields f) {
+  const std::set<std::string> flags = {"counts", "has_report", "config_error", "auth_error",
+                                       "busy"};
+  for (auto& [key, value] : f) {
+    long long v = 0;
+    if (!flags.count(key) && !value.empty() && ParseInt64(value, &v) &&
+        value.find_first_not_of("0123456789") == std::string::npos)
+      value = std::string(24 - value.size(), '0') + value;
+  }
+  for (const char* key : {"join_timeout", "last_call_timeout", "heartbeat_timeout"})
+    if (f.count(key)) f[key] = "0000000000000000000000000000005";
+  return f;
+}
+
+FailureReport LargestReport() {
+  FailureReport r;
+  r.host = std::string(kMaxShortString, 'h');
+  r.reason = std::string(kMaxShortString, 'r');
+  r.stderr_tail = std::string(kMaxStderrTail, 'e');
+  r.global_rank = r.local_rank = r.node_rank = r.exit_code = 1;
+  r.time_us = 1;
+  return r;
+}
+
+TEST_CASE("EveryMessageAtItsLargestFitsItsTypesLimitAndNoMore") {
+  auto fits = [](MessageType type, Receiver to, const Fields& f, int max_nodes = kMaxNodes) {
+    INFO(std::string(ToString(type)));
+    Status valid = ValidateMessage(type, f);  // still a message the parser accepts
+    INFO(valid.ToString());
+    REQUIRE(valid.ok());
+    const size_t size = EncodeFields(f).size();
+    const uint32_t limit = MaxPayload(type, to, max_nodes);
+    CHECK(size <= limit);
+    return size;
+  };
+  JoinRequest j;
+  j.run_id = std::string(1024, 'r');
+  j.hostname = std::string(256, 'h');
+  j.fingerprint = std::string(256, 'f');
+  j.master_port = 1;
+  fits(MessageType::kJoin, Receiver::kServer, Widest(ToFields(j)));
+  fits(MessageType::kReport, Receiver::kServer, Widest(ToFields(LargestReport())));
+  fits(MessageType::kSucceeded, Receiver::kServer, Widest({{"round", "1"}}));
+  fits(MessageType::kHeartbeat, Receiver::kServer, {});
+  Hello hello{std::string(kNonceSize, 'n'), std::string(64, 'p')};
+  fits(MessageType::kHello, Receiver::kServer, ToFields(hello));
+  fits(MessageType::kChallenge, Receiver::kAgent, {{"nonce", std::string(kNonceSize, 'n')}});
+  fits(MessageType::kWelcome, Receiver::kAgent, {{"proof", std::string(64, 'p')}});
+  ErrorMessage err;
+  err.busy = true;
+  err.message = std::string(kMaxShortString * 4, 'm');
+  fits(MessageType::kError, Receiver::kAgent, ToFields(err));
+  RestartNotice restart;
+  restart.reason = std::string(kMaxShortString, 'r');
+  restart.report = LargestReport();
+  fits(MessageType::kRestart, Receiver::kAgent, Widest(ToFields(restart)));
+  JobFailure failed;
+  failed.message = std::string(kMaxShortString * 4, 'm');
+  failed.report = LargestReport();
+  fits(MessageType::kFailed, Receiver::kAgent, Widest(ToFields(failed)));
+  // ASSIGN with a full node table for 20 nodes, each row at its largest: within the limit of
+  // an agent of a 20-node job, beyond that of a 2-node job's.
+  Assignment a;
+  a.num_nodes = 20;
+  a.world_size = 20;
+  a.local_world_size = 1;
+  a.master_addr = "10.0.0.1";
+  a.master_port = 1;
+  a.run_id = std::string(kMaxShortString, 'r');
+  for (int r = 0; r < a.num_nodes; ++r) {
+    // "r\thost\taddress\t1\tr\n", kMaxNodeRowSize bytes in all.
+    const std::string rank = std::to_string(r);
+    NodeInfo n{r, std::string(256, 'h'), "", 1, r};
+    n.address = std::string(kMaxNodeRowSize - 2 * rank.size() - 256 - 1 - 5, 'a');
+    a.nodes.push_back(n);
+  }
+  const size_t assign = fits(MessageType::kAssign, Receiver::kAgent, Widest(ToFields(a)), 20);
+  CHECK(assign > MaxPayload(MessageType::kAssign, Receiver::kAgent, 2));  // the table counts
+  CHECK(MaxPayload(MessageType::kAssign, Receiver::kAgent, kMaxNodes) <= kMaxPayloadSize);
+  // A row longer than that is refused.
+  a.nodes[0].host += "x";
+  CHECK_FALSE(ParseAssignment(ToFields(a)).ok());
+  // Tens of KiB at most towards a server; nothing it never receives.
+  for (uint16_t t = 1; t <= 12; ++t) {
+    const auto type = static_cast<MessageType>(t);
+    CHECK(MaxPayload(type, Receiver::kServer, kMaxNodes) <= 32u * 1024);
+    const bool agent_sends = type == MessageType::kHello || type == MessageType::kJoin ||
+                             type == MessageType::kHeartbeat || type == MessageType::kReport ||
+                             type == MessageType::kSucceeded;
+    CHECK((MaxPayload(type, Receiver::kServer, kMaxNodes) > 0) == agent_sends);
+  }
 }
 
 TEST_CASE("FormatEndpointBracketsIpv6") {

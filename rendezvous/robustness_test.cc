@@ -57,6 +57,12 @@ struct RawPeer : std::enable_shared_from_this<RawPeer> {
   Clock::time_point closed_at;
 };
 
+bool AllClosed(const std::vector<std::shared_ptr<RawPeer>>& peers) {
+  for (const auto& p : peers)
+    if (!p->closed) return false;
+  return true;
+}
+
 // A frame as an authenticated agent sends it: header, payload, MAC for `sequence`.
 std::string MacedFrame(const std::string& key, uint64_t sequence, MessageType type,
                        const Fields& fields) {
@@ -235,13 +241,7 @@ TEST_CASE("FramesAfterTheHandshakeNeedTheSessionMac") {
   altered[kHeaderSize + 20] ^= 1;
   peers.back()->Write(altered);
   REQUIRE(RunUntil(
-      h.io,
-      [&] {
-        for (auto& p : peers)
-          if (!p->closed) return false;
-        return true;
-      },
-      milliseconds(3000)));
+      h.io, [&] { return AllClosed(peers); }, milliseconds(3000)));
   // None of them counted as a node: two real agents still form a 2-node job.
   RendezvousSucceedsBeside(h);
   CHECK(h.LogContains("bad MAC"));
@@ -270,8 +270,9 @@ TEST_CASE("MessagesLargerThanOneMebibyteArriveIntact") {
   tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
   tcp::socket client_socket(io);
   client_socket.connect(acceptor.local_endpoint());
-  auto server_side = Connection::Create(acceptor.accept());
-  auto client_side = Connection::Create(std::move(client_socket));
+  auto server_side = Connection::Create(acceptor.accept(), Receiver::kServer);
+  // An agent of a job of up to 12000 nodes accepts an ASSIGN sized for them.
+  auto client_side = Connection::Create(std::move(client_socket), Receiver::kAgent, 12000);
   std::string key = SessionKey("token", std::string(kNonceSize, 'a'), std::string(kNonceSize, 'b'));
   server_side->StartAuthenticated(key, MacDirection::kToAgent);
   client_side->StartAuthenticated(key, MacDirection::kToServer);
@@ -317,6 +318,145 @@ TEST_CASE("MessagesLargerThanOneMebibyteArriveIntact") {
   server_side->Detach();
   io.restart();
   io.run_for(milliseconds(20));
+}
+
+size_t CountLinesStartingWith(const Harness& h, const std::string& prefix) {
+  size_t n = 0;
+  for (const auto& line : h.log) n += line.rfind(prefix, 0) == 0 ? 1 : 0;
+  return n;
+}
+
+TEST_CASE("AFrameLargerThanItsTypeAllowsIsRefusedFromItsHeaderAndLogged") {
+  // Without a token anyone authenticates. A JOIN announcing 64 MiB used to be read (and
+  // buffered) up to the protocol's largest frame; no JOIN needs more than 4 KiB.
+  Harness h;
+  auto peer = std::make_shared<RawPeer>(h.io);
+  Handshake(h, *peer);
+  std::string header(kMagic, 4);
+  header += std::string("\x00\x01\x00\x04\x04\x00\x00\x20", 8);  // v1, JOIN, 64 MiB + 32
+  peer->Write(header + std::string(60000, 'x'));
+  REQUIRE(RunUntil(
+      h.io, [&] { return peer->closed; }, milliseconds(1000)));
+  CHECK(h.LogContains("closed the connection from 127.0.0.1 before it joined"));
+  CHECK(h.LogContains("a JOIN frame of 67108896 bytes (a JOIN carries at most 4128)"));
+  // After a valid JOIN, a REPORT is bounded too (a 16 KiB stderr tail and a few fields).
+  auto joined = std::make_shared<RawPeer>(h.io);
+  std::string key = Handshake(h, *joined);
+  joined->Write(MacedFrame(key, 0, MessageType::kJoin, ToFields(Join(2, 2, -1))));
+  REQUIRE(RunUntil(h.io, [&] { return h.LogContains("first agent"); }));
+  header = std::string(kMagic, 4) + std::string("\x00\x01\x00\x07\x00\x10\x00\x00", 8);  // 1 MiB
+  joined->Write(header + std::string(60000, 'x'));
+  REQUIRE(RunUntil(
+      h.io, [&] { return joined->closed; }, milliseconds(1000)));
+  CHECK(h.LogContains("a REPORT frame of 1048576 bytes"));
+  CHECK(h.LogContains("(127.0.0.1)"));
+  RendezvousSucceedsBeside(h);
+}
+
+TEST_CASE("StrangersThatAuthenticateButNeverJoinAreCappedAndClosedAtTheDeadline") {
+  // Authenticated (no token) but never joining, kept alive with heartbeats: each holds a
+  // handshake slot until the deadline, then is told "busy" and closed.
+  ServerOptions options;
+  options.max_handshakes = 4;
+  options.handshake_timeout = milliseconds(400);
+  Harness h(options);
+  std::vector<std::shared_ptr<RawPeer>> peers;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 4; ++i) {
+    peers.push_back(std::make_shared<RawPeer>(h.io));
+    keys.push_back(Handshake(h, *peers.back()));
+  }
+  auto start = Clock::now();
+  uint64_t sequence = 0;
+  auto next_beat = start;
+  auto all_closed = [&] {
+    if (Clock::now() >= next_beat) {  // a heartbeat from each every 100 ms
+      for (size_t i = 0; i < peers.size(); ++i)
+        if (!peers[i]->closed)
+          peers[i]->Write(MacedFrame(keys[i], sequence, MessageType::kHeartbeat, {}));
+      ++sequence;
+      next_beat += milliseconds(100);
+    }
+    CHECK(h.server->handshake_count() <= 4);
+    return AllClosed(peers);
+  };
+  REQUIRE(RunUntil(h.io, all_closed, milliseconds(3000)));
+  CHECK(Clock::now() - start >= milliseconds(250));
+  for (auto& p : peers)
+    CHECK(p->received.find("the rendezvous server is busy") != std::string::npos);
+  CHECK(h.LogContains("authenticated but sent no JOIN within 400 ms"));
+  CHECK(h.server->handshake_count() == 0);
+  RendezvousSucceedsBeside(h);
+}
+
+TEST_CASE("AgentsQueuedBehindSlowStrangersAreToldBusyRetryAndJoin") {
+  // F6: strangers that dribble one byte every 100 ms fill every handshake slot and the queue.
+  // An agent queued behind them used to hit its own handshake deadline and quit as if the
+  // port belonged to something else; now the server answers "busy" (or makes room: slow
+  // strangers lose their slots while others wait) and the agent retries until it joins.
+  ServerOptions options;
+  options.max_handshakes = 8;
+  options.handshake_timeout = milliseconds(1000);
+  options.busy_handshake_timeout = milliseconds(300);
+  Harness h(options);
+  h.client_handshake_timeout = milliseconds(800);  // the agent's own deadline fires first
+  std::vector<std::shared_ptr<RawPeer>> strangers;
+  for (int i = 0; i < 60; ++i) {
+    strangers.push_back(std::make_shared<RawPeer>(h.io));
+    strangers.back()->Connect(h.server->port());
+  }
+  const std::string header(kMagic, 4);
+  size_t dribbled = 0;
+  auto next_byte = Clock::now();
+  auto dribble = [&] {
+    if (Clock::now() < next_byte) return;
+    for (auto& s : strangers)
+      if (!s->closed) s->Write(std::string(1, header[dribbled % 4]));
+    ++dribbled;
+    next_byte += milliseconds(100);
+  };
+  RunUntil(
+      h.io,
+      [&] {
+        dribble();
+        return false;
+      },
+      milliseconds(200));
+  REQUIRE(h.server->connection_count() == 60);
+  JoinRequest j = Join(2, 2, -1);
+  j.join_timeout_s = 20;
+  Recorder& a = h.AddClient(j);  // from 127.0.0.1, like the strangers
+  Recorder& b = h.AddClient(j);
+  REQUIRE(RunUntil(
+      h.io,
+      [&] {
+        dribble();
+        return (!a.assignments.empty() || a.finished()) && (!b.assignments.empty() || b.finished());
+      },
+      milliseconds(15000)));
+  for (Recorder* r : {&a, &b}) {
+    if (r->failed) MESSAGE(r->failed->message());
+    CHECK_FALSE(r->failed.has_value());
+    CHECK(r->assignments.size() == 1);
+  }
+  CHECK(h.LogContains("while"));  // slow strangers made room for waiting connections
+}
+
+TEST_CASE("AFloodOfStrangersCostsAFewLogLinesAndOneCount") {
+  ServerOptions options;
+  options.stranger_log_window = milliseconds(600);
+  Harness h(options);
+  std::vector<std::shared_ptr<RawPeer>> peers;
+  for (int i = 0; i < 40; ++i) {
+    peers.push_back(std::make_shared<RawPeer>(h.io));
+    peers.back()->Connect(h.server->port());
+    peers.back()->Write(std::string(kHeaderSize, 'x'));  // bad magic
+  }
+  REQUIRE(RunUntil(h.io, [&] { return AllClosed(peers); }));
+  CHECK(CountLinesStartingWith(h, "closed the connection from") == 5);
+  REQUIRE(RunUntil(h.io, [&] { return h.LogContains("more connections closed or refused"); }));
+  CHECK(h.LogContains("35 more connections closed or refused before joining in 0.6 s"));
+  CHECK(CountLinesStartingWith(h, "closed the connection from") == 5);
 }
 
 TEST_CASE("AnUnresolvableHostIsRetriedUntilJoinTimeoutAndSaidAtOnce") {
@@ -384,11 +524,7 @@ TEST_CASE("ManyBadConnectionsDoNotStopTheServer") {
     peers.push_back(p);
   }
   RendezvousSucceedsBeside(h);
-  REQUIRE(RunUntil(h.io, [&] {
-    for (auto& p : peers)
-      if (!p->closed) return false;
-    return true;
-  }));
+  REQUIRE(RunUntil(h.io, [&] { return AllClosed(peers); }));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "rendezvous/server.h"
 
 #include <algorithm>
+#include <sstream>
 #include <utility>
 
 #include "base/strings.h"
@@ -15,25 +16,34 @@ struct RendezvousServer::Session {
   std::shared_ptr<Connection> conn;
   std::string server_nonce;
   std::string remote_address;
-  std::string local_address;  // this server's address on the connection
-  bool in_handshake = false;  // holds a handshake slot
+  std::string local_address;                    // this server's address on the connection
+  std::chrono::steady_clock::time_point since;  // when its handshake began
+  bool in_handshake = false;                    // holds a handshake slot (until it joins)
   bool authenticated = false;
+  bool joined = false;   // sent a valid JOIN: the round machine knows it
+  bool refused = false;  // closed by RefuseStranger (logged there)
 };
 
 namespace {
 // Pause after an accept that failed for want of resources (EMFILE, ENFILE, ENOBUFS): the
 // pending connection stays in the backlog, so accepting again at once would spin.
 constexpr std::chrono::milliseconds kAcceptBackoff{100};
+// Lines about strangers per ServerOptions::stranger_log_window.
+constexpr size_t kStrangerLogLines = 5;
+
+ErrorMessage Busy(const std::string& why) {
+  ErrorMessage busy;
+  busy.busy = true;
+  busy.message = "the rendezvous server is busy: " + why;
+  return busy;
+}
 
 // Closes a connection there is no room for, first telling the peer (one small unauthenticated
 // frame, written without blocking; lost if the peer's window is full, which costs the peer
 // only a clear message) that it may try again: an agent behind a NAT shared by many nodes, or
 // one of thousands connecting at once, retries until join_timeout instead of failing.
 void RefuseBusy(boost::asio::ip::tcp::socket& socket, const std::string& why) {
-  ErrorMessage busy;
-  busy.busy = true;
-  busy.message = "the rendezvous server is busy: " + why;
-  const std::string frame = EncodeFrame(MessageType::kError, ToFields(busy));
+  const std::string frame = EncodeFrame(MessageType::kError, ToFields(Busy(why)));
   boost::system::error_code ignored;
   socket.non_blocking(true, ignored);
   socket.write_some(boost::asio::buffer(frame), ignored);
@@ -52,7 +62,9 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, ServerOptions op
       machine_(options_.default_heartbeat_timeout),
       acceptor_(io),
       heartbeat_timer_(io),
-      accept_backoff_timer_(io) {
+      accept_backoff_timer_(io),
+      sweep_timer_(io),
+      stranger_window_start_(std::chrono::steady_clock::now()) {
   for (int t = 0; t < kTimerCount; ++t) timers_.emplace_back(io);
 }
 
@@ -89,9 +101,11 @@ void RendezvousServer::Stop() {
   for (auto& t : timers_) t.cancel();
   heartbeat_timer_.cancel();
   accept_backoff_timer_.cancel();
+  sweep_timer_.cancel();
   for (auto& [id, s] : sessions_) s->conn->Detach();
   sessions_.clear();
   waiting_.clear();  // closes the sockets
+  waiting_by_source_.clear();
 }
 
 void RendezvousServer::FailAndStop(const std::string& message) {
@@ -103,11 +117,13 @@ void RendezvousServer::FailAndStop(const std::string& message) {
   for (auto& t : timers_) t.cancel();
   heartbeat_timer_.cancel();
   accept_backoff_timer_.cancel();
+  sweep_timer_.cancel();
   waiting_.clear();
-  // Connections still in the handshake have no job to hear about; the others close after
-  // their FAILED is flushed (SendAndClose above).
+  waiting_by_source_.clear();
+  // Strangers have no job to hear about; the others close after their FAILED is flushed
+  // (SendAndClose above).
   for (auto& [id, s] : sessions_)
-    if (!s->authenticated) s->conn->Close(Status::Ok());
+    if (!s->joined) s->conn->Close(Status::Ok());
 }
 
 void RendezvousServer::Log(const std::string& line) const {
@@ -155,7 +171,9 @@ void RendezvousServer::OnAccepted(tcp::socket socket) {
     return;
   }
   if (connection_count() >= options_.max_connections) {
-    RefuseBusy(socket, std::to_string(options_.max_connections) + " connections are open");
+    const std::string why = std::to_string(options_.max_connections) + " connections are open";
+    LogStranger("refused a connection from " + AddressString(remote.address()) + ": " + why);
+    RefuseBusy(socket, why);
     return;
   }
   std::string remote_address = AddressString(remote.address());
@@ -164,16 +182,20 @@ void RendezvousServer::OnAccepted(tcp::socket socket) {
   // benchmarks); they count only toward the total.
   size_t& pending = pending_by_source_[remote_address];
   if (pending >= options_.max_handshakes_per_source && !IsLoopbackHost(remote_address)) {
-    RefuseBusy(socket, std::to_string(pending) + " connections from " + remote_address +
-                           " are in the handshake");
+    const std::string why =
+        std::to_string(pending) + " connections from " + remote_address + " are in the handshake";
+    LogStranger("refused a connection from " + remote_address + ": " + why);
+    RefuseBusy(socket, why);
     return;
   }
   ++pending;
   if (handshakes_ >= options_.max_handshakes) {
     // Accepted (so the kernel's backlog never overflows into SYN retransmits, seconds for a
     // large job starting at once) but not read from: a descriptor, no buffer.
+    ++waiting_by_source_[remote_address];
     waiting_.push_back(Waiting{std::move(socket), std::move(remote_address),
                                std::move(local_address), std::chrono::steady_clock::now()});
+    ArmSweep();
     return;
   }
   StartHandshake(std::move(socket), remote_address, local_address);
@@ -184,12 +206,15 @@ void RendezvousServer::StartHandshake(tcp::socket socket, const std::string& rem
   auto session = std::make_unique<Session>();
   Session& s = *session;
   s.id = next_session_id_++;
-  s.conn = Connection::Create(std::move(socket));
+  s.conn = Connection::Create(std::move(socket), Receiver::kServer);
   s.server_nonce = RandomNonce();
   s.remote_address = remote_address;
   s.local_address = local_address;
+  s.since = std::chrono::steady_clock::now();
   s.in_handshake = true;
   ++handshakes_;
+  ++handshakes_by_source_[remote_address];
+  ArmSweep();
   sessions_.emplace(s.id, std::move(session));
   const uint64_t id = s.id;
   std::weak_ptr<RendezvousServer> weak = shared_from_this();
@@ -210,25 +235,135 @@ void RendezvousServer::Unpend(const std::string& remote_address) {
   if (it != pending_by_source_.end() && --it->second == 0) pending_by_source_.erase(it);
 }
 
+void RendezvousServer::Unwait(const std::string& remote_address) {
+  auto it = waiting_by_source_.find(remote_address);
+  if (it != waiting_by_source_.end() && --it->second == 0) waiting_by_source_.erase(it);
+}
+
 void RendezvousServer::EndHandshake(Session& s) {
   if (!s.in_handshake) return;
   s.in_handshake = false;
   --handshakes_;
   Unpend(s.remote_address);
-  // The slot goes to the longest-waiting connection whose agent may still be waiting (its
-  // own handshake deadline is about ours, counted from its connect).
-  const auto expired = std::chrono::steady_clock::now() - options_.handshake_timeout;
+  auto it = handshakes_by_source_.find(s.remote_address);
+  if (it != handshakes_by_source_.end() && --it->second == 0) handshakes_by_source_.erase(it);
+  // The slot goes to the oldest waiting connection from the address with the fewest strangers
+  // in the handshake: the strangers of a flood hold most slots, so an agent from anywhere
+  // else is next. (Sweep refuses those that waited too long.)
   while (handshakes_ < options_.max_handshakes && !waiting_.empty()) {
-    Waiting next = std::move(waiting_.front());
-    waiting_.pop_front();
-    Unpend(next.remote_address);
-    if (next.since < expired) {
-      RefuseBusy(next.socket, "no handshake slot was free within the handshake timeout");
-      continue;
+    auto in_handshake = [this](const std::string& source) {
+      auto h = handshakes_by_source_.find(source);
+      return h == handshakes_by_source_.end() ? size_t{0} : h->second;
+    };
+    // One look per waiting address (usually few), then one pass to that address's oldest.
+    const std::string* source = &waiting_.front().remote_address;
+    size_t fewest = in_handshake(*source);
+    for (auto w = waiting_by_source_.begin(); w != waiting_by_source_.end() && fewest > 0; ++w) {
+      const size_t count = in_handshake(w->first);
+      if (count < fewest) {
+        source = &w->first;
+        fewest = count;
+      }
     }
-    ++pending_by_source_[next.remote_address];
+    auto best = std::find_if(waiting_.begin(), waiting_.end(),
+                             [&](const Waiting& w) { return w.remote_address == *source; });
+    Waiting next = std::move(*best);
+    waiting_.erase(best);
+    Unwait(next.remote_address);
     StartHandshake(std::move(next.socket), next.remote_address, next.local_address);
   }
+}
+
+void RendezvousServer::RefuseStranger(Session& s, const std::string& why) {
+  if (s.refused) return;
+  s.refused = true;
+  LogStranger("closed the connection from " + s.remote_address + " before it joined: " + why);
+  Status sent = s.conn->SendAndClose(MessageType::kError, ToFields(Busy(why)));
+  if (!sent.ok()) s.conn->Close(sent);
+  EndHandshake(s);
+}
+
+void RendezvousServer::ArmSweep() {
+  if (sweeping_ || stopped_ || failing_) return;
+  sweeping_ = true;
+  const auto shortest = std::min(options_.handshake_timeout, options_.busy_handshake_timeout);
+  sweep_timer_.expires_after(std::max(shortest / 4, std::chrono::milliseconds(10)));
+  std::weak_ptr<RendezvousServer> weak = shared_from_this();
+  sweep_timer_.async_wait([weak](const boost::system::error_code& ec) {
+    auto self = weak.lock();
+    if (!self) return;
+    self->sweeping_ = false;
+    if (ec || self->stopped_ || self->failing_) return;
+    self->Sweep();
+  });
+}
+
+void RendezvousServer::Sweep() {
+  using std::chrono::duration_cast;
+  using std::chrono::milliseconds;
+  const auto now = std::chrono::steady_clock::now();
+  // Waiting connections first: their agents' own handshake deadlines run from their connect.
+  const auto queue_limit = options_.handshake_timeout / 2;
+  for (auto w = waiting_.begin(); w != waiting_.end();) {
+    if (now - w->since < queue_limit) {
+      ++w;
+      continue;
+    }
+    const std::string why = "no handshake slot was free within " +
+                            std::to_string(queue_limit.count()) + " ms (" +
+                            std::to_string(handshakes_) + " connections in the handshake)";
+    LogStranger("refused a connection from " + w->remote_address + ": " + why);
+    RefuseBusy(w->socket, why);
+    Unpend(w->remote_address);
+    Unwait(w->remote_address);
+    w = waiting_.erase(w);
+  }
+  // Strangers past their deadline; a short one while others wait for their slots.
+  const bool crowded = !waiting_.empty();
+  const auto limit = crowded ? std::min(options_.handshake_timeout, options_.busy_handshake_timeout)
+                             : options_.handshake_timeout;
+  std::vector<uint64_t> late;
+  for (auto& [id, session] : sessions_)
+    if (session->in_handshake && now - session->since >= limit) late.push_back(id);
+  for (uint64_t id : late) {
+    auto it = sessions_.find(id);
+    if (it == sessions_.end() || !it->second->in_handshake) continue;
+    Session& s = *it->second;
+    RefuseStranger(
+        s, std::string(s.authenticated ? "authenticated but sent no JOIN" : "no handshake") +
+               " within " + std::to_string(limit.count()) + " ms" +
+               (crowded ? " while " + std::to_string(waiting_.size()) + " other connections waited"
+                        : ""));
+  }
+  FlushStrangerLog(now);
+  if (handshakes_ > 0 || !waiting_.empty() || stranger_held_ > 0) ArmSweep();
+}
+
+void RendezvousServer::LogStranger(const std::string& line) {
+  FlushStrangerLog(std::chrono::steady_clock::now());
+  if (stranger_lines_ < kStrangerLogLines) {
+    ++stranger_lines_;
+    Log(line);
+    return;
+  }
+  ++stranger_held_;
+  stranger_last_ = line;
+  ArmSweep();  // says how many were held back once the window is over
+}
+
+void RendezvousServer::FlushStrangerLog(std::chrono::steady_clock::time_point now) {
+  if (now - stranger_window_start_ < options_.stranger_log_window) return;
+  if (stranger_held_ > 0) {
+    std::ostringstream line;
+    line << stranger_held_ << " more connections closed or refused before joining in "
+         << options_.stranger_log_window.count() / 1000.0
+         << " s (not logged one by one); the last: " << stranger_last_;
+    Log(line.str());
+  }
+  stranger_window_start_ = now;
+  stranger_lines_ = 0;
+  stranger_held_ = 0;
+  stranger_last_.clear();
 }
 
 void RendezvousServer::ArmHeartbeat() {
@@ -239,7 +374,7 @@ void RendezvousServer::ArmHeartbeat() {
     auto self = weak.lock();
     if (ec || !self || self->stopped_ || self->failing_) return;
     for (auto& [id, s] : self->sessions_) {
-      if (!s->authenticated || s->conn->closed()) continue;
+      if (!s->joined || s->conn->closed()) continue;
       Status sent = s->conn->Send(MessageType::kHeartbeat, {});
       if (!sent.ok()) s->conn->Close(sent);  // cannot happen (empty frame), but never ignore
     }
@@ -257,6 +392,33 @@ void RendezvousServer::OnFrame(uint64_t id, MessageType type, Fields fields) {
       return;
     }
     HandleHello(s, fields);
+    return;
+  }
+  if (!s.joined) {
+    if (type == MessageType::kHeartbeat) return;
+    if (type != MessageType::kJoin) {
+      s.conn->Close(Status::ProtocolError(std::string(ToString(type)) + " before a JOIN"));
+      return;
+    }
+    // The handshake is over: the slot is free, liveness is the job's, and the round machine
+    // hears of the session.
+    s.joined = true;
+    EndHandshake(s);
+    s.conn->SetLiveness(machine_.heartbeat_timeout());
+    const int64_t now = WallClockMicros();
+    Effects effects = machine_.OnAuthenticated(s.id, s.remote_address, s.local_address, now);
+    StatusOr<JoinRequest> join = ParseJoin(fields);  // validated by the connection already
+    if (join.ok()) {
+      Effects more = machine_.OnJoin(id, std::move(join).value(), now);
+      effects.insert(effects.end(), std::make_move_iterator(more.begin()),
+                     std::make_move_iterator(more.end()));
+    }
+    // A first JOIN the machine refuses (another job's, a taken rank...) is still a stranger's
+    // as far as the log goes: a flood of them costs a few lines.
+    const bool refused = std::any_of(effects.begin(), effects.end(), [&](const Effect& e) {
+      return e.kind == Effect::Kind::kSendAndClose && e.session == id;
+    });
+    Apply(std::move(effects), now, refused);
     return;
   }
   const int64_t now = WallClockMicros();
@@ -297,8 +459,9 @@ void RendezvousServer::HandleHello(Session& s, const Fields& fields) {
   std::string expected =
       ComputeProof(options_.token, ProofRole::kAgent, s.server_nonce, hello->nonce);
   if (!ConstantTimeEquals(expected, hello->proof)) {
-    Log("refused an agent at " + s.remote_address +
-        ": wrong or missing rdzv_token (authentication failed)");
+    s.refused = true;  // logged here
+    LogStranger("refused an agent at " + s.remote_address +
+                ": wrong or missing rdzv_token (authentication failed)");
     ErrorMessage err;
     err.auth_error = true;
     err.message = "the rendezvous server refused this agent: wrong or missing rdzv_token";
@@ -316,11 +479,8 @@ void RendezvousServer::HandleHello(Session& s, const Fields& fields) {
   // Every later frame, both ways, carries a MAC under this session's key.
   s.conn->StartAuthenticated(SessionKey(options_.token, s.server_nonce, hello->nonce),
                              MacDirection::kToAgent);
+  // Without a token anyone gets here: still a stranger, in its handshake slot, until it JOINs.
   s.authenticated = true;
-  s.conn->SetLiveness(machine_.heartbeat_timeout());
-  EndHandshake(s);
-  const int64_t now = WallClockMicros();
-  Apply(machine_.OnAuthenticated(s.id, s.remote_address, s.local_address, now), now);
 }
 
 void RendezvousServer::OnClosed(uint64_t id, const Status& why) {
@@ -329,7 +489,16 @@ void RendezvousServer::OnClosed(uint64_t id, const Status& why) {
   std::unique_ptr<Session> s = std::move(it->second);
   sessions_.erase(it);
   EndHandshake(*s);
-  if (failing_ || !s->authenticated) return;
+  if (!s->joined) {
+    // A connect-and-close (a port probe, an agent giving up) is not worth a line; a stranger
+    // that broke the protocol, sent too much or too little in time is.
+    const bool quiet = why.ok() || (why.code() == Status::Code::kPeerLost && !s->authenticated);
+    if (!failing_ && !s->refused && !quiet)
+      LogStranger("closed the connection from " + s->remote_address +
+                  " before it joined: " + why.message());
+    return;
+  }
+  if (failing_) return;
   const int64_t now = WallClockMicros();
   Apply(machine_.OnClosed(id, why, now), now);
 }
@@ -349,7 +518,7 @@ void RendezvousServer::ArmTimer(TimerId timer, int64_t at_us, int64_t now_us) {
   });
 }
 
-void RendezvousServer::Apply(Effects effects, int64_t now_us) {
+void RendezvousServer::Apply(Effects effects, int64_t now_us, bool stranger_logs) {
   std::deque<Effect> work(std::make_move_iterator(effects.begin()),
                           std::make_move_iterator(effects.end()));
   auto more = [&](Effects next) {
@@ -386,11 +555,15 @@ void RendezvousServer::Apply(Effects effects, int64_t now_us) {
         timers_[static_cast<int>(e.timer)].cancel();
         break;
       case Effect::Kind::kLog:
-        Log(e.text);
+        if (stranger_logs) {
+          LogStranger(e.text);
+        } else {
+          Log(e.text);
+        }
         break;
       case Effect::Kind::kLiveness:
         for (auto& [id, s] : sessions_)
-          if (s->authenticated) s->conn->SetLiveness(e.heartbeat_timeout);
+          if (s->joined) s->conn->SetLiveness(e.heartbeat_timeout);
         heartbeat_timer_.cancel();  // re-armed at the job's own pace
         ArmHeartbeat();
         break;

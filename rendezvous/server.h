@@ -44,14 +44,29 @@
 //    the protocol's limit) fails the job with a message, never an exception.
 //  * After a job ends and every agent has gone, the server forgets it and serves the next one.
 //
-// Hostile input (garbage, a 4 GiB length prefix, a client that never speaks, a wrong token) only
-// costs that connection: header checks precede allocation and every read and write has a
-// deadline. At most max_handshakes connections are in the handshake at once (more wait, a
-// descriptor each, nothing read, until a slot frees), and a non-loopback address may have at
-// most max_handshakes_per_source in the handshake or waiting (more are closed at once after a
-// "busy" ERROR, on which agents retry until join_timeout: many nodes behind one NAT address
-// get in turn), so a flood of strangers costs little and agents are still admitted. Out of
-// descriptors (EMFILE), accepting pauses 100 ms instead of spinning.
+// Strangers. Hostile input (garbage, a 4 GiB length prefix, a client that never speaks, a wrong
+// token, a frame larger than its type allows) only costs that connection: header checks,
+// against each message type's own limit (protocol.h MaxPayload: tens of KiB at most towards a
+// server), precede allocation, and every read and write has a deadline. A connection is a
+// stranger until its first valid JOIN; without a token anyone can authenticate, so the
+// handshake counts as over only then, and the round machine hears of a session only then.
+//  * At most max_handshakes strangers at once; more wait (accepted, a descriptor each,
+//    nothing read) for a slot, which goes to the oldest waiting connection from the address
+//    with the fewest strangers in the handshake, so a flood from a few addresses cannot keep
+//    an agent from another one waiting behind it.
+//  * A non-loopback address may have at most max_handshakes_per_source strangers in the
+//    handshake or waiting; more are refused at once.
+//  * Deadlines: a stranger must JOIN within handshake_timeout of its slot; while connections
+//    wait, within busy_handshake_timeout (an agent needs two round trips), so slow strangers
+//    make room quickly; a connection still waiting after handshake_timeout / 2 is refused,
+//    before the agent's own handshake deadline passes.
+//  * Every refusal is a "busy" ERROR, on which an agent retries until join_timeout (many
+//    nodes behind one NAT address get in turn). A stranger closed or refused is logged with
+//    its address, at most 5 lines per stranger_log_window and then one line with the count,
+//    so a flood cannot flood the log.
+// So a flood of strangers costs little memory (about max_handshakes x 20 KiB of buffers at
+// most) and agents are still admitted. Out of descriptors (EMFILE), accepting pauses 100 ms
+// instead of spinning.
 //
 // Thread-safety: none; every method and callback runs on the io_context's thread.
 // Lifetime: create with Create(); Stop() before dropping the last reference.
@@ -79,8 +94,10 @@ struct ServerOptions {
   std::string host = "0.0.0.0";  // address to listen on ("::" for IPv6, "127.0.0.1", ...)
   int port = 29500;              // 0 = any free port (see RendezvousServer::port())
   std::string token;             // shared secret; empty = no token (both sides must agree)
-  // A new connection must authenticate within this.
+  // A new connection must authenticate and JOIN within this (see "Strangers" above).
   std::chrono::milliseconds handshake_timeout{5000};
+  // ... and within this while other connections wait for a handshake slot.
+  std::chrono::milliseconds busy_handshake_timeout{1000};
   // Read deadline for authenticated agents before the job's spec (with its heartbeat_timeout)
   // is known; and the write deadline for every frame.
   std::chrono::milliseconds default_heartbeat_timeout{10000};
@@ -91,6 +108,8 @@ struct ServerOptions {
   // stand in for many nodes on one machine).
   size_t max_handshakes = 64;
   size_t max_handshakes_per_source = 8;
+  // Lines about strangers closed or refused: at most 5 per window, then one with the count.
+  std::chrono::milliseconds stranger_log_window{10000};
   // One line per notable event ("round 0 closed: 2 nodes ..."). Null = silent.
   std::function<void(const std::string&)> log;
 };
@@ -123,7 +142,7 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   int round() const { return machine_.round(); }
   // Every open connection, those waiting for a handshake slot included.
   size_t connection_count() const { return sessions_.size() + waiting_.size(); }
-  // Connections in the handshake now.
+  // Connections in the handshake (strangers: not joined yet) now.
   size_t handshake_count() const { return handshakes_; }
   // Called each time a finished job's last connection has closed (the job was forgotten).
   void SetIdleCallback(std::function<void()> on_idle) { on_idle_ = std::move(on_idle); }
@@ -143,15 +162,26 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   void OnAccepted(boost::asio::ip::tcp::socket socket);
   void StartHandshake(boost::asio::ip::tcp::socket socket, const std::string& remote_address,
                       const std::string& local_address);
-  // The session's handshake is over (authenticated or closed): its slot goes to the
-  // longest-waiting connection.
+  // The session's handshake is over (joined, refused or closed): its slot goes to a waiting
+  // connection.
   void EndHandshake(Session& s);
   void Unpend(const std::string& remote_address);
+  void Unwait(const std::string& remote_address);
+  // Closes a stranger with a "busy" ERROR (the agent retries) and frees its slot at once.
+  void RefuseStranger(Session& s, const std::string& why);
+  // Enforces the strangers' deadlines (see the header comment), every few hundred ms while
+  // there are strangers or log lines held back.
+  void ArmSweep();
+  void Sweep();
+  // A line about a stranger, rate-limited (ServerOptions::stranger_log_window).
+  void LogStranger(const std::string& line);
+  void FlushStrangerLog(std::chrono::steady_clock::time_point now);
   void OnFrame(uint64_t id, MessageType type, Fields fields);
   void OnClosed(uint64_t id, const Status& why);
   void HandleHello(Session& s, const Fields& fields);
-  // Carries out the machine's effects; `now_us` is the time the input was given at.
-  void Apply(Effects effects, int64_t now_us);
+  // Carries out the machine's effects; `now_us` is the time the input was given at;
+  // `stranger_logs`: its lines go through LogStranger.
+  void Apply(Effects effects, int64_t now_us, bool stranger_logs = false);
   void ArmTimer(TimerId timer, int64_t at_us, int64_t now_us);
   void ArmHeartbeat();
   void Log(const std::string& line) const;
@@ -164,6 +194,8 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   int64_t timer_at_us_[kTimerCount] = {};          // deadline each timer was armed for
   boost::asio::steady_timer heartbeat_timer_;
   boost::asio::steady_timer accept_backoff_timer_;
+  boost::asio::steady_timer sweep_timer_;
+  bool sweeping_ = false;  // sweep_timer_ is armed
   std::chrono::milliseconds heartbeat_interval_{0};
   int bound_port_ = 0;
   bool stopped_ = false;
@@ -177,7 +209,15 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   size_t handshakes_ = 0;
   // Connections in the handshake or waiting for it, by source address.
   std::map<std::string, size_t> pending_by_source_;
-  std::deque<Waiting> waiting_;  // for a handshake slot, oldest first
+  // Connections in the handshake, by source address (which waiting one gets a free slot).
+  std::map<std::string, size_t> handshakes_by_source_;
+  std::deque<Waiting> waiting_;                      // for a handshake slot, oldest first
+  std::map<std::string, size_t> waiting_by_source_;  // how many of them, by source address
+  // The stranger log's window: when it began, lines written, lines held back, the last one.
+  std::chrono::steady_clock::time_point stranger_window_start_;
+  size_t stranger_lines_ = 0;
+  size_t stranger_held_ = 0;
+  std::string stranger_last_;
 };
 
 }  // namespace launch::rendezvous
