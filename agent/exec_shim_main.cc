@@ -195,10 +195,11 @@ int RunReaper() {
   const char* job = std::getenv(kJobCgroupEnv);
   if (job == nullptr || job[0] == '\0') return 2;
   // Nothing launch's caller passed down stays open here (a pipe's reader would wait for us).
-  if (DIR* fds = opendir("/proc/self/fd")) {
-    int own = dirfd(fds);
-    int list[256];
-    int n = 0;
+  for (int n = 1; n > 0;) {  // in rounds: not closed while the directory is being read
+    DIR* fds = opendir("/proc/self/fd");
+    if (fds == nullptr) break;
+    int own = dirfd(fds), list[256];
+    n = 0;
     while (dirent* e = readdir(fds)) {
       int fd = std::atoi(e->d_name);
       if (fd > kReaperLifelineFd && fd != own && n < 256) list[n++] = fd;

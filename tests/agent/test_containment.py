@@ -86,8 +86,11 @@ def remove_cgroup(path):
 
 
 class Containment(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.parent = cgroup_parent()  # `launch env` takes seconds where Python has torch
+
     def setUp(self):
-        self.parent = cgroup_parent()
         if self.parent is None:
             self.skipTest("no writable cgroup v2 with cgroup.kill here (`launch env`: "
                           "process containment is subreaper only)")
