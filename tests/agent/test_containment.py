@@ -53,6 +53,18 @@ def kill_quietly(pid, sig=signal.SIGKILL):
         pass
 
 
+def kill_together(launch_pid, others):
+    """SIGKILL of launch and `others` (its children) as if at one instant: none of them acts on
+    another's death. launch is stopped first (it would kill a dead shim's worker cgroup); the
+    shims die before launch does (once launch is gone they would kill their trees on their
+    parent-death signal); none is stopped but launch (a stopped shim's process group is
+    orphaned when launch dies, and the kernel sends it SIGCONT)."""
+    os.kill(launch_pid, signal.SIGSTOP)
+    for pid in others:
+        os.kill(pid, signal.SIGKILL)
+    os.kill(launch_pid, signal.SIGKILL)
+
+
 def dead_pid():
     """A pid that no process has now (one just reaped)."""
     p = subprocess.Popen(["/bin/true"])
@@ -88,16 +100,25 @@ def remove_cgroup(path):
 class Containment(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.parent = cgroup_parent()  # `launch env` takes seconds where Python has torch
+        cls.top = cgroup_parent()  # `launch env` takes seconds where Python has torch
 
     def setUp(self):
-        if self.parent is None:
+        if self.top is None:
             self.skipTest("no writable cgroup v2 with cgroup.kill here (`launch env`: "
                           "process containment is subreaper only)")
         self.marker = unique_marker("contain")
         self.env = dict(os.environ, LAUNCH_TEST_MARKER=self.marker)
         self.procs = []
-        self.cgroups = []
+        # The test's launches run in a cgroup of the test's own: what they collect and what they
+        # leave is the test's alone, whatever other launches run on the machine meanwhile.
+        # (Not named after the marker: the reaper's environment holds the path.)
+        self.parent = os.path.join(self.top, f"test-{os.getpid()}-{time.monotonic_ns()}")
+        os.mkdir(self.parent)
+        self.addCleanup(remove_cgroup, self.parent)
+
+    def enter_parent(self):
+        with open(os.path.join(self.parent, "cgroup.procs"), "w") as f:
+            f.write("0")
 
     def tearDown(self):
         for p in self.procs:
@@ -108,19 +129,19 @@ class Containment(unittest.TestCase):
                 pass
         for pid in pids_with_marker(self.marker):
             kill_quietly(pid)
-        for path in self.cgroups:
-            remove_cgroup(path)
+
+    def run_launch(self, *args):
+        return subprocess.run([LAUNCH, *args], capture_output=True, text=True, timeout=60,
+                              env=self.env, preexec_fn=self.enter_parent)
 
     def job_cgroup(self, pid):
-        path = os.path.join(self.parent, f"launch-{pid}")
-        self.cgroups.append(path)
-        return path
+        return os.path.join(self.parent, f"launch-{pid}")
 
     def start(self, *args):
         p = subprocess.Popen([LAUNCH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, env=self.env, start_new_session=True)
+                             text=True, env=self.env, start_new_session=True,
+                             preexec_fn=self.enter_parent)
         self.procs.append(p)
-        self.job_cgroup(p.pid)
         return p
 
     def read_until(self, stream, needle, timeout=30):
@@ -140,6 +161,23 @@ class Containment(unittest.TestCase):
         shims aside."""
         return [pid for pid in pids_with_marker(self.marker)
                 if "launch" not in comm(pid)]
+
+    def assert_no_worker_left(self):
+        self.assertTrue(wait_until(lambda: self.workers_left() == [], 5, 0.05),
+                        f"survivors: {[(pid, cmdline(pid)) for pid in self.workers_left()]}")
+
+    def start_two_workers_with_children(self):
+        """A running job of two workers, each a wrapper shell with a child (sleep 300), a
+        setsid'd daemon (sleep 301) and its own sleep 302; returns launch and its cgroup."""
+        p = self.start("--nproc_per_node", "2", "--", "/bin/sh", "-c",
+                       "sleep 300 & (setsid sleep 301 &); echo ready; sleep 302")
+        self.read_until(p.stdout, "ready")
+        self.read_until(p.stdout, "ready")
+        self.assertTrue(wait_until(lambda: len(self.workers_left()) >= 8, 10),
+                        self.workers_left())
+        path = self.job_cgroup(p.pid)
+        self.assertTrue(os.path.isdir(path))
+        return p, path
 
     def test_sigkill_while_waiting_in_the_rendezvous_leaves_no_cgroup(self):
         port = free_port()
@@ -171,27 +209,30 @@ class Containment(unittest.TestCase):
     def test_sigkill_of_launch_and_its_shims_together_leaves_nothing(self):
         # What `pkill -9 launch` and `pkill -9 -f launch` do, limited to this job: launch and
         # each child of it whose name or command line says "launch", in one go.
-        p = self.start("--nproc_per_node", "2", "--", "/bin/sh", "-c",
-                       "sleep 300 & (setsid sleep 301 &); echo ready; sleep 302")
-        self.read_until(p.stdout, "ready")
-        self.read_until(p.stdout, "ready")
-        # Per worker: the wrapper shell, sleep 300, sleep 301, sleep 302.
-        self.assertTrue(wait_until(lambda: len(self.workers_left()) >= 8, 10),
-                        self.workers_left())
-        path = self.job_cgroup(p.pid)
-        self.assertTrue(os.path.isdir(path))
+        p, path = self.start_two_workers_with_children()
         matched = [pid for pid in children(p.pid)
                    if "launch" in comm(pid) or "launch" in cmdline(pid)]
         self.assertEqual(len(matched), 2, [(pid, comm(pid), cmdline(pid))
                                            for pid in children(p.pid)])
-        # At once: stopped first, none of them can act on the others' death before it dies.
-        for sig in (signal.SIGSTOP, signal.SIGKILL):
-            for pid in [p.pid, *matched]:
-                os.kill(pid, sig)
+        kill_together(p.pid, matched)
         p.wait(timeout=10)
-        self.assertTrue(wait_until(lambda: self.workers_left() == [], 5, 0.05),
-                        f"survivors: {[(pid, cmdline(pid)) for pid in self.workers_left()]}")
+        self.assert_no_worker_left()
         self.assertTrue(wait_until(lambda: not os.path.exists(path), 5), path)
+
+    def test_what_launch_its_shims_and_its_reaper_leave_the_next_launch_collects(self):
+        p, path = self.start_two_workers_with_children()
+        everyone = [p.pid, *children(p.pid)]  # the shims and the reaper
+        self.assertEqual(sorted(comm(pid) for pid in everyone[1:]),
+                         ["cgroup-reaper", "launch-exec", "launch-exec"])
+        kill_together(p.pid, everyone[1:])
+        p.wait(timeout=10)
+        self.assertTrue(os.path.isdir(path))  # nobody was left to remove it
+        self.assertTrue(self.workers_left())
+        r = self.run_launch("--", "/bin/true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"removed {path}, left by a launch that is gone", r.stderr)
+        self.assertFalse(os.path.exists(path))
+        self.assert_no_worker_left()
 
     def test_a_sigkilled_shims_children_do_not_run_beside_the_next_attempt(self):
         # Attempt 0's worker leaves a child and a setsid'd daemon; its shim is SIGKILLed. Attempt
@@ -230,7 +271,6 @@ print("attempt 0 left:", left, flush=True)
         """A job cgroup as a launch makes it, with a worker-1 below and, if asked, a sleeping
         process in that; `owner` is the marker attribute, if any."""
         path = os.path.join(self.parent, name)
-        self.cgroups.append(path)
         os.mkdir(path)
         os.mkdir(os.path.join(path, "worker-1"))
         if owner is not None:
@@ -256,8 +296,10 @@ print("attempt 0 left:", left, flush=True)
         self.read_until(live.stdout, "ready")
         live_path = self.job_cgroup(live.pid)
         self.assertTrue(os.path.isdir(live_path))
+        # Its wrapper shell and `sleep 60`.
+        self.assertTrue(wait_until(lambda: len(self.workers_left()) == 2, 10),
+                        self.workers_left())
         live_workers = self.workers_left()
-        self.assertTrue(live_workers)
         keeper = subprocess.Popen(["/bin/sleep", "300"], env=self.env)
         self.procs.append(keeper)
         ns = self.pid_namespace()
@@ -274,8 +316,7 @@ print("attempt 0 left:", left, flush=True)
                                           owner=f"{ns} {keeper.pid} {self.start_time(keeper.pid)}")
         foreign, _ = self.make_cgroup(f"launch-{dead_pid()}", owner=f"pid:[1] 1 1")
         odd, _ = self.make_cgroup(f"launch-0{dead_pid()}")
-        r = subprocess.run([LAUNCH, "--", "/bin/true"], capture_output=True, text=True,
-                           timeout=60, env=self.env)
+        r = self.run_launch("--", "/bin/true")
         self.assertEqual(r.returncode, 0, r.stderr)
         for path in (unmarked, reused, marked_reused):
             self.assertFalse(os.path.exists(path), r.stderr)
