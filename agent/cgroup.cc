@@ -153,8 +153,6 @@ bool JobCgroup::Create(const std::string& exec_shim, std::string* why_not) {
     return created_;
   }
   create_tried_ = true;
-  // The reaper first: a launch killed right after the mkdir leaves nothing behind.
-  if (!exec_shim.empty()) StartReaper(exec_shim);
   if (::mkdir(path_.c_str(), 0755) != 0) {
     why_not_ = "cannot create " + path_ + ": " + std::strerror(errno);
   } else if (::access((path_ + "/cgroup.kill").c_str(), W_OK) != 0 ||
@@ -167,11 +165,10 @@ bool JobCgroup::Create(const std::string& exec_shim, std::string* why_not) {
     std::string marker = OwnerMarker();
     (void)::setxattr(path_.c_str(), kOwnerXattr, marker.data(), marker.size(), 0);
     created_ = true;
+    // (A launch killed before its reaper runs leaves the cgroup to CollectAbandoned.)
+    if (!exec_shim.empty()) StartReaper(exec_shim);
   }
-  if (!created_) {
-    *why_not = why_not_;
-    EndReaper();
-  }
+  if (!created_) *why_not = why_not_;
   return created_;
 }
 
