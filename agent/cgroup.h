@@ -30,8 +30,9 @@
 // `pkill -f launch` matches it, and its command line holds no path. It holds one end of a
 // socket pair whose other end only `launch` has (close-on-exec, so no worker inherits it): when
 // `launch` exits, the kernel closes it, the reaper reads EOF, kills the job's cgroup, waits for
-// it to empty, removes it, and exits. Killing the reaper as well as `launch` is the one way left
-// to strand a job cgroup; the next `launch` started beside it collects it (CollectAbandoned).
+// it to empty, removes it, and exits. Killing the reaper as well as `launch` (or `launch` in the
+// instant between its mkdir and the reaper's start) is the one way left to strand a job cgroup;
+// the next `launch` started beside it collects it (CollectAbandoned).
 //
 // launch itself, the shims and the reaper stay in launch's own cgroup. Not thread-safe; one per
 // job.
