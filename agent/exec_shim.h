@@ -11,6 +11,11 @@
 // gets NOFILE_SOFT back as its RLIMIT_NOFILE soft limit (launch raises its own for the
 // rendezvous; programs that use select() expect the usual 1024). With LAUNCH_JOB_CGROUP in its
 // environment (agent/cgroup.h) the worker also runs in a cgroup of its own below that one.
+//
+//   launch-exec --reap   (argv[0] cgroup-reaper; LAUNCH_JOB_CGROUP; descriptor 3)
+//
+// is the job cgroup's reaper instead: it kills and removes LAUNCH_JOB_CGROUP once descriptor 3,
+// one end of a socket pair whose other end only `launch` holds, reads EOF (agent/cgroup.h).
 
 #include <csignal>
 

@@ -1,4 +1,5 @@
 // launch-exec PARENT_PID NOFILE_SOFT PROGRAM [ARGS...]   (the contract: exec_shim.h)
+// launch-exec --reap                                     (the job cgroup's reaper: RunReaper)
 //
 // Every worker runs under one of these: it is what `launch` spawns, supervises and signals, and
 // it makes sure nothing the worker starts outlives it, on every exit path:
@@ -14,7 +15,9 @@
 //  * Where `launch` made a job cgroup (LAUNCH_JOB_CGROUP, agent/cgroup.h), the worker runs in a
 //    cgroup of its own below it, and killing the tree starts with its cgroup.kill: atomic, and
 //    it reaches processes that left the subreaper's reach. The shim removes that cgroup (and the
-//    job's, when it is the last) before it exits. The variable does not reach the worker.
+//    job's, when it is the last) before it exits. The variable does not reach the worker. A shim
+//    SIGKILLed by someone else cannot: `launch` kills its worker's cgroup when it reaps it, and
+//    the reaper the job's when `launch` dies too.
 //  * Signals from `launch`: SIGTERM, SIGINT, SIGHUP and SIGQUIT go to the worker's group W;
 //    SIGUSR1 and SIGUSR2 only to the processes of W that handle them (SigCgt in /proc): their
 //    default action is to die, which a wrapper shell or a DataLoader worker would; kKillAll kills
@@ -183,9 +186,45 @@ void KillTreeAndReap(int* worker_status, bool* worker_done) {
   _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
+// launch-exec --reap (as `cgroup-reaper`, see agent/cgroup.h): waits for `launch` to end, then
+// kills and removes the job's cgroup. `launch` holds the other end of the socket pair on
+// kReaperLifelineFd and nothing else does: EOF on it means `launch` is gone, however it went.
+int RunReaper() {
+  using namespace launch::agent;
+  prctl(PR_SET_NAME, kReaperName);  // comm; `pkill launch` must not match it
+  const char* job = std::getenv(kJobCgroupEnv);
+  if (job == nullptr || job[0] == '\0') return 2;
+  // Nothing launch's caller passed down stays open here (a pipe's reader would wait for us).
+  for (int n = 1; n > 0;) {  // in rounds: not closed while the directory is being read
+    DIR* fds = opendir("/proc/self/fd");
+    if (fds == nullptr) break;
+    int own = dirfd(fds), list[256];
+    n = 0;
+    while (dirent* e = readdir(fds)) {
+      int fd = std::atoi(e->d_name);
+      if (fd > kReaperLifelineFd && fd != own && n < 256) list[n++] = fd;
+    }
+    closedir(fds);
+    for (int i = 0; i < n; ++i) close(list[i]);
+  }
+  char byte = 'r';
+  if (write(kReaperLifelineFd, &byte, 1) != 1) return 2;
+  for (;;) {
+    ssize_t n = read(kReaperLifelineFd, &byte, 1);
+    if (n == 0) break;                      // launch is gone
+    if (n < 0 && errno != EINTR) return 2;  // not the lifeline we were promised: kill nothing
+  }
+  // Workers may still be dying (their shims kill them too); a process stuck in the kernel may
+  // take a while: retry for up to a minute.
+  for (int i = 0; i < 30 && !KillAndRemoveCgroup(job, kCgroupEmptyTimeout); ++i) {
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], launch::agent::kReaperFlag) == 0) return RunReaper();
   if (argc < 4) {
     std::fprintf(
         stderr,

@@ -19,6 +19,7 @@
 #include <set>
 #include <system_error>
 
+#include "agent/cgroup.h"
 #include "agent/error_file.h"
 #include "agent/exec_shim.h"
 #include "agent/line_buffer.h"
@@ -115,6 +116,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     // An inherited SIGCHLD=SIG_IGN would make the kernel reap workers and lose their status.
     std::signal(SIGCHLD, SIG_DFL);
     if (spec.error_files) MakeErrorDir();
+    if (spec.job_cgroup != nullptr && !spec.exec_shim.empty()) {
+      std::string why_not;  // `launch env` says it; the shims' subreapers alone, then
+      if (spec.job_cgroup->Create(spec.exec_shim, &why_not)) cgroup_ = spec.job_cgroup->path();
+    }
     for (int lr = 0; lr < spec.local_world_size; ++lr) {
       Status s = StartOne(lr);
       if (!s.ok()) {
@@ -209,6 +214,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       if (eq != std::string::npos) env_map[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
     for (const auto& [k, v] : spec_.extra_env) env_map[k] = v;
+    if (!cgroup_.empty()) env_map[kJobCgroupEnv] = cgroup_;  // for the shim, not the worker
     for (const auto& [k, v] : ContractEnvironment(spec_, local_rank)) env_map[k] = v;
     // PyTorch 2.x's TCPStore (init_process_group's env://) asks for its libuv server unless
     // USE_LIBUV=0, and fails at once where PyTorch was built without libuv (Debian 13's 2.6:
@@ -406,6 +412,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     // Anything the worker left behind in its process group goes with it; this also lets its
     // pipes reach EOF promptly.
     SignalGroup(w->pid, SIGKILL);
+    KillWorkerCgroup(w);
     ReadMore(w, &w->out);  // paused pipes: what the worker left in them is read now
     ReadMore(w, &w->err);
     WorkerExit& e = w->exit;
@@ -455,6 +462,16 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       });
     }
     MaybeFinish();
+  }
+
+  // A shim that exited on its own removed its worker's cgroup; one that was SIGKILLed left it,
+  // with whatever its worker started: killed here, synchronously (milliseconds), so none of it
+  // runs beside the next attempt, whose start waits for this group's end.
+  void KillWorkerCgroup(Worker* w) {
+    if (cgroup_.empty() || spec_.job_cgroup->KillWorker(w->pid)) return;
+    log::Warn("processes of rank " + std::to_string(w->rank) + " survive cgroup.kill of " +
+              cgroup_ + "/worker-" + std::to_string(w->pid) + " after " +
+              std::to_string(kCgroupEmptyTimeout.count()) + " ms (stuck in the kernel?)");
   }
 
   void MaybeFinish() {
@@ -591,6 +608,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       }
       w->reaped = true;
       --live_;
+      KillWorkerCgroup(w.get());
     }
     for (auto& w : workers_) {
       boost::system::error_code ignored;
@@ -648,6 +666,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   bool kill_armed_ = false;
   bool drain_deadline_armed_ = false;
   bool finished_ = false;
+  std::string cgroup_;     // the job's cgroup, once made; empty = none
   std::string error_dir_;  // where the workers' TORCHELASTIC_ERROR_FILEs go; empty = none
   bool own_error_dir_ = false;
 };

@@ -44,6 +44,8 @@ class io_context;
 
 namespace launch::agent {
 
+class JobCgroup;
+
 enum StreamBits { kStdout = 1, kStderr = 2 };
 
 struct WorkerGroupSpec {
@@ -62,6 +64,12 @@ struct WorkerGroupSpec {
   int max_restarts = 0;
   std::string run_id = "none";
   std::string exec_shim;  // path of launch-exec (parent-death guard); empty = none
+  // The job's cgroup (cgroup.h), made when the first group starts where the kernel allows it,
+  // or null: the shims' subreapers alone. Not owned; outlives every group. Used only with a
+  // shim. When it exists, a shim reaped with its worker's cgroup still there (it was SIGKILLed)
+  // gets that cgroup killed and emptied before the group goes on: nothing the worker started
+  // runs beside the next attempt.
+  JobCgroup* job_cgroup = nullptr;
   // Per-rank files <log_dir>/rank_<global rank>.{stdout,stderr} for the streams whose bit is set
   // in file_streams[local_rank]; log_dir must exist. Empty log_dir: no files.
   std::string log_dir;

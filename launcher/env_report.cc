@@ -174,7 +174,8 @@ std::string SystemSection() {
   {
     // What keeps a job's processes together (agent/cgroup.h): a probe cgroup, removed at once.
     std::string why_not;
-    std::unique_ptr<agent::JobCgroup> probe = agent::JobCgroup::Create(&why_not);
+    std::unique_ptr<agent::JobCgroup> probe = agent::JobCgroup::ForThisProcess(&why_not);
+    if (probe && !probe->Create(/*exec_shim=*/"", &why_not)) probe.reset();
     out += Row("process containment",
                probe ? "cgroup v2 with cgroup.kill, under " +
                            probe->path().substr(0, probe->path().rfind('/')) + ", and subreaper"

@@ -719,10 +719,16 @@ int Main(int argc, char** argv) {
 
   agent::AgentOptions opts = MakeAgentOptions(cfg, *plan, env, bin_dir);
   // Where the kernel allows it, the job's processes live in a cgroup that is killed as a whole
-  // (agent/cgroup.h); otherwise the shims' subreapers alone keep the process tree in check.
+  // (agent/cgroup.h), made when the first worker starts; otherwise the shims' subreapers alone
+  // keep the process tree in check (`launch env` says which). What a launch killed with its
+  // reaper left beside it goes now.
   std::string no_cgroup;
-  std::unique_ptr<agent::JobCgroup> cgroup = agent::JobCgroup::Create(&no_cgroup);
-  if (cgroup) opts.group.extra_env[agent::kJobCgroupEnv] = cgroup->path();  // `launch env` says
+  std::unique_ptr<agent::JobCgroup> cgroup = agent::JobCgroup::ForThisProcess(&no_cgroup);
+  if (cgroup) {
+    for (const std::string& dir : cgroup->CollectAbandoned())
+      log::Info("removed " + dir + ", left by a launch that is gone, with what ran in it");
+    opts.group.job_cgroup = cgroup.get();
+  }
   Status logs = MakePrivateLogRoot(&*plan);
   if (!logs.ok()) {
     std::fprintf(stderr, "launch: error: %s\n", logs.message().c_str());
