@@ -85,6 +85,19 @@ class ConfigErrorTest(unittest.TestCase):
         self.assertIn("bad.yaml:2", r.stderr)
         self.assertIn("batch_size", r.stderr)
 
+    def test_a_full_disk_under_metrics_jsonl_is_named_with_its_cause(self):
+        # /dev/full fails every write with ENOSPC, as a disk filled by another process does.
+        out = os.path.join(self.tmp, "out")
+        os.makedirs(out)
+        os.symlink("/dev/full", os.path.join(out, "metrics.jsonl"))
+        cfg = write_config(self.tmp, "train:\n  model: {type: mlp, layers: [8, 16, 4]}\n"
+                           "  data: {type: synthetic, samples: 1000}\n  batch_size: 8\n"
+                           f"  max_steps: 3\n  output_dir: {out}\n  checkpoint_every: 0\n")
+        r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=60,
+                           env=rank_env(0, 1, free_port()))
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(f"writing {out}/metrics.jsonl: No space left on device", r.stderr)
+
     def test_pipeline_stages_not_dividing_the_world_is_a_config_error(self):
         # (dp and pipeline are implemented; tests/pipeline has their numerics.)
         cfg = write_config(self.tmp, "train:\n  parallel: {mode: pipeline, stages: 2}\n")

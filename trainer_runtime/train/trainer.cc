@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -526,9 +527,13 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
   line["buckets_launched_before_grads_done"] = comm.launched_before_grads_done;
   if (pipeline_) line["peak_live_microbatches"] = accel_->pipeline()->peak_live();
   line["epoch"] = accel_->epoch();
+  errno = 0;
   metrics_ << JsonText(line, -1);
   metrics_.flush();
-  if (!metrics_) return Status::IoError("writing " + cfg_.output_dir + "/metrics.jsonl");
+  // The stream keeps no error code; the failed write(2) left its errno (ENOSPC, EIO, ...).
+  if (!metrics_)
+    return errno != 0 ? Status::FromErrno("writing " + cfg_.output_dir + "/metrics.jsonl", errno)
+                      : Status::IoError("writing " + cfg_.output_dir + "/metrics.jsonl");
   return Status::Ok();
 }
 
