@@ -182,8 +182,8 @@ StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes)
   }
   ::close(fd);
   if (text.size() > max_bytes)
-    return Status::InvalidArgument("'" + path + "' has more than the " +
-                                   std::to_string(max_bytes) + " bytes it may have");
+    return Status::InvalidArgument("'" + path + "' has more than the " + std::to_string(max_bytes) +
+                                   " bytes it may have");
   return text;
 }
 

@@ -154,11 +154,11 @@ Status Validate(LaunchConfig* cfg) {
       const int per_node = cfg->num_processes / cfg->min_nodes;
       // The same bound as nproc_per_node's own: a plan holds a few entries per worker.
       if (per_node > kMaxWorkersPerNode)
-        return Status::InvalidConfig(
-            cfg->origins["num_processes"].ToString() + ": num_processes " +
-            std::to_string(cfg->num_processes) + " over " + std::to_string(cfg->min_nodes) +
-            " machine(s) is " + std::to_string(per_node) + " workers per machine, more than " +
-            std::to_string(kMaxWorkersPerNode));
+        return Status::InvalidConfig(cfg->origins["num_processes"].ToString() + ": num_processes " +
+                                     std::to_string(cfg->num_processes) + " over " +
+                                     std::to_string(cfg->min_nodes) + " machine(s) is " +
+                                     std::to_string(per_node) + " workers per machine, more than " +
+                                     std::to_string(kMaxWorkersPerNode));
       cfg->nproc_per_node = std::to_string(per_node);
       cfg->origins["nproc_per_node"] =
           Origin{Origin::Kind::kDerived, "num_processes / num_machines"};
@@ -180,9 +180,9 @@ Status Validate(LaunchConfig* cfg) {
     return it == cfg->origins.end() ? std::string(key) : it->second.ToString() + ": " + key;
   };
   if (cfg->run_id.size() > kMaxRunIdBytes || !IsPrintable(cfg->run_id))
-    return Status::InvalidConfig(
-        where("run_id") + " must be printable text of at most " + std::to_string(kMaxRunIdBytes) +
-        " bytes (it is " + std::to_string(cfg->run_id.size()) + " bytes)");
+    return Status::InvalidConfig(where("run_id") + " must be printable text of at most " +
+                                 std::to_string(kMaxRunIdBytes) + " bytes (it is " +
+                                 std::to_string(cfg->run_id.size()) + " bytes)");
   for (const auto& [key, value] :
        {std::pair<const char*, double>{"rdzv_conf.join_timeout", cfg->rdzv_conf.join_timeout_s},
         {"rdzv_conf.heartbeat_timeout", cfg->rdzv_conf.heartbeat_timeout_s}})
