@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "base/check.h"
@@ -135,12 +136,14 @@ bool FileExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-StatusOr<std::string> ReadFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Status::NotFound("cannot open '" + path + "': " + std::strerror(errno));
+namespace {
+
+// Reads `fd` to its end, or until more than `limit` bytes were read, and closes it. IoError
+// naming `path` on a read error.
+StatusOr<std::string> ReadAndClose(int fd, const std::string& path, size_t limit) {
   std::string text;
   char buf[65536];
-  for (;;) {
+  while (text.size() <= limit) {
     ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
@@ -155,6 +158,14 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   return text;
 }
 
+}  // namespace
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::NotFound("cannot open '" + path + "': " + std::strerror(errno));
+  return ReadAndClose(fd, path, std::numeric_limits<size_t>::max());
+}
+
 StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Status::NotFound("cannot open '" + path + "': " + std::strerror(errno));
@@ -167,21 +178,8 @@ StatusOr<std::string> ReadRegularFile(const std::string& path, size_t max_bytes)
                                    ", not a file to read");
   }
   // Read up to one byte past the limit: a file that grows while it is read is caught too.
-  std::string text;
-  char buf[65536];
-  while (text.size() <= max_bytes) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return Status::FromErrno("read error on '" + path + "'", err);
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  if (text.size() > max_bytes)
+  StatusOr<std::string> text = ReadAndClose(fd, path, max_bytes);
+  if (text.ok() && text->size() > max_bytes)
     return Status::InvalidArgument("'" + path + "' has more than the " + std::to_string(max_bytes) +
                                    " bytes it may have");
   return text;

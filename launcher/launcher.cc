@@ -108,8 +108,7 @@ std::string JobIdentityHash(const config::LaunchConfig& cfg) {
   add(cfg.run_module ? "-m" : "");
   for (const std::string& arg : cfg.program) {
     add(arg);
-    struct stat st;
-    if (::stat(arg.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) continue;
+    // Not a file, or a larger one (a data set given as an argument): the name alone.
     StatusOr<std::string> content = ReadRegularFile(arg, 1 << 20);
     if (content.ok()) add(*content);
   }
@@ -631,14 +630,19 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
     const char* preload = getenv("LD_PRELOAD");
     std::string current = preload ? preload : "";
     // A program built with GCC's AddressSanitizer or ThreadSanitizer (a shared runtime) aborts
-    // when another library is preloaded before its runtime: it keeps its own buffering.
-    bool sanitized = false;
-    for (const std::string& lib : ElfNeededLibraries(plan.argv[0]))
-      sanitized |=
-          StartsWith(lib, "libasan") || StartsWith(lib, "libtsan") || StartsWith(lib, "libhwasan");
+    // when another library is preloaded before its runtime: it keeps its own buffering. Read
+    // last, only for a program that would get the preload.
+    auto sanitized = [&] {
+      for (const std::string& lib : ElfNeededLibraries(plan.argv[0]))
+        if (StartsWith(lib, "libasan") || StartsWith(lib, "libtsan") ||
+            StartsWith(lib, "libhwasan"))
+          return true;
+      return false;
+    };
     // LD_PRELOAD separates entries by spaces and colons: a path with either cannot be listed.
-    if (plan.python.empty() && !sanitized && linebuf.find_first_of(" :") == std::string::npos &&
-        ::access(linebuf.c_str(), R_OK) == 0 && current.find(linebuf) == std::string::npos)
+    if (plan.python.empty() && linebuf.find_first_of(" :") == std::string::npos &&
+        ::access(linebuf.c_str(), R_OK) == 0 && current.find(linebuf) == std::string::npos &&
+        !sanitized())
       plan.extra_env["LD_PRELOAD"] = current.empty() ? linebuf : current + " " + linebuf;
   }
   if (force_cpu && cfg.origins.count("distributed_type") + cfg.origins.count("use_cpu") > 0)
