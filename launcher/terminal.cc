@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <editline/readline.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -30,7 +31,10 @@ Status InterruptedBy(int signo) {
 }
 
 // Waits up to `timeout_ms` (-1: for ever) for one byte of `fd`. *got is false on timeout; the
-// end of the input reads as Ctrl-D.
+// end of the input reads as Ctrl-D. `fd` should be non-blocking (Terminal::read_fd_): a Ctrl-C
+// makes the kernel flush the input queue (ISIG without NOFLSH) as it raises SIGINT, so keys
+// that poll reported can be gone when read runs, and a blocking read would then wait for the
+// next key with the handler already run.
 Status ReadByteFrom(int fd, int timeout_ms, unsigned char* byte, bool* got) {
   *got = false;
   // Poll in short slices so a signal that arrives between the flag check and the wait is seen
@@ -54,7 +58,7 @@ Status ReadByteFrom(int fd, int timeout_ms, unsigned char* byte, bool* got) {
     }
     ssize_t n = read(fd, byte, 1);
     if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return Status::FromErrno("reading the terminal", errno);
     }
     if (n == 0) {
@@ -154,12 +158,15 @@ struct Editline {
   }
 };
 
+// The fd ReadEditorChar reads: the editing Terminal's read_fd_ (libedit passes only stdin).
+int g_editor_read_fd = -1;
+
 // libedit's character source (rl_getc_function): the next UTF-8 character of the terminal as a
 // code point (libedit stores what this returns as one wchar_t). It waits as ReadKey does, so a
 // Ctrl-C ends the line at once: libedit's own read() retries the first EINTR and would sit
 // until the next key. EOF on a signal, an error or the end of the input.
 int ReadEditorChar(FILE* in) {
-  const int fd = fileno(in);
+  const int fd = g_editor_read_fd >= 0 ? g_editor_read_fd : fileno(in);
   unsigned char byte = 0;
   bool got = false;
   if (!ReadByteFrom(fd, -1, &byte, &got).ok()) return EOF;
@@ -224,7 +231,15 @@ constexpr char kReset[] = "\x1b[0m";
 
 }  // namespace
 
-Terminal::Terminal(int in_fd, int out_fd) : in_fd_(in_fd), out_fd_(out_fd) {
+Terminal::Terminal(int in_fd, int out_fd) : in_fd_(in_fd), read_fd_(in_fd), out_fd_(out_fd) {
+  // A second open file description of the same terminal, non-blocking: setting O_NONBLOCK on
+  // in_fd_ would change the description the shell shares. Without it (no name in /dev), reads
+  // block as before and only the Ctrl-C race in ReadByteFrom remains.
+  char name[256];
+  if (IsTerminal(in_fd_) && ttyname_r(in_fd_, name, sizeof name) == 0) {
+    int fd = open(name, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd >= 0) read_fd_ = owned_read_fd_ = fd;
+  }
   const char* term = std::getenv("TERM");
   fancy_ = !(term && std::strcmp(term, "dumb") == 0) && IsTerminal(out_fd_);
   have_termios_ = tcgetattr(in_fd_, &saved_termios_) == 0;
@@ -240,6 +255,8 @@ Terminal::Terminal(int in_fd, int out_fd) : in_fd_(in_fd), out_fd_(out_fd) {
 
 Terminal::~Terminal() {
   Restore();
+  if (owned_read_fd_ >= 0) close(owned_read_fd_);
+  if (g_editor_read_fd == owned_read_fd_) g_editor_read_fd = -1;
   sigaction(SIGINT, &saved_int_, nullptr);
   sigaction(SIGTERM, &saved_term_, nullptr);
   sigaction(SIGHUP, &saved_hup_, nullptr);
@@ -275,7 +292,7 @@ void Terminal::Restore() {
 StatusOr<Terminal::Key> Terminal::ReadKey() {
   unsigned char c = 0;
   bool got = false;
-  LAUNCH_RETURN_IF_ERROR(ReadByteFrom(in_fd_, -1, &c, &got));
+  LAUNCH_RETURN_IF_ERROR(ReadByteFrom(read_fd_, -1, &c, &got));
   Key key;
   switch (c) {
     case '\r':
@@ -306,11 +323,11 @@ StatusOr<Terminal::Key> Terminal::ReadKey() {
   // nothing within a few milliseconds.
   key.kind = KeyKind::kEscape;
   unsigned char next = 0;
-  LAUNCH_RETURN_IF_ERROR(ReadByteFrom(in_fd_, 50, &next, &got));
+  LAUNCH_RETURN_IF_ERROR(ReadByteFrom(read_fd_, 50, &next, &got));
   if (!got || (next != '[' && next != 'O')) return key;
   unsigned char final_byte = 0;
   do {  // skip parameters such as "1;5" up to the final byte
-    LAUNCH_RETURN_IF_ERROR(ReadByteFrom(in_fd_, 50, &final_byte, &got));
+    LAUNCH_RETURN_IF_ERROR(ReadByteFrom(read_fd_, 50, &final_byte, &got));
     if (!got) return key;
   } while ((final_byte >= '0' && final_byte <= '9') || final_byte == ';');
   switch (final_byte) {
@@ -358,6 +375,7 @@ StatusOr<std::string> Terminal::ReadEditedLine(const std::string& prompt, bool c
     editor_ready_ = true;
   }
   *el.attempted_completion_function = complete_files ? CompletePath : CompleteNothing;
+  g_editor_read_fd = read_fd_;
   char* line = el.readline(MarkInvisible(prompt).c_str());
   Status raw = EnterRawMode();
   if (line == nullptr) {

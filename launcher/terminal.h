@@ -92,6 +92,8 @@ class Terminal {
 
  private:
   int in_fd_;
+  int read_fd_;             // where keys are read: owned_read_fd_, else in_fd_
+  int owned_read_fd_ = -1;  // the input terminal reopened non-blocking (see ReadByteFrom)
   int out_fd_;
   bool fancy_ = true;
   bool have_termios_ = false;
