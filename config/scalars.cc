@@ -90,6 +90,8 @@ const EnumTable<ParallelMode> kParallelModes = {{"none", ParallelMode::kNone},
 const EnumTable<PipelineSchedule> kSchedules = {{"gpipe", PipelineSchedule::kGPipe},
                                                 {"1f1b", PipelineSchedule::k1F1B}};
 const EnumTable<CommHook> kCommHooks = {{"none", CommHook::kNone}, {"bf16", CommHook::kBf16}};
+const EnumTable<OuterOptimizer> kOuterOptimizers = {{"average", OuterOptimizer::kAverage},
+                                                    {"nesterov", OuterOptimizer::kNesterov}};
 const EnumTable<DistributedType> kDistributedTypes = {
     {"NO", DistributedType::kNo},
     {"MULTI_CPU", DistributedType::kMultiCpu},
@@ -232,6 +234,7 @@ const char* ToString(SchedulerType v) { return NameOf(kSchedulers, v); }
 const char* ToString(ParallelMode v) { return NameOf(kParallelModes, v); }
 const char* ToString(PipelineSchedule v) { return NameOf(kSchedules, v); }
 const char* ToString(CommHook v) { return NameOf(kCommHooks, v); }
+const char* ToString(OuterOptimizer v) { return NameOf(kOuterOptimizers, v); }
 const char* ToString(DistributedType v) {
   return v == DistributedType::kAuto ? "auto" : NameOf(kDistributedTypes, v);
 }

@@ -58,6 +58,7 @@ extern const EnumTable<SchedulerType> kSchedulers;
 extern const EnumTable<ParallelMode> kParallelModes;
 extern const EnumTable<PipelineSchedule> kSchedules;
 extern const EnumTable<CommHook> kCommHooks;
+extern const EnumTable<OuterOptimizer> kOuterOptimizers;
 extern const EnumTable<DistributedType> kDistributedTypes;
 
 std::string ParseStreamSpec(const std::string& s, StreamSpec* out);            // "3" or "0:1,1:3"

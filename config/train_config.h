@@ -29,6 +29,10 @@ enum class PipelineSchedule { kGPipe, k1F1B };
 // ddp: how gradient buckets travel (accelerate's DDPCommunicationHookType): as they are, or
 // cast to bfloat16 for the all-reduce and back (PyTorch's bf16_compress_hook).
 enum class CommHook { kNone, kBf16 };
+// Local SGD's step at each synchronisation: the replicas become their mean, or (DiLoCo,
+// Douillard et al. 2023) the mean change since the last synchronisation is a pseudo-gradient
+// for an outer SGD step with Nesterov momentum.
+enum class OuterOptimizer { kAverage, kNesterov };
 
 struct ModelConfig {
   ModelType type = ModelType::kMlp;  // mlp | transformer | torchscript (key `torchscript: PATH`)
@@ -169,7 +173,12 @@ struct TrainConfig {
   bool sync_each_batch = false;      // true: all-reduce every micro-batch (no no_sync)
   bool sync_with_dataloader = true;  // the accumulation window also closes at the loader's end
   int local_sgd_steps = 0;           // > 0: no gradient all-reduce; average params every K steps
-  int64_t checkpoint_every = 100;    // optimizer steps; 0 = only at the end
+  struct LocalSgd {
+    OuterOptimizer outer = OuterOptimizer::kAverage;
+    double outer_lr = 0.7;        // nesterov: DiLoCo's defaults
+    double outer_momentum = 0.9;  // nesterov
+  } local_sgd;
+  int64_t checkpoint_every = 100;  // optimizer steps; 0 = only at the end
   // Checkpoints written by a forked child while training goes on (Accelerator::SaveState).
   bool checkpoint_async = false;
   std::string resume = "auto";  // auto | never | PATH of a checkpoint file
@@ -209,5 +218,6 @@ const char* ToString(SchedulerType v);
 const char* ToString(ParallelMode v);
 const char* ToString(PipelineSchedule v);
 const char* ToString(CommHook v);
+const char* ToString(OuterOptimizer v);
 
 }  // namespace launch::config

@@ -218,6 +218,12 @@ std::vector<TrainKey> BuildTable() {
   const char* kCnn = "model.type cnn";
   const char* kScript = "model.type torchscript";
   const char* kIdx = "data.type idx";
+  const auto local_sgd = [](const TrainConfig& t) { return t.local_sgd_steps > 0; };
+  const auto diloco = [](const TrainConfig& t) {
+    return t.local_sgd_steps > 0 && t.local_sgd.outer == OuterOptimizer::kNesterov;
+  };
+  const char* kLocalSgd = "local_sgd_steps > 0";
+  const char* kDiloco = "local_sgd.outer nesterov";
   std::vector<TrainKey> rows = {
       Value("seed", FIELD(seed), "seed of initialisation, data order, dropout, augmentation")
           .Identity(),
@@ -411,6 +417,19 @@ std::vector<TrainKey> BuildTable() {
           .Identity(),
       Range("local_sgd_steps", FIELD(local_sgd_steps), 0, 1 << 20,
             "> 0: no gradient all-reduce; average parameters every K steps")
+          .Identity(),
+      Enum("local_sgd.outer", FIELD(local_sgd.outer), kOuterOptimizers,
+           "at each sync: average the replicas, or nesterov (DiLoCo: an outer SGD step with "
+           "Nesterov momentum on the averaged change)")
+          .When(local_sgd, kLocalSgd)
+          .Identity(),
+      Range("local_sgd.outer_lr", FIELD(local_sgd.outer_lr), 0.0, 100.0,
+            "nesterov: the outer learning rate (1 with momentum 0 is plain averaging)")
+          .When(diloco, kDiloco)
+          .Identity(),
+      Range("local_sgd.outer_momentum", FIELD(local_sgd.outer_momentum), 0.0, 0.999,
+            "nesterov: the outer momentum")
+          .When(diloco, kDiloco)
           .Identity(),
 
       // ---- checkpoints, logs

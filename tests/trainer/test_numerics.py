@@ -2,10 +2,12 @@
 DDP == one process on the concatenated batch; gradient accumulation with no_sync, with
 sync_each_batch and one big batch give the same parameters, with the all-reduce count per step
 counted at the process group; Local SGD averages exactly, and with K=1 and plain SGD equals DDP;
+DiLoCo's outer step equals its formula and resumes exactly;
 bucket all-reduces are launched while backward still computes (overlap)."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import unittest
@@ -33,14 +35,15 @@ train:
   gradient_accumulation_steps: {accum}
   sync_each_batch: {sync_each}
   local_sgd_steps: {local_sgd}
-"""
+{extra}"""
 
 
 def config(tmp, name, batch, steps=20, optimizer="{type: sgd, lr: 0.05, momentum: 0.9}",
-           mode="ddp", accum=1, sync_each="false", local_sgd=0, cap=25):
+           mode="ddp", accum=1, sync_each="false", local_sgd=0, cap=25, extra=""):
     out = os.path.join(tmp, name)
     text = BASE.format(out=out, batch=batch, steps=steps, optimizer=optimizer, mode=mode,
-                       accum=accum, sync_each=sync_each, local_sgd=local_sgd, cap=cap)
+                       accum=accum, sync_each=sync_each, local_sgd=local_sgd, cap=cap,
+                       extra=extra)
     return write_config(tmp, text, name + ".yaml"), out
 
 
@@ -182,6 +185,82 @@ class LocalSgdTest(unittest.TestCase):
         rel, worst = rel_diff(params(lsgd_out), params(ddp_out))
         self.assertLess(rel, 1e-5, f"relative difference {rel:g} (max {worst:g})")
         self.assertTrue(all(m["allreduces"] == 1 for m in metrics(lsgd_out)))
+
+
+DILOCO = "  local_sgd: {outer: nesterov, outer_lr: 0.7, outer_momentum: 0.9}\n"
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class DilocoTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def test_outer_step_is_nesterov_sgd_on_the_averaged_change(self):
+        # K = max_steps: the replicas train alone from theta0 (as mode none does), then one
+        # outer step: g = theta0 - mean, buf = g, theta = theta0 - lr * (g + mu * buf).
+        # theta0: one step at a learning rate far below float32's resolution of the weights.
+        start_cfg, start_out = config(self.tmp, "start", batch=8, steps=1, mode="none",
+                                      optimizer="{type: sgd, lr: 1.0e-12}")
+        alone_cfg, alone_out = config(self.tmp, "alone", batch=8, steps=10, mode="none")
+        dl_cfg, dl_out = config(self.tmp, "diloco", batch=8, steps=10, local_sgd=10,
+                                extra=DILOCO)
+        for cfg in (start_cfg, alone_cfg, dl_cfg):
+            run_ranks(cfg, 2, ["--dump_params"], timeout=90)
+        theta0, a, b = params(start_out, 0), params(alone_out, 0), params(alone_out, 1)
+        self.assertEqual(theta0, params(start_out, 1))
+        expected = [t - 0.7 * (1 + 0.9) * (t - (x + y) / 2) for t, x, y in zip(theta0, a, b)]
+        d0, d1 = params(dl_out, 0), params(dl_out, 1)
+        self.assertEqual(d0, d1, "replicas differ after the outer step")
+        rel, worst = rel_diff(d0, expected)
+        self.assertLess(rel, 1e-6, f"relative difference {rel:g} (max {worst:g})")
+        mean = [(x + y) / 2 for x, y in zip(a, b)]
+        self.assertGreater(rel_diff(d0, mean)[0], 1e-3, "the outer step did nothing")
+        self.assertEqual(sum(m["allreduces"] for m in metrics(dl_out)), 1)
+
+    def test_resume_restores_the_outer_state_exactly(self):
+        # K = 4, a checkpoint every 6 steps (between syncs, with momentum from earlier ones).
+        # SIGTERM stops a run at a step boundary after its first checkpoint (every rank saves
+        # there); resumed, it ends bit-identical to a run that was not stopped. Without the
+        # outer state file it does not.
+        steps = 1500  # long enough that SIGTERM arrives long before the end
+
+        def config_for(name):
+            out = os.path.join(self.tmp, name)
+            text = BASE.format(out=out, batch=8, steps=steps,
+                               optimizer="{type: sgd, lr: 0.01, momentum: 0.9}", mode="ddp",
+                               accum=1, sync_each="false", local_sgd=4, cap=25, extra=DILOCO)
+            text = text.replace("checkpoint_every: 0", "checkpoint_every: 6")
+            text = text.replace("resume: never", "resume: auto")
+            return write_config(self.tmp, text, name + ".yaml"), out
+
+        cfg, out = config_for("whole")
+        run_ranks(cfg, 2, ["--dump_params"], timeout=300)
+        whole = params(out, 0)
+        for name, damage in (("resumed", False), ("damaged", True)):
+            cfg, out = config_for(name)
+            procs, _ = start_ranks(cfg, 2, ["--dump_params"])
+            latest = os.path.join(out, "checkpoints", "latest")
+            harness.wait_until(lambda: os.path.exists(latest) or
+                               any(p.poll() is not None for p in procs), 120)
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            results = wait_all(procs, 120)
+            self.assertEqual([rc for rc, _, _ in results], [143, 143], results)
+            with open(latest) as f:
+                stopped_at = int(f.read().strip())
+            self.assertLess(stopped_at, steps)
+            outer = os.path.join(out, "checkpoints", f"step{stopped_at}", "local_sgd_outer.pt")
+            self.assertEqual(os.path.exists(outer), bool(DILOCO))
+            if damage and DILOCO:
+                os.unlink(outer)
+            results = run_ranks(cfg, 2, ["--dump_params"], timeout=300)
+            got = params(out, 0)
+            self.assertEqual(got, params(out, 1))
+            if damage and DILOCO:
+                self.assertIn("no outer (nesterov) state", results[0][1])
+                self.assertNotEqual(got, whole, "the outer state made no difference")
+            elif not damage:
+                self.assertEqual(got, whole, "resumed Local SGD differs from the undisturbed run")
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")

@@ -46,7 +46,8 @@
 //              one, as PyTorch's broadcast_buffers, and at Finish / SyncBuffers;
 //   local_sgd  (local_sgd_steps K > 0 with none or ddp) no gradient communication: each process
 //              steps its own replica and parameters are averaged every K optimizer steps and
-//              by Finish();
+//              by Finish(); with options.local_sgd.outer nesterov, DiLoCo's outer step on the
+//              averaged change (parallel/local_sgd.h);
 //   dp         `parallel.replicas` replicas in this process, one thread each (ForwardBackward);
 //              needs a module derived from torch::nn::Cloneable (as torch::nn::parallel does);
 //   pipeline   this process is one stage of a pipeline (pipeline_stages.h, PreparePipeline).

@@ -38,9 +38,16 @@ Status LoadAveragedReplicas(const std::vector<std::string>& files, const std::st
   return Status::Ok();
 }
 
+constexpr char kOuterFile[] = "/local_sgd_outer.pt";
+
 class LocalSgdStrategy : public ParallelStrategy {
  public:
-  LocalSgdStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, int k) : k_(k) {
+  LocalSgdStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg,
+                   const config::TrainConfig& cfg)
+      : k_(cfg.local_sgd_steps),
+        nesterov_(cfg.local_sgd.outer == config::OuterOptimizer::kNesterov),
+        outer_lr_(cfg.local_sgd.outer_lr),
+        outer_momentum_(cfg.local_sgd.outer_momentum) {
     model_ = model;
     SetGroup(std::move(pg));
   }
@@ -48,6 +55,14 @@ class LocalSgdStrategy : public ParallelStrategy {
   bool ReplicasEqual() const override { return false; }
   void Setup() override {
     if (pg_) BroadcastModel(pg_, model_);
+    if (!nesterov_) return;
+    torch::NoGradGuard no_grad;
+    anchor_.clear();
+    momentum_.clear();
+    for (const torch::Tensor& p : model_->Parameters()) {
+      anchor_.push_back(p.detach().clone());
+      momentum_.push_back(torch::zeros_like(p));
+    }
   }
   bool SyncGradients(bool) const override { return false; }
   void BeforeForward(bool) override {}
@@ -60,8 +75,47 @@ class LocalSgdStrategy : public ParallelStrategy {
     if (steps_done != last_averaged_) Average(steps_done);
   }
 
+  StateBytes MemoryBytes(const torch::optim::Optimizer& optimizer) const override {
+    StateBytes bytes = ParallelStrategy::MemoryBytes(optimizer);
+    for (size_t i = 0; i < anchor_.size(); ++i)
+      bytes.optimizer += anchor_[i].nbytes() + momentum_[i].nbytes();
+    return bytes;
+  }
+
+  Status SaveModelState(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    LAUNCH_RETURN_IF_ERROR(ParallelStrategy::SaveModelState(dir, optimizer));
+    if (!nesterov_ || rank() != 0) return Status::Ok();
+    return SaveNamedTensors(dir + kOuterFile, OuterTensors());
+  }
+
   Status LoadModelState(const std::string& dir, torch::optim::Optimizer& optimizer,
                         int64_t written_by) override {
+    LAUNCH_RETURN_IF_ERROR(LoadReplicas(dir, optimizer, written_by));
+    if (!nesterov_) return Status::Ok();
+    Status outer = LoadNamedTensors(dir + kOuterFile, OuterTensors());
+    if (outer.code() != Status::Code::kNotFound) return outer;
+    // Written by plain averaging (a resume with changed settings): the outer step starts here,
+    // from the replicas' average, with no momentum. COLLECTIVE, as LoadState is.
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> mean;
+    for (const torch::Tensor& p : model_->Parameters()) mean.push_back(p.detach().clone());
+    if (pg_) AllReduceFlat(*pg_, mean, pg_->getSize());
+    for (size_t i = 0; i < mean.size(); ++i) {
+      anchor_[i].copy_(mean[i]);
+      momentum_[i].zero_();
+    }
+    if (rank() == 0) {
+      std::printf(
+          "train: local_sgd: the checkpoint has no outer (nesterov) state: the outer "
+          "step starts from the replicas' average with no momentum\n");
+      std::fflush(stdout);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Status LoadReplicas(const std::string& dir, torch::optim::Optimizer& optimizer,
+                      int64_t written_by) {
     if (written_by == world()) return ParallelStrategy::LoadModelState(dir, optimizer, written_by);
     std::vector<std::string> replicas;
     for (int64_t r = 0; r < written_by; ++r)
@@ -80,26 +134,52 @@ class LocalSgdStrategy : public ParallelStrategy {
     return Status::Ok();
   }
 
- private:
+  // The outer state by name, for checkpoint files: anchor/<param> and momentum/<param>.
+  std::vector<std::pair<std::string, torch::Tensor>> OuterTensors() const {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    const auto named = model_->NamedParameters();
+    for (size_t i = 0; i < anchor_.size(); ++i) {
+      out.emplace_back("anchor/" + named[i].first, anchor_[i]);
+      out.emplace_back("momentum/" + named[i].first, momentum_[i]);
+    }
+    return out;
+  }
+
   void Average(int64_t steps_done) {
     last_averaged_ = steps_done;
-    if (!pg_) return;
     auto start = Clock::now();
     torch::NoGradGuard no_grad;
     // One flat all-reduce per dtype: per-call latency dominates on Gloo.
-    AllReduceFlat(*pg_, model_->Parameters(), pg_->getSize());
+    if (pg_) AllReduceFlat(*pg_, model_->Parameters(), pg_->getSize());
     stats_.blocking_comm_ms += MsSince(start);
+    if (nesterov_)
+      OuterNesterovStep(model_->Parameters(), anchor_, momentum_, outer_lr_, outer_momentum_);
   }
 
   int k_;
+  bool nesterov_;
+  double outer_lr_, outer_momentum_;
+  std::vector<torch::Tensor> anchor_, momentum_;  // nesterov: the outer state (see local_sgd.h)
   int64_t last_averaged_ = 0;
 };
 
 }  // namespace
 
+void OuterNesterovStep(const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& anchor,
+                       std::vector<torch::Tensor>& momentum, double lr, double mu) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    torch::Tensor g = anchor[i] - params[i].detach();
+    momentum[i].mul_(mu).add_(g);
+    g = g.add(momentum[i], mu);
+    anchor[i].add_(g, -lr);
+    params[i].detach().copy_(anchor[i]);
+  }
+}
+
 std::unique_ptr<ParallelStrategy> CreateLocalSgdStrategy(
     const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg) {
-  return std::make_unique<LocalSgdStrategy>(model, std::move(pg), cfg.local_sgd_steps);
+  return std::make_unique<LocalSgdStrategy>(model, std::move(pg), cfg);
 }
 
 }  // namespace launch::trainer

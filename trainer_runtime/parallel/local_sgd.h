@@ -4,6 +4,14 @@
 // own replica, and the parameters are averaged over the world every K optimizer steps and once
 // at the end (one flat all-reduce per dtype).
 //
+// With `train.local_sgd.outer: nesterov` it is DiLoCo (Douillard et al., 2023): the parameters
+// at the last synchronisation are kept (the anchor), and at each synchronisation the averaged
+// change since then, anchor - mean(replicas), is the gradient of an outer SGD step with
+// Nesterov momentum (outer_lr, outer_momentum) on the anchor; every replica continues from the
+// new anchor. outer_lr 1 and momentum 0 make it plain averaging. The anchor and the momentum
+// are the same on every rank; rank 0 writes them to a checkpoint's local_sgd_outer.pt. They cost
+// two copies of the parameters. Floating-point buffers (BatchNorm statistics) are not averaged.
+//
 // Internal to trainer_runtime (includes LibTorch).
 
 #include <memory>
@@ -18,6 +26,14 @@ namespace launch::trainer {
 // Builds the Local SGD strategy around `model` (must outlive the strategy), averaging every
 // cfg.local_sgd_steps steps. A null `pg` (one process) averages nothing.
 // REQUIRES: cfg.local_sgd_steps >= 1.
+// DiLoCo's outer step, exactly as torch.optim.SGD(nesterov=True, dampening=0) steps a
+// parameter `anchor` whose gradient is anchor - averaged: momentum = mu * momentum + g;
+// anchor -= lr * (g + mu * momentum). On entry `params` hold the averaged replicas; on return
+// they and `anchor` hold the new parameters. A momentum of zeros is the first step (PyTorch's
+// buffer starts as the first gradient, which mu * 0 + g equals).
+void OuterNesterovStep(const std::vector<torch::Tensor>& params, std::vector<torch::Tensor>& anchor,
+                       std::vector<torch::Tensor>& momentum, double lr, double mu);
+
 std::unique_ptr<ParallelStrategy> CreateLocalSgdStrategy(
     const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg);
 

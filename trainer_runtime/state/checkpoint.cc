@@ -569,6 +569,38 @@ Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& opti
   }
 }
 
+Status SaveNamedTensors(const std::string& path,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  torch::serialize::OutputArchive archive;
+  try {
+    for (const auto& [name, t] : tensors) archive.write(name, t);
+  } catch (const c10::Error& e) {
+    return Status::IoError("serialising " + path + ": " + e.what_without_backtrace());
+  }
+  return SaveArchive(archive, path);
+}
+
+Status LoadNamedTensors(const std::string& path,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors) {
+  LAUNCH_ASSIGN_OR_RETURN(auto archive, Open(path));
+  try {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : tensors) {
+      torch::Tensor saved;
+      if (!archive->try_read(name, saved))
+        return Status::InvalidConfig("'" + path + "' has no tensor '" + name + "'");
+      if (!saved.sizes().equals(t.sizes()) || saved.scalar_type() != t.scalar_type())
+        return Status::InvalidConfig("'" + path + "': tensor '" + name +
+                                     "' has another shape or "
+                                     "type than this model's");
+      t.detach().copy_(saved);
+    }
+  } catch (const c10::Error& e) {
+    return Status::IoError("'" + path + "' is unreadable: " + e.what_without_backtrace());
+  }
+  return Status::Ok();
+}
+
 Status SaveRankState(const std::string& path, const TrainState& state) {
   torch::serialize::OutputArchive archive;
   try {

@@ -121,6 +121,15 @@ StatusOr<std::vector<ParamPiece>> WholeParamPieces(const Model& model,
 Status LoadOptimizerState(const std::string& path, torch::optim::Optimizer& optimizer,
                           const torch::Tensor& layout);
 
+// A file of named tensors that belongs to a strategy rather than to the model (Local SGD's
+// outer state: local_sgd.h). Written atomically; IoError naming the path. Loading fills each
+// of `tensors` (which must be defined, of the same shapes) from the file: NotFound when the
+// file does not exist, InvalidConfig naming the first name that is missing or differs.
+Status SaveNamedTensors(const std::string& path,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
+Status LoadNamedTensors(const std::string& path,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
+
 // The per-rank file: the loop position and this process's CPU generator state (each rank
 // draws its own dropout masks, so each restores its own). Files written before a field existed
 // read back with that field's default.
