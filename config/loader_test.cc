@@ -229,7 +229,7 @@ TEST_CASE("BadImageModelAndLossKeysAreNamed") {
             .find("train.model.channels: 6 blocks halve a 28x28 image to nothing") !=
         std::string::npos);
   CHECK(error("train:\n  model: {type: mlp, channels: [4]}\n") ==
-        "train.yaml:2: train.model.channels: unknown key");
+        "train.yaml:2: train.model.channels: applies only with model.type cnn");
   CHECK(error("train:\n  loss: {type: mse, label_smoothing: 0.1}\n") ==
         "train.yaml:2: train.loss.type: label_smoothing, ignore_index and class_weights are "
         "cross_entropy options, not mse");
@@ -623,6 +623,30 @@ TEST_CASE("TrainKeysAndAccelerateShardingFollowPrecedence") {
   REQUIRE(Load("distributed_type: FSDP\nfsdp_config: {fsdp_sharding_strategy: 9}\n", &script).ok());
   REQUIRE(Validate(&script).ok());
   CHECK(script.accelerate["fsdp_sharding_strategy"] == "9");
+}
+
+TEST_CASE("DilocoKeysLoadAndApplyOnlyToLocalSgdWithNesterov") {
+  LaunchConfig cfg;
+  CHECK(LoadValid("train:\n  local_sgd_steps: 20\n  local_sgd: {outer: nesterov, outer_lr: 0.5, "
+                  "outer_momentum: 0.8}\n",
+                  &cfg)
+            .ok());
+  CHECK(cfg.train.local_sgd.outer == OuterOptimizer::kNesterov);
+  CHECK(cfg.train.local_sgd.outer_lr == 0.5);
+  CHECK(cfg.train.local_sgd.outer_momentum == 0.8);
+  LaunchConfig off;
+  std::string message = LoadValid("train:\n  local_sgd: {outer: nesterov}\n", &off).message();
+  CHECK(message.find("train.yaml:2") == 0);
+  CHECK(message.find("train.local_sgd.outer") != std::string::npos);
+  CHECK(message.find("local_sgd_steps > 0") != std::string::npos);
+  LaunchConfig plain;
+  message =
+      LoadValid("train:\n  local_sgd_steps: 4\n  local_sgd: {outer_lr: 0.5}\n", &plain).message();
+  CHECK(message.find("local_sgd.outer nesterov") != std::string::npos);
+  LaunchConfig bad;
+  message = LoadValid("train:\n  local_sgd_steps: 4\n  local_sgd: {outer: adam}\n", &bad).message();
+  CHECK(message.find("average") != std::string::npos);
+  CHECK(message.find("nesterov") != std::string::npos);
 }
 
 TEST_CASE("ZeroRefusesLocalSgdCommHookAndAnotherModeFromAccelerate") {

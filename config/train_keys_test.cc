@@ -13,17 +13,22 @@ namespace launch::config {
 namespace {
 
 // A configuration in which `key` applies: the model, data, optimizer, scheduler and mode it
-// belongs to.
+// belongs to (Local SGD's keys: DiLoCo's).
 TrainConfig ConfigWhere(const TrainKey& key) {
   for (ModelType m :
        {ModelType::kMlp, ModelType::kCnn, ModelType::kTransformer, ModelType::kTorchScript})
-    for (DataType d : {DataType::kSynthetic, DataType::kIdx, DataType::kText, DataType::kCsv}) {
-      TrainConfig t;
-      t.present = true;
-      t.model.type = m;
-      t.data.type = d;
-      if (key.AppliesTo(t)) return t;
-    }
+    for (DataType d : {DataType::kSynthetic, DataType::kIdx, DataType::kText, DataType::kCsv})
+      for (bool diloco : {false, true}) {
+        TrainConfig t;
+        t.present = true;
+        t.model.type = m;
+        t.data.type = d;
+        if (diloco) {
+          t.local_sgd_steps = 4;
+          t.local_sgd.outer = OuterOptimizer::kNesterov;
+        }
+        if (key.AppliesTo(t)) return t;
+      }
   FAIL("no configuration has " << key.path);
   return {};
 }

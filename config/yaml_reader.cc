@@ -103,6 +103,13 @@ Status LoadTrain(const YamlContext& ctx, const YAML::Node& node, LaunchConfig* c
     size_t dot = leaf.path.rfind('.');
     std::string section = dot == std::string::npos ? "" : leaf.path.substr(0, dot);
     std::string name = leaf.path.substr(dot == std::string::npos ? 0 : dot + 1);
+    // A key of the table that this configuration does not have: say what it needs.
+    std::vector<std::string> needs;
+    for (const TrainKey& key : TrainKeys())
+      if (key.path == leaf.path && !key.applies_doc.empty()) needs.push_back(key.applies_doc);
+    if (!needs.empty())
+      return Status::InvalidConfig(ctx.Where(leaf.key) + ": train." + leaf.path +
+                                   ": applies only with " + Join(needs, " or "));
     return Status::InvalidConfig(ctx.Where(leaf.key) + ": train." + leaf.path + ": unknown key" +
                                  NearMiss(name, TrainNamesBelow(section, cfg->train)));
   }
