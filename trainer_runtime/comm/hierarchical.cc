@@ -87,8 +87,8 @@ StatusOr<HierarchicalSetup> HierarchicalAllReduce::Create(
       options.host_identity = hosts[rank];
       auto host_store =
           c10::make_intrusive<c10d::PrefixStore>("host" + std::to_string(host), store);
-      LAUNCH_ASSIGN_OR_RETURN(ShmSetup setup, ShmAllReduce::Create(*host_store, local_rank,
-                                                                   local_size, true, options));
+      LAUNCH_ASSIGN_OR_RETURN(
+          ShmSetup setup, ShmAllReduce::Create(*host_store, local_rank, local_size, true, options));
       local = std::move(setup.shm);
       if (!local) mine = "rank " + me + ": no shared memory on its host (" + setup.reason + ")";
     }
@@ -110,8 +110,8 @@ StatusOr<HierarchicalSetup> HierarchicalAllReduce::Create(
                         static_cast<int>(ids.size()));
       } catch (const std::exception& e) {
         return Status::Timeout("rank " + me + ": the Gloo group of the " +
-                               std::to_string(ids.size()) + " host leaders did not form: " +
-                               e.what());
+                               std::to_string(ids.size()) +
+                               " host leaders did not form: " + e.what());
       }
     }
     HierarchicalSetup setup;
@@ -119,8 +119,8 @@ StatusOr<HierarchicalSetup> HierarchicalAllReduce::Create(
                                                        local_rank, std::move(local), group));
     return setup;
   } catch (const std::exception& e) {
-    return Status::Timeout("rank " + me + ": hierarchical all-reduce setup through the store: " +
-                           e.what());
+    return Status::Timeout("rank " + me +
+                           ": hierarchical all-reduce setup through the store: " + e.what());
   }
 }
 
@@ -129,9 +129,7 @@ bool HierarchicalAllReduce::Supports(const std::vector<at::Tensor>& tensors,
   return ShmAllReduce::Supports(tensors, opts);
 }
 
-bool HierarchicalAllReduce::SupportsBroadcast(const at::Tensor& tensor) {
-  return DenseCpu(tensor);
-}
+bool HierarchicalAllReduce::SupportsBroadcast(const at::Tensor& tensor) { return DenseCpu(tensor); }
 
 HierarchicalAllReduce::HierarchicalAllReduce(int host, int host_count, int local_rank,
                                              std::unique_ptr<ShmAllReduce> local,

@@ -132,8 +132,8 @@ class HierarchicalAllReduce {
   const int host_;
   const int host_count_;
   const int local_rank_;
-  std::unique_ptr<ShmAllReduce> local_;               // null when this host has one rank
-  c10::intrusive_ptr<c10d::ProcessGroup> leaders_;    // null on a rank that is no leader
+  std::unique_ptr<ShmAllReduce> local_;             // null when this host has one rank
+  c10::intrusive_ptr<c10d::ProcessGroup> leaders_;  // null on a rank that is no leader
   std::atomic<int64_t> cross_host_count_{0};
   std::atomic<int64_t> cross_host_bytes_{0};
   Status failed_;  // the first error; only the worker thread

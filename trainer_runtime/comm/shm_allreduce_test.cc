@@ -694,10 +694,10 @@ void RunHierarchical(const c10::intrusive_ptr<c10d::Store>& store, const Env& en
   auto pg = HierarchicalGroup(store, env);
   HierarchicalAllReduce& hier = *pg->hierarchical();
   const int hosts_count = env.scenario == "hier" ? 2 : 3;
-  CHECK(pg->allreduce_transport() ==
-        "hierarchical: shared memory within " + std::to_string(hosts_count) + " hosts + Gloo across");
-  CHECK(hier.leader() == (std::find(hosts.begin(), hosts.end(), hosts[env.rank]) - hosts.begin() ==
-                          env.rank));
+  CHECK(pg->allreduce_transport() == "hierarchical: shared memory within " +
+                                         std::to_string(hosts_count) + " hosts + Gloo across");
+  CHECK(hier.leader() ==
+        (std::find(hosts.begin(), hosts.end(), hosts[env.rank]) - hosts.begin() == env.rank));
   // All-reduces of every dtype and odd size, issued back to back, then checked.
   int op = 0;
   int64_t leader_bytes = 0, ops = 0;
@@ -718,8 +718,8 @@ void RunHierarchical(const c10::intrusive_ptr<c10d::Store>& store, const Env& en
     if (hosts_count == 2) {
       CHECK(at::equal(pending[i].first, pending[i].second));
     } else {
-      CHECK(at::allclose(pending[i].first.to(at::kDouble), pending[i].second.to(at::kDouble),
-                         1e-2, 1e-2));
+      CHECK(at::allclose(pending[i].first.to(at::kDouble), pending[i].second.to(at::kDouble), 1e-2,
+                         1e-2));
     }
     CheckSameOnEveryRank(*pg, pending[i].first);
   }
@@ -1089,7 +1089,8 @@ TEST_CASE("HierarchicalAllReduceSumsPerHostThenAcrossLeadersBitIdenticalOnEveryR
 
 TEST_CASE("HierarchicalAllReduceIsOffOnOneHostOrOneRankPerHostOrWhenARankDisablesShm") {
   auto none = [](std::vector<std::string> hosts) {
-    auto setup = HierarchicalAllReduce::Create(nullptr, 0, hosts, nullptr, {});
+    auto setup = HierarchicalAllReduce::Create(c10::intrusive_ptr<c10d::Store>(), 0, hosts,
+                                               LeaderGroupFactory(), {});
     REQUIRE(setup.ok());
     CHECK(setup->hierarchical == nullptr);
     return setup->reason;
