@@ -448,7 +448,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
         HierarchicalSetup setup,
         HierarchicalAllReduce::Create(hier_store, rank, shm.hosts, leaders, shm_options));
     hierarchical = std::move(setup.hierarchical);
-    if (!hierarchical) why_not += "; not hierarchical: " + setup.reason;
+    if (!hierarchical && setup.reason != why_not) why_not += "; not hierarchical: " + setup.reason;
   }
   auto pg = c10::make_intrusive<CountingProcessGroup>(group, std::move(shm.shm), std::move(p2p),
                                                       std::move(hierarchical));
