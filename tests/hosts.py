@@ -55,10 +55,16 @@ class Host:
         assert r.returncode == 0, f"tc tbf on {self.name}: {r.stderr}"
 
     def tx_bytes(self):
-        """Bytes this host has sent over its link (its eth0's counter)."""
-        r = self.run(["cat", f"/sys/class/net/{self.dev}/statistics/tx_bytes"])
+        """Bytes this host has sent over its link (its eth0's counter). From /proc/net/dev, which
+        shows the reader's network namespace; /sys inside the host is still the sysfs mounted
+        for this machine's namespace (its eth0, or none)."""
+        r = self.run(["cat", "/proc/net/dev"])
         assert r.returncode == 0, r.stderr
-        return int(r.stdout)
+        for line in r.stdout.splitlines():
+            name, _, counters = line.partition(":")
+            if name.strip() == self.dev:
+                return int(counters.split()[8])  # 8 receive counters, then tx bytes
+        raise AssertionError(f"{self.name}: no {self.dev} in /proc/net/dev:\n{r.stdout}")
 
     def alive(self):
         return self._holder.poll() is None

@@ -22,15 +22,22 @@ namespace launch::trainer {
 
 CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner,
                                            std::unique_ptr<ShmAllReduce> shm,
-                                           std::unique_ptr<ShmPointToPoint> p2p)
+                                           std::unique_ptr<ShmPointToPoint> p2p,
+                                           std::unique_ptr<HierarchicalAllReduce> hierarchical)
     : c10d::ProcessGroup(inner->getRank(), inner->getSize()),
       inner_(std::move(inner)),
       shm_(std::move(shm)),
-      p2p_(std::move(p2p)) {
+      p2p_(std::move(p2p)),
+      hierarchical_(std::move(hierarchical)) {
+  TORCH_CHECK(!(shm_ && hierarchical_), "one all-reduce transport per group");
   if (shm_) transport_ = "shared memory";
+  if (hierarchical_) transport_ = hierarchical_->Describe();
 }
 
-CountingProcessGroup::~CountingProcessGroup() { p2p_.reset(); }
+CountingProcessGroup::~CountingProcessGroup() {
+  p2p_.reset();
+  hierarchical_.reset();  // its thread may still be running an operation
+}
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                                const c10d::BroadcastOptions& opts) {
@@ -39,6 +46,10 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::T
   if (shm_ && tensors.size() == 1 && opts.rootRank == 0 && opts.rootTensor == 0 &&
       ShmAllReduce::SupportsBroadcast(tensors[0]))
     return shm_->BroadcastFromRank0(tensors[0]);
+  // Across hosts: rank 0's bytes cross the network once per host, not once per rank.
+  if (hierarchical_ && tensors.size() == 1 && opts.rootRank == 0 && opts.rootTensor == 0 &&
+      HierarchicalAllReduce::SupportsBroadcast(tensors[0]))
+    return hierarchical_->BroadcastFromRank0Async(tensors[0]);
   return inner_->broadcast(tensors, opts);
 }
 
@@ -132,9 +143,13 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::T
     launch_times_.push_back(Clock::now());
   }
   const uint64_t trace = Timeline::Get().BeginAsync("allreduce", AllreduceName(tensors));
-  c10::intrusive_ptr<c10d::Work> work = shm_ && ShmAllReduce::Supports(tensors, opts)
-                                            ? shm_->AllReduceAsync(tensors[0])
-                                            : inner_->allreduce(tensors, opts);
+  c10::intrusive_ptr<c10d::Work> work;
+  if (shm_ && ShmAllReduce::Supports(tensors, opts))
+    work = shm_->AllReduceAsync(tensors[0]);
+  else if (hierarchical_ && HierarchicalAllReduce::Supports(tensors, opts))
+    work = hierarchical_->AllReduceAsync(tensors[0]);
+  else
+    work = inner_->allreduce(tensors, opts);
   EndOnCompletion(work, trace);
   return work;
 }
@@ -155,6 +170,15 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::ReduceScatterFlat(const at:
   c10::intrusive_ptr<c10d::Work> work;
   if (shm_ && shm_->SupportsReduceScatter(input, output)) {
     work = shm_->ReduceScatterAsync(input, output);
+  } else if (hierarchical_ && HierarchicalAllReduce::Supports({input}, c10d::AllreduceOptions())) {
+    // An all-reduce of the whole input in two levels, then this rank's shard copied out: the
+    // same bits as the all-reduce (ZeRO is compared bit for bit with DDP). `input` is summed in
+    // place, as on the Gloo path.
+    const at::Tensor flat = input.view({-1});
+    const at::Tensor shard = flat.narrow(0, getRank() * output.numel(), output.numel());
+    const at::Tensor out = output.view({-1});
+    work = Then(hierarchical_->AllReduceAsync(flat), c10d::OpType::REDUCE_SCATTER, output,
+                [shard, out] { out.copy_(shard); });
   } else {
     // LibTorch 1.13's Gloo cannot add bfloat16: sum it in float (rounded once, at the copy).
     at::Tensor summed =
@@ -292,6 +316,14 @@ int64_t CountingProcessGroup::allgather_bytes() const {
   return allgather_bytes_;
 }
 
+int64_t CountingProcessGroup::cross_host_count() const {
+  return hierarchical_ ? hierarchical_->cross_host_count() : 0;
+}
+
+int64_t CountingProcessGroup::cross_host_bytes() const {
+  return hierarchical_ ? hierarchical_->cross_host_bytes() : 0;
+}
+
 std::vector<CountingProcessGroup::Clock::time_point> CountingProcessGroup::TakeLaunchTimes() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Clock::time_point> out;
@@ -403,8 +435,24 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     p2p_options.timeout = timeout;
     p2p = std::make_unique<ShmPointToPoint>(shm_store, rank, size, shm.shm->pids(), p2p_options);
   }
-  auto pg = c10::make_intrusive<CountingProcessGroup>(group, std::move(shm.shm), std::move(p2p));
-  if (!pg->shm()) pg->set_allreduce_transport("Gloo (" + shm.reason + ")");
+  // Ranks on several hosts: shared memory inside each, Gloo between the hosts' leaders. Its own
+  // prefix per group and restart, like the others.
+  std::unique_ptr<HierarchicalAllReduce> hierarchical;
+  std::string why_not = shm.reason;
+  if (!shm.shm && !shm.hosts.empty()) {
+    auto hier_store = c10::make_intrusive<c10d::PrefixStore>("launch_hier" + tag, store);
+    LeaderGroupFactory leaders = [&](const c10::intrusive_ptr<c10d::Store>& s, int r, int n) {
+      return NewGroup(s, r, n, env, timeout);
+    };
+    LAUNCH_ASSIGN_OR_RETURN(
+        HierarchicalSetup setup,
+        HierarchicalAllReduce::Create(hier_store, rank, shm.hosts, leaders, shm_options));
+    hierarchical = std::move(setup.hierarchical);
+    if (!hierarchical && setup.reason != why_not) why_not += "; not hierarchical: " + setup.reason;
+  }
+  auto pg = c10::make_intrusive<CountingProcessGroup>(group, std::move(shm.shm), std::move(p2p),
+                                                      std::move(hierarchical));
+  if (!pg->shm() && !pg->hierarchical()) pg->set_allreduce_transport("Gloo (" + why_not + ")");
   return pg;
 }
 

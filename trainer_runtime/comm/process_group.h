@@ -14,8 +14,11 @@
 // float, double or bfloat16 with ReduceOp SUM goes there (asynchronous, in issue order, like
 // Gloo's), and so do ZeRO's flat collectives: ReduceScatterFlat of such a tensor and
 // AllGatherFlat of a dense contiguous CPU tensor of any dtype (ShmAllReduce::Supports*). Every
-// other operation, and everything when the ranks span hosts or LAUNCH_SHM_ALLREDUCE=0, goes to
-// Gloo; there the reduce-scatter is an all-reduce of the input followed by a copy of this
+// other operation, and everything when LAUNCH_SHM_ALLREDUCE=0, goes to Gloo. When the ranks span
+// hosts and some host has more than one, the same all-reduces, the broadcasts from rank 0 and
+// the reduce-scatters (as an all-reduce of the input) run in two levels instead
+// (hierarchical.h: shared memory inside each host, Gloo between one leader per host); the
+// all-gathers stay on Gloo. Otherwise everything goes to Gloo; there the reduce-scatter is an all-reduce of the input followed by a copy of this
 // rank's shard (LibTorch 1.13's Gloo has no CPU reduce_scatter) and the all-gather is Gloo's
 // allgather into views of the output. Each transport sees the same subsequence of operations
 // on every rank, so the two never need ordering between them. In the same case send() and
@@ -34,6 +37,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "base/status.h"
+#include "trainer_runtime/comm/hierarchical.h"
 #include "trainer_runtime/comm/shm_allreduce.h"
 #include "trainer_runtime/comm/shm_p2p.h"
 #include "trainer_runtime/util/env.h"
@@ -45,10 +49,12 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   using Clock = std::chrono::steady_clock;
 
   // `shm`: the shared-memory all-reduce to route supported all-reduces to; `p2p`: the
-  // shared-memory send/recv; null: Gloo.
+  // shared-memory send/recv; `hierarchical`: the two-level all-reduce of a group spanning
+  // hosts (REQUIRES: not with `shm`); null: Gloo.
   explicit CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup> inner,
                                 std::unique_ptr<ShmAllReduce> shm = nullptr,
-                                std::unique_ptr<ShmPointToPoint> p2p = nullptr);
+                                std::unique_ptr<ShmPointToPoint> p2p = nullptr,
+                                std::unique_ptr<HierarchicalAllReduce> hierarchical = nullptr);
   // The send/recv channels go first: their threads may still be streaming.
   ~CountingProcessGroup() override;
 
@@ -107,7 +113,10 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   ShmAllReduce* shm() const { return shm_.get(); }
   // The shared-memory send/recv, or null when send/recv go to Gloo.
   ShmPointToPoint* p2p() const { return p2p_.get(); }
-  // "shared memory" or "Gloo (<why not shared memory>)", for logs.
+  // The two-level all-reduce across hosts, or null.
+  HierarchicalAllReduce* hierarchical() const { return hierarchical_.get(); }
+  // "shared memory", "hierarchical: shared memory within 2 hosts + Gloo across" or
+  // "Gloo (<why not shared memory>)", for logs.
   const std::string& allreduce_transport() const { return transport_; }
   void set_allreduce_transport(std::string description) { transport_ = std::move(description); }
 
@@ -128,6 +137,11 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // uncounted) and the bytes of their outputs.
   int64_t allgather_count() const;
   int64_t allgather_bytes() const;
+  // Of the operations above, those this rank ran across hosts as its host's leader
+  // (hierarchical.h), and the bytes it handed to the leaders' Gloo group; 0 when the group is
+  // not hierarchical or this rank is no leader.
+  int64_t cross_host_count() const;
+  int64_t cross_host_bytes() const;
   // Launch times of gradient reductions (all-reduces and reduce-scatters) since the last
   // TakeLaunchTimes() call: what "launched before the backward pass ended" is measured on.
   std::vector<Clock::time_point> TakeLaunchTimes();
@@ -139,6 +153,7 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::ProcessGroup> inner_;
   std::unique_ptr<ShmAllReduce> shm_;
   std::unique_ptr<ShmPointToPoint> p2p_;
+  std::unique_ptr<HierarchicalAllReduce> hierarchical_;
   std::string transport_ = "Gloo";
   mutable std::mutex mu_;
   int64_t allreduce_count_ = 0;
@@ -188,7 +203,9 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool 
 // The group `name` ("world", "stage1", "data0", ...) of `size` ranks in which this process is
 // `rank`, over the job's `store` (keys under a prefix per name and restart): Gloo (NewGroup),
 // then the shared-memory all-reduce and send/recv when every rank of the group is on this host
-// and none has LAUNCH_SHM_ALLREDUCE=0 (all ranks decide alike; see allreduce_transport()); its
+// and none has LAUNCH_SHM_ALLREDUCE=0, or the hierarchical all-reduce when the ranks span hosts
+// and some host has several of them (LAUNCH_SHM_ALLREDUCE=0 on any rank turns both off); all
+// ranks decide alike, see allreduce_transport(); its
 // operations fail within the same `timeout`. COLLECTIVE among the group's ranks; waits at most
 // `timeout` for them. Every group a worker builds is made here (the layout's axis groups:
 // parallel/layout.h).

@@ -223,9 +223,12 @@ StatusOr<ShmSetup> ShmAllReduce::Create(c10d::Store& store, int rank, int world_
   };
   try {
     // 1. Every rank says where it runs (or that it opted out); all decide alike.
-    StoreSet(store, "host/" + me, enabled ? HostIdentity() : "off");
+    const std::string identity =
+        options.host_identity.empty() ? HostIdentity() : options.host_identity;
+    StoreSet(store, "host/" + me, enabled ? identity : "off");
     std::vector<std::string> hosts(world_size);
     for (int r = 0; r < world_size; ++r) hosts[r] = StoreGet(store, "host/" + std::to_string(r));
+    none.hosts = hosts;
     for (int r = 0; r < world_size; ++r) {
       if (hosts[r] == "off") {
         none.reason = "LAUNCH_SHM_ALLREDUCE=0 on rank " + std::to_string(r);
@@ -314,6 +317,7 @@ StatusOr<ShmSetup> ShmAllReduce::Create(c10d::Store& store, int rank, int world_
     auto* states = reinterpret_cast<RankState*>(static_cast<char*>(base) + sizeof(Header));
     for (int r = 0; r < world_size; ++r) pids[r] = states[r].pid.load();
     ShmSetup setup;
+    setup.hosts = std::move(none.hosts);
     setup.shm.reset(new ShmAllReduce(rank, world_size, options, base, size, std::move(pids)));
     return setup;
   } catch (const std::exception& e) {

@@ -95,6 +95,10 @@ struct ShmAllReduceOptions {
   // Default 10 ms: how often a waiting rank checks that the peers it waits for are alive, so a
   // SIGKILLed peer fails the operation within about this long.
   std::chrono::milliseconds liveness_interval{10};
+  // Default empty: where this rank runs is this process's host identity (hostname, boot id and
+  // pid namespace; ranks share memory only when theirs are equal). Tests set it to pose as
+  // ranks of several hosts on one machine (hierarchical.h's tests).
+  std::string host_identity;
 };
 
 // What ShmAllReduce::Create decided.
@@ -102,6 +106,10 @@ class ShmAllReduce;
 struct ShmSetup {
   std::unique_ptr<ShmAllReduce> shm;  // null: use Gloo
   std::string reason;                 // why not, when shm is null ("LAUNCH_SHM_ALLREDUCE=0", ...)
+  // Every rank's host identity as the ranks published it, indexed by rank ("off": that rank
+  // disabled the transport); empty when world_size < 2. The same on every rank: what
+  // hierarchical.h groups the ranks of a group spanning hosts by.
+  std::vector<std::string> hosts;
 };
 
 class ShmAllReduce {
@@ -185,6 +193,12 @@ class ShmAllReduce {
   // Dense, contiguous CPU tensors of one dtype with output.numel() == world_size() *
   // input.numel().
   bool SupportsAllGather(const at::Tensor& input, const at::Tensor& output) const;
+
+  // Gives up on the group: raises the abort flag, so the peers' current and later operations
+  // fail (PeerLost, naming this rank) instead of waiting out the timeout, and so do this rank's.
+  // For a caller whose own part of a larger collective failed elsewhere (hierarchical.h's
+  // leader, when the cross-host step fails). Thread-safe.
+  void AbortPeers() { Abort(); }
 
   int rank() const { return rank_; }
   int world_size() const { return world_; }

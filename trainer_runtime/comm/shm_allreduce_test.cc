@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <dirent.h>
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "trainer_runtime/comm/hierarchical.h"
 #include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/comm/shm_allreduce.h"
 #include "trainer_runtime/comm/shm_p2p.h"
@@ -618,9 +620,135 @@ c10::intrusive_ptr<CountingProcessGroup> GlooOnly(const c10::intrusive_ptr<c10d:
       c10::make_intrusive<c10d::PrefixStore>("gloo_only", store), env.rank, env.world, options));
 }
 
+// --- hierarchical.h: ranks posing as several hosts (ShmAllReduceOptions::host_identity) ---------
+
+// "hier": hosts A A A B B (two levels, an exact order); "hier_mixed": A B A C (a host of one
+// rank, three leaders, hosts' ranks not contiguous).
+std::vector<std::string> PosedHosts(const std::string& scenario) {
+  if (scenario == "hier") return {"A", "A", "A", "B", "B"};
+  return {"A", "B", "A", "C"};
+}
+
+// The group as CreateGroupOver builds it across hosts, with the identities posed.
+c10::intrusive_ptr<CountingProcessGroup> HierarchicalGroup(
+    const c10::intrusive_ptr<c10d::Store>& store, const Env& env) {
+  ShmAllReduceOptions options = TestOptions(env.scenario);
+  options.host_identity = PosedHosts(env.scenario)[env.rank];
+  auto shm = ShmAllReduce::Create(*store, env.rank, env.world, true, options);
+  REQUIRE_MESSAGE(shm.ok(), shm.status().ToString());
+  REQUIRE(shm->shm == nullptr);  // they span hosts
+  REQUIRE(shm->hosts == PosedHosts(env.scenario));
+  LeaderGroupFactory leaders = [](const c10::intrusive_ptr<c10d::Store>& s, int r, int n) {
+    compat::GroupOptions o;
+    o.timeout = std::chrono::seconds(60);
+    o.gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    o.gloo_threads = 1;
+    return compat::NewProcessGroup(s, r, n, o);
+  };
+  auto setup = HierarchicalAllReduce::Create(c10::make_intrusive<c10d::PrefixStore>("hier", store),
+                                             env.rank, shm->hosts, leaders, options);
+  REQUIRE_MESSAGE(setup.ok(), setup.status().ToString());
+  REQUIRE_MESSAGE(setup->hierarchical != nullptr, setup->reason);
+  compat::GroupOptions o;
+  o.timeout = std::chrono::seconds(60);
+  o.gloo_device = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  o.gloo_threads = 1;
+  auto gloo = compat::NewProcessGroup(c10::make_intrusive<c10d::PrefixStore>("world", store),
+                                      env.rank, env.world, o);
+  return c10::make_intrusive<CountingProcessGroup>(gloo, nullptr, nullptr,
+                                                   std::move(setup->hierarchical));
+}
+
+// The two-level sum of Input(r, op): each host's ranks in order, then the host sums in host
+// order (exact for two hosts: a + b == b + a).
+at::Tensor HierarchicalReference(const std::vector<std::string>& hosts, int op, int64_t n,
+                                 c10::ScalarType dtype) {
+  std::vector<std::string> order;
+  std::vector<at::Tensor> sums;
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    size_t h = std::find(order.begin(), order.end(), hosts[r]) - order.begin();
+    const at::Tensor x = Input(static_cast<int>(r), op, n, dtype);
+    if (h == order.size()) {
+      order.push_back(hosts[r]);
+      sums.push_back(x);
+    } else {
+      sums[h] = sums[h] + x;
+    }
+  }
+  at::Tensor total = sums[0].to(at::kDouble);
+  for (size_t h = 1; h < sums.size(); ++h) total = total + sums[h].to(at::kDouble);
+  if (sums.size() == 2) return sums[0].to(dtype) + sums[1];
+  return total.to(dtype);
+}
+
+// Every rank's copy of `t` (through the group's Gloo all-gather) equals rank 0's, bit for bit.
+void CheckSameOnEveryRank(CountingProcessGroup& pg, const at::Tensor& t) {
+  const at::Tensor all = at::empty({pg.getSize() * t.numel()}, t.options());
+  REQUIRE(pg.AllGatherFlat(t.view({-1}), all)->wait());
+  for (int r = 1; r < pg.getSize(); ++r)
+    CHECK(at::equal(all.narrow(0, r * t.numel(), t.numel()), all.narrow(0, 0, t.numel())));
+}
+
+void RunHierarchical(const c10::intrusive_ptr<c10d::Store>& store, const Env& env) {
+  const std::vector<std::string> hosts = PosedHosts(env.scenario);
+  auto pg = HierarchicalGroup(store, env);
+  HierarchicalAllReduce& hier = *pg->hierarchical();
+  const int hosts_count = env.scenario == "hier" ? 2 : 3;
+  CHECK(pg->allreduce_transport() == "hierarchical: shared memory within " +
+                                         std::to_string(hosts_count) + " hosts + Gloo across");
+  CHECK(hier.leader() ==
+        (std::find(hosts.begin(), hosts.end(), hosts[env.rank]) - hosts.begin() == env.rank));
+  // All-reduces of every dtype and odd size, issued back to back, then checked.
+  int op = 0;
+  int64_t leader_bytes = 0, ops = 0;
+  std::vector<std::pair<at::Tensor, at::Tensor>> pending;  // (result, reference)
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (c10::ScalarType dtype : kDtypes) {
+    for (int64_t n : kSizes) {
+      std::vector<at::Tensor> t = {Input(env.rank, op, n, dtype)};
+      works.push_back(pg->allreduce(t, c10d::AllreduceOptions()));
+      pending.push_back({t[0], HierarchicalReference(hosts, op, n, dtype)});
+      if (n > 0) leader_bytes += n * t[0].element_size(), ++ops;
+      ++op;
+    }
+  }
+  for (size_t i = 0; i < works.size(); ++i) {
+    REQUIRE(works[i]->wait());
+    INFO(pending[i].first.scalar_type() << " x" << pending[i].first.numel());
+    if (hosts_count == 2) {
+      CHECK(at::equal(pending[i].first, pending[i].second));
+    } else {
+      CHECK(at::allclose(pending[i].first.to(at::kDouble), pending[i].second.to(at::kDouble), 1e-2,
+                         1e-2));
+    }
+    CheckSameOnEveryRank(*pg, pending[i].first);
+  }
+  CHECK(pg->allreduce_count() == static_cast<int64_t>(works.size()));
+  // A broadcast from rank 0 of any dtype, and ZeRO's reduce-scatter (an all-reduce's bits).
+  at::Tensor longs = at::full({1001}, static_cast<int64_t>(env.rank * 7 + 1), at::kLong);
+  std::vector<at::Tensor> b = {longs};
+  c10d::BroadcastOptions bo;
+  REQUIRE(pg->broadcast(b, bo)->wait());
+  CHECK(at::equal(longs, at::full({1001}, int64_t{1}, at::kLong)));
+  leader_bytes += 1001 * 8, ++ops;
+  const int64_t shard = 333;
+  at::Tensor in = Input(env.rank, 99, shard * env.world, c10::kFloat);
+  at::Tensor out = at::empty({shard}, at::kFloat);
+  REQUIRE(pg->ReduceScatterFlat(in, out)->wait());
+  const at::Tensor want = HierarchicalReference(hosts, 99, shard * env.world, c10::kFloat);
+  if (hosts_count == 2) CHECK(at::equal(out, want.narrow(0, env.rank * shard, shard)));
+  CHECK(pg->reduce_scatter_count() == 1);
+  leader_bytes += shard * env.world * 4, ++ops;
+  // Only leaders cross hosts, with every byte of every operation.
+  CHECK(pg->cross_host_count() == (hier.leader() ? ops : 0));
+  CHECK(pg->cross_host_bytes() == (hier.leader() ? leader_bytes : 0));
+  REQUIRE(pg->barrier(c10d::BarrierOptions())->wait());
+}
+
 void RunPeer(const Env& env) {
   auto tcp = ConnectStore(env.port, /*server=*/false, env.world);
   auto store = c10::make_intrusive<c10d::PrefixStore>(env.scenario, tcp);
+  if (env.scenario.rfind("hier", 0) == 0) return RunHierarchical(store, env);
   if (env.scenario == "disabled") {
     auto setup = ShmAllReduce::Create(*store, env.rank, env.world, /*enabled=*/false);
     REQUIRE(setup.ok());
@@ -942,6 +1070,34 @@ TEST_CASE("FlatReduceScatterOverGlooRethrowsWhenAPeerIsKilled") {
   CHECK_FALSE(work->isSuccess());
   CHECK(Clock::now() - killed < std::chrono::seconds(10));  // the timeout is 60 s
   CHECK(pg->reduce_scatter_count() == 2);
+}
+
+TEST_CASE("HierarchicalAllReduceSumsPerHostThenAcrossLeadersBitIdenticalOnEveryRank") {
+  // Five ranks posing as hosts A A A B B: each host's three or two ranks sum in shared memory,
+  // the two leaders through Gloo; then A B A C: a host of one rank, three leaders.
+  for (const char* scenario : {"hier", "hier_mixed"}) {
+    CAPTURE(scenario);
+    const int fds_before = CountShmFds();
+    {
+      Group g(scenario, static_cast<int>(PosedHosts(scenario).size()));
+      RunHierarchical(g.store, g.env);
+      g.ExpectPeersSucceed();
+    }
+    CHECK(CountShmFds() == fds_before);
+  }
+}
+
+TEST_CASE("HierarchicalAllReduceIsOffOnOneHostOrOneRankPerHostOrWhenARankDisablesShm") {
+  auto none = [](std::vector<std::string> hosts) {
+    auto setup = HierarchicalAllReduce::Create(c10::intrusive_ptr<c10d::Store>(), 0, hosts,
+                                               LeaderGroupFactory(), {});
+    REQUIRE(setup.ok());
+    CHECK(setup->hierarchical == nullptr);
+    return setup->reason;
+  };
+  CHECK(none({"A", "A", "A"}) == "every rank on one host");
+  CHECK(none({"A", "B", "C"}) == "one rank per host");
+  CHECK(none({"A", "A", "B", "off"}) == "LAUNCH_SHM_ALLREDUCE=0 on rank 3");
 }
 
 }  // namespace
