@@ -78,8 +78,7 @@ StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
       long fd = std::strtol(e->d_name, &end, 10);
       if (*end != '\0' || e->d_name[0] == '\0' || fd <= 2 || fd == own) continue;
       if (kInherited.count(static_cast<int>(fd)) || fd == request.stdin_fd ||
-          fd == request.stdout_fd ||
-          fd == request.stderr_fd)
+          fd == request.stdout_fd || fd == request.stderr_fd)
         continue;
       int flags = fcntl(static_cast<int>(fd), F_GETFD);
       if (flags >= 0 && !(flags & FD_CLOEXEC))

@@ -30,8 +30,8 @@ std::string CheckHost(const std::string& host) {
 std::string ParseSlots(const std::string& text, int* slots) {
   long long v = 0;
   if (!ParseInt64(text, &v) || v < 1 || v > kMaxWorkersPerNode)
-    return "slots must be an integer from 1 to " + std::to_string(kMaxWorkersPerNode) +
-           ", got '" + SanitizeForTerminal(text) + "'";
+    return "slots must be an integer from 1 to " + std::to_string(kMaxWorkersPerNode) + ", got '" +
+           SanitizeForTerminal(text) + "'";
   *slots = static_cast<int>(v);
   return "";
 }

@@ -21,8 +21,8 @@
 namespace launch::config {
 
 struct HostSlots {
-  std::string host;  // as ssh is given it: a name from ~/.ssh/config, a DNS name or an address
-  int slots = 1;     // workers on that host
+  std::string host;   // as ssh is given it: a name from ~/.ssh/config, a DNS name or an address
+  int slots = 1;      // workers on that host
   std::string where;  // "hosts.txt:3" or "--hosts entry 2": for messages
 };
 

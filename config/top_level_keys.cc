@@ -344,7 +344,8 @@ const std::vector<KeyDef>& TopLevelTable() {
                 "HOST:N,HOST:N (Horovod's -H): as --hostfile, the machines and their workers")
           .Show([](const LaunchConfig& c) {
             std::vector<std::string> parts;
-            for (const HostSlots& h : c.hosts) parts.push_back(h.host + ":" + std::to_string(h.slots));
+            for (const HostSlots& h : c.hosts)
+              parts.push_back(h.host + ":" + std::to_string(h.slots));
             return Join(parts, ",");
           }),
       Key("run_id", Field(&LaunchConfig::run_id))

@@ -331,12 +331,13 @@ int RunAsHead(LaunchConfig& cfg, const std::vector<std::string>& args, bool self
     std::cout << config::FormatConfig(cfg);
     for (size_t i = 0; i < job.hosts.size(); ++i)
       std::cout << "# node " << i << ": " << job.hosts[i].host << ", " << job.hosts[i].slots
-                << " worker(s)" << (i == 0 ? ", hosts the rendezvous at " + job.master_addr +
-                                                 ":" + std::to_string(job.port)
-                                           : std::string())
+                << " worker(s)"
+                << (i == 0 ? ", hosts the rendezvous at " + job.master_addr + ":" +
+                                 std::to_string(job.port)
+                           : std::string())
                 << "\n";
-    std::cout << "# run id " << job.run_id << "; every host runs " << job.launch_path
-              << " in " << job.cwd << " over ssh\n";
+    std::cout << "# run id " << job.run_id << "; every host runs " << job.launch_path << " in "
+              << job.cwd << " over ssh\n";
     return kExitOk;
   }
   std::vector<std::string> warnings;
@@ -350,8 +351,8 @@ int RunAsHead(LaunchConfig& cfg, const std::vector<std::string>& args, bool self
       return kExitUsage;
     }
   if (!ssh.ok()) {
-    std::fprintf(stderr, "launch: error: %s needs OpenSSH's client: %s\n",
-                 cfg.hosts_origin.c_str(), ssh.status().message().c_str());
+    std::fprintf(stderr, "launch: error: %s needs OpenSSH's client: %s\n", cfg.hosts_origin.c_str(),
+                 ssh.status().message().c_str());
     return kExitUsage;
   }
   if (token->find('\n') != std::string::npos) {

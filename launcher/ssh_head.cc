@@ -120,22 +120,22 @@ std::vector<std::string> SshArgv(const HeadJob& job, size_t node) {
   const config::HostSlots& h = job.hosts.at(node);
   std::vector<std::string> remote = {job.launch_path};
   if (job.self_test) remote.push_back("test");
-  remote.insert(remote.end(), {
-      "--head_stdin",
-      "--num_machines",    std::to_string(job.hosts.size()),
-      "--machine_rank",    std::to_string(node),
-      "--nproc_per_node",  std::to_string(h.slots),
-      "--main_process_ip", job.master_addr,
-      "--main_process_port", std::to_string(job.port),
-      "--run_id",          job.run_id});
+  remote.insert(
+      remote.end(),
+      {"--head_stdin", "--num_machines", std::to_string(job.hosts.size()), "--machine_rank",
+       std::to_string(node), "--nproc_per_node", std::to_string(h.slots), "--main_process_ip",
+       job.master_addr, "--main_process_port", std::to_string(job.port), "--run_id", job.run_id});
   remote.insert(remote.end(), job.args.begin(), job.args.end());
   std::string command = "cd " + ShellQuote(job.cwd) + " && exec";
   for (const std::string& a : remote) command += " " + ShellQuote(a);
   // -T: no terminal, so the remote launch's stdin is ssh's channel (whose end stops it) and no
   // SIGHUP games; BatchMode: fail instead of asking for a password; ServerAliveInterval: a
   // lost link ends ssh here (3 unanswered probes), which ends the remote side's stdin there.
-  return {job.ssh, "-T", "-o", "BatchMode=yes", "-o", "ConnectTimeout=30",
-          "-o", "ServerAliveInterval=10", h.host, command};
+  return {job.ssh, "-T",
+          "-o",    "BatchMode=yes",
+          "-o",    "ConnectTimeout=30",
+          "-o",    "ServerAliveInterval=10",
+          h.host,  command};
 }
 
 std::string HeadMessage(const HeadJob& job) {
@@ -179,8 +179,8 @@ int RunHead(const HeadJob& job) {
     for (Remote& r : remotes) r.CloseInput();
     stop_at.reset();
     if (!kill_at)
-      kill_at = Clock::now() + std::chrono::milliseconds(
-                                   static_cast<int64_t>(job.stop_grace_s * 1000)) +
+      kill_at = Clock::now() +
+                std::chrono::milliseconds(static_cast<int64_t>(job.stop_grace_s * 1000)) +
                 kPeersFollow;
   };
   auto kill_all = [&] {

@@ -6,7 +6,7 @@
 // Each host runs, through OpenSSH's client (`ssh -T -o BatchMode=yes`: the user's own keys,
 // agent and ~/.ssh/config, never a password prompt) and the remote user's shell:
 //     cd <the head's working directory> && exec <this launch's path> --head_stdin
-//        --num_machines N --machine_rank i --nproc_per_node SLOTS \
+//        --num_machines N --machine_rank i --nproc_per_node SLOTS
 //        --main_process_ip <first host> --main_process_port P --run_id ID <the head's arguments>
 // so every host needs launch at the same path and the same working directory (a shared or
 // identical file system, as DeepSpeed's and Horovod's runners assume). The first host is node
@@ -56,7 +56,7 @@ struct HeadJob {
   std::string run_id;
   std::string token;
   std::vector<std::pair<std::string, std::string>> env;  // JobEnvironment
-  std::string ssh = "ssh";  // the ssh client (resolved on PATH)
+  std::string ssh = "ssh";                               // the ssh client (resolved on PATH)
   // How long a host's launch gets to stop once asked (its workers' stop_grace), before the
   // head ends its ssh.
   double stop_grace_s = 30;
