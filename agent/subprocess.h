@@ -22,6 +22,8 @@ struct SpawnRequest {
   // argv in a process group of its own and kills everything it started when it ends, on
   // kKillAll, or when `launch` dies, even by SIGKILL. Empty: exec argv directly.
   std::string exec_shim;
+  // The descriptor that becomes the child's stdin; -1: /dev/null (see Spawn).
+  int stdin_fd = -1;
   // Descriptors that become the child's stdout / stderr; -1 inherits ours.
   int stdout_fd = -1;
   int stderr_fd = -1;

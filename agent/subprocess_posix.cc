@@ -61,7 +61,11 @@ StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
   posix_spawnattr_init(&attr);
   // stdin is /dev/null: a worker that reads it gets EOF instead of being stopped by SIGTTIN (it is
   // a background process group of launch's terminal). dup2 makes the pipes its 1 and 2.
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  // (launch's ssh head passes a pipe instead: the remote launch's control channel.)
+  if (request.stdin_fd >= 0)
+    posix_spawn_file_actions_adddup2(&actions, request.stdin_fd, 0);
+  else
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   if (request.stdout_fd >= 0) posix_spawn_file_actions_adddup2(&actions, request.stdout_fd, 1);
   if (request.stderr_fd >= 0) posix_spawn_file_actions_adddup2(&actions, request.stderr_fd, 2);
   // A worker holds 0-2 and what launch's caller passed down, nothing of launch's own: our
@@ -73,8 +77,8 @@ StatusOr<SpawnedProcess> Spawn(const SpawnRequest& request) {
       char* end;
       long fd = std::strtol(e->d_name, &end, 10);
       if (*end != '\0' || e->d_name[0] == '\0' || fd <= 2 || fd == own) continue;
-      if (kInherited.count(static_cast<int>(fd)) || fd == request.stdout_fd ||
-          fd == request.stderr_fd)
+      if (kInherited.count(static_cast<int>(fd)) || fd == request.stdin_fd ||
+          fd == request.stdout_fd || fd == request.stderr_fd)
         continue;
       int flags = fcntl(static_cast<int>(fd), F_GETFD);
       if (flags >= 0 && !(flags & FD_CLOEXEC))

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "config/hostfile.h"
 #include "config/train_config.h"
 
 namespace launch::config {
@@ -94,6 +95,11 @@ struct LaunchConfig {
   // 127.0.0.2, 127.0.0.3, ... as stand-in nodes). Empty = chosen by the kernel.
   std::string rdzv_local_addr;
   RdzvConf rdzv_conf;
+  // The job's machines when this launch is the head that starts them all over ssh (--hostfile
+  // FILE, or --hosts h1:2,h2:2; launcher/ssh_head.h); empty = this launch is one node. Flags
+  // only: the YAML and the environment reach every host, where they must not start heads.
+  std::vector<HostSlots> hosts;
+  std::string hosts_origin;  // "--hostfile hosts.txt" or "--hosts": for messages
   // Empty: a fresh one on one node; across nodes one derived from what the nodes share
   // (launcher.cc DerivedRunId), or slurm-$SLURM_JOB_ID under SLURM.
   std::string run_id;

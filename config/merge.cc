@@ -127,6 +127,21 @@ std::vector<std::pair<std::string, std::string>> ShownSettings(const LaunchConfi
 }
 
 Status Validate(LaunchConfig* cfg) {
+  // A head's host list says how many machines there are, which is which node and how many
+  // workers each runs: the same from a flag or a variable is a contradiction (a YAML file's
+  // values are what the host list overrides, as a flag would). main_process_ip stays free: the
+  // address the other hosts reach the first at, where its ssh name is not (an ~/.ssh/config
+  // alias).
+  if (!cfg->hosts.empty()) {
+    for (const char* key : {"num_machines", "machine_rank", "nproc_per_node", "num_processes"}) {
+      auto it = cfg->origins.find(key);
+      if (it != cfg->origins.end() && OriginLayer(&it->second) >= 2)
+        return Status::InvalidConfig(
+            it->second.ToString() + ": " + key + " cannot be given with " + cfg->hosts_origin +
+            ": the host list names the machines (the first hosts the rendezvous) and each "
+            "one's workers (its slots)");
+    }
+  }
   if (cfg->machine_rank >= cfg->max_nodes)
     return Status::InvalidConfig(cfg->origins["machine_rank"].ToString() + ": machine_rank " +
                                  std::to_string(cfg->machine_rank) +

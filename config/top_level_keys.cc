@@ -311,6 +311,43 @@ const std::vector<KeyDef>& TopLevelTable() {
       Key("is_host", NoEffect("rdzv_conf is_host", {},
                               "the node that can bind the endpoint hosts the rendezvous"))
           .In(kRdzvConf),
+      // A head that starts every machine over ssh (config/hostfile.h, launcher/ssh_head.h).
+      // Flags only, so that the remote launches, which get the same YAML and LAUNCH_* variables,
+      // never become heads themselves.
+      Key("hostfile",
+          [](const std::string& s, LaunchConfig* c) {
+            if (!c->hosts.empty() && c->hosts_origin != "--hostfile")
+              return std::string("give --hostfile or --hosts, not both");
+            StatusOr<std::vector<HostSlots>> hosts = LoadHostfile(s);
+            if (!hosts.ok()) return hosts.status().message();
+            c->hosts = *hosts;
+            c->hosts_origin = "--hostfile";
+            return std::string();
+          })
+          .In(kFlagOnly)
+          .Flag({"hostfile"}, kGroupNodes,
+                "start the job on these machines over ssh from here: `HOST slots=N` lines "
+                "(DeepSpeed's host file); the first hosts the rendezvous")
+          .Records({"hosts"}),
+      Key("hosts",
+          [](const std::string& s, LaunchConfig* c) {
+            if (!c->hosts.empty() && c->hosts_origin != "--hosts")
+              return std::string("give --hostfile or --hosts, not both");
+            StatusOr<std::vector<HostSlots>> hosts = ParseHostList(s);
+            if (!hosts.ok()) return hosts.status().message();
+            c->hosts = *hosts;
+            c->hosts_origin = "--hosts";
+            return std::string();
+          })
+          .In(kFlagOnly)
+          .Flag({"hosts", "H"}, kGroupNodes,
+                "HOST:N,HOST:N (Horovod's -H): as --hostfile, the machines and their workers")
+          .Show([](const LaunchConfig& c) {
+            std::vector<std::string> parts;
+            for (const HostSlots& h : c.hosts)
+              parts.push_back(h.host + ":" + std::to_string(h.slots));
+            return Join(parts, ",");
+          }),
       Key("run_id", Field(&LaunchConfig::run_id))
           .Syn({"rdzv_id"})
           .Flag({"run_id", "rdzv_id"}, kGroupNodes, "job id shared by all machines")

@@ -1,5 +1,6 @@
 #include "launcher/launcher.h"
 
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "launcher/accelerate_env.h"
 #include "launcher/env_report.h"
 #include "launcher/scheduler_env.h"
+#include "launcher/ssh_head.h"
 #include "launcher/subcommands.h"
 #include "launcher/wizard.h"
 
@@ -253,6 +255,138 @@ agent::AgentOptions MakeAgentOptions(const LaunchConfig& cfg, const Plan& plan,
   opts.max_restarts = cfg.max_restarts;
   if (!plan.python.empty()) opts.python = plan.python + " (" + plan.python_origin + ")";
   return opts;
+}
+
+// The head's arguments as every host's launch gets them: without the host list (a remote
+// launch is one node, never a head itself). Only before "--": what follows is the program's.
+std::vector<std::string> WithoutHostList(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  bool program = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (!program && a == "--") program = true;
+    if (!program) {
+      if (a == "--hostfile" || a == "--hosts" || a == "-H") {
+        ++i;  // and its value
+        continue;
+      }
+      if (StartsWith(a, "--hostfile=") || StartsWith(a, "--hosts=") ||
+          (StartsWith(a, "-H") && !StartsWith(a, "--")))
+        continue;
+    }
+    out.push_back(a);
+  }
+  return out;
+}
+
+// 128 random bits as hex: the token of a hostfile job whose user set none, so that such a
+// job always authenticates.
+StatusOr<std::string> RandomToken() {
+  unsigned char bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno("getrandom", errno);
+    got += static_cast<size_t>(n);
+  }
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+// `launch --hostfile`: this launch starts every host over ssh (ssh_head.h) and runs no worker
+// itself. `args` are launch's arguments as given (without "test").
+int RunAsHead(LaunchConfig& cfg, const std::vector<std::string>& args, bool self_test,
+              bool print_config) {
+  HeadJob job;
+  job.hosts = cfg.hosts;
+  job.args = WithoutHostList(args);
+  job.self_test = self_test;
+  job.launch_path = ExecutableDir() + "/launch";
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof(cwd)) == nullptr) {
+    std::fprintf(stderr, "launch: error: %s\n",
+                 Status::FromErrno("getcwd", errno).message().c_str());
+    return kExitUsage;
+  }
+  job.cwd = cwd;
+  auto ip_origin = cfg.origins.find("main_process_ip");
+  if (ip_origin != cfg.origins.end() && (ip_origin->second.kind == Origin::Kind::kFlag ||
+                                         ip_origin->second.kind == Origin::Kind::kEnvironment)) {
+    job.master_addr = cfg.main_process_ip;
+  } else {
+    const std::string& first = cfg.hosts[0].host;
+    job.master_addr = first.substr(first.rfind('@') + 1);  // user@host: the host
+  }
+  job.port = cfg.main_process_port > 0 ? cfg.main_process_port : 29500;
+  cfg.min_nodes = cfg.max_nodes = static_cast<int>(cfg.hosts.size());
+  job.run_id = cfg.run_id.empty() ? DerivedRunId(cfg) : cfg.run_id;
+  job.stop_grace_s = cfg.stop_grace_s;
+  if (print_config) {
+    std::cout << config::FormatConfig(cfg);
+    for (size_t i = 0; i < job.hosts.size(); ++i)
+      std::cout << "# node " << i << ": " << job.hosts[i].host << ", " << job.hosts[i].slots
+                << " worker(s)"
+                << (i == 0 ? ", hosts the rendezvous at " + job.master_addr + ":" +
+                                 std::to_string(job.port)
+                           : std::string())
+                << "\n";
+    std::cout << "# run id " << job.run_id << "; every host runs " << job.launch_path << " in "
+              << job.cwd << " over ssh\n";
+    return kExitOk;
+  }
+  std::vector<std::string> warnings;
+  auto env = JobEnvironment(CurrentEnvironment(), job.cwd, &warnings);
+  StatusOr<std::string> ssh = agent::ResolveProgram("ssh");
+  StatusOr<std::string> token =
+      cfg.rdzv_token.empty() ? RandomToken() : StatusOr<std::string>(cfg.rdzv_token);
+  for (const Status& s : {env.status(), token.status()})
+    if (!s.ok()) {
+      std::fprintf(stderr, "launch: error: %s\n", s.message().c_str());
+      return kExitUsage;
+    }
+  if (!ssh.ok()) {
+    std::fprintf(stderr, "launch: error: %s needs OpenSSH's client: %s\n", cfg.hosts_origin.c_str(),
+                 ssh.status().message().c_str());
+    return kExitUsage;
+  }
+  if (token->find('\n') != std::string::npos) {
+    std::fprintf(stderr, "launch: error: the rendezvous token holds a newline\n");
+    return kExitUsage;
+  }
+  for (const std::string& w : warnings) Warn(w);
+  job.env = *env;
+  job.token = *token;
+  job.ssh = *ssh;
+  return RunHead(job);
+}
+
+// `--head_stdin` (set by a head on the launches it starts): the head's message is read from
+// stdin and applied to this process's environment before anything reads it, then stdin is
+// watched: its end stops this node.
+int AcceptHead() {
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string token;
+  Status received = ReceiveFromHead(0, &env, &token);
+  if (!received.ok()) {
+    std::fprintf(stderr, "launch: error: %s\n", received.message().c_str());
+    return kExitUsage;
+  }
+  for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+  ::setenv("LAUNCH_RDZV_TOKEN", token.c_str(), 1);
+  ::unsetenv("PET_RDZV_TOKEN");
+  const std::string ready = std::string(kReadyLine) + "\n";
+  if (::write(1, ready.data(), ready.size()) != static_cast<ssize_t>(ready.size())) {
+    std::fprintf(stderr, "launch: error: cannot answer the head on stdout\n");
+    return kExitFailure;
+  }
+  StopWhenHeadLeaves(0);
+  return kExitOk;
 }
 
 }  // namespace
@@ -664,6 +798,11 @@ int Main(int argc, char** argv) {
   // self-check on at least 2 processes instead of the configured program.
   bool self_test = !args.empty() && args[0] == "test";
   if (self_test) args.erase(args.begin());
+  // --head_stdin comes first, as the head writes it (ssh_head.h); it is not a setting.
+  if (!args.empty() && (args[0] == "--head_stdin" || args[0] == "--head-stdin")) {
+    args.erase(args.begin());
+    if (int rc = AcceptHead(); rc != kExitOk) return rc;
+  }
   StatusOr<CommandLine> command = ParseCommandLine(args);
   if (!command.ok()) {
     std::fprintf(stderr, "launch: error: %s\n", command.status().message().c_str());
@@ -681,6 +820,7 @@ int Main(int argc, char** argv) {
         "--rdzv_token on the command line is visible to every user of this machine (ps, "
         "/proc/PID/cmdline); set LAUNCH_RDZV_TOKEN in the environment instead");
   for (const auto& w : cfg.warnings) Warn(w);
+  if (!cfg.hosts.empty()) return RunAsHead(cfg, args, self_test, print_config);
   RaiseDescriptorLimit();  // the shim gives workers the original back
   if (self_test) {
     if (!cfg.program.empty()) {

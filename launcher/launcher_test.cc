@@ -1,4 +1,5 @@
 #include "launcher/launcher.h"
+#include "launcher/ssh_head.h"
 
 #include <cstdlib>
 
@@ -219,4 +220,38 @@ TEST_CASE("PlanNamesTheInterpreterAndWhatChoseIt") {
 }
 
 }  // namespace
+}  // namespace launch::launcher
+
+namespace launch::launcher {
+
+TEST_CASE("SshHeadPassesTheTokenOnStdinOnly") {
+  HeadJob job;
+  job.hosts = {{"a", 2, "h:1"}, {"b", 1, "h:2"}};
+  job.args = {"--", "/bin/echo", "it's"};
+  job.launch_path = "/opt/launch";
+  job.cwd = "/data/job";
+  job.master_addr = "a";
+  job.run_id = "r";
+  job.token = "s3cret";
+  job.env = {{"GLOO_SOCKET_IFNAME", "eth0"}};
+  std::vector<std::string> argv = SshArgv(job, 1);
+  CHECK(argv[argv.size() - 2] == "b");
+  CHECK(argv.back() ==
+        "cd '/data/job' && exec '/opt/launch' '--head_stdin' '--num_machines' '2' "
+        "'--machine_rank' '1' '--nproc_per_node' '1' '--main_process_ip' 'a' "
+        "'--main_process_port' '29500' '--run_id' 'r' '--' '/bin/echo' 'it'\\''s'");
+  for (const std::string& a : argv) CHECK(a.find("s3cret") == std::string::npos);
+  CHECK(HeadMessage(job) == "launch-head 1\nenv GLOO_SOCKET_IFNAME=eth0\ntoken s3cret\nend\n");
+}
+
+TEST_CASE("EnvFileIsKeyValueLines") {
+  auto env = ParseEnvFile("# c\nA=1\nexport B = x=y\n\n", "e");
+  REQUIRE(env.ok());
+  REQUIRE(env->size() == 2);
+  CHECK((*env)[1].first == "B");
+  CHECK((*env)[1].second == " x=y");
+  CHECK(ParseEnvFile("A=1\nnot a line\n", "e").status().message() ==
+        "e:2: expected KEY=VALUE, got 'not a line'");
+}
+
 }  // namespace launch::launcher

@@ -31,19 +31,19 @@ class Host:
         self._holder = holder  # `unshare`, whose death (SIGKILL) takes init and so the host
         self.init_pid = init_pid  # the host's init, as this namespace numbers it
 
-    def argv(self, argv):
+    def argv(self, argv, cwd=None):
         """`argv` wrapped to run inside this host (nsenter forks so that it joins the pid
-        namespace)."""
+        namespace), in `cwd` (nsenter's --mount would otherwise start it in /)."""
         return ["nsenter", "-t", str(self.init_pid), "--net", "--uts", "--pid", "--mount",
-                "--", *argv]
+                *([f"--wd={cwd}"] if cwd else []), "--", *argv]
 
-    def popen(self, argv, **kwargs):
-        return subprocess.Popen(self.argv(argv), **kwargs)
+    def popen(self, argv, cwd=None, **kwargs):
+        return subprocess.Popen(self.argv(argv, cwd), **kwargs)
 
-    def run(self, argv, timeout=60, **kwargs):
+    def run(self, argv, timeout=60, cwd=None, **kwargs):
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
-        return subprocess.run(self.argv(argv), timeout=timeout, **kwargs)
+        return subprocess.run(self.argv(argv, cwd), timeout=timeout, **kwargs)
 
     def limit(self, rate, burst="64kb", latency="50ms"):
         """Shapes what this host sends to `rate` (tc tbf, e.g. "200mbit"); None removes it."""
