@@ -77,8 +77,8 @@ class ElasticAgent {
     co.join.local_world_size = options_.local.group.local_world_size;
     co.join.master_port = *port;
     co.join.hostname = !options_.hostname.empty() ? options_.hostname
-                       : !Hostname().empty()         ? Hostname()
-                                                     : "unknown";
+                       : !Hostname().empty()      ? Hostname()
+                                                  : "unknown";
     co.join.fingerprint = options_.fingerprint;
     co.join.max_restarts = options_.max_restarts;
     co.join.join_timeout_s = options_.join_timeout_s;

@@ -15,7 +15,8 @@ bool IsSet(const std::map<std::string, std::string>& env, const std::string& key
 
 // "resolves to 127.0.1.1 (loopback)" / "resolves to nothing".
 std::string Resolution(const SocketInterfaceFacts& f) {
-  const std::string name = f.hostname.empty() ? "this host's name" : "this host's name " + f.hostname;
+  const std::string name =
+      f.hostname.empty() ? "this host's name" : "this host's name " + f.hostname;
   if (f.hostname_addresses.empty()) return name + " resolves to nothing";
   return name + " resolves to " + f.hostname_addresses.front() + " (loopback)";
 }
@@ -30,15 +31,15 @@ SocketInterfaceExport ChooseSocketInterfaces(const SocketInterfaceFacts& f) {
   for (const char* key : kVariables)
     if (!IsSet(f.worker_env, key)) unset.push_back(key);
   if (unset.empty()) return out;
-  const std::string why = Resolution(f) + ", where PyTorch's Gloo would listen, out of the other "
-                                          "hosts' reach";
+  const std::string why = Resolution(f) +
+                          ", where PyTorch's Gloo would listen, out of the other "
+                          "hosts' reach";
   if (f.route.interface.empty() || IsLoopbackHost(f.route.address)) {
-    const std::string found =
-        !f.route_error.empty()
-            ? f.route_error
-            : "the route to MASTER_ADDR " + f.master_addr + " leaves from " +
-                  (f.route.address.empty() ? "no address" : f.route.address) +
-                  ", which no interface holds";
+    const std::string found = !f.route_error.empty()
+                                  ? f.route_error
+                                  : "the route to MASTER_ADDR " + f.master_addr + " leaves from " +
+                                        (f.route.address.empty() ? "no address" : f.route.address) +
+                                        ", which no interface holds";
     out.message = why + "; cannot tell which interface reaches the other hosts (" + found +
                   "): set " + Join(unset, " and ") + " to it on every host";
     return out;

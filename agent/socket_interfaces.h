@@ -24,8 +24,8 @@ struct SocketInterfaceFacts {
   std::string master_addr;                      // the round's MASTER_ADDR
   std::string hostname;                         // this host's name (Hostname())
   std::vector<std::string> hostname_addresses;  // what it resolves to (ResolveHost)
-  Route route;             // RouteTo(master_addr); interface "" when unknown
-  std::string route_error;  // why RouteTo failed; "" when it did not
+  Route route;                                  // RouteTo(master_addr); interface "" when unknown
+  std::string route_error;                      // why RouteTo failed; "" when it did not
   // The workers' environment before this decision (inherited plus the launcher's additions).
   std::map<std::string, std::string> worker_env;
 };

@@ -23,7 +23,7 @@ bool Mentions(const std::string& text, const std::string& part) {
 TEST_CASE("StockHostGetsTheInterfaceOfTheRouteToTheMasterForGlooAndNccl") {
   SocketInterfaceExport e = ChooseSocketInterfaces(StockHost());
   CHECK(e.env == std::map<std::string, std::string>{{"GLOO_SOCKET_IFNAME", "eth0"},
-                                                     {"NCCL_SOCKET_IFNAME", "eth0"}});
+                                                    {"NCCL_SOCKET_IFNAME", "eth0"}});
   CHECK(Mentions(e.message, "GLOO_SOCKET_IFNAME=eth0 NCCL_SOCKET_IFNAME=eth0"));
   CHECK(Mentions(e.message, "h1 resolves to 127.0.1.1 (loopback)"));
   CHECK(Mentions(e.message, "eth0 (10.215.3.2) is the route to MASTER_ADDR 10.215.3.1"));

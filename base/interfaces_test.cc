@@ -5,9 +5,11 @@
 namespace launch {
 namespace {
 
-const std::vector<InterfaceAddress> kHost = {
-    {"lo", "127.0.0.1"}, {"eth0", "10.215.3.2"}, {"lo", "::1"}, {"eth0", "fe80::1"},
-    {"eth1", "192.168.7.4"}};
+const std::vector<InterfaceAddress> kHost = {{"lo", "127.0.0.1"},
+                                             {"eth0", "10.215.3.2"},
+                                             {"lo", "::1"},
+                                             {"eth0", "fe80::1"},
+                                             {"eth1", "192.168.7.4"}};
 
 TEST_CASE("InterfaceHoldingFindsTheInterfaceOfAnAddress") {
   CHECK(InterfaceHolding(kHost, "10.215.3.2") == "eth0");

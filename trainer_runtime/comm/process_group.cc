@@ -364,8 +364,8 @@ StatusOr<GlooBinding> ChooseGlooBinding(const std::string& master_addr) {
       if (!IsLoopbackHost(master_addr)) {
         StatusOr<Route> route = RouteTo(master_addr);
         if (route.ok() && !route->interface.empty())
-          hint = "; unset it to use " + route->interface + ", the route to MASTER_ADDR " +
-                 master_addr;
+          hint =
+              "; unset it to use " + route->interface + ", the route to MASTER_ADDR " + master_addr;
       }
       return Status::InvalidConfig(std::string("GLOO_SOCKET_IFNAME=") + ifname +
                                    " names no interface of this host (" + Hostname() +
@@ -388,8 +388,8 @@ StatusOr<GlooBinding> ChooseGlooBinding(const std::string& master_addr) {
   // loopback or nothing): the one the other hosts reach, as they reached MASTER_ADDR.
   StatusOr<Route> route = RouteTo(master_addr);
   if (!route.ok())
-    return Status::IoError("cannot find the local address that reaches MASTER_ADDR " +
-                           master_addr + " for Gloo to bind: " + route.status().message() +
+    return Status::IoError("cannot find the local address that reaches MASTER_ADDR " + master_addr +
+                           " for Gloo to bind: " + route.status().message() +
                            " (set GLOO_SOCKET_IFNAME to the interface to use)");
   b.address = route->address;
   b.interface = route->interface;
@@ -446,11 +446,10 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
   const std::string tag = "/" + std::to_string(env.restart_count) + "/" + name;
   const std::string what = "rank " + std::to_string(env.rank) + ": Gloo process group '" + name +
-                           "' of " + std::to_string(size) + " ranks via store " +
-                           env.master_addr + ":" + std::to_string(env.master_port);
+                           "' of " + std::to_string(size) + " ranks via store " + env.master_addr +
+                           ":" + std::to_string(env.master_port);
   StatusOr<GlooBinding> binding = ChooseGlooBinding(env.master_addr);
-  if (!binding.ok())
-    return binding.status().WithContext(what);
+  if (!binding.ok()) return binding.status().WithContext(what);
   // Gloo, and NCCL for CUDA tensors where LibTorch has it.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   const auto started = std::chrono::steady_clock::now();
@@ -467,8 +466,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     if (elapsed >= timeout * 9 / 10)
       return Status::Timeout(where + ", did not form within " + seconds + ": " + e.what() + hint);
     char after[32];
-    std::snprintf(after, sizeof after, "%.2f s",
-                  std::chrono::duration<double>(elapsed).count());
+    std::snprintf(after, sizeof after, "%.2f s", std::chrono::duration<double>(elapsed).count());
     return Status::IoError(where + ", failed after " + after + " (of its " + seconds +
                            " timeout): " + e.what() + hint);
   }

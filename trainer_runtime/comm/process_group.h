@@ -155,7 +155,8 @@ class CountingProcessGroup : public c10d::ProcessGroup {
 // Where a worker's Gloo device listens: what its peers are told to connect to.
 struct GlooBinding {
   bool from_environment = false;  // GLOO_SOCKET_IFNAME named `interface`
-  std::string address;    // the address bound (numeric): the interface's first when from_environment
+  // The address bound (numeric); with from_environment, the interface's first (Gloo's pick).
+  std::string address;
   std::string interface;  // the interface holding it ("eth0"); may be "" when unknown
   std::string why;        // "the route to MASTER_ADDR 10.0.0.1", ...
   // "10.0.0.2 on eth0, the route to MASTER_ADDR 10.0.0.1" or "interface eth0 (10.0.0.2) from
@@ -214,8 +215,8 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool 
 // (GlooBinding::Describe): Timeout "... did not form within 300 s: ..." only when the timeout
 // passed; IoError "... failed after 0.02 s (of its 300 s timeout): ..." when Gloo gave up
 // earlier (a peer's address refused), with a hint when that peer announced a loopback address;
-// ChooseGlooBinding's errors as they are. The log's transport names the binding too. Every group a worker builds is made here (the layout's axis groups:
-// parallel/layout.h).
+// ChooseGlooBinding's errors as they are. The log's transport names the binding too. Every
+// group a worker builds is made here (the layout's axis groups: parallel/layout.h).
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     const c10::intrusive_ptr<c10d::Store>& store, const std::string& name, int rank, int size,
     const DistEnv& env, std::chrono::milliseconds timeout);
