@@ -262,14 +262,8 @@ class ElasticAgent {
   // loopback (socket_interfaces.h); the reason is logged once, and again only if it changes (a
   // re-formed round with another master).
   void ExportSocketInterfaces(WorkerGroupSpec* spec) {
-    std::map<std::string, std::string> env;
-    for (const std::string& kv : spec->base_env) {
-      const size_t eq = kv.find('=');
-      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    for (const auto& [k, v] : spec->extra_env) env[k] = v;
-    const SocketInterfaceExport e = ChooseSocketInterfaces(
-        ProbeSocketInterfaceFacts(spec->group_world_size, spec->master_addr, std::move(env)));
+    const SocketInterfaceExport e = ChooseSocketInterfaces(ProbeSocketInterfaceFacts(
+        spec->group_world_size, spec->master_addr, BaseEnvironment(*spec)));
     for (const auto& [k, v] : e.env) spec->extra_env[k] = v;
     if (e.message.empty() || e.message == told_interfaces_) return;
     told_interfaces_ = e.message;
