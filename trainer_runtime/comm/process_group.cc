@@ -327,6 +327,13 @@ std::shared_ptr<::gloo::transport::Device> GlooDevice(const GlooBinding& binding
   return c10d::ProcessGroupGloo::createDeviceForHostname(binding.address);
 }
 
+// "0.03 s".
+std::string Seconds(std::chrono::steady_clock::duration d) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f s", std::chrono::duration<double>(d).count());
+  return text;
+}
+
 // What to do when Gloo's error names a loopback peer address ("connect [127.0.0.1]:41234:
 // Connection refused") in a job whose MASTER_ADDR is not loopback: that peer's Gloo listens on
 // loopback on its own host, which no other host reaches. "" otherwise.
@@ -418,6 +425,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::S
 StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool host,
                                                        std::chrono::milliseconds timeout) {
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  const auto started = std::chrono::steady_clock::now();
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<uint16_t>(env.master_port);
@@ -433,10 +441,16 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool 
       return Status::IoError("rank " + std::to_string(env.rank) +
                              " could not host the process-group store at " + where +
                              " (is the port in use?): " + e.what());
-    return Status::Timeout("rank " + std::to_string(env.rank) +
-                           " could not reach the process-group store at " + where + " within " +
-                           std::to_string(timeout.count() / 1000) +
-                           " s (is MASTER_ADDR right and rank 0 running?): " + e.what());
+    const std::string head =
+        "rank " + std::to_string(env.rank) + " could not reach the process-group store at " + where;
+    const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
+    // Only a failure at the deadline is the deadline's (a signal, a refusal end it sooner).
+    const auto elapsed = std::chrono::steady_clock::now() - started;
+    if (elapsed < timeout * 9 / 10)
+      return Status::IoError(head + ": failed after " + Seconds(elapsed) + " (of its " + seconds +
+                             " timeout): " + e.what());
+    return Status::Timeout(head + " within " + seconds +
+                           " (is MASTER_ADDR right and rank 0 running?): " + e.what());
   }
 }
 
@@ -465,9 +479,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     const std::string hint = LoopbackPeerHint(e.what(), *binding, env.master_addr);
     if (elapsed >= timeout * 9 / 10)
       return Status::Timeout(where + ", did not form within " + seconds + ": " + e.what() + hint);
-    char after[32];
-    std::snprintf(after, sizeof after, "%.2f s", std::chrono::duration<double>(elapsed).count());
-    return Status::IoError(where + ", failed after " + after + " (of its " + seconds +
+    return Status::IoError(where + ", failed after " + Seconds(elapsed) + " (of its " + seconds +
                            " timeout): " + e.what() + hint);
   }
   // After Gloo formed, so every rank is known to reach the store. Its own prefix per group and

@@ -201,8 +201,9 @@ void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
                         std::vector<at::Tensor> tensors);
 
 // A client of the job's TCPStore at MASTER_ADDR:MASTER_PORT, or its host (`host`: rank 0 when
-// no agent hosts it). Errors name the address and the rank: "rank 1 could not reach the
-// process-group store at 10.0.0.9:29500 within 30 s: ...".
+// no agent hosts it). Errors name the address and the rank: Timeout "rank 1 could not reach
+// the process-group store at 10.0.0.9:29500 within 30 s ...: ..." when the timeout passed,
+// IoError "...: failed after 0.40 s (of its 30 s timeout): ..." when it ended sooner (a signal).
 StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool host,
                                                        std::chrono::milliseconds timeout);
 
