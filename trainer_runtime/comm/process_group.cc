@@ -334,6 +334,16 @@ std::string Seconds(std::chrono::steady_clock::duration d) {
   return text;
 }
 
+// Whether a failure after `elapsed` of `timeout` was the deadline's: the library says so (c10d's
+// store gives up up to a retry interval early), or the time is up. A refused connection, a
+// signal, end it sooner and are not.
+bool TimedOut(const std::string& error, std::chrono::steady_clock::duration elapsed,
+              std::chrono::milliseconds timeout) {
+  const std::string text = ToLower(error);
+  return text.find("timed out") != std::string::npos || text.find("timeout") != std::string::npos ||
+         elapsed >= timeout * 9 / 10;
+}
+
 // What to do when Gloo's error names a loopback peer address ("connect [127.0.0.1]:41234:
 // Connection refused") in a job whose MASTER_ADDR is not loopback: that peer's Gloo listens on
 // loopback on its own host, which no other host reaches. "" otherwise.
@@ -444,9 +454,9 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool 
     const std::string head =
         "rank " + std::to_string(env.rank) + " could not reach the process-group store at " + where;
     const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
-    // Only a failure at the deadline is the deadline's (a signal, a refusal end it sooner).
+    // A signal ends the wait sooner (the agent stopping this rank): not a timeout.
     const auto elapsed = std::chrono::steady_clock::now() - started;
-    if (elapsed < timeout * 9 / 10)
+    if (!TimedOut(e.what(), elapsed, timeout))
       return Status::IoError(head + ": failed after " + Seconds(elapsed) + " (of its " + seconds +
                              " timeout): " + e.what());
     return Status::Timeout(head + " within " + seconds +
@@ -477,7 +487,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     // Gloo throws at once when a peer's address refuses the connection; only a failure at the
     // deadline is the deadline's.
     const std::string hint = LoopbackPeerHint(e.what(), *binding, env.master_addr);
-    if (elapsed >= timeout * 9 / 10)
+    if (TimedOut(e.what(), elapsed, timeout))
       return Status::Timeout(where + ", did not form within " + seconds + ": " + e.what() + hint);
     return Status::IoError(where + ", failed after " + Seconds(elapsed) + " (of its " + seconds +
                            " timeout): " + e.what() + hint);
