@@ -12,8 +12,10 @@
 #include "agent/failure_report.h"
 #include "agent/output_writer.h"
 #include "agent/ports.h"
+#include "agent/socket_interfaces.h"
 #include "base/exit_code.h"
 #include "base/files.h"
+#include "base/interfaces.h"
 #include "base/log.h"
 #include "base/strings.h"
 #include "rendezvous/client.h"
@@ -29,12 +31,6 @@ namespace {
 // How long the hosting agent keeps its server up after its own job ended, so every other agent
 // receives the final DONE/FAILED.
 constexpr std::chrono::milliseconds kServerDrainLimit{3000};
-
-std::string Hostname() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
-  return buf;
-}
 
 int ExitCodeForReport(const rdzv::FailureReport& r) {
   return ExitCodeForWorker(r.exit_code, r.signal);
@@ -80,7 +76,9 @@ class ElasticAgent {
     co.join.node_rank = options_.node_rank;
     co.join.local_world_size = options_.local.group.local_world_size;
     co.join.master_port = *port;
-    co.join.hostname = options_.hostname.empty() ? Hostname() : options_.hostname;
+    co.join.hostname = !options_.hostname.empty() ? options_.hostname
+                       : !Hostname().empty()      ? Hostname()
+                                                  : "unknown";
     co.join.fingerprint = options_.fingerprint;
     co.join.max_restarts = options_.max_restarts;
     co.join.join_timeout_s = options_.join_timeout_s;
@@ -227,6 +225,7 @@ class ElasticAgent {
     spec.restart_count = a.restart_count;
     spec.max_restarts = a.max_restarts;
     spec.run_id = a.run_id;
+    if (options_.export_socket_interfaces) ExportSocketInterfaces(&spec);
     if (!options_.local.log_root.empty()) {
       spec.log_dir = options_.local.log_root + "/attempt_" + std::to_string(a.round);
       Status s = MakeDirs(spec.log_dir);
@@ -257,6 +256,21 @@ class ElasticAgent {
       return;
     }
     group_running_ = true;
+  }
+
+  // GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME for this round's workers where PyTorch would bind
+  // loopback (socket_interfaces.h); the reason is logged once, and again only if it changes (a
+  // re-formed round with another master).
+  void ExportSocketInterfaces(WorkerGroupSpec* spec) {
+    const SocketInterfaceExport e = ChooseSocketInterfaces(ProbeSocketInterfaceFacts(
+        spec->group_world_size, spec->master_addr, BaseEnvironment(*spec)));
+    for (const auto& [k, v] : e.env) spec->extra_env[k] = v;
+    if (e.message.empty() || e.message == told_interfaces_) return;
+    told_interfaces_ = e.message;
+    if (e.env.empty())
+      log::Warn(e.message);
+    else
+      log::Info(e.message);
   }
 
   void OnGroupDone(int round, const GroupResult& result) {
@@ -401,6 +415,7 @@ class ElasticAgent {
   int interrupt_signal_ = 0;
   bool finished_ = false;
   int exit_code_ = 1;
+  std::string told_interfaces_;  // the last socket-interface message logged
 };
 
 }  // namespace

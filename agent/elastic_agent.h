@@ -24,7 +24,8 @@
 // lost; 128+signal when this agent was interrupted.
 //
 // Nothing received from a peer is executed or put into a worker's environment beyond the
-// documented rank/address variables (RANK, WORLD_SIZE, MASTER_ADDR, ... from the assignment).
+// documented rank/address variables (RANK, WORLD_SIZE, MASTER_ADDR, ... from the assignment),
+// and the local interface that reaches MASTER_ADDR (export_socket_interfaces).
 
 #include <string>
 
@@ -60,6 +61,11 @@ struct ElasticAgentOptions {
   enum class HostServer { kAuto, kAlways, kNever };
   HostServer host_server = HostServer::kAuto;
   std::string hostname;  // shown to other nodes; empty = gethostname()
+  // Give the workers GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME where this host's name would make
+  // PyTorch bind loopback (socket_interfaces.h). Off for workers that choose their Gloo address
+  // themselves from MASTER_ADDR's route (the built-in trainer: an address is more exact than an
+  // interface, whose first address Gloo would take).
+  bool export_socket_interfaces = true;
 };
 
 // Runs the multi-node loop until the job ends; returns the exit code (see above).

@@ -44,6 +44,16 @@ int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid
 
 }  // namespace
 
+std::map<std::string, std::string> BaseEnvironment(const WorkerGroupSpec& s) {
+  std::map<std::string, std::string> env;
+  for (const std::string& kv : s.base_env) {
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : s.extra_env) env[k] = v;
+  return env;
+}
+
 std::map<std::string, std::string> ContractEnvironment(const WorkerGroupSpec& s, int local_rank) {
   std::map<std::string, std::string> env;
   int rank = s.rank_offset + local_rank;
@@ -208,12 +218,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
                            ? spec_.console_streams[local_rank]
                            : (kStdout | kStderr);
 
-    std::map<std::string, std::string> env_map;
-    for (const std::string& kv : spec_.base_env) {
-      size_t eq = kv.find('=');
-      if (eq != std::string::npos) env_map[kv.substr(0, eq)] = kv.substr(eq + 1);
-    }
-    for (const auto& [k, v] : spec_.extra_env) env_map[k] = v;
+    std::map<std::string, std::string> env_map = BaseEnvironment(spec_);
     if (!cgroup_.empty()) env_map[kJobCgroupEnv] = cgroup_;  // for the shim, not the worker
     for (const auto& [k, v] : ContractEnvironment(spec_, local_rank)) env_map[k] = v;
     // PyTorch 2.x's TCPStore (init_process_group's env://) asks for its libuv server unless

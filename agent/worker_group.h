@@ -170,6 +170,10 @@ class WorkerGroup : public GroupSupervisor {
   std::shared_ptr<Impl> impl_;
 };
 
+// What every worker of `spec` starts from before its own variables: base_env ("KEY=VALUE";
+// entries without '=' skipped) overlaid by extra_env.
+std::map<std::string, std::string> BaseEnvironment(const WorkerGroupSpec& spec);
+
 // The torchrun environment contract for one worker, as KEY -> VALUE (RANK, LOCAL_RANK, ...).
 std::map<std::string, std::string> ContractEnvironment(const WorkerGroupSpec& spec, int local_rank);
 

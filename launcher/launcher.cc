@@ -180,6 +180,9 @@ agent::ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& c
   o.last_call_timeout_s = cfg.rdzv_conf.last_call_timeout_s;
   o.heartbeat_timeout_s = cfg.rdzv_conf.heartbeat_timeout_s;
   o.local_address = cfg.rdzv_local_addr;
+  // The built-in trainer binds the route to MASTER_ADDR itself (trainer_runtime/comm/
+  // process_group.h ChooseGlooBinding); any other program gets the interface in its environment.
+  o.export_socket_interfaces = !(cfg.program.empty() && cfg.train.present);
   // What must agree across nodes beyond run_id, nnodes and max_restarts (compared one by one).
   // The trainer's settings, compared at every JOIN: two trainer jobs given one run id (a reused
   // --rdzv_id) are refused, never merged as a scale-up. A program of the user's own may differ

@@ -41,7 +41,7 @@ train:
 """
 # Each worker says who it is, then waits for the test's go file (or for being stopped), so the
 # test looks at every host while the whole job runs. Rank 3 (on host 1) may be told to fail.
-WORKER = ('echo "worker $RANK on $(hostname) ifname=$GLOO_SOCKET_IFNAME"; '
+WORKER = ('echo "worker $RANK on $(hostname) mark=$JOB_MARK"; '
           'if [ "$RANK" = "$FAIL_RANK" ]; then echo "rank $RANK fails" >&2; exit 7; fi; '
           'while [ ! -e "$GO_FILE" ]; do sleep 0.05; done; echo "worker $RANK done"')
 
@@ -122,11 +122,11 @@ PidFile none
         `env_lines` is the folder."""
         d = harness.tmpdir()
         self.addCleanup(shutil.rmtree, d, True)
-        # The environment allowlist file (DeepSpeed's .deepspeed_env): the workers' Gloo
-        # interface (until launch picks it by itself, issue 26 item 1, the test names eth0), and
-        # the test's isolation from root's own launch/accelerate config files.
+        # The environment allowlist file (DeepSpeed's .deepspeed_env): a mark the workers print,
+        # and the test's isolation from root's own launch/accelerate config files. No
+        # GLOO_SOCKET_IFNAME: the workers find the interface themselves.
         with open(os.path.join(d, ".launch_env"), "w") as f:
-            f.write("# read by the head, passed to every host\nGLOO_SOCKET_IFNAME=eth0\n")
+            f.write("# read by the head, passed to every host\nJOB_MARK=from-env-file\n")
             f.write(f"XDG_CONFIG_HOME={os.environ['XDG_CONFIG_HOME']}\n")
             f.write(f"HF_HOME={os.environ['HF_HOME']}\n")
             for line in env_lines:
@@ -210,8 +210,8 @@ PidFile none
         hosts = self.make_hosts(2)
         p, d, token = self.start_waiting_job(hosts)
         # Each rank's line, prefixed with its host (by the head) and its rank (by that host's
-        # launch); ifname=eth0 came from the head's ./.launch_env.
-        needles = [f"{h.addr}: [rank {r}]: worker {r} on {h.name} ifname=eth0"
+        # launch); mark=from-env-file came from the head's ./.launch_env.
+        needles = [f"{h.addr}: [rank {r}]: worker {r} on {h.name} mark=from-env-file"
                    for h, ranks in ((hosts[0], (0, 1)), (hosts[1], (2, 3))) for r in ranks]
         out = []
         self.assertTrue(self.wait_lines(p, needles, out), "".join(out))

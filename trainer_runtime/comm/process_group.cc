@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "base/interfaces.h"
 #include "base/strings.h"
 #include "trainer_runtime/comm/shm_common.h"
 #include "trainer_runtime/compat/torch_compat.h"
@@ -352,15 +353,98 @@ int GlooThreads() {
   return 2;
 }
 
-std::shared_ptr<::gloo::transport::Device> GlooDevice(const std::string& master_addr) {
-  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
-  if (ifname && *ifname) return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  if (IsLoopbackHost(master_addr))
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  return c10d::ProcessGroupGloo::createDefaultDevice();
+std::shared_ptr<::gloo::transport::Device> GlooDevice(const GlooBinding& binding) {
+  if (binding.from_environment)
+    return c10d::ProcessGroupGloo::createDeviceForInterface(binding.interface);
+  return c10d::ProcessGroupGloo::createDeviceForHostname(binding.address);
+}
+
+// "0.03 s".
+std::string Seconds(std::chrono::steady_clock::duration d) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f s", std::chrono::duration<double>(d).count());
+  return text;
+}
+
+// Whether a failure after `elapsed` of `timeout` was the deadline's: the library says so (c10d's
+// store gives up up to a retry interval early), or the time is up. A refused connection, a
+// signal, end it sooner and are not.
+bool TimedOut(const std::string& error, std::chrono::steady_clock::duration elapsed,
+              std::chrono::milliseconds timeout) {
+  const std::string text = ToLower(error);
+  return text.find("timed out") != std::string::npos || text.find("timeout") != std::string::npos ||
+         elapsed >= timeout * 9 / 10;
+}
+
+// What to do when Gloo's error names a loopback peer address ("connect [127.0.0.1]:41234:
+// Connection refused") in a job whose MASTER_ADDR is not loopback: that peer's Gloo listens on
+// loopback on its own host, which no other host reaches. "" otherwise.
+std::string LoopbackPeerHint(const std::string& error, const GlooBinding& binding,
+                             const std::string& master_addr) {
+  if (IsLoopbackHost(master_addr)) return "";
+  if (error.find("[127.") == std::string::npos && error.find("[::1]") == std::string::npos)
+    return "";
+  if (binding.from_environment && IsLoopbackHost(binding.address))
+    return " (GLOO_SOCKET_IFNAME=" + binding.interface +
+           " is loopback, out of the other hosts' reach: unset it, or name the interface that "
+           "reaches them, on every host)";
+  return " (a peer announced a loopback address: its Gloo listens on loopback, as PyTorch's "
+         "does where GLOO_SOCKET_IFNAME is unset and the host's name resolves to loopback or "
+         "nothing; set GLOO_SOCKET_IFNAME on that host to the interface that reaches this one)";
 }
 
 }  // namespace
+
+std::string GlooBinding::Describe() const {
+  if (from_environment)
+    return "interface " + interface + " (" + address + ") from GLOO_SOCKET_IFNAME";
+  return address + (interface.empty() ? "" : " on " + interface) + ", " + why;
+}
+
+StatusOr<GlooBinding> ChooseGlooBinding(const std::string& master_addr) {
+  GlooBinding b;
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname && *ifname) {
+    // The user's choice wins, but a name this host lacks fails here, naming it, instead of
+    // deep in Gloo ("Unable to find address for: ...").
+    const std::vector<InterfaceAddress> interfaces = ListInterfaceAddresses();
+    if (!HasInterface(interfaces, ifname)) {
+      std::string hint;
+      if (!IsLoopbackHost(master_addr)) {
+        StatusOr<Route> route = RouteTo(master_addr);
+        if (route.ok() && !route->interface.empty())
+          hint =
+              "; unset it to use " + route->interface + ", the route to MASTER_ADDR " + master_addr;
+      }
+      return Status::InvalidConfig(std::string("GLOO_SOCKET_IFNAME=") + ifname +
+                                   " names no interface of this host (" + Hostname() +
+                                   " has: " + InterfaceNames(interfaces) + ")" + hint);
+    }
+    b.from_environment = true;
+    b.interface = ifname;
+    b.address = AddressOf(interfaces, ifname);
+    b.why = "GLOO_SOCKET_IFNAME";
+    return b;
+  }
+  if (IsLoopbackHost(master_addr)) {
+    // Every rank is on this host (the rendezvous hands out a loopback MASTER_ADDR only then).
+    b.address = "127.0.0.1";
+    b.interface = InterfaceHolding(ListInterfaceAddresses(), b.address);
+    b.why = "MASTER_ADDR " + master_addr + " being loopback";
+    return b;
+  }
+  // Not the address this host's name resolves to (Gloo's default, which stock hosts map to
+  // loopback or nothing): the one the other hosts reach, as they reached MASTER_ADDR.
+  StatusOr<Route> route = RouteTo(master_addr);
+  if (!route.ok())
+    return Status::IoError("cannot find the local address that reaches MASTER_ADDR " + master_addr +
+                           " for Gloo to bind: " + route.status().message() +
+                           " (set GLOO_SOCKET_IFNAME to the interface to use)");
+  b.address = route->address;
+  b.interface = route->interface;
+  b.why = "the route to MASTER_ADDR " + master_addr;
+  return b;
+}
 
 int CudaDeviceOf(const DistEnv& env) {
   if (!compat::HasNccl() || env.use_cpu) return -1;
@@ -370,10 +454,11 @@ int CudaDeviceOf(const DistEnv& env) {
 
 c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int size, const DistEnv& env,
-                                                std::chrono::milliseconds timeout) {
+                                                std::chrono::milliseconds timeout,
+                                                const GlooBinding& binding) {
   compat::GroupOptions options;
   options.timeout = timeout;
-  options.gloo_device = GlooDevice(env.master_addr);
+  options.gloo_device = GlooDevice(binding);
   options.gloo_threads = GlooThreads();
   options.cuda_device = CudaDeviceOf(env);
   return compat::NewProcessGroup(store, rank, size, options);
@@ -382,6 +467,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::S
 StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool host,
                                                        std::chrono::milliseconds timeout) {
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  const auto started = std::chrono::steady_clock::now();
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<uint16_t>(env.master_port);
@@ -397,10 +483,16 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool 
       return Status::IoError("rank " + std::to_string(env.rank) +
                              " could not host the process-group store at " + where +
                              " (is the port in use?): " + e.what());
-    return Status::Timeout("rank " + std::to_string(env.rank) +
-                           " could not reach the process-group store at " + where + " within " +
-                           std::to_string(timeout.count() / 1000) +
-                           " s (is MASTER_ADDR right and rank 0 running?): " + e.what());
+    const std::string head =
+        "rank " + std::to_string(env.rank) + " could not reach the process-group store at " + where;
+    const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
+    // A signal ends the wait sooner (the agent stopping this rank): not a timeout.
+    const auto elapsed = std::chrono::steady_clock::now() - started;
+    if (!TimedOut(e.what(), elapsed, timeout))
+      return Status::IoError(head + ": failed after " + Seconds(elapsed) + " (of its " + seconds +
+                             " timeout): " + e.what());
+    return Status::Timeout(head + " within " + seconds +
+                           " (is MASTER_ADDR right and rank 0 running?): " + e.what());
   }
 }
 
@@ -409,17 +501,28 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     const DistEnv& env, std::chrono::milliseconds timeout) {
   const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
   const std::string tag = "/" + std::to_string(env.restart_count) + "/" + name;
+  const std::string what = "rank " + std::to_string(env.rank) + ": Gloo process group '" + name +
+                           "' of " + std::to_string(size) + " ranks via store " + env.master_addr +
+                           ":" + std::to_string(env.master_port);
+  StatusOr<GlooBinding> binding = ChooseGlooBinding(env.master_addr);
+  if (!binding.ok()) return binding.status().WithContext(what);
   // Gloo, and NCCL for CUDA tensors where LibTorch has it.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  const auto started = std::chrono::steady_clock::now();
   try {
     // A prefix per group and restart keeps keys of an earlier attempt from confusing this one.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("launch_pg" + tag, store);
-    group = NewGroup(prefixed, rank, size, env, timeout);
+    group = NewGroup(prefixed, rank, size, env, timeout, *binding);
   } catch (const std::exception& e) {
-    return Status::Timeout("rank " + std::to_string(env.rank) + ": Gloo process group '" + name +
-                           "' of " + std::to_string(size) + " ranks via store " + env.master_addr +
-                           ":" + std::to_string(env.master_port) + " did not form within " +
-                           seconds + ": " + e.what());
+    const auto elapsed = std::chrono::steady_clock::now() - started;
+    const std::string where = what + ", this rank on " + binding->Describe();
+    // Gloo throws at once when a peer's address refuses the connection; only a failure at the
+    // deadline is the deadline's.
+    const std::string hint = LoopbackPeerHint(e.what(), *binding, env.master_addr);
+    if (TimedOut(e.what(), elapsed, timeout))
+      return Status::Timeout(where + ", did not form within " + seconds + ": " + e.what() + hint);
+    return Status::IoError(where + ", failed after " + Seconds(elapsed) + " (of its " + seconds +
+                           " timeout): " + e.what() + hint);
   }
   // After Gloo formed, so every rank is known to reach the store. Its own prefix per group and
   // restart, like Gloo's: a restarted job builds a fresh segment.
@@ -442,7 +545,7 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   if (!shm.shm && !shm.hosts.empty()) {
     auto hier_store = c10::make_intrusive<c10d::PrefixStore>("launch_hier" + tag, store);
     LeaderGroupFactory leaders = [&](const c10::intrusive_ptr<c10d::Store>& s, int r, int n) {
-      return NewGroup(s, r, n, env, timeout);
+      return NewGroup(s, r, n, env, timeout, *binding);
     };
     LAUNCH_ASSIGN_OR_RETURN(
         HierarchicalSetup setup,
@@ -452,7 +555,12 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   }
   auto pg = c10::make_intrusive<CountingProcessGroup>(group, std::move(shm.shm), std::move(p2p),
                                                       std::move(hierarchical));
-  if (!pg->shm() && !pg->hierarchical()) pg->set_allreduce_transport("Gloo (" + why_not + ")");
+  // Where Gloo binds is part of the line: across hosts it is what a user checks first.
+  if (pg->hierarchical())
+    pg->set_allreduce_transport(pg->hierarchical()->Describe() + " (this rank on " +
+                                binding->Describe() + ")");
+  else if (!pg->shm())
+    pg->set_allreduce_transport("Gloo (" + why_not + "; this rank on " + binding->Describe() + ")");
   return pg;
 }
 

@@ -167,20 +167,41 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   std::vector<Clock::time_point> allgather_launch_times_;
 };
 
-// A process group of `size` ranks over `store` (Gloo for CPU tensors; NCCL for CUDA tensors when
-// LibTorch has it and this rank has a GPU: torch_compat.h). Gloo's transport device is the
-// interface named by GLOO_SOCKET_IFNAME when set, 127.0.0.1 when the master is a loopback
-// address, Gloo's default device otherwise; its worker threads GlooThreads(). Every group a
-// worker builds (the job's, a pipeline stage's) is made here, alike. Blocks until all ranks
-// joined; throws what the backend throws when they do not.
+// Where a worker's Gloo device listens: what its peers are told to connect to.
+struct GlooBinding {
+  bool from_environment = false;  // GLOO_SOCKET_IFNAME named `interface`
+  // The address bound (numeric); with from_environment, the interface's first (Gloo's pick).
+  std::string address;
+  std::string interface;  // the interface holding it ("eth0"); may be "" when unknown
+  std::string why;        // "the route to MASTER_ADDR 10.0.0.1", ...
+  // "10.0.0.2 on eth0, the route to MASTER_ADDR 10.0.0.1" or "interface eth0 (10.0.0.2) from
+  // GLOO_SOCKET_IFNAME", for logs and errors.
+  std::string Describe() const;
+};
+
+// Where this worker's Gloo binds, in this order:
+//   1. GLOO_SOCKET_IFNAME when set (the user's choice always wins); InvalidConfig naming it and
+//      this host's interfaces when no interface has that name;
+//   2. 127.0.0.1 when MASTER_ADDR is a loopback address (every rank is on this host);
+//   3. otherwise the local address of the route to MASTER_ADDR (base/interfaces.h RouteTo):
+//      the address the other hosts reach, whatever this host's own name resolves to (Gloo's
+//      default, loopback on stock Debian hosts); IoError when there is no route.
+StatusOr<GlooBinding> ChooseGlooBinding(const std::string& master_addr);
+
 // The CUDA device this worker uses: its LOCAL_RANK among the visible GPUs (torchrun's
 // contract), or -1 when LibTorch has no CUDA/NCCL, the machine has no such GPU, or the job
 // asked for the CPU (DistEnv::use_cpu).
 int CudaDeviceOf(const DistEnv& env);
 
+// A process group of `size` ranks over `store` (Gloo for CPU tensors; NCCL for CUDA tensors when
+// LibTorch has it and this rank has a GPU: torch_compat.h). Gloo's transport device is
+// `binding` (ChooseGlooBinding); its worker threads GlooThreads(). Every group a worker builds
+// (the job's, a pipeline stage's) is made here, alike. Blocks until all ranks joined; throws
+// what the backend throws when they do not (at once when a peer's address refuses).
 c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int size, const DistEnv& env,
-                                                std::chrono::milliseconds timeout);
+                                                std::chrono::milliseconds timeout,
+                                                const GlooBinding& binding);
 
 // Sum-all-reduces `tensors` in place over `pg`, then divides them by `divisor`: one flat
 // all-reduce per dtype (Gloo's per-call latency dominates small tensors; a model may mix
@@ -195,8 +216,9 @@ void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
                         std::vector<at::Tensor> tensors);
 
 // A client of the job's TCPStore at MASTER_ADDR:MASTER_PORT, or its host (`host`: rank 0 when
-// no agent hosts it). Errors name the address and the rank: "rank 1 could not reach the
-// process-group store at 10.0.0.9:29500 within 30 s: ...".
+// no agent hosts it). Errors name the address and the rank: Timeout "rank 1 could not reach
+// the process-group store at 10.0.0.9:29500 within 30 s ...: ..." when the timeout passed,
+// IoError "...: failed after 0.40 s (of its 30 s timeout): ..." when it ended sooner (a signal).
 StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool host,
                                                        std::chrono::milliseconds timeout);
 
@@ -207,8 +229,12 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool 
 // and some host has several of them (LAUNCH_SHM_ALLREDUCE=0 on any rank turns both off); all
 // ranks decide alike, see allreduce_transport(); its
 // operations fail within the same `timeout`. COLLECTIVE among the group's ranks; waits at most
-// `timeout` for them. Every group a worker builds is made here (the layout's axis groups:
-// parallel/layout.h).
+// `timeout` for them. Errors name the group, the store and where this rank's Gloo bound
+// (GlooBinding::Describe): Timeout "... did not form within 300 s: ..." only when the timeout
+// passed; IoError "... failed after 0.02 s (of its 300 s timeout): ..." when Gloo gave up
+// earlier (a peer's address refused), with a hint when that peer announced a loopback address;
+// ChooseGlooBinding's errors as they are. The log's transport names the binding too. Every
+// group a worker builds is made here (the layout's axis groups: parallel/layout.h).
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     const c10::intrusive_ptr<c10d::Store>& store, const std::string& name, int rank, int size,
     const DistEnv& env, std::chrono::milliseconds timeout);
