@@ -92,11 +92,18 @@ class HierarchicalTwoHostsTest(unittest.TestCase):
         hier_out, hier_log, hier_sent = self.job(hosts, "hier", 2)
         self.assertIn("gradient all-reduce over " + HIERARCHICAL, hier_log)
         hier = self.replicas(hier_out, 4)
+        # final.json counts what rank 0 (host 0's leader) ran across hosts: the gradient
+        # all-reduces (one bucket a step) and the start's broadcasts.
+        cross = final(hier_out)["cross_host"]
+        self.assertIn(HIERARCHICAL, cross["transport"])
+        self.assertGreaterEqual(cross["operations_rank0"], STEPS)
+        self.assertGreater(cross["bytes_rank0"], 0)
 
         flat_out, flat_log, flat_sent = self.job(hosts, "flat", 2,
                                                  {"LAUNCH_SHM_ALLREDUCE": "0"})
         self.assertRegex(flat_log, r"gradient all-reduce over Gloo \(LAUNCH_SHM_ALLREDUCE=0")
         self.assertNotIn("hierarchical", flat_log)
+        self.assertNotIn("cross_host", final(flat_out))
         flat = self.replicas(flat_out, 4)
 
         # The same job on one host (4 ranks, shared memory: today's behaviour).

@@ -23,6 +23,7 @@
 #include "base/files.h"
 #include "base/strings.h"
 #include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/data/data.h"
 #include "trainer_runtime/model/model.h"
@@ -650,6 +651,11 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
                           {"wall_s", wall_s},
                           {"loop_s", loop_s_}};
   if (pipeline_) summary["pipeline"] = std::move(pipeline);
+  // Hierarchical collectives: what rank 0, host 0's leader, ran across hosts (hierarchical.h).
+  if (CountingProcessGroup* pg = accel_->process_group(); pg && pg->hierarchical())
+    summary["cross_host"] = {{"transport", accel_->allreduce_transport()},
+                             {"operations_rank0", pg->cross_host_count()},
+                             {"bytes_rank0", pg->cross_host_bytes()}};
   return WriteFileAtomically(cfg_.output_dir + "/final.json", JsonText(summary, 2));
 }
 
