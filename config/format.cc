@@ -67,7 +67,7 @@ struct Node {
   Node& Child(const std::string& n) {
     for (Node& c : children)
       if (c.name == n && !c.key) return c;
-    children.push_back(Node{n});
+    children.push_back(Node{n, nullptr, {}});
     return children.back();
   }
 };
@@ -106,7 +106,7 @@ std::string EffectiveConfigYaml(const LaunchConfig& c) {
     for (size_t i = 0; i + 1 < parts.size(); ++i) at = &at->Child(parts[i]);
     bool seen = false;
     for (const Node& n : at->children) seen |= n.key && n.name == parts.back();
-    if (!seen) at->children.push_back(Node{parts.back(), &k});
+    if (!seen) at->children.push_back(Node{parts.back(), &k, {}});
   }
   YAML::Emitter y;
   y << YAML::BeginMap;
