@@ -201,7 +201,8 @@ class Cgroup(unittest.TestCase):
     def setUp(self):
         self.parent = cgroup_parent()
         if self.parent is None:
-            self.skipTest("no writable cgroup v2 with cgroup.kill on this machine")
+            self.skipTest(harness.env_dependent(
+                "no writable cgroup v2 with cgroup.kill on this machine"))
         self.tree = ProcessTree("test_sigkill_of_launch")
         self.tree.setUp()
         self.addCleanup(self.tree.tearDown)
