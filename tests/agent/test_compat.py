@@ -7,6 +7,7 @@ import re
 import subprocess
 import unittest
 
+import harness
 from harness import LAUNCH, SYSTEM_PYTHON, launch, tmpdir
 
 # `accelerate launch`'s flags (accelerate/commands/launch.py, 1.x): value-taking flags get a

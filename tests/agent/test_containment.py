@@ -10,6 +10,7 @@ import subprocess
 import time
 import unittest
 
+import harness
 from harness import (LAUNCH, SYSTEM_PYTHON, free_port, pids_with_marker, tmpdir, unique_marker,
                      wait_until)
 from test_process_tree import cgroup_parent

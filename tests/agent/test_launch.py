@@ -11,6 +11,7 @@ import sys
 import time
 import unittest
 
+import harness
 from harness import (LAUNCH, REPO, SYSTEM_PYTHON, launch, pids_with_marker, run, tmpdir,
                      unique_marker, wait_until)
 

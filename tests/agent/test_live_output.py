@@ -11,6 +11,7 @@ import textwrap
 import time
 import unittest
 
+import harness
 from harness import BIN_DIR, LAUNCH, SYSTEM_PYTHON, launch, tmpdir
 
 PRINTER = os.path.join(BIN_DIR, "unflushed-printer")

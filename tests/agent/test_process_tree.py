@@ -12,6 +12,7 @@ import sys
 import time
 import unittest
 
+import harness
 from harness import LAUNCH, SYSTEM_PYTHON, pids_with_marker, tmpdir, unique_marker, wait_until
 
 # The worker: a wrapper shell (it stays: `sh -c 'python3 ...; echo after'`) running a Python

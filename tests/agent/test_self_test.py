@@ -5,6 +5,7 @@ import os
 import socket
 import unittest
 
+import harness
 from harness import TRAIN, launch
 
 
