@@ -15,6 +15,35 @@ LAUNCH = os.path.join(BIN_DIR, "launch")
 TRAIN = os.path.join(BIN_DIR, "train")
 SYSTEM_PYTHON = "/usr/bin/python3"
 
+# Every skip says which kind it is, in its reason (tests/run_unittest.py reads it back):
+#   needs_setup: a binary, package or data set that scripts/setup builds or installs is missing.
+#                scripts/test fails on it: CI that skips such a test has tested nothing.
+#   env_dependent: this machine cannot run the test whatever is installed (no CAP_NET_ADMIN, no
+#                writable cgroup v2, no GPU, no IPv6). A skip, listed at the end of scripts/test.
+#   @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
+#   self.skipTest(harness.env_dependent("no IPv6 loopback"))
+_SETUP_MARK = "[setup] "
+_ENV_MARK = "[env] "
+
+
+def needs_setup(what):
+    """The reason of a skip for something scripts/setup provides (see above)."""
+    return _SETUP_MARK + what
+
+
+def env_dependent(why):
+    """The reason of a skip for something no install provides (see above)."""
+    return _ENV_MARK + why
+
+
+def skip_kind(reason):
+    """(kind, text) of a skip reason: kind is "setup", "env", or "unmarked" when the reason came
+    from neither helper (scripts/test treats it as "setup": the skip has to say)."""
+    for kind, mark in (("setup", _SETUP_MARK), ("env", _ENV_MARK)):
+        if reason.startswith(mark):
+            return kind, reason[len(mark):]
+    return "unmarked", reason
+
 
 # Tests never read the user's ~/.config/launch/default_config.yaml.
 _ISOLATED_CONFIG_HOME = tempfile.mkdtemp(prefix="launch-test-xdg-")

@@ -19,6 +19,8 @@ import subprocess
 import tempfile
 import time
 
+import harness
+
 _counter = [0]
 
 
@@ -111,7 +113,7 @@ def make_hosts(test, n, etc_hosts=None, tag=None):
     bridge = f"lb{tag}"[:15]
     ok, err = _ip("link", "add", bridge, "type", "bridge")
     if not ok:
-        test.skipTest(f"cannot create a bridge here: {err.strip()}")
+        test.skipTest(harness.env_dependent(f"cannot create a bridge here: {err.strip()}"))
     test.addCleanup(_ip, "link", "del", bridge)
     for args in (("addr", "add", f"{net}.254/24", "dev", bridge), ("link", "set", bridge, "up")):
         ok, err = _ip(*args)
@@ -144,7 +146,8 @@ def make_hosts(test, n, etc_hosts=None, tag=None):
         if init_pid is None:
             holder.kill()
             err = holder.communicate(timeout=10)[1].decode(errors="replace").strip()
-            test.skipTest(f"cannot create a test host here: {err or 'unshare did not start'}")
+            test.skipTest(harness.env_dependent(
+                f"cannot create a test host here: {err or 'unshare did not start'}"))
         host = Host(name, f"{net}.{i + 1}", holder, init_pid)
         test.addCleanup(host.stop)
         # Wait for init's sleep (hostname set, /etc/hosts bound), then plug it into the bridge.

@@ -7,6 +7,7 @@ import re
 import subprocess
 import unittest
 
+import harness
 from harness import LAUNCH, SYSTEM_PYTHON, launch, tmpdir
 
 # `accelerate launch`'s flags (accelerate/commands/launch.py, 1.x): value-taking flags get a
@@ -197,7 +198,7 @@ class TorchrunBehaviour(unittest.TestCase):
         self.assertIn("[rank 1]: ranks 1 0 2", r.stdout)
         fake = os.path.abspath(os.path.join(os.path.dirname(LAUNCH), "..", "fake_nvml"))
         if not os.path.exists(os.path.join(fake, "libnvidia-ml.so.1")):
-            self.skipTest("the fake libnvidia-ml.so.1 (two GPUs) is not built")
+            self.skipTest(harness.needs_setup("the fake libnvidia-ml.so.1 (two GPUs) is not built"))
         # On GPUs each worker sees only the device its local rank picks, as cuda:0.
         r = launch("--nproc_per_node", "gpu", "--virtual_local_rank", "--", "/bin/sh", "-c",
                    "echo dev $LOCAL_RANK $CUDA_VISIBLE_DEVICES",

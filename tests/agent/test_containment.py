@@ -10,6 +10,7 @@ import subprocess
 import time
 import unittest
 
+import harness
 from harness import (LAUNCH, SYSTEM_PYTHON, free_port, pids_with_marker, tmpdir, unique_marker,
                      wait_until)
 from test_process_tree import cgroup_parent
@@ -104,8 +105,9 @@ class Containment(unittest.TestCase):
 
     def setUp(self):
         if self.top is None:
-            self.skipTest("no writable cgroup v2 with cgroup.kill here (`launch env`: "
-                          "process containment is subreaper only)")
+            self.skipTest(harness.env_dependent(
+                "no writable cgroup v2 with cgroup.kill here (`launch env`: process "
+                "containment is subreaper only)"))
         self.marker = unique_marker("contain")
         self.env = dict(os.environ, LAUNCH_TEST_MARKER=self.marker)
         self.procs = []

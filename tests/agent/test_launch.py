@@ -11,6 +11,7 @@ import sys
 import time
 import unittest
 
+import harness
 from harness import (LAUNCH, REPO, SYSTEM_PYTHON, launch, pids_with_marker, run, tmpdir,
                      unique_marker, wait_until)
 
@@ -182,7 +183,7 @@ class EnvironmentContract(unittest.TestCase):
     def test_gpu_worker_count_follows_cuda_visible_devices_and_refuses_none(self):
         fake = os.path.abspath(os.path.join(os.path.dirname(LAUNCH), "..", "fake_nvml"))
         if not os.path.exists(os.path.join(fake, "libnvidia-ml.so.1")):
-            self.skipTest("the fake libnvidia-ml.so.1 (two GPUs) is not built")
+            self.skipTest(harness.needs_setup("the fake libnvidia-ml.so.1 (two GPUs) is not built"))
         base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         base["LD_LIBRARY_PATH"] = fake
         cmd = ["--nproc_per_node", "gpu", "--", "/bin/sh", "-c", "echo worker $LOCAL_RANK"]

@@ -11,6 +11,7 @@ import textwrap
 import time
 import unittest
 
+import harness
 from harness import BIN_DIR, LAUNCH, SYSTEM_PYTHON, launch, tmpdir
 
 PRINTER = os.path.join(BIN_DIR, "unflushed-printer")
@@ -155,7 +156,7 @@ class LiveOutputTest(unittest.TestCase):
 
     def test_a_c_program_that_never_flushes(self):
         if not os.path.exists(PRINTER):
-            self.skipTest("unflushed-printer is not built")
+            self.skipTest(harness.needs_setup("unflushed-printer is not built"))
         arrival, waiting = self.first_line_arrival([PRINTER])
         self.assertTrue(waiting, "the line arrived only when the worker ended")
         # Off: the program's own buffering, so the line comes with the exit (the wait runs out).
@@ -166,7 +167,8 @@ class LiveOutputTest(unittest.TestCase):
     def test_a_program_under_gccs_address_sanitizer_still_runs(self):
         asan = PRINTER + "-asan"
         if not os.path.exists(asan):
-            self.skipTest("unflushed-printer-asan is not built (no GCC AddressSanitizer)")
+            self.skipTest(harness.needs_setup(
+                "unflushed-printer-asan is not built (no GCC AddressSanitizer)"))
         # With a library preloaded before its runtime it would abort ("ASan runtime does not
         # come first in initial library list"); launch leaves its buffering alone.
         env = clean_env()

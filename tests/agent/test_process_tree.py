@@ -12,6 +12,7 @@ import sys
 import time
 import unittest
 
+import harness
 from harness import LAUNCH, SYSTEM_PYTHON, pids_with_marker, tmpdir, unique_marker, wait_until
 
 # The worker: a wrapper shell (it stays: `sh -c 'python3 ...; echo after'`) running a Python
@@ -201,7 +202,8 @@ class Cgroup(unittest.TestCase):
     def setUp(self):
         self.parent = cgroup_parent()
         if self.parent is None:
-            self.skipTest("no writable cgroup v2 with cgroup.kill on this machine")
+            self.skipTest(harness.env_dependent(
+                "no writable cgroup v2 with cgroup.kill on this machine"))
         self.tree = ProcessTree("test_sigkill_of_launch")
         self.tree.setUp()
         self.addCleanup(self.tree.tearDown)

@@ -5,10 +5,12 @@ import os
 import socket
 import unittest
 
+import harness
 from harness import TRAIN, launch
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), "the trainer is not built (LAUNCH_BUILD_TRAINER=OFF)")
+@unittest.skipUnless(os.path.exists(TRAIN),
+                     harness.needs_setup("the trainer is not built (LAUNCH_BUILD_TRAINER=OFF)"))
 class LaunchTest(unittest.TestCase):
     def test_passes_on_two_processes_by_default(self):
         r = launch("test", "--nproc_per_node", "1", timeout=180)  # raised to 2: a check needs peers

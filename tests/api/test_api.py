@@ -31,7 +31,8 @@ def rel_diff(a, b):
     return num / den
 
 
-@unittest.skipUnless(os.path.exists(CHECK) and os.path.exists(LAUNCH), "api_check not built")
+@unittest.skipUnless(os.path.exists(CHECK) and os.path.exists(LAUNCH),
+                     harness.needs_setup("api_check not built"))
 class AcceleratorMatchesSingleProcessTest(unittest.TestCase):
     # The reference stays inside epoch 0: steps x accum x world x batch 8 <= 512 samples.
     def setUp(self):

@@ -25,7 +25,8 @@ class EnvReportTest(unittest.TestCase):
         self.env_cmd = cli_command("env")
         self.config_cmd = cli_command("config")
         if self.env_cmd is None:
-            self.skipTest("neither build/bin/launch (with `env`) nor launch-cli-driver is built")
+            self.skipTest(harness.needs_setup(
+                "neither build/bin/launch (with `env`) nor launch-cli-driver is built"))
         self.dir = harness.tmpdir()
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("SLURM_", "OMPI_", "PMI_", "LAUNCH_", "PET_"))}
@@ -70,7 +71,7 @@ class EnvReportTest(unittest.TestCase):
 
     def test_default_config_file_is_reported_with_origins(self):
         if self.config_cmd is None:
-            self.skipTest("no `launch config`")
+            self.skipTest(harness.needs_setup("no `launch config`"))
         r = subprocess.run([*self.config_cmd, "default"], capture_output=True, text=True,
                            env=self.env, timeout=30, stdin=subprocess.DEVNULL)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -152,7 +153,7 @@ class EnvReportTest(unittest.TestCase):
     def test_gpus_through_nvml(self):
         fake = os.path.join(harness.BIN_DIR, "..", "fake_nvml")
         if not os.path.exists(os.path.join(fake, "libnvidia-ml.so.1")):
-            self.skipTest("the fake libnvidia-ml.so.1 is not built")
+            self.skipTest(harness.needs_setup("the fake libnvidia-ml.so.1 is not built"))
         out = self.report(env={"LD_LIBRARY_PATH": os.path.abspath(fake)})
         self.assertRegex(out, r"GPUs:\s+2 NVIDIA GPUs, driver 535.104.05, CUDA 12.2")
         self.assertRegex(out, r"\n  0:\s+NVIDIA H100 80GB HBM3, 81559 MiB \(1450 MiB used\)")

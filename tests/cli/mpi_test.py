@@ -22,9 +22,9 @@ class MpiTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         if shutil.which("mpirun") is None:
-            raise unittest.SkipTest("mpirun is not installed (CI installs openmpi-bin)")
+            raise unittest.SkipTest(harness.needs_setup("mpirun is not installed (openmpi-bin)"))
         if not os.path.exists(harness.LAUNCH):
-            raise unittest.SkipTest(f"{harness.LAUNCH} is not built")
+            raise unittest.SkipTest(harness.needs_setup(f"{harness.LAUNCH} is not built"))
 
     def mpirun(self, np, *args, timeout=120):
         # Drop variables of an outer job (SLURM, another mpirun) that would change the mapping.
@@ -57,7 +57,8 @@ class MpiTest(unittest.TestCase):
     def test_two_launches_form_one_job(self):
         why = multi_node_support()
         if why is not None:
-            self.skipTest(f"this launch cannot run 2 machines on localhost yet: {why}")
+            self.skipTest(harness.needs_setup(
+                f"this launch cannot run 2 machines on localhost: {why}"))
         port = str(slurm_cluster._free_ports(1)[0])
         r = self.mpirun(2, harness.LAUNCH, "--nproc_per_node", "1", "--main_process_port", port,
                         "--", harness.SYSTEM_PYTHON, "-c", PRINT_ENV, timeout=180)

@@ -59,10 +59,11 @@ class SlurmTest(unittest.TestCase):
     def setUpClass(cls):
         missing = slurm_cluster.missing_programs()
         if missing:
-            raise unittest.SkipTest("SLURM is not installed (missing: %s; CI installs slurmctld "
-                                    "slurmd slurm-client munge)" % ", ".join(missing))
+            raise unittest.SkipTest(harness.needs_setup(
+                "SLURM is not installed (missing: %s; slurmctld slurmd slurm-client munge)"
+                % ", ".join(missing)))
         if not os.path.exists(harness.LAUNCH):
-            raise unittest.SkipTest(f"{harness.LAUNCH} is not built")
+            raise unittest.SkipTest(harness.needs_setup(f"{harness.LAUNCH} is not built"))
         cls.cluster = slurm_cluster.LocalSlurm()
         try:
             cls.cluster.start()
@@ -215,7 +216,8 @@ class SlurmTest(unittest.TestCase):
         # LOCAL_RANK = SLURM_LOCALID; not G workers per task.
         why = multi_node_support()
         if why is not None:
-            self.skipTest(f"this launch cannot run 2 machines on localhost yet: {why}")
+            self.skipTest(harness.needs_setup(
+                f"this launch cannot run 2 machines on localhost: {why}"))
         for nodes in (1, 2):
             r = self.srun(f"-N{nodes}", "--ntasks-per-node=2", harness.LAUNCH, "--",
                           harness.SYSTEM_PYTHON, "-c", PRINT_ENV, timeout=180)
@@ -279,7 +281,8 @@ class SlurmTest(unittest.TestCase):
     def test_srun_two_nodes(self):
         why = multi_node_support()
         if why is not None:
-            self.skipTest(f"this launch cannot run 2 machines on localhost yet: {why}")
+            self.skipTest(harness.needs_setup(
+                f"this launch cannot run 2 machines on localhost: {why}"))
         port = str(slurm_cluster._free_ports(1)[0])
         r = self.srun("-N2", "--ntasks-per-node=1", harness.LAUNCH, "--nproc_per_node", "2",
                       "--", harness.SYSTEM_PYTHON, "-c", PRINT_ENV,
@@ -295,7 +298,8 @@ class SlurmTest(unittest.TestCase):
     def test_sbatch_multi_node_template(self):
         why = multi_node_support()
         if why is not None:
-            self.skipTest(f"this launch cannot run 2 machines on localhost yet: {why}")
+            self.skipTest(harness.needs_setup(
+                f"this launch cannot run 2 machines on localhost: {why}"))
         out = os.path.join(self.dir, "multi.out")
         r = self.cluster.run(
             ["sbatch", "--wait", "--cpus-per-task=1", "--time=5", "-o", out,

@@ -33,7 +33,8 @@ class WizardTest(unittest.TestCase):
     def setUp(self):
         self.config = cli_command("config")
         if self.config is None:
-            self.skipTest("neither build/bin/launch (with `config`) nor launch-cli-driver is built")
+            self.skipTest(harness.needs_setup(
+                "neither build/bin/launch (with `config`) nor launch-cli-driver is built"))
         self.dir = harness.tmpdir()
         self.env = {"XDG_CONFIG_HOME": os.path.join(self.dir, "xdg"), "HOME": self.dir}
         self.default_path = os.path.join(self.dir, "xdg", "launch", "default_config.yaml")

@@ -38,9 +38,12 @@ def describe(result):
 
 
 @unittest.skipUnless(os.path.exists(os.path.join(harness.BIN_DIR, "train")),
-                     f"{harness.BIN_DIR}/train not built (LAUNCH_BUILD_TRAINER=OFF?)")
-@unittest.skipUnless(CMAKE and NINJA, "cmake and ninja are needed to build examples/")
-@unittest.skipUnless(os.path.isdir(FASHION_MNIST), f"{FASHION_MNIST} missing (dataset-fashion-mnist)")
+                     harness.needs_setup(
+                         f"{harness.BIN_DIR}/train not built (LAUNCH_BUILD_TRAINER=OFF?)"))
+@unittest.skipUnless(CMAKE and NINJA,
+                     harness.needs_setup("cmake and ninja are needed to build examples/"))
+@unittest.skipUnless(os.path.isdir(FASHION_MNIST),
+                     harness.needs_setup(f"{FASHION_MNIST} missing (dataset-fashion-mnist)"))
 class ExamplesOutOfTreeTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

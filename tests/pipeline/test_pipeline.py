@@ -54,7 +54,7 @@ def pipeline_params(out, stages, replica=0):
     return flat
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class PipelineNumericsTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
@@ -157,7 +157,7 @@ train:
         self.assertEqual(final(out)["pipeline"]["peak_live_microbatches"], [2, 1])
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class PipelineResumeTest(unittest.TestCase):
     def test_stages_resume_from_the_same_step_and_match_an_uninterrupted_run(self):
         tmp = harness.tmpdir()
@@ -185,7 +185,7 @@ def last_step(out):
         return 0
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class PipelineSignalTest(unittest.TestCase):
     """The pipeline runs the same loop as every other mode: SIGUSR1 on any stage checkpoints and
     training goes on; SIGTERM delivered to one stage only stops both at the same step with a
@@ -236,7 +236,7 @@ class PipelineSignalTest(unittest.TestCase):
         self.assertRegex(results[1][1], r"eval at step \d+: loss \d+\.\d+ accuracy 0\.\d+")
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class DpNumericsTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
@@ -270,7 +270,7 @@ class DpNumericsTest(unittest.TestCase):
         self.check(3, "false")
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class PipelineTimelineTest(unittest.TestCase):
     def test_stages_trace_micro_batches_and_waits(self):
         tmp = harness.tmpdir()
@@ -293,7 +293,7 @@ class PipelineTimelineTest(unittest.TestCase):
                       [e["name"] for e in events if e["pid"] == 0])
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class PipelineSharedMemoryTest(unittest.TestCase):
     """Stages on one host send activations and gradients through shared-memory rings
     (trainer_runtime/shm_p2p.h): every stage maps its peers' ring segments, the result is bit for
@@ -347,7 +347,7 @@ class PipelineSharedMemoryTest(unittest.TestCase):
                     p.wait()
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class Bf16NumericsTest(unittest.TestCase):
     """mixed_precision: bf16 in every mode against one process in bf16 on the same data and
     seed: close to it (bfloat16 rounding of differently shaped chunks makes it inexact), and
@@ -390,7 +390,7 @@ class Bf16NumericsTest(unittest.TestCase):
                    lambda out: pipeline_params(out, 2))
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class PipelineConfigErrorsTest(unittest.TestCase):
     """Each fails with exit 2 before joining the process group (only rank 0 is started)."""
 

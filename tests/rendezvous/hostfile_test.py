@@ -50,8 +50,9 @@ def _can_run_sshd():
     return os.path.exists(SSHD) and shutil.which("ssh") and shutil.which("ssh-keygen")
 
 
-@unittest.skipUnless(os.path.exists(harness.LAUNCH), "launch not built")
-@unittest.skipUnless(_can_run_sshd(), "openssh-server / openssh-client not installed")
+@unittest.skipUnless(os.path.exists(harness.LAUNCH), harness.needs_setup("launch not built"))
+@unittest.skipUnless(_can_run_sshd(),
+                     harness.needs_setup("openssh-server / openssh-client not installed"))
 class HostfileTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -169,7 +169,7 @@ class MultiNodeTest(unittest.TestCase):
             with socket.socket(socket.AF_INET6) as probe:
                 probe.bind(("::1", 0))
         except OSError:
-            self.skipTest("no IPv6 loopback")
+            self.skipTest(harness.env_dependent("no IPv6 loopback"))
         endpoint = f"[::1]:{self.port}"
         a = self.start(0, 2, rank=0, endpoint=endpoint)
         b = self.start(1, 2, rank=1, endpoint=endpoint)
@@ -283,7 +283,7 @@ class MultiNodeTest(unittest.TestCase):
         # tells them apart, and the newcomer is refused naming it, never merged as a scale-up.
         # (A program of the user's own may differ per node: torchrun's MPMD jobs.)
         if not os.path.exists(harness.TRAIN):
-            self.skipTest("train is not built")
+            self.skipTest(harness.needs_setup("train is not built"))
         configs = []
         for name, lr in (("a", "0.01"), ("b", "0.02")):
             path = os.path.join(self.tmp, f"job_{name}.yaml")

@@ -5,6 +5,8 @@ ways to cut that link and restore it. Everything created is removed by the test'
 import os
 import subprocess
 
+import harness
+
 
 class Link:
     """The veth pair between this namespace (HOST_DEV, address HOST) and namespace NS (PEER_DEV,
@@ -59,7 +61,7 @@ def make_netns(test, tag):
     ns, here, there = f"lt{tag}", f"lth{tag}", f"ltn{tag}"
     net = f"10.213.{os.getpid() % 250}"
     if subprocess.run(["ip", "netns", "add", ns], capture_output=True).returncode != 0:
-        test.skipTest("cannot create a network namespace here")
+        test.skipTest(harness.env_dependent("cannot create a network namespace here"))
     test.addCleanup(subprocess.run, ["ip", "link", "del", here], capture_output=True)
     test.addCleanup(subprocess.run, ["ip", "netns", "del", ns], capture_output=True)
     for cmd in (["ip", "link", "add", here, "type", "veth", "peer", "name", there],
@@ -71,7 +73,8 @@ def make_netns(test, tag):
                 ["ip", "-n", ns, "link", "set", "lo", "up"]):
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
-            test.skipTest(f"cannot set up the namespace's link ({' '.join(cmd)}): {r.stderr}")
+            test.skipTest(harness.env_dependent(
+                f"cannot set up the namespace's link ({' '.join(cmd)}): {r.stderr}"))
     link = Link(ns, here, there, f"{net}.1", f"{net}.2")
     test.addCleanup(link.restore)
     return link

@@ -52,7 +52,7 @@ def last_step(out):
 
 
 @unittest.skipUnless(os.path.exists(harness.TRAIN) and os.path.exists(harness.LAUNCH),
-                     "train/launch not built")
+                     harness.needs_setup("train/launch not built"))
 class OutageTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

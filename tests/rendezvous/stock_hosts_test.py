@@ -49,7 +49,7 @@ def param_bytes(out, rank):
 
 
 @unittest.skipUnless(os.path.exists(harness.TRAIN) and os.path.exists(harness.LAUNCH),
-                     "train/launch not built")
+                     harness.needs_setup("train/launch not built"))
 class StockHostsTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()

@@ -61,7 +61,8 @@ def last_step(out):
     return m[-1]["step"] if m else 0
 
 
-@unittest.skipUnless(os.path.exists(TRAIN) and os.path.exists(LAUNCH), "train/launch not built")
+@unittest.skipUnless(os.path.exists(TRAIN) and os.path.exists(LAUNCH),
+                     harness.needs_setup("train/launch not built"))
 class ChaosTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -37,7 +37,7 @@ def latest(ckpt):
         return int(f.read())
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class AsyncCheckpointTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()

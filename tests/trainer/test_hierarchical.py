@@ -33,7 +33,7 @@ HIERARCHICAL = "hierarchical: shared memory within 2 hosts + Gloo across"
 
 
 @unittest.skipUnless(os.path.exists(TRAIN) and os.path.exists(harness.LAUNCH),
-                     "train/launch not built")
+                     harness.needs_setup("train/launch not built"))
 class HierarchicalTwoHostsTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()

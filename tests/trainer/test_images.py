@@ -59,7 +59,7 @@ def tiny_job(tmp, name, data, batch, steps, mode="ddp", bn="false", augment="", 
     return cfg, out
 
 
-@unittest.skipUnless(HAVE_BINARIES, f"{TRAIN} or {harness.LAUNCH} not built")
+@unittest.skipUnless(HAVE_BINARIES, harness.needs_setup(f"{TRAIN} or {harness.LAUNCH} not built"))
 class TinyImagesTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
@@ -144,8 +144,9 @@ print(json.dumps(report))
 """
 
 
-@unittest.skipUnless(HAVE_BINARIES, f"{TRAIN} or {harness.LAUNCH} not built")
-@unittest.skipUnless(os.path.isdir(FASHION), f"{FASHION} missing (Debian dataset-fashion-mnist)")
+@unittest.skipUnless(HAVE_BINARIES, harness.needs_setup(f"{TRAIN} or {harness.LAUNCH} not built"))
+@unittest.skipUnless(os.path.isdir(FASHION),
+                     harness.needs_setup(f"{FASHION} missing (Debian dataset-fashion-mnist)"))
 class FashionMnistWeightsTest(unittest.TestCase):
     def test_trained_weights_load_in_python_with_the_reported_accuracy(self):
         tmp = harness.tmpdir()
@@ -185,7 +186,7 @@ train:
         self.assertAlmostEqual(rep["loss"], f["eval_loss"], delta=1e-5 * f["eval_loss"])
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class BadImageConfigTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()

@@ -16,7 +16,7 @@ from trainer_helpers import (LAUNCH, TRAIN, final, free_port, metrics, rank_env,
 import harness
 
 HAVE_LAUNCH = os.path.exists(LAUNCH)
-NO_LAUNCH = f"{LAUNCH} is not built yet (tests that need the launcher run once it exists)"
+NO_LAUNCH = harness.needs_setup(f"{LAUNCH} is not built")
 
 RESUME_CONFIG = """
 train:
@@ -60,7 +60,7 @@ def program_of(pid):
         return b""
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class ConfigErrorTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
@@ -117,7 +117,7 @@ class ConfigErrorTest(unittest.TestCase):
         self.assertEqual(harness.pids_with_marker(marker), [])
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class ShippedConfigsTest(unittest.TestCase):
     def test_every_shipped_config_trains_two_steps(self):
         tmp = harness.tmpdir()
@@ -130,7 +130,7 @@ class ShippedConfigsTest(unittest.TestCase):
             self.assertEqual(final(out)["steps"], 2, name)
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class ProcessGroupInitTest(unittest.TestCase):
     def test_unreachable_store_fails_in_time_naming_the_address(self):
         tmp = harness.tmpdir()
@@ -161,7 +161,7 @@ train:
 """
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class RunIdentityTest(unittest.TestCase):
     """A checkpoint records the settings that shape the run (step<N>/run.txt); a resume with
     other ones is refused naming each change, and a fresh run sets another run's checkpoint
@@ -242,7 +242,7 @@ train:
 """
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class DpDropoutTest(unittest.TestCase):
     """Replica threads draw dropout masks from their own seeded stream (dp.cc ReplicaRandom):
     DP with dropout is reproducible, and a resumed run matches an undisturbed one."""
@@ -267,7 +267,7 @@ class DpDropoutTest(unittest.TestCase):
         self.assertNotEqual(plain["param_checksum"], a["param_checksum"])
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class LastStepSignalTest(unittest.TestCase):
     def test_sigterm_during_the_last_step_still_finishes_the_run(self):
         # One slow step (~1-3 s of matrix products): the SIGTERM arrives while it runs, so the
@@ -298,7 +298,7 @@ train:
         self.assertTrue(os.path.exists(os.path.join(out, "model.pt")))
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class ResumeTest(unittest.TestCase):
     STEPS = 600
 
@@ -364,7 +364,7 @@ class ResumeTest(unittest.TestCase):
         self.check_resumed(out, ref, stdout)
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class OutputTest(unittest.TestCase):
     CONFIG = """
 train:
@@ -424,7 +424,7 @@ train:
             self.assertIn(key, f)
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class SignalTest(unittest.TestCase):
     def test_sigusr1_checkpoints_and_continues_sigterm_checkpoints_and_stops(self):
         tmp = harness.tmpdir()

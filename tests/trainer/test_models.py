@@ -55,7 +55,7 @@ def write_csv(path, rows=1200):
                     ",".join(f"{v:.5f}" for v in x[3:]) + "\n")
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class ModelsTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()

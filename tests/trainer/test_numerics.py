@@ -47,7 +47,7 @@ def config(tmp, name, batch, steps=20, optimizer="{type: sgd, lr: 0.05, momentum
     return write_config(tmp, text, name + ".yaml"), out
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class DdpNumericsTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
@@ -116,7 +116,7 @@ class DdpNumericsTest(unittest.TestCase):
                                         min_buckets=3)
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class AccumulationTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
@@ -153,7 +153,7 @@ class AccumulationTest(unittest.TestCase):
         self.assertTrue(all(m["allreduces"] == buckets for m in metrics(out)))
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class LocalSgdTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
@@ -190,7 +190,7 @@ class LocalSgdTest(unittest.TestCase):
 DILOCO = "  local_sgd: {outer: nesterov, outer_lr: 0.7, outer_momentum: 0.9}\n"
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class DilocoTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
@@ -263,7 +263,7 @@ class DilocoTest(unittest.TestCase):
                 self.assertEqual(got, whole, "resumed Local SGD differs from the undisturbed run")
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class ReproducibilityTest(unittest.TestCase):
     def test_same_seed_same_world_is_bit_identical_other_seed_differs(self):
         tmp = harness.tmpdir()
@@ -289,7 +289,7 @@ train:
         self.assertNotEqual(checksums[0][0], checksums[2][0])
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class OverlapTest(unittest.TestCase):
     def test_buckets_are_all_reduced_while_backward_still_computes(self):
         tmp = harness.tmpdir()
@@ -319,7 +319,7 @@ train:
         self.assertGreaterEqual(sum(early) / len(early), buckets - 1.5, early)
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class TimelineTest(unittest.TestCase):
     """train.timeline writes a Chrome trace (Perfetto) of the chosen steps, all ranks in one
     file; on a multi-bucket DDP model the bucket all-reduces start while backward runs."""

@@ -55,7 +55,7 @@ def run_watching(cfg, world, extra_env, timeout=120, segment=SEGMENT):
     return results, seen
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class ShmAllReduceTrainingTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()

@@ -231,7 +231,7 @@ train:
 """
 
 
-@unittest.skipUnless(HAVE_BINARIES, f"{TRAIN} or {harness.LAUNCH} not built")
+@unittest.skipUnless(HAVE_BINARIES, harness.needs_setup(f"{TRAIN} or {harness.LAUNCH} not built"))
 class TorchScriptDdpParityTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

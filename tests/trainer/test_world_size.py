@@ -51,7 +51,7 @@ def read_trace(prefix):
     return rows
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class WorldSizeChangeTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()

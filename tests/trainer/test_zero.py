@@ -54,7 +54,7 @@ def train(cfg, world, env=None, args=("--dump_params",)):
                                                          extra_env=env))
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class ZeroNumericsTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
@@ -190,7 +190,7 @@ train:
             self.assertLess(rel, 1e-6, f"stage {stage}: rel {rel:g} (max abs {worst:g})")
 
 
-@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class ZeroCheckpointTest(unittest.TestCase):
     """Checkpoints hold each rank's optimizer pieces with their element ranges (and rank 0 an
     index of them), so that a resume recuts them for any world size, stage or unit size, or

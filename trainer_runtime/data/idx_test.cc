@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/test_skip.h"
 #include "trainer_runtime/data/idx.h"
 
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
@@ -237,7 +238,8 @@ TEST_CASE("IdxRejectsDifferentImageAndLabelCounts") {
 TEST_CASE("IdxLoadsTheRealFashionMnistTestSplit") {
   struct stat st;
   if (::stat(kFashionMnistDir, &st) != 0) {
-    MESSAGE("skipped: " << kFashionMnistDir << " not installed (dataset-fashion-mnist)");
+    launch::testing::SkipNeedsSetup(std::string(kFashionMnistDir) +
+                                    " not installed (dataset-fashion-mnist)");
     return;
   }
   auto ds = IdxDataset::Load(kFashionMnistDir, IdxSplit::kTest);
