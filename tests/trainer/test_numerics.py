@@ -47,6 +47,23 @@ def config(tmp, name, batch, steps=20, optimizer="{type: sgd, lr: 0.05, momentum
     return write_config(tmp, text, name + ".yaml"), out
 
 
+
+def stop_after_first_checkpoint(test, cfg, out, world, env=None):
+    """Starts `world` ranks of `cfg` (writing into `out`) and sends each SIGTERM as soon as the
+    first checkpoint exists: every rank saves at the same step and exits 143. Returns that
+    step."""
+    procs, _ = start_ranks(cfg, world, ["--dump_params"], extra_env=env)
+    latest = os.path.join(out, "checkpoints", "latest")
+    harness.wait_until(lambda: os.path.exists(latest) or
+                       any(p.poll() is not None for p in procs), 120)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    results = wait_all(procs, 120)
+    test.assertEqual([rc for rc, _, _ in results], [143] * world, results)
+    with open(latest) as f:
+        return int(f.read().strip())
+
+
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
 class DdpNumericsTest(unittest.TestCase):
     def setUp(self):
@@ -238,16 +255,7 @@ class DilocoTest(unittest.TestCase):
         whole = params(out, 0)
         for name, damage in (("resumed", False), ("damaged", True)):
             cfg, out = config_for(name)
-            procs, _ = start_ranks(cfg, 2, ["--dump_params"])
-            latest = os.path.join(out, "checkpoints", "latest")
-            harness.wait_until(lambda: os.path.exists(latest) or
-                               any(p.poll() is not None for p in procs), 120)
-            for p in procs:
-                p.send_signal(signal.SIGTERM)
-            results = wait_all(procs, 120)
-            self.assertEqual([rc for rc, _, _ in results], [143, 143], results)
-            with open(latest) as f:
-                stopped_at = int(f.read().strip())
+            stopped_at = stop_after_first_checkpoint(self, cfg, out, 2)
             self.assertLess(stopped_at, steps)
             outer = os.path.join(out, "checkpoints", f"step{stopped_at}", "local_sgd_outer.pt")
             self.assertEqual(os.path.exists(outer), bool(DILOCO))
@@ -261,6 +269,63 @@ class DilocoTest(unittest.TestCase):
                 self.assertNotEqual(got, whole, "the outer state made no difference")
             elif not damage:
                 self.assertEqual(got, whole, "resumed Local SGD differs from the undisturbed run")
+
+
+RESUME_JOB = """
+train:
+  seed: 7
+  output_dir: {out}
+  model: {{type: mlp, layers: [32, 128, 128, 10], dropout: 0.1}}
+  data: {{type: synthetic, samples: 4096}}
+  eval_fraction: 0.0
+  batch_size: 32
+  max_steps: 400
+  optimizer: {{type: adamw, lr: 0.003}}
+  checkpoint_every: 25
+  resume: auto
+  parallel: {parallel}
+"""
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
+class ExactResumeTest(unittest.TestCase):
+    """A job stopped at its first checkpoint and resumed ends with the parameters of the run
+    that was not stopped, bit for bit, at world sizes where the order of a sum matters (3, 4:
+    with 2 ranks a + b == b + a hides most mistakes), over shared memory and over Gloo."""
+
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def check(self, world, shm, parallel="{mode: ddp}"):
+        env = {"LAUNCH_SHM_ALLREDUCE": "1" if shm else "0"}
+
+        def config_for(name):
+            out = os.path.join(self.tmp, name)
+            text = RESUME_JOB.format(out=out, parallel=parallel)
+            return write_config(self.tmp, text, name + ".yaml"), out
+
+        cfg, whole_out = config_for("whole")
+        run_ranks(cfg, world, ["--dump_params"], timeout=300, extra_env=env)
+        whole = params(whole_out)
+        cfg, out = config_for("resumed")
+        self.assertLess(stop_after_first_checkpoint(self, cfg, out, world, env), 400)
+        run_ranks(cfg, world, ["--dump_params"], timeout=300, extra_env=env)
+        got = params(out)
+        for r in range(1, world):
+            self.assertEqual(params(out, r), got, f"rank {r} differs from rank 0")
+        self.assertEqual(got, whole, "the resumed job differs from the undisturbed run")
+
+    def test_ddp_three_ranks_shared_memory(self):
+        self.check(3, shm=True)
+
+    def test_ddp_three_ranks_gloo(self):
+        self.check(3, shm=False)
+
+    def test_ddp_four_ranks_shared_memory(self):
+        self.check(4, shm=True)
+
+    def test_ddp_four_ranks_gloo(self):
+        self.check(4, shm=False)
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
