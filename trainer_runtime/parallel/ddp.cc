@@ -9,7 +9,6 @@
 #include <string>
 #include <unordered_map>
 
-#include "base/files.h"
 #include "base/strings.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/timeline.h"
@@ -171,13 +170,40 @@ class DdpStrategy : public ParallelStrategy {
     std::vector<at::Tensor> reversed(params_.rbegin(), params_.rend());
     std::vector<int64_t> indices;
     for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) indices.push_back(i);
-    // The reducer rebuilds its buckets after the first iteration with the same first-bucket
-    // size (BuildReducer): a different one would change the layout there for no reason.
-    first_bucket_bytes_ = std::min(kFirstBucketBytes, bucket_cap_bytes_);
+    // The reducer rebuilds its buckets after the first iteration (BeforeForward) with the
+    // first-bucket size it is given, which must be this one: with another, the rebuild changed
+    // the layout (with bucket_cap_mb under 1 MiB: several buckets before, one after), so a
+    // resumed job ran its first step on another layout than the undisturbed run had there, and
+    // over Gloo's ring, where the order in which an element's W contributions are summed
+    // depends on its position in the bucket, got other bits (W >= 3: (a + b) + c != a + (b + c)).
+    const size_t first_bucket_bytes = std::min(kFirstBucketBytes, bucket_cap_bytes_);
     auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
-        reversed, {first_bucket_bytes_, bucket_cap_bytes_},
+        reversed, {first_bucket_bytes, bucket_cap_bytes_},
         std::vector<bool>(params_.size(), false), indices);
-    BuildReducer(std::move(buckets));
+    num_buckets_ = static_cast<int64_t>(buckets.size());
+    std::unordered_map<size_t, std::string> names;
+    size_t i = 0;
+    for (auto& [name, p] : model_->NamedParameters()) names[i++] = name;
+    reducer_ = compat::NewReducer(
+        params_, buckets, limits, pg_, static_cast<int64_t>(bucket_cap_bytes_), find_unused_,
+        // Gradients are views into the buckets (PyTorch's gradient_as_bucket_view=True): no
+        // copy of every gradient into its bucket and back each step, which on 2 cores cost
+        // as much as the all-reduce itself (large MLP: 1.2x -> 1.5x PyTorch's samples/s).
+        // Gradients are zeroed in place (Accelerator::Step), which keeps the views.
+        /*gradient_as_bucket_view=*/true, names, static_cast<int64_t>(first_bucket_bytes));
+    // Every bucket goes through a hook that divides it by the world size in place, never
+    // through the reducer's default path. That path divides differently depending on whether
+    // a gradient is already a view of its bucket: in place (g / W) when it is, but while
+    // copying (g * (1/W)) when it is not, as in the first iteration of every process
+    // (gradients undefined), so also in the first step after a resume, where the undisturbed
+    // run divided in place. For W = 2 or 4 both are exact; for W = 3, g * (1/3) != g / 3 in
+    // the last bit for some g. With the hook the reducer only copies (exact) and every step
+    // divides the same way. No cost in the steady state: with gradients as bucket views the
+    // default path too makes one pass over the bucket to divide it.
+    if (bf16_buckets_)
+      reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
+    else
+      reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, ExchangeMaxBytes()));
     // Tensor hooks on every parameter record when backward produced its gradient; the last
     // one marks the end of gradient computation, against which bucket launch times are
     // compared to measure overlap.
@@ -198,7 +224,7 @@ class DdpStrategy : public ParallelStrategy {
     // As PyTorch's DDP does before each forward: after the first synchronised iteration the
     // reducer rebuilds its buckets in the observed gradient-ready order (a collective: every
     // rank reaches it at the same micro-batch); later calls are no-ops.
-    if (reducer_->rebuild_buckets()) layout_ = ReducerLayout();
+    reducer_->rebuild_buckets();
     // PyTorch DDP (broadcast_buffers=True) makes rank 0's buffers (running statistics) every
     // rank's before a forward that follows a synchronised one: the first micro-batch of each
     // accumulation window, every micro-batch without accumulation.
@@ -240,111 +266,8 @@ class DdpStrategy : public ParallelStrategy {
   void Finish(int64_t) override {}
   int64_t num_buckets() const override { return num_buckets_; }
 
-  // The bucket layout (ddp_buckets.txt): with it a resumed job starts on the layout the
-  // undisturbed run had reached, see BuildReducer.
-  Status SaveModelState(const std::string& dir, torch::optim::Optimizer& optimizer) override {
-    LAUNCH_RETURN_IF_ERROR(ParallelStrategy::SaveModelState(dir, optimizer));
-    if (rank() != 0) return Status::Ok();  // every rank has rank 0's layout
-    std::string text;
-    for (const auto& bucket : layout_) {
-      std::vector<std::string> line;
-      for (size_t index : bucket) line.push_back(std::to_string(index));
-      text += Join(line, " ") + "\n";
-    }
-    return WriteFileAtomically(dir + kLayoutFile, text);
-  }
-
-  Status LoadModelState(const std::string& dir, torch::optim::Optimizer& optimizer,
-                        int64_t written_by) override {
-    LAUNCH_RETURN_IF_ERROR(ParallelStrategy::LoadModelState(dir, optimizer, written_by));
-    const std::string path = dir + kLayoutFile;
-    if (!FileExists(path)) return Status::Ok();  // an older checkpoint: the initial layout
-    LAUNCH_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-    std::vector<std::vector<size_t>> layout;
-    std::vector<bool> seen(params_.size(), false);
-    for (const std::string& line : Split(text, '\n')) {
-      if (line.empty()) continue;
-      layout.emplace_back();
-      for (const std::string& word : Split(line, ' ')) {
-        long long index = -1;
-        if (!ParseInt64(word, &index) || index < 0 ||
-            index >= static_cast<long long>(params_.size()) || seen[index])
-          return Status::InvalidConfig(path + ": '" + word + "' is not the index of one of " +
-                                       "this model's " + std::to_string(params_.size()) +
-                                       " parameters, or is there twice");
-        seen[index] = true;
-        layout.back().push_back(static_cast<size_t>(index));
-      }
-    }
-    if (std::find(seen.begin(), seen.end(), false) != seen.end())
-      return Status::InvalidConfig(path + ": does not name every one of this model's " +
-                                   std::to_string(params_.size()) + " parameters");
-    if (layout != layout_) BuildReducer(std::move(layout));
-    return Status::Ok();
-  }
-
  private:
-  static constexpr char kLayoutFile[] = "/ddp_buckets.txt";
-
-  // (Re)creates the reducer with `buckets` (parameter indices, in the order their gradients
-  // are expected ready). After its first iteration the reducer rebuilds the buckets in the
-  // order the gradients were actually ready (BeforeForward), and every later step runs on
-  // that layout. The layout matters to the bits: over Gloo's ring the order in which an
-  // element's W contributions are summed depends on its position in the bucket (with W >= 3,
-  // (a + b) + c != a + (b + c) in float). A resumed job would run its first step on the
-  // initial layout where the undisturbed run used the rebuilt one; so checkpoints keep the
-  // layout and LoadModelState recreates the reducer with it (the rebuild after its first
-  // iteration then reproduces it: the ready order is the same).
-  // REQUIRES: no backward is in flight (the old reducer's hooks go with it).
-  void BuildReducer(std::vector<std::vector<size_t>> buckets) {
-    reducer_.reset();  // its autograd hooks first, so that only the new reducer's remain
-    std::vector<size_t> limits(buckets.size(), bucket_cap_bytes_);
-    if (!limits.empty()) limits[0] = first_bucket_bytes_;
-    layout_ = buckets;
-    num_buckets_ = static_cast<int64_t>(buckets.size());
-    std::unordered_map<size_t, std::string> names;
-    size_t i = 0;
-    for (auto& [name, p] : model_->NamedParameters()) names[i++] = name;
-    reducer_ = compat::NewReducer(
-        params_, std::move(buckets), limits, pg_, static_cast<int64_t>(bucket_cap_bytes_),
-        find_unused_,
-        // Gradients are views into the buckets (PyTorch's gradient_as_bucket_view=True): no
-        // copy of every gradient into its bucket and back each step, which on 2 cores cost
-        // as much as the all-reduce itself (large MLP: 1.2x -> 1.5x PyTorch's samples/s).
-        // Gradients are zeroed in place (Accelerator::Step), which keeps the views.
-        /*gradient_as_bucket_view=*/true, names, static_cast<int64_t>(first_bucket_bytes_));
-    // Every bucket goes through a hook that divides it by the world size in place, never
-    // through the reducer's default path. That path divides differently depending on whether
-    // a gradient is already a view of its bucket: in place (g / W) when it is, but while
-    // copying (g * (1/W)) when it is not, as in the first iteration of every process
-    // (gradients undefined), so also in the first step after a resume, where the undisturbed
-    // run divided in place. For W = 2 or 4 both are exact; for W = 3, g * (1/3) != g / 3 in
-    // the last bit for some g. With the hook the reducer only copies (exact) and every step
-    // divides the same way. No cost in the steady state: with gradients as bucket views the
-    // default path too makes one pass over the bucket to divide it.
-    if (bf16_buckets_)
-      reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
-    else
-      reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, ExchangeMaxBytes()));
-  }
-
-  // The reducer's current buckets as parameter indices.
-  std::vector<std::vector<size_t>> ReducerLayout() const {
-    std::unordered_map<const void*, size_t> index;
-    for (size_t i = 0; i < params_.size(); ++i) index[params_[i].unsafeGetTensorImpl()] = i;
-    std::vector<std::vector<size_t>> layout;
-    for (const auto& bucket : reducer_->get_grad_buckets(/*return_zero_tensors=*/false)) {
-      layout.emplace_back();
-      for (const auto& p : bucket.getParameters())
-        layout.back().push_back(index.at(p.unsafeGetTensorImpl()));
-    }
-    return layout;
-  }
-
   size_t bucket_cap_bytes_;
-  size_t first_bucket_bytes_ = 0;
-  std::vector<std::vector<size_t>> layout_;  // the reducer's buckets, as parameter indices
-
   bool sync_each_batch_;
   bool find_unused_;
   bool bf16_buckets_;                    // parallel.comm_hook bf16
