@@ -294,7 +294,7 @@ class ExactResumeTest(unittest.TestCase):
     """A job stopped at its first checkpoint and resumed ends with the parameters of the run
     that was not stopped, bit for bit, at world sizes where the order of a sum or a division
     by the world size can change bits (3, 4: with 2 ranks a + b == b + a and x / 2 is exact,
-    which hides both), over shared memory and over Gloo."""
+    which hides both), over shared memory and over Gloo; ddp and zero."""
 
     STEPS = 300  # long enough that SIGTERM arrives long before the end
 
@@ -341,6 +341,12 @@ class ExactResumeTest(unittest.TestCase):
 
     def test_ddp_four_ranks_gloo(self):
         self.check(4, shm=False)
+
+    def test_zero_stage1_three_ranks_shared_memory(self):
+        self.check(3, shm=True, parallel="{mode: zero, zero_stage: 1, bucket_cap_mb: 0.004}")
+
+    def test_zero_stage3_three_ranks_gloo(self):
+        self.check(3, shm=False, parallel="{mode: zero, zero_stage: 3, bucket_cap_mb: 0.004}")
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), f"{TRAIN} not built")
