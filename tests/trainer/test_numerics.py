@@ -95,9 +95,9 @@ class DdpNumericsTest(unittest.TestCase):
     def test_ddp_two_ranks_equals_one_process_on_concatenated_batch_adam(self):
         self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}")
 
-    def test_ddp_reducer_default_path_without_exchange_adam(self):
+    def test_ddp_without_exchange_adam(self):
         # The small model's only bucket normally takes the two-rank exchange (parallel/ddp.cc);
-        # with it disabled the Reducer's own all-reduce path must agree just as well.
+        # with it disabled the group's all-reduce must agree just as well.
         self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}",
                                         env={"LAUNCH_DDP_EXCHANGE_MAX_KB": "0"},
                                         exchanged=False)
