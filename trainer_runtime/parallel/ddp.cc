@@ -177,9 +177,9 @@ class DdpStrategy : public ParallelStrategy {
     // over Gloo's ring, where the order in which an element's W contributions are summed
     // depends on its position in the bucket, got other bits (W >= 3: (a + b) + c != a + (b + c)).
     const size_t first_bucket_bytes = std::min(kFirstBucketBytes, bucket_cap_bytes_);
-    auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
-        reversed, {first_bucket_bytes, bucket_cap_bytes_},
-        std::vector<bool>(params_.size(), false), indices);
+    auto [buckets, limits] =
+        c10d::compute_bucket_assignment_by_size(reversed, {first_bucket_bytes, bucket_cap_bytes_},
+                                                std::vector<bool>(params_.size(), false), indices);
     num_buckets_ = static_cast<int64_t>(buckets.size());
     std::unordered_map<size_t, std::string> names;
     size_t i = 0;
