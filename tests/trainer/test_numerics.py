@@ -14,7 +14,7 @@ import unittest
 import xml.etree.ElementTree as ET
 
 from trainer_helpers import (TRAIN, final, metrics, params, rel_diff, run_ranks, start_ranks,
-                             wait_all, write_config)
+                             wait_all, write_config, write_split)
 import harness
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -45,6 +45,23 @@ def config(tmp, name, batch, steps=20, optimizer="{type: sgd, lr: 0.05, momentum
                        accum=accum, sync_each=sync_each, local_sgd=local_sgd, cap=cap,
                        extra=extra)
     return write_config(tmp, text, name + ".yaml"), out
+
+
+
+def stop_after_first_checkpoint(test, cfg, out, world, env=None):
+    """Starts `world` ranks of `cfg` (writing into `out`) and sends each SIGTERM as soon as the
+    first checkpoint exists: every rank saves at the same step and exits 143. Returns that
+    step."""
+    procs, _ = start_ranks(cfg, world, ["--dump_params"], extra_env=env)
+    latest = os.path.join(out, "checkpoints", "latest")
+    harness.wait_until(lambda: os.path.exists(latest) or
+                       any(p.poll() is not None for p in procs), 120)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    results = wait_all(procs, 120)
+    test.assertEqual([rc for rc, _, _ in results], [143] * world, results)
+    with open(latest) as f:
+        return int(f.read().strip())
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
@@ -78,9 +95,9 @@ class DdpNumericsTest(unittest.TestCase):
     def test_ddp_two_ranks_equals_one_process_on_concatenated_batch_adam(self):
         self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}")
 
-    def test_ddp_reducer_default_path_without_exchange_adam(self):
+    def test_ddp_without_exchange_adam(self):
         # The small model's only bucket normally takes the two-rank exchange (parallel/ddp.cc);
-        # with it disabled the Reducer's own all-reduce path must agree just as well.
+        # with it disabled the group's all-reduce must agree just as well.
         self.check_ddp_equals_big_batch("{type: adam, lr: 0.003}",
                                         env={"LAUNCH_DDP_EXCHANGE_MAX_KB": "0"},
                                         exchanged=False)
@@ -238,16 +255,7 @@ class DilocoTest(unittest.TestCase):
         whole = params(out, 0)
         for name, damage in (("resumed", False), ("damaged", True)):
             cfg, out = config_for(name)
-            procs, _ = start_ranks(cfg, 2, ["--dump_params"])
-            latest = os.path.join(out, "checkpoints", "latest")
-            harness.wait_until(lambda: os.path.exists(latest) or
-                               any(p.poll() is not None for p in procs), 120)
-            for p in procs:
-                p.send_signal(signal.SIGTERM)
-            results = wait_all(procs, 120)
-            self.assertEqual([rc for rc, _, _ in results], [143, 143], results)
-            with open(latest) as f:
-                stopped_at = int(f.read().strip())
+            stopped_at = stop_after_first_checkpoint(self, cfg, out, 2)
             self.assertLess(stopped_at, steps)
             outer = os.path.join(out, "checkpoints", f"step{stopped_at}", "local_sgd_outer.pt")
             self.assertEqual(os.path.exists(outer), bool(DILOCO))
@@ -261,6 +269,84 @@ class DilocoTest(unittest.TestCase):
                 self.assertNotEqual(got, whole, "the outer state made no difference")
             elif not damage:
                 self.assertEqual(got, whole, "resumed Local SGD differs from the undisturbed run")
+
+
+# A CNN with dropout and BatchNorm whose parameters (22 KB) fill several buckets of
+# bucket_cap_mb (the reducer's rebuild after the first iteration must keep that layout).
+RESUME_JOB = """
+train:
+  seed: 7
+  output_dir: {out}
+  model: {{type: cnn, channels: [8, 16], hidden: 64, classes: 4, input: [1, 8, 8], dropout: 0.3}}
+  data: {{type: idx, path: {data}, mean: 0.235, std: 0.135}}
+  eval_fraction: 0.0
+  batch_size: 16
+  max_steps: {steps}
+  optimizer: {{type: adamw, lr: 0.003}}
+  checkpoint_every: 25
+  resume: auto
+  parallel: {parallel}
+"""
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
+class ExactResumeTest(unittest.TestCase):
+    """A job stopped at its first checkpoint and resumed ends with the parameters of the run
+    that was not stopped, bit for bit, at world sizes where the order of a sum or a division
+    by the world size can change bits (3, 4: with 2 ranks a + b == b + a and x / 2 is exact,
+    which hides both), over shared memory and over Gloo; ddp and zero."""
+
+    STEPS = 300  # long enough that SIGTERM arrives long before the end
+
+    @classmethod
+    def setUpClass(cls):
+        cls.data = os.path.join(harness.tmpdir(), "data")
+        os.makedirs(cls.data)
+        write_split(cls.data, "train", 1024, seed=5)
+
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def check(self, world, shm, parallel="{mode: ddp, bucket_cap_mb: 0.004}"):
+        env = {"LAUNCH_SHM_ALLREDUCE": "1" if shm else "0"}
+
+        def config_for(name):
+            out = os.path.join(self.tmp, name)
+            text = RESUME_JOB.format(out=out, data=self.data, steps=self.STEPS,
+                                     parallel=parallel)
+            return write_config(self.tmp, text, name + ".yaml"), out
+
+        cfg, whole_out = config_for("whole")
+        run_ranks(cfg, world, ["--dump_params"], timeout=300, extra_env=env)
+        whole = params(whole_out)
+        cfg, out = config_for("resumed")
+        self.assertLess(stop_after_first_checkpoint(self, cfg, out, world, env), self.STEPS)
+        run_ranks(cfg, world, ["--dump_params"], timeout=300, extra_env=env)
+        got = params(out)
+        for r in range(1, world):
+            self.assertTrue(params(out, r) == got, f"rank {r} differs from rank 0")
+        self.assertEqual(len(got), len(whole))
+        differ = sum(x != y for x, y in zip(got, whole))
+        self.assertEqual(differ, 0, f"the resumed job differs from the undisturbed run in "
+                                    f"{differ} of {len(whole)} parameters")
+
+    def test_ddp_three_ranks_shared_memory(self):
+        self.check(3, shm=True)
+
+    def test_ddp_three_ranks_gloo(self):
+        self.check(3, shm=False)
+
+    def test_ddp_four_ranks_shared_memory(self):
+        self.check(4, shm=True)
+
+    def test_ddp_four_ranks_gloo(self):
+        self.check(4, shm=False)
+
+    def test_zero_stage1_three_ranks_shared_memory(self):
+        self.check(3, shm=True, parallel="{mode: zero, zero_stage: 1, bucket_cap_mb: 0.004}")
+
+    def test_zero_stage3_three_ranks_gloo(self):
+        self.check(3, shm=False, parallel="{mode: zero, zero_stage: 3, bucket_cap_mb: 0.004}")
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))

@@ -170,9 +170,16 @@ class DdpStrategy : public ParallelStrategy {
     std::vector<at::Tensor> reversed(params_.rbegin(), params_.rend());
     std::vector<int64_t> indices;
     for (int64_t i = static_cast<int64_t>(params_.size()) - 1; i >= 0; --i) indices.push_back(i);
-    auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
-        reversed, {std::min(kFirstBucketBytes, bucket_cap_bytes_), bucket_cap_bytes_},
-        std::vector<bool>(params_.size(), false), indices);
+    // The reducer rebuilds its buckets after the first iteration (BeforeForward) with the
+    // first-bucket size it is given, which must be this one: with another, the rebuild changed
+    // the layout (with bucket_cap_mb under 1 MiB: several buckets before, one after), so a
+    // resumed job ran its first step on another layout than the undisturbed run had there, and
+    // over Gloo's ring, where the order in which an element's W contributions are summed
+    // depends on its position in the bucket, got other bits (W >= 3: (a + b) + c != a + (b + c)).
+    const size_t first_bucket_bytes = std::min(kFirstBucketBytes, bucket_cap_bytes_);
+    auto [buckets, limits] =
+        c10d::compute_bucket_assignment_by_size(reversed, {first_bucket_bytes, bucket_cap_bytes_},
+                                                std::vector<bool>(params_.size(), false), indices);
     num_buckets_ = static_cast<int64_t>(buckets.size());
     std::unordered_map<size_t, std::string> names;
     size_t i = 0;
@@ -183,19 +190,20 @@ class DdpStrategy : public ParallelStrategy {
         // copy of every gradient into its bucket and back each step, which on 2 cores cost
         // as much as the all-reduce itself (large MLP: 1.2x -> 1.5x PyTorch's samples/s).
         // Gradients are zeroed in place (Accelerator::Step), which keeps the views.
-        /*gradient_as_bucket_view=*/true, names, static_cast<int64_t>(kFirstBucketBytes));
-    // The hook only pays off when the last bucket qualifies for the exchange. Otherwise keep
-    // the reducer's default path, which is PyTorch DDP's exactly (it divides by the world size
-    // while copying gradients into the bucket, saving a pass over them).
-    size_t last_bucket_bytes = 0;
-    for (size_t index : buckets.back())
-      last_bucket_bytes +=
-          static_cast<size_t>(params_[index].numel() * params_[index].element_size());
-    const size_t exchange_max = ExchangeMaxBytes();
+        /*gradient_as_bucket_view=*/true, names, static_cast<int64_t>(first_bucket_bytes));
+    // Every bucket goes through a hook that divides it by the world size in place, never
+    // through the reducer's default path. That path divides differently depending on whether
+    // a gradient is already a view of its bucket: in place (g / W) when it is, but while
+    // copying (g * (1/W)) when it is not, as in the first iteration of every process
+    // (gradients undefined), so also in the first step after a resume, where the undisturbed
+    // run divided in place. For W = 2 or 4 both are exact; for W = 3, g * (1/3) != g / 3 in
+    // the last bit for some g. With the hook the reducer only copies (exact) and every step
+    // divides the same way. No cost in the steady state: with gradients as bucket views the
+    // default path too makes one pass over the bucket to divide it.
     if (bf16_buckets_)
       reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
-    else if (pg_->getSize() == 2 && last_bucket_bytes <= exchange_max)
-      reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, exchange_max));
+    else
+      reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, ExchangeMaxBytes()));
     // Tensor hooks on every parameter record when backward produced its gradient; the last
     // one marks the end of gradient computation, against which bucket launch times are
     // compared to measure overlap.

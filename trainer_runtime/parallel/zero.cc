@@ -187,7 +187,6 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
       LaunchReady();
     }
     while (!in_flight_.empty()) CollectOldest();
-    first_sync_ = false;
     // Units that got no gradient (or were prefetched and not used) go back to their shards.
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t u = 0; u < units_.size(); ++u)
@@ -593,16 +592,11 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
       at::Tensor input = stage_ == 1 ? unit.flat_grad : unit.bucket;
       if (!input.defined())
         input = unit.bucket = torch::zeros({unit.padded}, unit.flat_param.options());
-      // Averaged as DDP's reducer averages, so that the results are its bit for bit: each
-      // rank's share scaled before the sum, by 1/W on the first synchronised backward (where
-      // the reducer copies fresh gradients into its buckets with a multiplication) and divided
-      // by W afterwards (where the gradients are its bucket views, divided in place). For
-      // W = 3 the two round differently.
-      if (first_sync_) {
-        input.mul_(1.0 / world());
-      } else {
-        input.div_(world());
-      }
+      // Averaged as DDP averages (ddp.cc), so that the results are its bit for bit: each
+      // rank's share divided by W before the sum, on every backward alike (a multiplication
+      // by 1/W on the first one only, as c10d's reducer does by default, rounds differently
+      // for W = 3 and made a resumed job differ from the undisturbed one).
+      input.div_(world());
       // In place: the sum lands in this rank's own slice of the input.
       unit.work = pg_->ReduceScatterFlat(input, input.narrow(0, rank() * unit.shard, unit.shard));
       in_flight_.push_back(&unit);
@@ -741,7 +735,6 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
   std::vector<size_t> group_of_shard_group_;  // shard group -> the user's group it copies
   at::Tensor unit_pad_ = torch::zeros({1});
   bool sync_ = true;
-  bool first_sync_ = true;               // guarded by mu_ while backward runs
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as ddp's does
   std::mutex mu_;                        // the autograd engine may run the hooks on its own thread
   size_t next_launch_ = 0;               // guarded by mu_
