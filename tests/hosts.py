@@ -35,8 +35,10 @@ class Host:
 
     def argv(self, argv, cwd=None):
         """`argv` wrapped to run inside this host (nsenter forks so that it joins the pid
-        namespace), in `cwd` (nsenter's --mount would otherwise start it in /)."""
-        return ["nsenter", "-t", str(self.init_pid), "--net", "--uts", "--pid", "--mount",
+        namespace), in `cwd` (nsenter's --mount would otherwise start it in /). --root keeps the
+        host's root directory: entering a mount namespace resets it to the namespace's own
+        root, which inside a chroot (scripts/debian13) is the machine's, not the chroot's."""
+        return ["nsenter", "-t", str(self.init_pid), "--net", "--uts", "--pid", "--mount", "--root",
                 *([f"--wd={cwd}"] if cwd else []), "--", *argv]
 
     def popen(self, argv, cwd=None, **kwargs):

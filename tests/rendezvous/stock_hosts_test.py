@@ -175,7 +175,8 @@ class StockHostsTest(unittest.TestCase):
         both = "\n--- host 1\n".join(logs)
         self.assertNotIn(0, codes, both)
         self.assertIn("this rank on interface lo (127.0.0.1) from GLOO_SOCKET_IFNAME", both)
-        self.assertIn("[127.0.0.1]", both)
+        if "connect [" in both:  # LibTorch 1.13's Gloo names the refused peer; 2.6's does not
+            self.assertIn("[127.0.0.1]", both)
         self.assertIn("GLOO_SOCKET_IFNAME=lo is loopback, out of the other hosts' reach", both)
         if "did not form within" in both:
             # Only a Gloo that retries refused connections until its deadline says so, and then

@@ -376,18 +376,20 @@ bool TimedOut(const std::string& error, std::chrono::steady_clock::duration elap
          elapsed >= timeout * 9 / 10;
 }
 
-// What to do when Gloo's error names a loopback peer address ("connect [127.0.0.1]:41234:
-// Connection refused") in a job whose MASTER_ADDR is not loopback: that peer's Gloo listens on
-// loopback on its own host, which no other host reaches. "" otherwise.
+// What to do when the group failed in a job whose MASTER_ADDR is not loopback and this rank
+// was told to bind loopback (GLOO_SOCKET_IFNAME=lo), or Gloo's error names a loopback peer
+// address ("connect [127.0.0.1]:41234: Connection refused", LibTorch 1.13; 2.6's Gloo names no
+// address): that Gloo listens on loopback on its own host, which no other host reaches. ""
+// otherwise.
 std::string LoopbackPeerHint(const std::string& error, const GlooBinding& binding,
                              const std::string& master_addr) {
   if (IsLoopbackHost(master_addr)) return "";
-  if (error.find("[127.") == std::string::npos && error.find("[::1]") == std::string::npos)
-    return "";
   if (binding.from_environment && IsLoopbackHost(binding.address))
     return " (GLOO_SOCKET_IFNAME=" + binding.interface +
            " is loopback, out of the other hosts' reach: unset it, or name the interface that "
            "reaches them, on every host)";
+  if (error.find("[127.") == std::string::npos && error.find("[::1]") == std::string::npos)
+    return "";
   return " (a peer announced a loopback address: its Gloo listens on loopback, as PyTorch's "
          "does where GLOO_SOCKET_IFNAME is unset and the host's name resolves to loopback or "
          "nothing; set GLOO_SOCKET_IFNAME on that host to the interface that reaches this one)";
