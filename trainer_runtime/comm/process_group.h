@@ -18,12 +18,13 @@
 // hosts and some host has more than one, the same all-reduces, the broadcasts from rank 0 and
 // the reduce-scatters (as an all-reduce of the input) run in two levels instead
 // (hierarchical.h: shared memory inside each host, Gloo between one leader per host); the
-// all-gathers stay on Gloo. Otherwise everything goes to Gloo; there the reduce-scatter is an all-reduce of the input followed by a copy of this
-// rank's shard (LibTorch 1.13's Gloo has no CPU reduce_scatter) and the all-gather is Gloo's
-// allgather into views of the output. Each transport sees the same subsequence of operations
-// on every rank, so the two never need ordering between them. In the same case send() and
-// recv() of a CPU tensor go through shared-memory rings (shm_p2p.h: the pipeline's activations
-// and gradients): all of them, so messages between two ranks never straddle two transports.
+// all-gathers stay on Gloo. Otherwise everything goes to Gloo; there the reduce-scatter is an
+// all-reduce of the input followed by a copy of this rank's shard (LibTorch 1.13's Gloo has no CPU
+// reduce_scatter) and the all-gather is Gloo's allgather into views of the output. Each transport
+// sees the same subsequence of operations on every rank, so the two never need ordering between
+// them. In the same case send() and recv() of a CPU tensor go through shared-memory rings
+// (shm_p2p.h: the pipeline's activations and gradients): all of them, so messages between two ranks
+// never straddle two transports.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
