@@ -22,10 +22,6 @@ std::string CrossHostName(const char* op, int hosts, int64_t bytes) {
   return text;
 }
 
-bool DenseCpu(const at::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.layout() == c10::kStrided && t.is_contiguous();
-}
-
 // A completed Work's failure (ShmAllReduce completes its broadcast before returning it).
 Status WaitStatus(const c10::intrusive_ptr<c10d::Work>& work) {
   try {
@@ -129,7 +125,9 @@ bool HierarchicalAllReduce::Supports(const std::vector<at::Tensor>& tensors,
   return ShmAllReduce::Supports(tensors, opts);
 }
 
-bool HierarchicalAllReduce::SupportsBroadcast(const at::Tensor& tensor) { return DenseCpu(tensor); }
+bool HierarchicalAllReduce::SupportsBroadcast(const at::Tensor& tensor) {
+  return ShmAllReduce::SupportsBroadcast(tensor);
+}
 
 HierarchicalAllReduce::HierarchicalAllReduce(int host, int host_count, int local_rank,
                                              std::unique_ptr<ShmAllReduce> local,
