@@ -43,6 +43,7 @@ void AddAgentSignals(asio::signal_set& signals) {
   signals.add(SIGQUIT);  // torchrun stops on it too
   signals.add(SIGUSR1);
   signals.add(SIGUSR2);
+  signals.add(kCollectiveReportSignal);
 }
 
 int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
@@ -57,7 +58,9 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
   std::function<void()> arm_signals = [&] {
     signals.async_wait([&](boost::system::error_code ec, int signo) {
       if (ec) return;
-      if (signo == SIGUSR1 || signo == SIGUSR2) {
+      if (signo == kCollectiveReportSignal) {
+        if (group) group->ReportCollectives();
+      } else if (signo == SIGUSR1 || signo == SIGUSR2) {
         log::Info("forwarding " + SignalName(signo) + " to the workers");
         if (group) group->Signal(signo);
       } else if (interrupt_signal != 0) {

@@ -4,6 +4,7 @@
 // restarts remain, forwards signals, and turns the outcome into `launch`'s exit code.
 
 #include <boost/asio/signal_set.hpp>
+#include <csignal>
 #include <functional>
 #include <memory>
 #include <string>
@@ -35,7 +36,15 @@ using GroupFactory = std::function<std::unique_ptr<GroupSupervisor>(boost::asio:
 int RunLocalAgent(const AgentOptions& options, boost::asio::io_context& io,
                   const GroupFactory& make_group);
 
-// Adds the signals an agent handles to `signals`: SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2, and
+// The signal that makes a running `launch` print the collective report of its workers
+// (GroupSupervisor::ReportCollectives): SIGURG, which nothing sends a process by accident (the
+// kernel sends it only to a socket's owner set with F_SETOWN, which launch never sets) and whose
+// default action is to ignore it, so sending it to an older launch does no harm.
+// SIGQUIT stops the job, as under torchrun; SIGUSR1/SIGUSR2 are the workers'.
+inline constexpr int kCollectiveReportSignal = SIGURG;
+
+// Adds the signals an agent handles to `signals`: SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2,
+// kCollectiveReportSignal, and
 // SIGINT and SIGHUP unless they were ignored when `launch` started (`nohup launch ...`, or a
 // background job of a non-interactive shell, asks for exactly that). Call before any worker
 // exists, so no signal can slip between spawn and handling.

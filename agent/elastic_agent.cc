@@ -156,7 +156,9 @@ class ElasticAgent {
   void ArmSignals() {
     signals_.async_wait([this](const boost::system::error_code& ec, int signo) {
       if (ec) return;
-      if (signo == SIGUSR1 || signo == SIGUSR2) {
+      if (signo == kCollectiveReportSignal) {
+        if (group_ && group_running_) group_->ReportCollectives();
+      } else if (signo == SIGUSR1 || signo == SIGUSR2) {
         log::Info("forwarding " + SignalName(signo) + " to the workers");
         if (group_ && group_running_) group_->Signal(signo);
       } else if (interrupt_signal_ != 0) {

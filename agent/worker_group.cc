@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <boost/asio/io_context.hpp>
@@ -24,7 +25,9 @@
 #include "agent/exec_shim.h"
 #include "agent/line_buffer.h"
 #include "agent/output_writer.h"
+#include "agent/stall_watch.h"
 #include "agent/subprocess.h"
+#include "base/collective_ring.h"
 #include "base/log.h"
 #include "base/strings.h"
 
@@ -130,6 +133,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       std::string why_not;  // `launch env` says it; the shims' subreapers alone, then
       if (spec.job_cgroup->Create(spec.exec_shim, &why_not)) cgroup_ = spec.job_cgroup->path();
     }
+    StartStallWatch();
     for (int lr = 0; lr < spec.local_world_size; ++lr) {
       Status s = StartOne(lr);
       if (!s.ok()) {
@@ -137,7 +141,52 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
         return s;
       }
     }
+    watch_->Start();
     return Status::Ok();
+  }
+
+  void StartStallWatch() {
+    StallWatchOptions options;
+    options.stall_timeout = spec_.stall_timeout;
+    options.ring_prefix = StallWatch::DefaultRingPrefix(spec_.run_id);
+    for (int lr = 0; lr < spec_.local_world_size; ++lr)
+      options.ranks.push_back(spec_.rank_offset + lr);
+    std::weak_ptr<Impl> weak = weak_from_this();
+    watch_ = std::make_shared<StallWatch>(
+        io_, std::move(options),
+        [weak](const std::string& report, const std::vector<int>& blamed) {
+          if (auto self = weak.lock()) self->OnStall(report, blamed);
+        });
+  }
+
+  // Launch's own report, through the console's writer (never a blocking write on the loop),
+  // in order with the workers' lines.
+  static void PrintReport(std::string text) {
+    if (std::optional<ConsoleSink> console = ConsoleWriterFor(STDERR_FILENO)) {
+      console->writer->Write(console->sink, std::move(text));
+    } else {
+      std::fwrite(text.data(), 1, text.size(), stderr);
+    }
+  }
+
+  // The stall as a failure: the blamed workers die with it as their error, the first reaped is
+  // the root cause, and the usual path (siblings stopped, restart or exit) follows.
+  void OnStall(const std::string& report, const std::vector<int>& blamed) {
+    if (stopping_ || failed_ || live_ == 0) return;  // already ending: the report is moot
+    PrintReport(report);
+    const std::string why = "stalled: no collective completed for " +
+                            FormatSeconds(spec_.stall_timeout) +
+                            " (--stall_timeout); see the stalled-collective report above";
+    for (auto& w : workers_) {
+      if (w->reaped || std::find(blamed.begin(), blamed.end(), w->rank) == blamed.end()) continue;
+      w->exit.error_message = why;
+      SignalGroup(w->pid, KillSignal());
+    }
+  }
+
+  void ReportCollectives() {
+    if (!watch_ || live_ == 0) return;
+    watch_->Report([](const std::string& report) { PrintReport(report); });
   }
 
   Status StartOutput() {
@@ -237,6 +286,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       env_map["CUDA_VISIBLE_DEVICES"] =
           device < static_cast<int>(ids.size()) ? Trim(ids[device]) : std::to_string(device);
     }
+    env_map[kCollectiveRingEnv] = watch_->RingPath(w->rank);
     if (!error_dir_.empty()) {
       w->exit.error_file = error_dir_ + "/rank_" + std::to_string(w->rank) + ".error.json";
       ::unlink(w->exit.error_file.c_str());  // a previous attempt's must not be read as this one's
@@ -543,6 +593,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   }
 
   void StopInternal(int signo) {
+    if (watch_) watch_->Cancel();  // stopping workers stall by design
     if (live_ == 0) return;
     stopping_ = true;
     Signal(signo);
@@ -631,6 +682,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     kill_timer_.cancel();
     first_failure_timer_.cancel();
     output_timer_.cancel();
+    watch_.reset();  // removes the rings: no file outlives the group
     finished_ = true;
     on_done_ = nullptr;
     on_first_failure_ = nullptr;
@@ -671,6 +723,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   bool kill_armed_ = false;
   bool drain_deadline_armed_ = false;
   bool finished_ = false;
+  std::shared_ptr<StallWatch> watch_;  // the workers' collective rings; null before Start
   std::string cgroup_;     // the job's cgroup, once made; empty = none
   std::string error_dir_;  // where the workers' TORCHELASTIC_ERROR_FILEs go; empty = none
   bool own_error_dir_ = false;
@@ -688,6 +741,7 @@ void WorkerGroup::Kill() { impl_->Kill(); }
 void WorkerGroup::OnFirstFailure(std::function<void(const WorkerExit&)> fn) {
   impl_->SetFirstFailure(std::move(fn));
 }
+void WorkerGroup::ReportCollectives() { impl_->ReportCollectives(); }
 bool WorkerGroup::running() const { return impl_->running(); }
 std::vector<pid_t> WorkerGroup::pids() const { return impl_->pids(); }
 

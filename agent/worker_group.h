@@ -93,6 +93,12 @@ struct WorkerGroupSpec {
     int node_rank = 0;
     int num_nodes = 0;
   } node_view;
+  // Hang forensics (stall_watch.h): every worker gets LAUNCH_COLLECTIVE_RING, a ring file under
+  // /dev/shm removed with the group. With stall_timeout > 0, no collective completed on this
+  // node for that long while some worker waits in one prints the stall report, and the workers
+  // it blames (those that never entered the collective; else those waiting) are killed with the
+  // stall as their error: a failure like any other (restart or exit). 0: never.
+  std::chrono::milliseconds stall_timeout{0};
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;
   size_t stderr_tail_lines = 20;
@@ -146,6 +152,10 @@ class GroupSupervisor {
   // and stderr tail: before its siblings are stopped, so the failure can be reported while they
   // still run. Call before Start. The default implementation never calls it.
   virtual void OnFirstFailure(std::function<void(const WorkerExit&)> fn) {}
+  // Prints the collective report of the running workers (stall_watch.h: each rank's current
+  // collective, its last completed one, its stack) to the console; the workers go on. The
+  // default implementation prints nothing.
+  virtual void ReportCollectives() {}
 };
 
 class WorkerGroup : public GroupSupervisor {
@@ -161,6 +171,7 @@ class WorkerGroup : public GroupSupervisor {
   void Stop(int signo = 15 /* SIGTERM */) override;
   void Kill() override;
   void OnFirstFailure(std::function<void(const WorkerExit&)> fn) override;
+  void ReportCollectives() override;
 
   bool running() const;
   std::vector<pid_t> pids() const;  // live workers

@@ -112,6 +112,10 @@ struct LaunchConfig {
   StreamSpec redirects;                 // streams sent to files only
   std::vector<int> local_ranks_filter;  // console shows only these local ranks; empty = all
   double stop_grace_s = 30;             // SIGTERM -> SIGKILL grace period for workers
+  // No collective completed on a node for this long while a worker waits in one: the stall
+  // report, then the job fails (agent/stall_watch.h). 1800 by default, far beyond any healthy
+  // gap between collectives; 0 = never.
+  double stall_timeout_s = 1800;
   std::string python = "python3";       // interpreter for .py programs and -m
   // Workers' output arrives as it is printed: PYTHONUNBUFFERED=1 (unless set) and, for a
   // program not run under Python, stdout line-buffered through LD_PRELOAD (agent/linebuf.c).

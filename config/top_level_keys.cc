@@ -372,6 +372,11 @@ const std::vector<KeyDef>& TopLevelTable() {
           .Flag({"stop_grace", "shutdown_timeout"}, kGroupFaults,
                 "seconds between SIGTERM and SIGKILL when stopping workers (30)")
           .Show([](const LaunchConfig& c) { return Num(c.stop_grace_s); }),
+      Key("stall_timeout", Seconds([](LaunchConfig* c) { return &c->stall_timeout_s; }, true))
+          .Flag({"stall_timeout"}, kGroupFaults,
+                "seconds without a completed collective, while a worker waits in one, before "
+                "launch reports the stall and fails the job (1800; 0 = never)")
+          .Show([](const LaunchConfig& c) { return Num(c.stall_timeout_s); }),
 
       // ---- Output and logs
       Key("log_dir", Field(&LaunchConfig::log_dir))

@@ -470,13 +470,19 @@ torch::Tensor& Accelerator::AllReduceSum(torch::Tensor& t) {
   // step) against ~20 us. Not counted as gradient communication either way.
   ShmAllReduce* shm = pg_ ? pg_->shm() : nullptr;
   if (shm && ShmAllReduce::Supports({t}, c10d::AllreduceOptions())) {
+    // In the collective ring as the group's own operations are: a rank stuck here is as much a
+    // hang as one stuck in a gradient all-reduce.
+    const uint64_t token = pg_->RingBegin(CollectiveOp::kAllReduce, t.numel() * t.element_size());
     const Status status = shm->AllReduceNow(t);
+    pg_->RingDone(token, status.ok());
     if (!status.ok()) throw compat::MakeError(status.ToString());
     return t;
   }
   if (c10d::ProcessGroup* pg = control()) {
     std::vector<at::Tensor> v = {t};
+    const uint64_t token = pg_->RingBegin(CollectiveOp::kAllReduce, t.numel() * t.element_size());
     pg->allreduce(v, c10d::AllreduceOptions())->wait();
+    pg_->RingDone(token);
   }
   return t;
 }
@@ -498,7 +504,11 @@ torch::Tensor Accelerator::Gather(const torch::Tensor& t) {
 }
 
 void Accelerator::Barrier() {
-  if (c10d::ProcessGroup* pg = control()) pg->barrier(c10d::BarrierOptions())->wait();
+  if (c10d::ProcessGroup* pg = control()) {
+    const uint64_t token = pg_->RingBegin(CollectiveOp::kBarrier, 0);
+    pg->barrier(c10d::BarrierOptions())->wait();
+    pg_->RingDone(token);
+  }
 }
 
 bool Accelerator::CheckTrigger() {

@@ -44,14 +44,48 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::T
                                                                const c10d::BroadcastOptions& opts) {
   // DDP's buffers before every forward (and the parameters at the start): through shared
   // memory when the group has it, a round trip through Gloo's threads otherwise.
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) bytes += t.numel() * t.element_size();
+  const uint64_t token = RingBegin(CollectiveOp::kBroadcast, bytes, CollectiveState::kEnqueued);
   if (shm_ && tensors.size() == 1 && opts.rootRank == 0 && opts.rootTensor == 0 &&
       ShmAllReduce::SupportsBroadcast(tensors[0]))
-    return shm_->BroadcastFromRank0(tensors[0]);
+    return Tracked(shm_->BroadcastFromRank0(tensors[0]), token);
   // Across hosts: rank 0's bytes cross the network once per host, not once per rank.
   if (hierarchical_ && tensors.size() == 1 && opts.rootRank == 0 && opts.rootTensor == 0 &&
       HierarchicalAllReduce::SupportsBroadcast(tensors[0]))
-    return hierarchical_->BroadcastFromRank0Async(tensors[0]);
-  return inner_->broadcast(tensors, opts);
+    return Tracked(hierarchical_->BroadcastFromRank0Async(tensors[0]), token);
+  return Tracked(inner_->broadcast(tensors, opts), token);
+}
+
+void CountingProcessGroup::AttachRing(CollectiveRing* ring, std::string_view name) {
+  ring_ = ring;
+  ring_group_ = ring ? ring->Group(name) : -1;
+}
+
+uint64_t CountingProcessGroup::RingBegin(CollectiveOp op, int64_t bytes, CollectiveState state) {
+  return ring_ ? ring_->Begin(ring_group_, op, bytes, state) : 0;
+}
+
+void CountingProcessGroup::RingDone(uint64_t token, bool ok) {
+  if (ring_) ring_->Done(token, ok);
+}
+
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::Tracked(c10::intrusive_ptr<c10d::Work> work,
+                                                             uint64_t token) {
+  // One callback on the Work's future: it runs on the thread that completes the operation (at
+  // once when it already has), which is when the ring says "done".
+  if (token != 0) {
+    CollectiveRing* ring = ring_;
+    try {
+      work->getFuture()->addCallback(
+          [ring, token](c10::ivalue::Future& f) { ring->Done(token, !f.hasError()); });
+    } catch (const c10::Error&) {
+      // A Work without a future (none of the transports above): better no record than one that
+      // never completes and reads as a hang.
+      ring->Done(token);
+    }
+  }
+  return work;
 }
 
 namespace {
@@ -144,6 +178,9 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::T
     launch_times_.push_back(Clock::now());
   }
   const uint64_t trace = Timeline::Get().BeginAsync("allreduce", AllreduceName(tensors));
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) bytes += t.numel() * t.element_size();
+  const uint64_t token = RingBegin(CollectiveOp::kAllReduce, bytes, CollectiveState::kEnqueued);
   c10::intrusive_ptr<c10d::Work> work;
   if (shm_ && ShmAllReduce::Supports(tensors, opts))
     work = shm_->AllReduceAsync(tensors[0]);
@@ -152,7 +189,7 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::T
   else
     work = inner_->allreduce(tensors, opts);
   EndOnCompletion(work, trace);
-  return work;
+  return Tracked(work, token);
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::ReduceScatterFlat(const at::Tensor& input,
@@ -166,6 +203,8 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::ReduceScatterFlat(const at:
     launch_times_.push_back(Clock::now());
   }
   if (output.numel() == 0) return Done(c10d::OpType::REDUCE_SCATTER, output);
+  const uint64_t token =
+      RingBegin(CollectiveOp::kReduceScatter, bytes, CollectiveState::kEnqueued);
   const uint64_t trace =
       Timeline::Get().BeginAsync("reduce_scatter", OpName("reduce-scatter", bytes));
   c10::intrusive_ptr<c10d::Work> work;
@@ -191,7 +230,7 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::ReduceScatterFlat(const at:
                 output, [shard, out] { out.copy_(shard); });
   }
   EndOnCompletion(work, trace);
-  return work;
+  return Tracked(work, token);
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllGatherFlat(const at::Tensor& input,
@@ -205,6 +244,7 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllGatherFlat(const at::Ten
     allgather_launch_times_.push_back(Clock::now());
   }
   if (input.numel() == 0) return Done(c10d::OpType::ALLGATHER, output);
+  const uint64_t token = RingBegin(CollectiveOp::kAllGather, bytes, CollectiveState::kEnqueued);
   const uint64_t trace = Timeline::Get().BeginAsync("allgather", OpName("all-gather", bytes));
   c10::intrusive_ptr<c10d::Work> work;
   if (shm_ && shm_->SupportsAllGather(input, output)) {
@@ -222,7 +262,7 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllGatherFlat(const at::Ten
                 c10d::OpType::ALLGATHER, output, [] {});
   }
   EndOnCompletion(work, trace);
-  return work;
+  return Tracked(work, token);
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::_allgather_base(
@@ -245,17 +285,25 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce_coalesced(
     for (const at::Tensor& t : tensors) allreduce_bytes_ += t.numel() * t.element_size();
     launch_times_.push_back(Clock::now());
   }
-  return inner_->allreduce_coalesced(tensors, opts);
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) bytes += t.numel() * t.element_size();
+  const uint64_t token = RingBegin(CollectiveOp::kAllReduce, bytes, CollectiveState::kEnqueued);
+  return Tracked(inner_->allreduce_coalesced(tensors, opts), token);
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return inner_->allgather(outputs, inputs, opts);
+  int64_t bytes = 0;
+  for (const auto& list : outputs)
+    for (const at::Tensor& t : list) bytes += t.numel() * t.element_size();
+  const uint64_t token = RingBegin(CollectiveOp::kAllGather, bytes, CollectiveState::kEnqueued);
+  return Tracked(inner_->allgather(outputs, inputs, opts), token);
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::barrier(const c10d::BarrierOptions& opts) {
-  return inner_->barrier(opts);
+  const uint64_t token = RingBegin(CollectiveOp::kBarrier, 0, CollectiveState::kEnqueued);
+  return Tracked(inner_->barrier(opts), token);
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::send(std::vector<at::Tensor>& tensors,
@@ -557,6 +605,9 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   }
   auto pg = c10::make_intrusive<CountingProcessGroup>(group, std::move(shm.shm), std::move(p2p),
                                                       std::move(hierarchical));
+  // Hang forensics when the agent asked for them (LAUNCH_COLLECTIVE_RING): every group of this
+  // process records into the one ring, each under its own name.
+  pg->AttachRing(CollectiveRing::ForProcess(env.rank), name);
   // Where Gloo binds is part of the line: across hosts it is what a user checks first.
   if (pg->hierarchical())
     pg->set_allreduce_transport(pg->hierarchical()->Describe() + " (this rank on " +

@@ -37,6 +37,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "base/collective_ring.h"
 #include "base/status.h"
 #include "trainer_runtime/comm/hierarchical.h"
 #include "trainer_runtime/comm/shm_allreduce.h"
@@ -126,6 +127,18 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // counts and launch times cover every gradient reduction whatever its transport.
   void RecordAllreduce(int64_t bytes);
 
+  // Hang forensics (base/collective_ring.h): from AttachRing on, every collective above
+  // (broadcast, the all-reduces, all-gathers, reduce-scatters, barrier; not send/recv, whose
+  // order differs between ranks) is recorded in `ring` under group `name`, and marked done when
+  // its Work completes. Null `ring`: nothing recorded (the default). Call before the group is
+  // used. RingBegin/RingDone record an operation carried by other means (the inline
+  // shared-memory all-reduce, the two-rank exchange) in the same sequence; RingBegin returns 0
+  // when nothing is recorded, and RingDone(0, ...) does nothing.
+  void AttachRing(CollectiveRing* ring, std::string_view name);
+  uint64_t RingBegin(CollectiveOp op, int64_t bytes,
+                     CollectiveState state = CollectiveState::kStarted);
+  void RingDone(uint64_t token, bool ok = true);
+
   // Counters. Thread-safe: the Reducer launches all-reduces from the autograd engine.
   int64_t allreduce_count() const;
   // How many of those went through RecordAllreduce (the direct last-bucket path).
@@ -156,6 +169,10 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   std::unique_ptr<ShmPointToPoint> p2p_;
   std::unique_ptr<HierarchicalAllReduce> hierarchical_;
   std::string transport_ = "Gloo";
+  // Marks the ring entry `token` done when `work` completes; returns `work`.
+  c10::intrusive_ptr<c10d::Work> Tracked(c10::intrusive_ptr<c10d::Work> work, uint64_t token);
+  CollectiveRing* ring_ = nullptr;  // not owned (CollectiveRing::ForProcess lives forever)
+  int ring_group_ = -1;
   mutable std::mutex mu_;
   int64_t allreduce_count_ = 0;
   int64_t allreduce_bytes_ = 0;

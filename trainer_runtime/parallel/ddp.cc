@@ -62,6 +62,8 @@ class AverageHook : public c10d::CommHookInterface {
   c10::intrusive_ptr<c10::ivalue::Future> Exchange(const at::Tensor& buffer) {
     auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
     pg_->RecordAllreduce(buffer.numel() * buffer.element_size());
+    const uint64_t token =
+        pg_->RingBegin(CollectiveOp::kAllReduce, buffer.numel() * buffer.element_size());
     const uint64_t trace = Timeline::Get().BeginAsync("allreduce", "last bucket (pair exchange)");
     try {
       const int peer = 1 - pg_->getRank();
@@ -74,8 +76,10 @@ class AverageHook : public c10d::CommHookInterface {
       recv->wait();
       send->wait();
       received.add_(buffer);
+      pg_->RingDone(token);
       future->markCompleted(c10::IValue(received));
     } catch (...) {
+      pg_->RingDone(token, /*ok=*/false);
       future->setError(std::current_exception());
     }
     Timeline::Get().EndAsync(trace);
@@ -88,7 +92,10 @@ class AverageHook : public c10d::CommHookInterface {
     auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
     pg_->RecordAllreduce(buffer.numel() * buffer.element_size());
     const uint64_t trace = Timeline::Get().BeginAsync("allreduce", "last bucket (shared memory)");
+    const uint64_t token =
+        pg_->RingBegin(CollectiveOp::kAllReduce, buffer.numel() * buffer.element_size());
     const Status status = pg_->shm()->AllReduceNow(buffer);
+    pg_->RingDone(token, status.ok());
     Timeline::Get().EndAsync(trace);
     if (status.ok()) {
       future->markCompleted(c10::IValue(buffer));
