@@ -164,8 +164,14 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
     a.lines.push_back(Who(v) + ": in no collective; its last completed collective: " +
                       LastCompleted(r, now_ns));
   }
-  a.blamed = a.lagging.empty() ? a.waiting : a.lagging;
-  if (target && a.lagging.empty() && !a.desync && a.waiting.size() == ranks.size())
+  std::set<int> blamed(a.lagging.begin(), a.lagging.end());
+  for (const RankView& v : ranks)
+    if (v.stopped) blamed.insert(v.rank);
+  if (blamed.empty()) blamed.insert(a.waiting.begin(), a.waiting.end());
+  a.blamed.assign(blamed.begin(), blamed.end());
+  const bool any_stopped =
+      std::any_of(ranks.begin(), ranks.end(), [](const RankView& v) { return v.stopped; });
+  if (target && a.lagging.empty() && !a.desync && !any_stopped && a.waiting.size() == ranks.size())
     a.lines.push_back("every rank of this node is inside a collective: the ranks it waits for run "
                       "on other nodes (their agents report them)");
   return a;
@@ -295,6 +301,7 @@ std::vector<RankView> StallWatch::ReadAll() const {
     RankView v;
     v.rank = rank;
     v.ring = ReadCollectiveRing(RingPath(rank));
+    if (v.ring.ok()) v.stopped = IsStopped(v.ring->pid);
     views.push_back(std::move(v));
   }
   return views;

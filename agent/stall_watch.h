@@ -47,6 +47,7 @@ namespace launch::agent {
 struct RankView {
   int rank = 0;
   StatusOr<RingSnapshot> ring = Status::NotFound("not read");
+  bool stopped = false;  // its process is stopped (SIGSTOP): it takes part in nothing
 };
 
 // What the rings say at `now_ns` (CLOCK_MONOTONIC), pure: the report's body and whom to blame.
@@ -56,7 +57,9 @@ struct RingAnalysis {
   bool desync = false;         // two ranks in different collectives at one sequence number
   std::vector<int> waiting;    // ranks inside a collective, ascending
   std::vector<int> lagging;    // ranks that have not entered the collective others wait in
-  std::vector<int> blamed;     // lagging; if none, the waiting ranks
+  // The lagging and the stopped ranks (a stopped rank may have entered the collective and
+  // still hold it up); if none, the waiting ranks.
+  std::vector<int> blamed;
   std::vector<std::string> lines;  // one per finding, no trailing newline
 };
 RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,

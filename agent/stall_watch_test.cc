@@ -75,6 +75,19 @@ TEST_CASE("AStoppedRankIsNamedAsNotHavingEnteredTheCollectiveTheOthersWaitIn") {
         "collective: broadcast #1 of group 'world' (8 B), 6.0 s ago");
 }
 
+TEST_CASE("AStoppedRankInsideTheCollectiveIsBlamedNotTheOtherNodes") {
+  RingBuilder r0(0, 100), r1(1, 101);
+  r0.Op(CollectiveOp::kAllReduce, 8, 2, 0);
+  r1.Op(CollectiveOp::kAllReduce, 8, 2, 0);
+  RankView v1 = r1.View();
+  v1.stopped = true;
+  RingAnalysis a = AnalyzeRings({r0.View(), v1}, 10 * kSecond, 5 * kSecond);
+  CHECK(a.stalled);
+  CHECK(a.lagging.empty());
+  CHECK(a.blamed == std::vector<int>{1});
+  CHECK(a.lines.back().find("other nodes") == std::string::npos);
+}
+
 TEST_CASE("RanksInDifferentCollectivesAtOneSequenceNumberAreADesync") {
   RingBuilder r0(0, 100), r1(1, 101);
   r0.Op(CollectiveOp::kAllReduce, 8, 2, 3).Op(CollectiveOp::kAllReduce, 8, 4, 0);
