@@ -105,8 +105,9 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
     }
   }
   if (!any_ring) {
-    a.lines.push_back("no rank of this node has a collective ring (not library workers, or not "
-                      "started yet)");
+    a.lines.push_back(
+        "no rank of this node has a collective ring (not library workers, or not "
+        "started yet)");
     return a;
   }
   const uint64_t idle_ns = now_ns > progress ? now_ns - progress : 0;
@@ -131,7 +132,8 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
     for (const Seen& s : seen) differs |= s.op != seen[0].op || s.bytes != seen[0].bytes;
     if (!differs) continue;
     a.desync = true;
-    std::string line = "desync in group '" + key.first + "' at #" + std::to_string(key.second) + ":";
+    std::string line =
+        "desync in group '" + key.first + "' at #" + std::to_string(key.second) + ":";
     for (size_t i = 0; i < seen.size(); ++i)
       line += std::string(i ? "," : "") + " rank " + std::to_string(seen[i].rank) + " is in " +
               CollectiveOpName(seen[i].op) + " (" + Bytes(seen[i].bytes) + ")";
@@ -161,8 +163,8 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
                         "'; its last completed collective: " + LastCompleted(r, now_ns));
       continue;
     }
-    a.lines.push_back(Who(v) + ": in no collective; its last completed collective: " +
-                      LastCompleted(r, now_ns));
+    a.lines.push_back(
+        Who(v) + ": in no collective; its last completed collective: " + LastCompleted(r, now_ns));
   }
   std::set<int> blamed(a.lagging.begin(), a.lagging.end());
   for (const RankView& v : ranks)
@@ -172,8 +174,9 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
   const bool any_stopped =
       std::any_of(ranks.begin(), ranks.end(), [](const RankView& v) { return v.stopped; });
   if (target && a.lagging.empty() && !a.desync && !any_stopped && a.waiting.size() == ranks.size())
-    a.lines.push_back("every rank of this node is inside a collective: the ranks it waits for run "
-                      "on other nodes (their agents report them)");
+    a.lines.push_back(
+        "every rank of this node is inside a collective: the ranks it waits for run "
+        "on other nodes (their agents report them)");
   return a;
 }
 
@@ -285,8 +288,8 @@ void StallWatch::Cancel() {
 }
 
 void StallWatch::Arm() {
-  const auto period = std::min<std::chrono::milliseconds>(std::chrono::seconds(1),
-                                                          options_.stall_timeout / 5);
+  const auto period =
+      std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.stall_timeout / 5);
   timers_->poll.expires_after(std::max(period, std::chrono::milliseconds(10)));
   std::weak_ptr<StallWatch> weak = weak_from_this();
   timers_->poll.async_wait([weak](boost::system::error_code ec) {

@@ -52,18 +52,17 @@ struct RankView {
 
 // What the rings say at `now_ns` (CLOCK_MONOTONIC), pure: the report's body and whom to blame.
 struct RingAnalysis {
-  bool stalled = false;        // the stall rule holds for `timeout_ns` (never when it is 0)
-  double idle_s = 0;           // since the latest completion (or the rings' creation)
-  bool desync = false;         // two ranks in different collectives at one sequence number
-  std::vector<int> waiting;    // ranks inside a collective, ascending
-  std::vector<int> lagging;    // ranks that have not entered the collective others wait in
+  bool stalled = false;      // the stall rule holds for `timeout_ns` (never when it is 0)
+  double idle_s = 0;         // since the latest completion (or the rings' creation)
+  bool desync = false;       // two ranks in different collectives at one sequence number
+  std::vector<int> waiting;  // ranks inside a collective, ascending
+  std::vector<int> lagging;  // ranks that have not entered the collective others wait in
   // The lagging and the stopped ranks (a stopped rank may have entered the collective and
   // still hold it up); if none, the waiting ranks.
   std::vector<int> blamed;
   std::vector<std::string> lines;  // one per finding, no trailing newline
 };
-RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
-                          uint64_t timeout_ns);
+RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns, uint64_t timeout_ns);
 
 // "stopped (state T: SIGSTOP, SIGTSTP or a debugger)", "running (state R)", "sleeping in
 // futex_wait_queue (state S)" from /proc/<pid>/{stat,wchan}; "gone" when there is no such
@@ -117,8 +116,8 @@ class StallWatch : public std::enable_shared_from_this<StallWatch> {
   std::vector<RankView> ReadAll() const;
   // Sends the stack signal to `ranks` (SIGCONT after it to stopped ones when `resume`), then
   // collects their stacks and calls `finish` with the text to append.
-  void CollectStacks(const std::vector<RankView>& views, const std::vector<int>& ranks,
-                     bool resume, std::function<void(std::string)> finish);
+  void CollectStacks(const std::vector<RankView>& views, const std::vector<int>& ranks, bool resume,
+                     std::function<void(std::string)> finish);
   void CheckStacks(const std::shared_ptr<Pending>& pending);
   void RemoveFiles();
 

@@ -153,8 +153,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       options.ranks.push_back(spec_.rank_offset + lr);
     std::weak_ptr<Impl> weak = weak_from_this();
     watch_ = std::make_shared<StallWatch>(
-        io_, std::move(options),
-        [weak](const std::string& report, const std::vector<int>& blamed) {
+        io_, std::move(options), [weak](const std::string& report, const std::vector<int>& blamed) {
           if (auto self = weak.lock()) self->OnStall(report, blamed);
         });
   }
@@ -724,7 +723,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   bool drain_deadline_armed_ = false;
   bool finished_ = false;
   std::shared_ptr<StallWatch> watch_;  // the workers' collective rings; null before Start
-  std::string cgroup_;     // the job's cgroup, once made; empty = none
+  std::string cgroup_;                 // the job's cgroup, once made; empty = none
   std::string error_dir_;  // where the workers' TORCHELASTIC_ERROR_FILEs go; empty = none
   bool own_error_dir_ = false;
 };

@@ -55,7 +55,8 @@ struct CollectiveRing::Layout {
   Slot slots[kRingCapacity];
 };
 
-static_assert(std::atomic<uint64_t>::is_always_lock_free, "the ring needs lock-free 64-bit atomics");
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "the ring needs lock-free 64-bit atomics");
 
 // Group names are written once, under a mutex, before group_count counts them.
 struct CollectiveRing::GroupTable {

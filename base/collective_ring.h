@@ -119,9 +119,9 @@ struct RingSnapshot {
   uint64_t completed = 0;
   uint64_t last_done_ns = 0;  // 0: none completed yet
   uint64_t created_ns = 0;
-  std::vector<std::string> groups;      // by index
-  std::vector<uint64_t> last_seq;       // per group: the last sequence number issued
-  std::vector<RingEntry> entries;       // the operations still in the ring, oldest first
+  std::vector<std::string> groups;  // by index
+  std::vector<uint64_t> last_seq;   // per group: the last sequence number issued
+  std::vector<RingEntry> entries;   // the operations still in the ring, oldest first
 };
 
 // Reads the ring at `path`. NotFound when there is no file (the worker has not made it yet),

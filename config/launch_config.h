@@ -116,7 +116,7 @@ struct LaunchConfig {
   // report, then the job fails (agent/stall_watch.h). 1800 by default, far beyond any healthy
   // gap between collectives; 0 = never.
   double stall_timeout_s = 1800;
-  std::string python = "python3";       // interpreter for .py programs and -m
+  std::string python = "python3";  // interpreter for .py programs and -m
   // Workers' output arrives as it is printed: PYTHONUNBUFFERED=1 (unless set) and, for a
   // program not run under Python, stdout line-buffered through LD_PRELOAD (agent/linebuf.c).
   bool line_buffered = true;

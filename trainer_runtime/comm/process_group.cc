@@ -203,8 +203,7 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::ReduceScatterFlat(const at:
     launch_times_.push_back(Clock::now());
   }
   if (output.numel() == 0) return Done(c10d::OpType::REDUCE_SCATTER, output);
-  const uint64_t token =
-      RingBegin(CollectiveOp::kReduceScatter, bytes, CollectiveState::kEnqueued);
+  const uint64_t token = RingBegin(CollectiveOp::kReduceScatter, bytes, CollectiveState::kEnqueued);
   const uint64_t trace =
       Timeline::Get().BeginAsync("reduce_scatter", OpName("reduce-scatter", bytes));
   c10::intrusive_ptr<c10d::Work> work;
