@@ -169,7 +169,8 @@ train:
         self.assert_nothing_left(job)
 
     def test_sigurg_prints_the_report_and_the_job_runs_on(self):
-        job = Job(["--num_processes", "2", "--", HANG, "--steps", "0"], self.marker)
+        job = Job(["--num_processes", "2", "--", HANG, "--steps", "0", "--print_every", "100"],
+                  self.marker)
         try:
             self.assertTrue(job.wait_for(r"^\[rank 1\]: step 200$", 120), job.text())
             os.kill(job.proc.pid, signal.SIGURG)
