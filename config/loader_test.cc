@@ -114,6 +114,20 @@ TEST_CASE("FlagErrorsNameTheFlag") {
   CHECK(s.message().rfind("--tee: expected 0 (none)", 0) == 0);
 }
 
+TEST_CASE("StallTimeoutDefaultsToHalfAnHourAcceptsZeroAndRefusesNegatives") {
+  LaunchConfig cfg;
+  CHECK(cfg.stall_timeout_s == 1800);
+  REQUIRE(ApplySetting("stall_timeout", "0", Origin{Origin::Kind::kFlag, "--stall_timeout"}, &cfg)
+              .ok());
+  CHECK(cfg.stall_timeout_s == 0);
+  REQUIRE(ApplySetting("stall_timeout", "5", Origin{Origin::Kind::kFlag, "--stall_timeout"}, &cfg)
+              .ok());
+  CHECK(cfg.stall_timeout_s == 5);
+  Status s =
+      ApplySetting("stall_timeout", "-1", Origin{Origin::Kind::kFlag, "--stall_timeout"}, &cfg);
+  CHECK(s.message() == "--stall_timeout: expected a duration in seconds >= 0, got -1");
+}
+
 TEST_CASE("ElasticNodesAndEndpoints") {
   LaunchConfig cfg;
   REQUIRE(Load("nnodes: 2:4\nrdzv_endpoint: '[::1]:29400'\n", &cfg).ok());
