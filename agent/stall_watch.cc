@@ -89,19 +89,34 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
   RingAnalysis a;
   uint64_t progress = 0;
   bool any_ring = false;
-  // The collective the others wait in: the oldest operation still outstanding anywhere.
-  const RankView* target_view = nullptr;
-  const RingEntry* target = nullptr;
+  // The collective the others wait in: in the group of the oldest operation still outstanding
+  // anywhere, the outstanding one with the highest sequence number (the ranks furthest ahead
+  // wait there; a rank stopped inside an earlier one has not entered it).
+  const RankView* oldest_view = nullptr;
+  const RingEntry* oldest = nullptr;
   for (const RankView& v : ranks) {
     if (!v.ring.ok()) continue;
     any_ring = true;
     progress = std::max({progress, v.ring->last_done_ns, v.ring->created_ns});
     if (const RingEntry* e = OldestOutstanding(*v.ring)) {
       a.waiting.push_back(v.rank);
-      if (!target || e->enqueued_ns < target->enqueued_ns) {
-        target = e;
-        target_view = &v;
+      if (!oldest || e->enqueued_ns < oldest->enqueued_ns) {
+        oldest = e;
+        oldest_view = &v;
       }
+    }
+  }
+  const RankView* target_view = oldest_view;
+  const RingEntry* target = oldest;
+  if (oldest) {
+    const std::string group = GroupName(*oldest_view->ring, oldest->group);
+    for (const RankView& v : ranks) {
+      if (!v.ring.ok()) continue;
+      for (const RingEntry& e : v.ring->entries)
+        if (Outstanding(e) && GroupName(*v.ring, e.group) == group && e.seq > target->seq) {
+          target = &e;
+          target_view = &v;
+        }
     }
   }
   if (!any_ring) {
@@ -141,30 +156,33 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
     break;  // the first one explains the rest
   }
 
-  std::string target_group;
-  if (target) target_group = GroupName(*target_view->ring, target->group);
+  std::string target_group, target_text;
+  if (target) {
+    target_group = GroupName(*target_view->ring, target->group);
+    target_text = CollectiveOpName(target->op) + " #" + std::to_string(target->seq) +
+                  " of group '" + target_group + "'";
+  }
   for (const RankView& v : ranks) {
     if (!v.ring.ok()) {
       a.lines.push_back(Who(v) + ": no collective ring (" + v.ring.status().message() + ")");
       continue;
     }
     const RingSnapshot& r = *v.ring;
+    const int g = target ? SeqOfGroup(r, target_group) : -1;
+    const bool behind = g >= 0 && r.last_seq[g] < target->seq;
+    if (behind) a.lagging.push_back(v.rank);
     if (const RingEntry* e = OldestOutstanding(r)) {
       a.lines.push_back(Who(v) + ": waits in " + Describe(r, *e) + " for " +
                         Secs(now_ns > e->enqueued_ns ? now_ns - e->enqueued_ns : 0) + " (" +
-                        CollectiveStateName(e->state) + ")");
-      continue;
+                        CollectiveStateName(e->state) + ")" +
+                        (behind ? "; has not entered " + target_text : ""));
+    } else if (behind) {
+      a.lines.push_back(Who(v) + ": has not entered " + target_text +
+                        "; its last completed collective: " + LastCompleted(r, now_ns));
+    } else {
+      a.lines.push_back(Who(v) + ": in no collective; its last completed collective: " +
+                        LastCompleted(r, now_ns));
     }
-    const int g = target ? SeqOfGroup(r, target_group) : -1;
-    if (target && g >= 0 && r.last_seq[g] < target->seq) {
-      a.lagging.push_back(v.rank);
-      a.lines.push_back(Who(v) + ": has not entered " + CollectiveOpName(target->op) + " #" +
-                        std::to_string(target->seq) + " of group '" + target_group +
-                        "'; its last completed collective: " + LastCompleted(r, now_ns));
-      continue;
-    }
-    a.lines.push_back(
-        Who(v) + ": in no collective; its last completed collective: " + LastCompleted(r, now_ns));
   }
   std::set<int> blamed(a.lagging.begin(), a.lagging.end());
   for (const RankView& v : ranks)

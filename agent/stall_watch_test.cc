@@ -88,6 +88,24 @@ TEST_CASE("AStoppedRankInsideTheCollectiveIsBlamedNotTheOtherNodes") {
   CHECK(a.lines.back().find("other nodes") == std::string::npos);
 }
 
+TEST_CASE("ARankStoppedInsideAnEarlierCollectiveHasNotEnteredTheOneTheOthersWaitIn") {
+  RingBuilder r0(0, 100), r1(1, 101);
+  // Rank 0 finished #1 (rank 1 had contributed), then entered #2; rank 1 never returned from #1.
+  r0.Op(CollectiveOp::kAllReduce, 8, 2, 3).Op(CollectiveOp::kAllReduce, 16, 4, 0);
+  r1.Op(CollectiveOp::kAllReduce, 8, 2, 0);
+  RingAnalysis a = AnalyzeRings({r0.View(), r1.View()}, 10 * kSecond, 5 * kSecond);
+  CHECK(a.stalled);
+  CHECK(a.waiting == std::vector<int>{0, 1});
+  CHECK(a.lagging == std::vector<int>{1});
+  CHECK(a.blamed == std::vector<int>{1});
+  REQUIRE(a.lines.size() == 2);
+  CHECK(a.lines[0] ==
+        "rank 0 (pid 100): waits in all-reduce #2 of group 'world' (16 B) for 6.0 s (enqueued)");
+  CHECK(a.lines[1] ==
+        "rank 1 (pid 101): waits in all-reduce #1 of group 'world' (8 B) for 8.0 s (enqueued); "
+        "has not entered all-reduce #2 of group 'world'");
+}
+
 TEST_CASE("RanksInDifferentCollectivesAtOneSequenceNumberAreADesync") {
   RingBuilder r0(0, 100), r1(1, 101);
   r0.Op(CollectiveOp::kAllReduce, 8, 2, 3).Op(CollectiveOp::kAllReduce, 8, 4, 0);
