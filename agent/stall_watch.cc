@@ -127,7 +127,11 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
   }
   const uint64_t idle_ns = now_ns > progress ? now_ns - progress : 0;
   a.idle_s = idle_ns / 1e9;
-  a.stalled = timeout_ns > 0 && !a.waiting.empty() && idle_ns >= timeout_ns;
+  // A stopped rank counts as a waiting one: on a node of its own (its peers wait on other
+  // nodes) it is in no collective, yet it is what holds the job up.
+  const bool any_stopped =
+      std::any_of(ranks.begin(), ranks.end(), [](const RankView& v) { return v.stopped; });
+  a.stalled = timeout_ns > 0 && (!a.waiting.empty() || any_stopped) && idle_ns >= timeout_ns;
 
   // Desync: the same (group, sequence number) holds different operations on two ranks. Groups
   // are matched by name: ranks may register them in different orders.
@@ -189,8 +193,6 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
     if (v.stopped) blamed.insert(v.rank);
   if (blamed.empty()) blamed.insert(a.waiting.begin(), a.waiting.end());
   a.blamed.assign(blamed.begin(), blamed.end());
-  const bool any_stopped =
-      std::any_of(ranks.begin(), ranks.end(), [](const RankView& v) { return v.stopped; });
   if (target && a.lagging.empty() && !a.desync && !any_stopped && a.waiting.size() == ranks.size())
     a.lines.push_back(
         "every rank of this node is inside a collective: the ranks it waits for run "
@@ -338,11 +340,12 @@ void StallWatch::Poll() {
     return;
   }
   fired_ = true;
-  char head[160];
+  char head[200];
   std::snprintf(head, sizeof head,
                 "no collective completed for %.1f s (--stall_timeout %.0f s) while %zu rank(s) "
-                "of this node wait in one\n",
-                a.idle_s, options_.stall_timeout.count() / 1000.0, a.waiting.size());
+                "of this node wait in one%s\n",
+                a.idle_s, options_.stall_timeout.count() / 1000.0, a.waiting.size(),
+                a.waiting.empty() ? " and a rank is stopped" : "");
   std::string body = "================ launch: stalled collective ================\n";
   body += head;
   for (const std::string& line : a.lines) body += line + "\n";

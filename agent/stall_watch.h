@@ -5,15 +5,16 @@
 //
 // The stall rule (`launch --stall_timeout S`): no watched rank has completed a collective for S
 // seconds (counted from the latest completion, or from the rings' creation before any) while at
-// least one of them is inside one. Then StallWatch builds ONE report: which ranks wait in which
-// collective (op, group, sequence number, bytes, for how long), which ranks have not entered it
-// and the last collective each of them completed, a desync when two ranks are in different
-// collectives at the same sequence number of a group, and for the ranks to blame (those that
-// have not entered; in a desync, or when every rank waits, those waiting) their process state
-// from /proc ("stopped (state T)") and their main thread's native stack (the worker's
-// StackDumpSignal handler; a stopped worker is sent SIGCONT after the signal, so the handler
-// runs where it was stopped). It then calls `on_stall` with the report and the ranks to blame;
-// the owner makes that a failure of the job (worker_group.h).
+// least one of them is inside one or is stopped (SIGSTOP: on a node of its own, a stopped rank is
+// in no collective while its peers wait on other nodes). Then StallWatch builds ONE report: which
+// ranks wait in which collective (op, group, sequence number, bytes, for how long), which ranks
+// have not entered it and the last collective each of them completed, a desync when two ranks are
+// in different collectives at the same sequence number of a group, and for the ranks to blame
+// (those that have not entered, and the stopped; else those waiting) their process state from /proc
+// ("stopped (state T)") and their main thread's native stack (the worker's StackDumpSignal handler;
+// a stopped worker is sent SIGCONT after the signal, so the handler runs where it was stopped). It
+// then calls `on_stall` with the report and the ranks to blame; the owner makes that a failure of
+// the job (worker_group.h).
 //
 // Report() gives the same report on demand, for a running job: it blames nobody, sends no
 // SIGCONT, and fires nothing.
@@ -52,7 +53,9 @@ struct RankView {
 
 // What the rings say at `now_ns` (CLOCK_MONOTONIC), pure: the report's body and whom to blame.
 struct RingAnalysis {
-  bool stalled = false;      // the stall rule holds for `timeout_ns` (never when it is 0)
+  // The stall rule holds for `timeout_ns` (never when it is 0): no completion for that long
+  // while a rank waits in a collective or is stopped.
+  bool stalled = false;
   double idle_s = 0;         // since the latest completion (or the rings' creation)
   bool desync = false;       // two ranks in different collectives at one sequence number
   std::vector<int> waiting;  // ranks inside a collective, ascending

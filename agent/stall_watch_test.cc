@@ -106,6 +106,19 @@ TEST_CASE("ARankStoppedInsideAnEarlierCollectiveHasNotEnteredTheOneTheOthersWait
         "has not entered all-reduce #2 of group 'world'");
 }
 
+TEST_CASE("AStoppedRankAloneOnItsNodeIsAStallThoughItWaitsInNothing") {
+  RingBuilder r1(1, 101);
+  r1.Op(CollectiveOp::kAllReduce, 8, 2, 3);
+  RankView v1 = r1.View();
+  CHECK_FALSE(AnalyzeRings({v1}, 10 * kSecond, 5 * kSecond).stalled);
+  v1.stopped = true;
+  RingAnalysis a = AnalyzeRings({v1}, 10 * kSecond, 5 * kSecond);
+  CHECK(a.stalled);
+  CHECK(a.waiting.empty());
+  CHECK(a.blamed == std::vector<int>{1});
+  CHECK_FALSE(AnalyzeRings({v1}, 7 * kSecond, 5 * kSecond).stalled);
+}
+
 TEST_CASE("RanksInDifferentCollectivesAtOneSequenceNumberAreADesync") {
   RingBuilder r0(0, 100), r1(1, 101);
   r0.Op(CollectiveOp::kAllReduce, 8, 2, 3).Op(CollectiveOp::kAllReduce, 8, 4, 0);
