@@ -193,7 +193,9 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
     if (v.stopped) blamed.insert(v.rank);
   if (blamed.empty()) blamed.insert(a.waiting.begin(), a.waiting.end());
   a.blamed.assign(blamed.begin(), blamed.end());
-  if (target && a.lagging.empty() && !a.desync && !any_stopped && a.waiting.size() == ranks.size())
+  a.remote =
+      target && a.lagging.empty() && !a.desync && !any_stopped && a.waiting.size() == ranks.size();
+  if (a.remote)
     a.lines.push_back(
         "every rank of this node is inside a collective: the ranks it waits for run "
         "on other nodes (their agents report them)");
@@ -335,6 +337,13 @@ void StallWatch::Poll() {
   std::vector<RankView> views = ReadAll();
   const uint64_t now = MonotonicNanos();
   RingAnalysis a = AnalyzeRings(views, now, options_.stall_timeout.count() * 1000000ull);
+  // When the cause is on another node, that node's agent (which sees it stopped or lagging) gets
+  // the first word: this one fails the job only if it has not after a grace.
+  if (a.stalled && a.remote) {
+    const auto grace =
+        std::max<std::chrono::milliseconds>(std::chrono::seconds(3), options_.stall_timeout / 2);
+    a.stalled = a.idle_s * 1000 >= (options_.stall_timeout + grace).count();
+  }
   if (!a.stalled) {
     Arm();
     return;

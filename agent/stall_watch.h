@@ -63,6 +63,9 @@ struct RingAnalysis {
   // The lagging and the stopped ranks (a stopped rank may have entered the collective and
   // still hold it up); if none, the waiting ranks.
   std::vector<int> blamed;
+  // Every rank here waits, none lags, none is stopped, no desync: the cause is on another node.
+  // StallWatch then waits max(3 s, S / 2) longer, so that node's agent reports it first.
+  bool remote = false;
   std::vector<std::string> lines;  // one per finding, no trailing newline
 };
 RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns, uint64_t timeout_ns);

@@ -157,6 +157,7 @@ TEST_CASE("EveryLocalRankWaitingPointsAtTheOtherNodes") {
   RingAnalysis a = AnalyzeRings({r0.View(), r1.View()}, 10 * kSecond, 5 * kSecond);
   CHECK(a.stalled);
   CHECK(a.blamed == std::vector<int>{2, 3});
+  CHECK(a.remote);
   CHECK(a.lines.back().find("run on other nodes") != std::string::npos);
 }
 
