@@ -1,7 +1,8 @@
 """Hang forensics (agent/stall_watch.h, base/collective_ring.h), with real processes under
 `launch`: a SIGSTOPped rank of a `train` job is named with the collective the other waits in,
 its state and its stack, and the job fails naming the stall; a rank that skips a collective is
-named as a desync; SIGURG prints the report while a healthy job runs on. After each, no process
+named as a desync; on two test hosts (tests/hosts.py), the agent of the host where a rank is
+stopped names it; SIGURG prints the report while a healthy job runs on. After each, no process
 and no ring file is left."""
 
 import glob
@@ -17,8 +18,21 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import harness  # noqa: E402
 import trainer_helpers as th  # noqa: E402
+from hosts import make_hosts  # noqa: E402
 
 HANG = os.path.join(harness.BIN_DIR, "collective-hang")
+
+# A DDP job that runs until stopped.
+JOB = """
+train:
+  output_dir: {out}
+  model: {{type: mlp, layers: [32, 64, 10]}}
+  data: {{type: synthetic, samples: 4000}}
+  batch_size: 32
+  max_steps: 1000000
+  checkpoint_every: 0
+  log_every: 20
+"""
 
 
 class Job:
@@ -97,17 +111,7 @@ class HangForensicsTest(unittest.TestCase):
         self.assertEqual(rings, [], "ring files left")
 
     def test_stopped_rank_is_named_with_the_collective_its_peer_waits_in(self):
-        cfg = th.write_config(self.dir, f"""
-num_processes: 2
-train:
-  output_dir: {self.dir}/run
-  model: {{type: mlp, layers: [32, 64, 10]}}
-  data: {{type: synthetic, samples: 4000}}
-  batch_size: 32
-  max_steps: 1000000
-  checkpoint_every: 0
-  log_every: 20
-""")
+        cfg = th.write_config(self.dir, "num_processes: 2\n" + JOB.format(out=self.dir + "/run"))
         job = Job(["--stall_timeout", "5", cfg], self.marker)
         try:
             self.assertTrue(job.wait_for(r"step\D+40\b", 120), job.text())
@@ -170,6 +174,47 @@ train:
         self.assertEqual(sum("its main thread's stack:" in line for line in report), 2, report)
         self.assertIn("error: stalled:", text)
         self.assert_nothing_left(job)
+
+    def test_a_stopped_rank_on_another_host_is_named_by_its_own_agent(self):
+        hosts = make_hosts(self, 2)
+        cfg = th.write_config(self.dir, JOB.format(out=self.dir + "/run"))
+        port = harness.free_port()
+        env = dict(os.environ, OMP_NUM_THREADS="1", HANG_TEST_MARKER=self.marker)
+        env.pop("GLOO_SOCKET_IFNAME", None)
+        procs, logs = [], []
+        for i, host in enumerate(hosts):
+            logs.append(os.path.join(self.dir, f"host{i}.log"))
+            with open(logs[-1], "w") as log:
+                procs.append(host.popen(
+                    [harness.LAUNCH, "--nnodes", "2", "--nproc_per_node", "1", "--node_rank",
+                     str(i), "--main_process_ip", hosts[0].addr, "--main_process_port",
+                     str(port), "--stall_timeout", "5", cfg], stdout=log, stderr=log, env=env))
+
+        def read(i):
+            with open(logs[i]) as f:
+                return f.read()
+        try:
+            self.assertTrue(harness.wait_until(lambda: re.search(r"step\D+40\b", read(0)), 120),
+                            read(0) + read(1))
+            os.kill(worker_pid(self.marker, 1, "train"), signal.SIGSTOP)
+            rcs = [p.wait(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        host0, host1 = read(0), read(1)
+        self.assertNotIn(0, rcs, host0 + host1)
+        # Host 1's agent sees its rank stopped (between collectives it waits in none) and reports
+        # first; host 0's, whose rank only waits, gives it a grace and then learns of the failure.
+        report = section(host1, "launch: stalled collective")
+        self.assertRegex(report[0], r"^no collective completed for \d+\.\d s \(--stall_timeout 5 "
+                                    r"s\) while [01] rank\(s\) of this node wait in one")
+        self.assertRegex(report[1], r"^rank 1 \(pid \d+\): ")
+        self.assertRegex(report[2], r"^rank 1 \(pid \d+\) is stopped \(state T")
+        self.assertEqual(report[3], "  its main thread's stack:")
+        self.assertNotIn("launch: stalled collective", host0)
+        self.assertTrue(harness.wait_until(lambda: not harness.pids_with_marker(self.marker), 10))
 
     def test_sigurg_prints_the_report_and_the_job_runs_on(self):
         job = Job(["--num_processes", "2", "--", HANG, "--steps", "0", "--print_every", "100"],
