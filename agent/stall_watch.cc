@@ -323,11 +323,9 @@ void StallWatch::Arm() {
 std::vector<RankView> StallWatch::ReadAll() const {
   std::vector<RankView> views;
   for (int rank : options_.ranks) {
-    RankView v;
-    v.rank = rank;
-    v.ring = ReadCollectiveRing(RingPath(rank));
-    if (v.ring.ok()) v.stopped = IsStopped(v.ring->pid);
-    views.push_back(std::move(v));
+    StatusOr<RingSnapshot> ring = ReadCollectiveRing(RingPath(rank));
+    const bool stopped = ring.ok() && IsStopped(ring->pid);
+    views.push_back(RankView{rank, std::move(ring), stopped});
   }
   return views;
 }
