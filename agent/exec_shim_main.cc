@@ -43,6 +43,7 @@
 
 #include "agent/cgroup.h"
 #include "agent/exec_shim.h"
+#include "base/collective_ring.h"
 
 namespace {
 
@@ -66,6 +67,16 @@ bool WriteControl(const char* dir, const char* file, const char* text) {
 // `launch` is gone (it made the job's cgroup and removes it itself otherwise, and may still start
 // workers in it), also the job's, which fails while another worker's cgroup is left in it: the
 // last shim removes it.
+// The worker's collective ring and stack file (base/collective_ring.h): launch removes them with
+// its workers; once launch is gone (SIGKILLed), nobody else would.
+void RemoveRingIfLaunchIsGone(pid_t launch_pid) {
+  if (getppid() == launch_pid) return;
+  const char* ring = std::getenv(launch::kCollectiveRingEnv);
+  if (ring == nullptr || ring[0] == '\0') return;
+  unlink(ring);
+  unlink(launch::StackPathFor(ring).c_str());
+}
+
 void RemoveCgroups(pid_t launch_pid) {
   if (g_cgroup[0] == '\0') return;
   for (int i = 0; i < 500 && rmdir(g_cgroup) != 0 && errno == EBUSY; ++i) usleep(2000);
@@ -311,6 +322,7 @@ int main(int argc, char** argv) {
   }
   KillTreeAndReap(&worker_status, &worker_done);
   RemoveCgroups(parent);
+  RemoveRingIfLaunchIsGone(parent);
   if (!worker_done) worker_status = SIGKILL;  // reaped by nobody: cannot happen; say "killed"
   ExitLike(worker_status);
 }

@@ -320,8 +320,6 @@ void OnStackDump(int signo) {
 
 int StackDumpSignal() { return SIGRTMIN + 6; }
 
-std::string StackPathFor(const std::string& ring_path) { return ring_path + ".stack"; }
-
 void InstallStackDump(const std::string& path) {
   if (path.size() >= sizeof g_stack_path) return;
   std::memcpy(g_stack_path, path.c_str(), path.size() + 1);

@@ -132,8 +132,9 @@ StatusOr<RingSnapshot> ReadCollectiveRing(const std::string& path);
 // The real-time signal that makes a process with InstallStackDump write its main thread's
 // stack (SIGRTMIN + 6: glibc keeps the first ones for itself; nothing here uses this one).
 int StackDumpSignal();
-// Where a ring's worker writes its stack: `ring_path` + ".stack".
-std::string StackPathFor(const std::string& ring_path);
+// Where a ring's worker writes its stack: `ring_path` + ".stack". (Inline: launch-exec, which
+// links nothing, removes both files when launch is gone.)
+inline std::string StackPathFor(const std::string& ring_path) { return ring_path + ".stack"; }
 // Installs the StackDumpSignal() handler: it writes "pid N main thread:" then one frame per line
 // (backtrace_symbols_fd: "binary(symbol+0x1f) [0x...]"), then a line "end", to `path`
 // (truncated each time). A signal that lands on another thread is passed on to the main

@@ -216,6 +216,17 @@ class HangForensicsTest(unittest.TestCase):
         self.assertNotIn("launch: stalled collective", host0)
         self.assertTrue(harness.wait_until(lambda: not harness.pids_with_marker(self.marker), 10))
 
+    def test_sigkill_of_launch_leaves_no_ring(self):
+        job = Job(["--num_processes", "2", "--", HANG, "--steps", "0", "--print_every", "100"],
+                  self.marker)
+        try:
+            self.assertTrue(job.wait_for(r"^\[rank 1\]: step 100$", 120), job.text())
+            self.assertEqual(len(glob.glob(f"/dev/shm/launch-ring-*-{job.proc.pid}-r*")), 2)
+        finally:
+            job.proc.kill()  # the workers' shims remove the rings once launch is gone
+            job.finish(60)
+        self.assert_nothing_left(job)
+
     def test_sigurg_prints_the_report_and_the_job_runs_on(self):
         job = Job(["--num_processes", "2", "--", HANG, "--steps", "0", "--print_every", "100"],
                   self.marker)
