@@ -168,7 +168,11 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
   }
   for (const RankView& v : ranks) {
     if (!v.ring.ok()) {
-      a.lines.push_back(Who(v) + ": no collective ring (" + v.ring.status().message() + ")");
+      a.lines.push_back(
+          Who(v) + ": " +
+          (v.ring.status().code() == Status::Code::kNotFound
+               ? "no collective ring (a program not on the library, or no process group yet)"
+               : v.ring.status().message()));
       continue;
     }
     const RingSnapshot& r = *v.ring;

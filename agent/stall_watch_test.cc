@@ -153,12 +153,29 @@ TEST_CASE("EveryLocalRankWaitingPointsAtTheOtherNodes") {
   RingBuilder r0(2, 100), r1(3, 101);
   r0.Op(CollectiveOp::kAllReduce, 8, 2, 0);
   r1.Op(CollectiveOp::kAllReduce, 8, 2, 0);
-  RankView missing;
   RingAnalysis a = AnalyzeRings({r0.View(), r1.View()}, 10 * kSecond, 5 * kSecond);
   CHECK(a.stalled);
   CHECK(a.blamed == std::vector<int>{2, 3});
   CHECK(a.remote);
   CHECK(a.lines.back().find("run on other nodes") != std::string::npos);
+}
+
+TEST_CASE("ARankWithoutARingIsNamedAndIgnored") {
+  RingBuilder r0(0, 100);
+  r0.Op(CollectiveOp::kAllReduce, 8, 2, 0);
+  RankView none;
+  none.rank = 1;
+  none.ring = Status::NotFound("no collective ring /dev/shm/x");
+  RingAnalysis a = AnalyzeRings({r0.View(), none}, 10 * kSecond, 5 * kSecond);
+  CHECK(a.stalled);
+  CHECK(a.blamed == std::vector<int>{0});
+  REQUIRE(a.lines.size() == 2);
+  CHECK(a.lines[1] ==
+        "rank 1: no collective ring (a program not on the library, or no process group yet)");
+  RankView only;
+  only.ring = Status::NotFound("x");
+  CHECK(AnalyzeRings({only}, 10 * kSecond, 5 * kSecond).lines.size() == 1);
+  CHECK_FALSE(AnalyzeRings({only}, 10 * kSecond, 5 * kSecond).stalled);
 }
 
 TEST_CASE("ProcessStateNamesAStoppedProcess") {
