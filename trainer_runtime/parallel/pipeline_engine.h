@@ -50,7 +50,9 @@ class PipelineEngine {
       const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
       c10::intrusive_ptr<CountingProcessGroup> pg, std::chrono::milliseconds timeout);
 
-  // This rank's stage: `model` is its parameter view, `forward` runs it.
+  // This rank's stage: `model` is its parameter view, `forward` runs it. With pipeline
+  // replicas, replica 0's parameters and buffers of this stage become every replica's (as DDP's
+  // Prepare broadcasts rank 0's). COLLECTIVE over the stage's replicas.
   void SetStage(std::shared_ptr<Model> model, ForwardFn forward);
 
   int stages() const { return stages_; }
