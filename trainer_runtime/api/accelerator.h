@@ -50,6 +50,9 @@
 //              averaged change (parallel/local_sgd.h);
 //   dp         `parallel.replicas` replicas in this process, one thread each (ForwardBackward);
 //              needs a module derived from torch::nn::Cloneable (as torch::nn::parallel does);
+//              equals one replica on the whole batch except for BatchNorm, whose statistics
+//              are each chunk's (and in a pipeline each micro-batch's) unless
+//              parallel.sync_batchnorm shares them (ddp and dp; model/sync_batchnorm.h);
 //   pipeline   this process is one stage of a pipeline (pipeline_stages.h, PreparePipeline).
 // Accumulation (gradient_accumulation_steps N): the all-reduce is skipped on all but the last
 // micro-batch of each window (sync_each_batch turns that off); the window also closes at the end

@@ -14,7 +14,8 @@
 //
 // Loss weighting: micro-batch m of a batch of B rows is weighted by rows_m / B (and by `scale`,
 // 1 / accumulation steps), so the gradients equal one process on the whole batch even when the
-// micro-batches are uneven.
+// micro-batches are uneven; not with BatchNorm, which normalises each micro-batch by its own
+// statistics.
 //
 // Internal to trainer_runtime (includes LibTorch). Not thread-safe. Methods may throw
 // c10::Error when a peer died.
