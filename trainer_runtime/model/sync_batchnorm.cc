@@ -115,16 +115,9 @@ std::shared_ptr<torch::nn::SequentialImpl> ConvertSequential(torch::nn::Sequenti
       rebuilt->push_back(name, sync);
       ++*converted;
     } else {
-      // Deeper levels are converted in place (their parents look them up through children).
-      if (auto* inner = dynamic_cast<torch::nn::SequentialImpl*>(module.get())) {
-        if (auto inner_rebuilt = ConvertSequential(*inner, converted)) {
-          rebuilt->push_back(name, inner_rebuilt);
-          continue;
-        }
-      } else {
-        for (const auto& item : module->named_children())
-          ConvertChild(*module, item.key(), item.value(), converted);
-      }
+      // Deeper levels are converted in place (a Sequential cannot hold a Sequential).
+      for (const auto& item : module->named_children())
+        ConvertChild(*module, item.key(), item.value(), converted);
       rebuilt->push_back(name, torch::nn::AnyModule(entry));  // the same module
     }
   }
