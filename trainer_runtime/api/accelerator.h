@@ -45,9 +45,10 @@
 //              statistics) become every rank's before each forward that follows a synchronised
 //              one, as PyTorch's broadcast_buffers, and at Finish / SyncBuffers;
 //   local_sgd  (local_sgd_steps K > 0 with none or ddp) no gradient communication: each process
-//              steps its own replica and parameters are averaged every K optimizer steps and
-//              by Finish(); with options.local_sgd.outer nesterov, DiLoCo's outer step on the
-//              averaged change (parallel/local_sgd.h);
+//              steps its own replica and parameters and floating-point buffers (BatchNorm
+//              statistics) are averaged every K optimizer steps and by Finish(), after which
+//              every rank holds the same model; with options.local_sgd.outer nesterov, DiLoCo's
+//              outer step on the averaged change (parallel/local_sgd.h);
 //   dp         `parallel.replicas` replicas in this process, one thread each (ForwardBackward);
 //              needs a module derived from torch::nn::Cloneable (as torch::nn::parallel does);
 //              equals one replica on the whole batch except for BatchNorm, whose statistics
