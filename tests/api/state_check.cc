@@ -92,7 +92,8 @@ int LrLambda(const Flags& f) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(body->parameters(), std::make_unique<torch::optim::SGDOptions>(0.02));
   groups.emplace_back(head->parameters(), std::make_unique<torch::optim::SGDOptions>(0.2));
-  auto opt = std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto opt =
+      std::make_shared<torch::optim::SGD>(groups, torch::optim::SGDOptions(0.1).momentum(0.9));
   for (auto& g : opt->param_groups())
     static_cast<torch::optim::SGDOptions&>(g.options()).momentum(0.9);
   if (auto s = accel->Prepare(net, opt); !s.ok()) {
@@ -143,7 +144,8 @@ int ShortWindow() {
     torch::nn::Linear ref = make();
     torch::optim::SGD sgd(ref->parameters(), torch::optim::SGDOptions(1.0));
     using Window = std::tuple<int64_t, int64_t, double>;  // micro-batches [first, last), divisor
-    for (auto [first, last, div] : {Window{0, 4, static_cast<double>(kAccum)}, Window{4, 6, divisor}}) {
+    for (auto [first, last, div] :
+         {Window{0, 4, static_cast<double>(kAccum)}, Window{4, 6, divisor}}) {
       for (int64_t m = first; m < last; ++m) {
         auto x = data.x_.narrow(0, m * kBatch, kBatch), y = data.y_.narrow(0, m * kBatch, kBatch);
         (torch::nn::functional::cross_entropy(ref->forward(x), y) / div).backward();

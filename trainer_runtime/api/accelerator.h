@@ -438,7 +438,7 @@ class Accelerator {
   void AttachCursor(std::shared_ptr<LoaderCursor> cursor);
   std::string StageFileName() const;  // pipeline: this stage's model file in a checkpoint
   void SetLayout(const ParallelLayout& layout);
-  void RecordBaseLearningRates();  // Prepare: base_lrs_ from the optimizer's groups
+  void RecordBaseLearningRates();                // Prepare: base_lrs_ from the optimizer's groups
   void LoadTrainState(const TrainState& state);  // LoadState: step, counters, cursor
   TrainState CurrentTrainState() const;          // SaveState: what rank<r>.pt holds
   // Writes this rank's files of a checkpoint into `step_dir` (model and rank state).
@@ -479,7 +479,7 @@ class Accelerator {
   std::unique_ptr<PipelineEngine> pipeline_;
   std::shared_ptr<LoaderCursor> cursor_;
   std::function<double(int64_t)> lr_schedule_;
-  bool lr_is_factor_ = false;   // lr_schedule_ is SetLrLambda's factor, not a rate
+  bool lr_is_factor_ = false;     // lr_schedule_ is SetLrLambda's factor, not a rate
   std::vector<double> base_lrs_;  // each parameter group's rate at Prepare (SetLrLambda)
   bool prepared_ = false;
   bool bf16_ = false;  // options_.mixed_precision == "bf16"

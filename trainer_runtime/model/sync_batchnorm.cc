@@ -227,9 +227,8 @@ void SyncBatchNormImpl::reset() {
 }
 
 void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
-  stream << "launch::trainer::SyncBatchNorm(" << options.num_features()
-         << ", eps=" << options.eps() << ", affine=" << options.affine()
-         << ", group=" << (group_ ? "set" : "none") << ")";
+  stream << "launch::trainer::SyncBatchNorm(" << options.num_features() << ", eps=" << options.eps()
+         << ", affine=" << options.affine() << ", group=" << (group_ ? "set" : "none") << ")";
 }
 
 torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
@@ -254,8 +253,8 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
   // would leave with rounding a two-pass variance does not have.
   const torch::Tensor x = input.to(torch::kDouble);
   const double local_count = static_cast<double>(input.numel() / c);
-  const torch::Tensor local = torch::cat(
-      {x.sum(reduce), (x * x).sum(reduce), torch::full({1}, local_count, x.options())});
+  const torch::Tensor local =
+      torch::cat({x.sum(reduce), (x * x).sum(reduce), torch::full({1}, local_count, x.options())});
   const torch::Tensor global = AllReduceSumFunction::apply(local, group_);
   const torch::Tensor count = global.narrow(0, 2 * c, 1);
   const torch::Tensor mean = global.narrow(0, 0, c) / count;
@@ -265,8 +264,8 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
     const double n = count.item<double>();
     // BatchNorm's rule: the running variance is the unbiased estimate.
     running_mean.mul_(1 - factor).add_(mean.detach().to(running_mean.scalar_type()), factor);
-    running_var.mul_(1 - factor).add_(
-        (var.detach() * (n / std::max(n - 1, 1.0))).to(running_var.scalar_type()), factor);
+    running_var.mul_(1 - factor)
+        .add_((var.detach() * (n / std::max(n - 1, 1.0))).to(running_var.scalar_type()), factor);
   }
   torch::Tensor y = (x - mean.view(shape)) * torch::rsqrt(var + options.eps()).view(shape);
   y = y.to(input.scalar_type());

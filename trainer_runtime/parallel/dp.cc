@@ -328,10 +328,9 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::Train
     long long n = 0;
     if (ParseInt64(v, &n) && n >= 1 && n <= 256) threads = static_cast<int>(n);
   }
-  return std::unique_ptr<ParallelStrategy>(
-      std::make_unique<DpStrategy>(model, std::move(extra), cfg.parallel.loss_in_replica, threads,
-                                   cfg.parallel.dp_seeded_replicas, cfg.mixed_precision == "bf16",
-                                   std::move(bn_group)));
+  return std::unique_ptr<ParallelStrategy>(std::make_unique<DpStrategy>(
+      model, std::move(extra), cfg.parallel.loss_in_replica, threads,
+      cfg.parallel.dp_seeded_replicas, cfg.mixed_precision == "bf16", std::move(bn_group)));
 }
 
 }  // namespace launch::trainer
