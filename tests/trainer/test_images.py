@@ -88,6 +88,33 @@ class TinyImagesTest(unittest.TestCase):
         self.assertLess(sum(m[-5:]) / 5, 0.9 * sum(m[:5]) / 5, m)
         self.assertGreater(f["eval_accuracy"], 0.5, f)  # chance is 0.25
 
+    def test_cnn_with_sync_batchnorm_under_ddp_and_dp_equals_one_process(self):
+        # parallel.sync_batchnorm: the CNN's batch norms take the statistics of both ranks' (or
+        # replicas') rows, so 2 x 8 trains as one process on 16, BatchNorm included: the
+        # parameters, and the running statistics behind the final evaluation.
+        ref_cfg, ref_out = tiny_job(self.tmp, "bn_ref", self.data, batch=16, steps=24, bn="true",
+                                    mode="none")
+        run_ranks(ref_cfg, 1, ["--dump_params"], timeout=RUN_TIMEOUT)
+        ref, ref_final = params(ref_out, 0), final(ref_out)
+        runs = {"ddp": ("ddp, sync_batchnorm: true", 2, 8),
+                "dp": ("dp, sync_batchnorm: true", 1, 16),
+                "plain": ("ddp", 2, 8)}
+        got = {}
+        for name, (mode, world, batch) in runs.items():
+            cfg, out = tiny_job(self.tmp, "bn_" + name, self.data, batch=batch, steps=24,
+                                bn="true", mode=mode)
+            run_ranks(cfg, world, ["--dump_params"], timeout=RUN_TIMEOUT)
+            if world == 2:
+                self.assertEqual(params(out, 0), params(out, 1), f"{name}: replicas diverged")
+            got[name] = (rel_diff(params(out, 0), ref)[0], final(out))
+        for name in ("ddp", "dp"):
+            rel, f = got[name]
+            self.assertLess(rel, 1e-5, f"{name}: relative difference {rel:g}")
+            self.assertAlmostEqual(f["eval_loss"], ref_final["eval_loss"],
+                                   delta=1e-5 * ref_final["eval_loss"])
+        # Without it each rank normalises its own 8 rows: not one process on 16.
+        self.assertGreater(got["plain"][0], 1e-3)
+
     def test_augmentation_is_deterministic_and_resumes_exactly(self):
         # 256 images / 2 ranks / batch 8 = 16 steps per epoch: step 20 is mid-way through the
         # second epoch, so the resumed run must restore the data position and the augmentation.
