@@ -44,7 +44,8 @@ if(LAUNCH_BUILD_TRAINER)
     trainer_runtime/data/idx.h
     trainer_runtime/model/pipeline_stages.h
     trainer_runtime/model/activation_checkpoint.h
-    trainer_runtime/model/shard_unit.h)
+    trainer_runtime/model/shard_unit.h
+    trainer_runtime/model/sync_batchnorm.h)
 endif()
 
 # launch_base -> launch::base, ...

@@ -707,6 +707,30 @@ TEST_CASE("ZeroRefusesLocalSgdCommHookAndAnotherModeFromAccelerate") {
   CHECK(CheckTrainRulesStatus(t, 2).message().find("train.local_sgd_steps: Local SGD") == 0);
 }
 
+TEST_CASE("SyncBatchNormAppliesToDdpAndDpOnly") {
+  LaunchConfig ddp;
+  REQUIRE(LoadValid("train:\n  parallel: {mode: ddp, sync_batchnorm: true}\n", &ddp).ok());
+  CHECK(ddp.train.parallel.sync_batchnorm);
+  LaunchConfig dp;
+  REQUIRE(LoadValid("train:\n  parallel: {mode: dp, sync_batchnorm: true}\n", &dp).ok());
+  LaunchConfig zero;
+  CHECK(LoadValid("train:\n  parallel: {mode: zero, sync_batchnorm: true}\n", &zero).message() ==
+        "train.yaml:2: train.parallel.sync_batchnorm: applies to modes ddp and dp (statistics "
+        "over the data-parallel batch), not zero");
+  LaunchConfig lsgd;
+  const std::string message =
+      LoadValid("train:\n  parallel: {sync_batchnorm: true}\n  local_sgd_steps: 4\n", &lsgd)
+          .message();
+  CHECK(message.find("train.parallel.sync_batchnorm") != std::string::npos);
+  CHECK(message.find("local_sgd_steps") != std::string::npos);
+  LaunchConfig ckpt;
+  CHECK(LoadValid("train:\n  model: {type: cnn, activation_checkpointing: true}\n"
+                  "  data: {type: synthetic}\n  parallel: {sync_batchnorm: true}\n",
+                  &ckpt)
+            .message()
+            .find("model.activation_checkpointing") != std::string::npos);
+}
+
 TEST_CASE("PrintConfigShowsTheZeroKeysAndWhereTheyCameFrom") {
   StatusOr<LaunchConfig> cfg =
       Resolve("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 2}\n");

@@ -144,6 +144,10 @@ struct ParallelConfig {
   // a model with an unused head or branch trains; costs a graph walk per synchronised step.
   bool find_unused_parameters = false;
   CommHook comm_hook = CommHook::kNone;  // ddp: none, or bf16 (buckets travel in bfloat16)
+  // ddp, dp: the model's SyncBatchNorm layers (model/sync_batchnorm.h; the built-in CNN's batch
+  // norms are such layers) take their training statistics over the whole data-parallel batch,
+  // as torch.nn.SyncBatchNorm; false: each replica's own rows, as BatchNorm under DDP.
+  bool sync_batchnorm = false;
   // dp: each replica's forward pass runs alone, drawing from its own seeded random stream, so
   // dropout is reproducible and resumes exactly (backward passes still run in parallel).
   // false runs the forwards concurrently: faster, for models that draw no random numbers.

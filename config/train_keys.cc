@@ -399,6 +399,10 @@ std::vector<TrainKey> BuildTable() {
           .Identity([](const TrainConfig& t) {
             return ModeIs(t, ParallelMode::kDdp) && t.parallel.comm_hook != CommHook::kNone;
           }),
+      // In the identity only when on: checkpoints from before the key still match.
+      Value("parallel.sync_batchnorm", FIELD(parallel.sync_batchnorm),
+            "ddp, dp: BatchNorm statistics over the whole data-parallel batch (SyncBatchNorm)")
+          .Identity([](const TrainConfig& t) { return t.parallel.sync_batchnorm; }),
       Value("parallel.dp_seeded_replicas", FIELD(parallel.dp_seeded_replicas),
             "dp: forwards one at a time, each from its own seeded stream")
           .Identity(Mode(ParallelMode::kDp)),

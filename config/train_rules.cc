@@ -103,6 +103,23 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
   if (p.comm_hook != CommHook::kNone && p.mode != ParallelMode::kDdp)
     return Broken("parallel.comm_hook", "applies to mode ddp (its gradient buckets), not " +
                                             std::string(ToString(p.mode)));
+  if (p.sync_batchnorm) {
+    if (p.mode != ParallelMode::kDdp && p.mode != ParallelMode::kDp)
+      return Broken("parallel.sync_batchnorm",
+                    "applies to modes ddp and dp (statistics over the data-parallel batch), not " +
+                        std::string(ToString(p.mode)),
+                    {"parallel.sync_batchnorm", "parallel.mode"});
+    if (t.local_sgd_steps > 0)
+      return Broken("parallel.sync_batchnorm",
+                    "Local SGD replicas train on their own; it does not combine with "
+                    "local_sgd_steps",
+                    {"parallel.sync_batchnorm", "local_sgd_steps"});
+    if (m.activation_checkpointing)
+      return Broken("parallel.sync_batchnorm",
+                    "does not combine with model.activation_checkpointing (the recomputed "
+                    "forward would need the group's statistics again)",
+                    {"parallel.sync_batchnorm", "model.activation_checkpointing"});
+  }
   if (p.mode == ParallelMode::kDp) {
     if (world_size > 1)
       return Broken("parallel.mode", "dp drives its replicas inside one process (WORLD_SIZE " +

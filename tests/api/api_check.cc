@@ -202,7 +202,8 @@ int Distributed(const Flags& f) {
   launch::Status prepared = launch::Status::Ok();
   Net net{nullptr};
   if (f.mode == "pipeline") {
-    torch::manual_seed(kSeed);
+    // Pipeline replicas may start from different weights: PreparePipeline broadcasts replica 0's.
+    torch::manual_seed(kSeed + (f.skew_init ? accel.data_parallel_rank() : 0));
     auto stage = launch::trainer::SequentialStage(MakeSequential(), {2, 3}, accel.stage_index());
     if (!stage.ok()) return 2;
     params = Trainable(*stage->ptr());

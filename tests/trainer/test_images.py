@@ -1,8 +1,8 @@
 """Image models on IDX data end to end: the built-in CNN under 2-rank DDP equals one process on the
 concatenated batch; augmentation (random crop + flip) is deterministic and a run stopped and
 resumed mid-epoch ends bit-identical to one that ran straight through; the weights `launch`
-writes for Fashion-MNIST load into PyTorch's own CNN and score exactly final.json's accuracy;
-image/model mismatches and broken IDX files fail naming the key or the file."""
+writes for Fashion-MNIST load into PyTorch's own CNN and score exactly final.json's accuracy, also
+under Local SGD (whose ranks end with the same BatchNorm statistics); image/model mismatches and broken IDX files fail naming the key or the file."""
 
 import json
 import os
@@ -87,6 +87,33 @@ class TinyImagesTest(unittest.TestCase):
         self.assertEqual(len(m), 40)
         self.assertLess(sum(m[-5:]) / 5, 0.9 * sum(m[:5]) / 5, m)
         self.assertGreater(f["eval_accuracy"], 0.5, f)  # chance is 0.25
+
+    def test_cnn_with_sync_batchnorm_under_ddp_and_dp_equals_one_process(self):
+        # parallel.sync_batchnorm: the CNN's batch norms take the statistics of both ranks' (or
+        # replicas') rows, so 2 x 8 trains as one process on 16, BatchNorm included: the
+        # parameters, and the running statistics behind the final evaluation.
+        ref_cfg, ref_out = tiny_job(self.tmp, "bn_ref", self.data, batch=16, steps=24, bn="true",
+                                    mode="none")
+        run_ranks(ref_cfg, 1, ["--dump_params"], timeout=RUN_TIMEOUT)
+        ref, ref_final = params(ref_out, 0), final(ref_out)
+        runs = {"ddp": ("ddp, sync_batchnorm: true", 2, 8),
+                "dp": ("dp, sync_batchnorm: true", 1, 16),
+                "plain": ("ddp", 2, 8)}
+        got = {}
+        for name, (mode, world, batch) in runs.items():
+            cfg, out = tiny_job(self.tmp, "bn_" + name, self.data, batch=batch, steps=24,
+                                bn="true", mode=mode)
+            run_ranks(cfg, world, ["--dump_params"], timeout=RUN_TIMEOUT)
+            if world == 2:
+                self.assertEqual(params(out, 0), params(out, 1), f"{name}: replicas diverged")
+            got[name] = (rel_diff(params(out, 0), ref)[0], final(out))
+        for name in ("ddp", "dp"):
+            rel, f = got[name]
+            self.assertLess(rel, 1e-5, f"{name}: relative difference {rel:g}")
+            self.assertAlmostEqual(f["eval_loss"], ref_final["eval_loss"],
+                                   delta=1e-5 * ref_final["eval_loss"])
+        # Without it each rank normalises its own 8 rows: not one process on 16.
+        self.assertGreater(got["plain"][0], 1e-3)
 
     def test_augmentation_is_deterministic_and_resumes_exactly(self):
         # 256 images / 2 ranks / batch 8 = 16 steps per epoch: step 20 is mid-way through the
@@ -184,6 +211,71 @@ train:
         self.assertGreater(f["eval_accuracy"], 0.75, f)
         # The loss only up to float rounding (the trainer scores in chunks of 256, this in 1000).
         self.assertAlmostEqual(rep["loss"], f["eval_loss"], delta=1e-5 * f["eval_loss"])
+
+
+# Every buffer of two checkpoint files (Accelerator::SaveState's archives: TorchScript modules whose
+# tensors are named buffer/<name>) compared; prints JSON.
+BUFFERS = r"""
+import json, sys
+import torch
+a, b = (torch.jit.load(p) for p in sys.argv[1:3])
+def buffers(m):
+    return {k: v for k, v in m.state_dict().items() if k.startswith("buffer/")}
+ba, bb = buffers(a), buffers(b)
+print(json.dumps({"names": sorted(ba), "same_names": sorted(ba) == sorted(bb),
+                  "max_diff": max(float((ba[k].double() - bb[k].double()).abs().max())
+                                  for k in ba)}))
+"""
+
+
+@unittest.skipUnless(HAVE_BINARIES, harness.needs_setup(f"{TRAIN} or {harness.LAUNCH} not built"))
+@unittest.skipUnless(os.path.isdir(FASHION),
+                     harness.needs_setup(f"{FASHION} missing (Debian dataset-fashion-mnist)"))
+class LocalSgdBatchNormTest(unittest.TestCase):
+    def test_local_sgd_model_pt_scores_final_json_accuracy_with_equal_buffers(self):
+        # Local SGD averages the BatchNorm statistics with the parameters, at each sync and at
+        # the end: both ranks hold the same model, and the file PyTorch loads scores exactly the
+        # accuracy the (all-rank) evaluation reported. 60 steps, K = 25: the end's average
+        # follows 10 local steps in which each rank's statistics moved on its own data.
+        tmp = harness.tmpdir()
+        out = os.path.join(tmp, "lsgd")
+        cfg = write_config(tmp, f"""distributed_type: MULTI_CPU
+num_processes: 2
+train:
+  seed: 42
+  output_dir: {out}
+  model: {{type: cnn, channels: [8, 16], hidden: 64, dropout: 0}}
+  data: {{type: idx}}
+  batch_size: 64
+  max_steps: 60
+  optimizer: {{type: adamw, lr: 3.0e-3, weight_decay: 0.01}}
+  scheduler: {{type: constant}}
+  parallel: {{mode: ddp}}
+  local_sgd_steps: 25
+  checkpoint_every: 0
+  resume: never
+""", "lsgd.yaml")
+        r = harness.launch(cfg, timeout=RUN_TIMEOUT)
+        self.assertEqual(r.returncode, 0, f"launch:\n{r.stdout}{r.stderr}")
+        f = final(out)
+        self.assertEqual((f["steps"], f["world_size"]), (60, 2), f)
+        step = os.path.join(out, "checkpoints", "step60")
+        b = harness.run([harness.SYSTEM_PYTHON, "-c", BUFFERS, os.path.join(step, "model_rank0.pt"),
+                         os.path.join(step, "model_rank1.pt")], timeout=RUN_TIMEOUT)
+        self.assertEqual(b.returncode, 0, f"reading the checkpoints failed:\n{b.stderr}")
+        buf = json.loads(b.stdout)
+        self.assertTrue(buf["same_names"], buf)
+        self.assertIn("buffer/bn2.running_var", buf["names"])
+        self.assertEqual(buf["max_diff"], 0.0, "the ranks' BatchNorm statistics differ")
+        spec = {"bench": BENCH, "model": os.path.join(out, "model.pt"), "data": FASHION,
+                "channels": [8, 16], "hidden": 64, "dropout": 0}
+        s = harness.run([harness.SYSTEM_PYTHON, "-c", SCORE, json.dumps(spec)],
+                        timeout=RUN_TIMEOUT)
+        self.assertEqual(s.returncode, 0, f"scoring model.pt in PyTorch failed:\n{s.stderr}")
+        rep = json.loads(s.stdout)
+        self.assertEqual(rep["total"], 10000)
+        self.assertEqual(rep["correct"] / rep["total"], f["eval_accuracy"],
+                         f"PyTorch scores {rep['correct']}/10000")
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))

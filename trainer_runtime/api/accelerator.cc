@@ -228,6 +228,7 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
   LAUNCH_ASSIGN_OR_RETURN(strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), pg_));
   strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
   strategy_->TakeStepStats();
+  RecordBaseLearningRates();
   prepared_ = true;
   return Status::Ok();
 }
@@ -243,8 +244,14 @@ Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
   optimizer_ = std::move(optimizer);
   pipeline_->SetStage(
       model_, [stage](const torch::Tensor& x) mutable { return stage.forward<torch::Tensor>(x); });
+  RecordBaseLearningRates();
   prepared_ = true;
   return Status::Ok();
+}
+
+void Accelerator::RecordBaseLearningRates() {
+  base_lrs_.clear();
+  for (auto& group : optimizer_->param_groups()) base_lrs_.push_back(group.options().get_lr());
 }
 
 std::vector<torch::Tensor> Accelerator::parameters() const {
@@ -385,8 +392,14 @@ bool Accelerator::Step() {
   Timeline::Scope span("train", "optimizer");
   if (options_.max_grad_norm > 0) ClipGradNorm(options_.max_grad_norm);
   if (lr_schedule_) {
-    const double lr = lr_schedule_(step_);
-    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+    const double value = lr_schedule_(step_);
+    auto& groups = optimizer_->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      // A group added after Prepare: its rate when first seen is its base (LambdaLR's
+      // initial_lr).
+      if (g == base_lrs_.size()) base_lrs_.push_back(groups[g].options().get_lr());
+      groups[g].options().set_lr(lr_is_factor_ ? base_lrs_[g] * value : value);
+    }
   }
   if (pipeline_) {
     optimizer_->step();

@@ -45,16 +45,22 @@
 //              statistics) become every rank's before each forward that follows a synchronised
 //              one, as PyTorch's broadcast_buffers, and at Finish / SyncBuffers;
 //   local_sgd  (local_sgd_steps K > 0 with none or ddp) no gradient communication: each process
-//              steps its own replica and parameters are averaged every K optimizer steps and
-//              by Finish(); with options.local_sgd.outer nesterov, DiLoCo's outer step on the
-//              averaged change (parallel/local_sgd.h);
+//              steps its own replica and parameters and floating-point buffers (BatchNorm
+//              statistics) are averaged every K optimizer steps and by Finish(), after which
+//              every rank holds the same model; with options.local_sgd.outer nesterov, DiLoCo's
+//              outer step on the averaged change (parallel/local_sgd.h);
 //   dp         `parallel.replicas` replicas in this process, one thread each (ForwardBackward);
 //              needs a module derived from torch::nn::Cloneable (as torch::nn::parallel does);
+//              equals one replica on the whole batch except for BatchNorm, whose statistics
+//              are each chunk's (and in a pipeline each micro-batch's) unless
+//              parallel.sync_batchnorm shares them (ddp and dp; model/sync_batchnorm.h);
 //   pipeline   this process is one stage of a pipeline (pipeline_stages.h, PreparePipeline).
 // Accumulation (gradient_accumulation_steps N): the all-reduce is skipped on all but the last
 // micro-batch of each window (sync_each_batch turns that off); the window also closes at the end
 // of the data (sync_with_dataloader); Backward divides the loss by N; Step only steps on a
-// micro-batch that synchronised.
+// micro-batch that synchronised. A window the end of the data cut short (k < N micro-batches)
+// is divided by N too, as accelerate's backward divides by gradient_accumulation_steps
+// whatever is left: its step gets k/N of the gradient of its mean loss.
 //
 // Thread-safety: none. One thread (the training loop) makes every call. Collective calls
 // (marked COLLECTIVE) must be made by every rank in the same order, as with c10d.
@@ -176,8 +182,9 @@ class Accelerator {
                  std::shared_ptr<torch::optim::Optimizer> optimizer);
   // This process's stage of a pipeline: `stage` is built by the caller for stage_index()
   // (pipeline_stages.h cuts a Sequential into stages); the optimizer is over its parameters. Stages
-  // start from their own weights (build them from the same seed, or load a checkpoint).
-  // Gradients are all-reduced with the same stage of the other pipeline replicas. COLLECTIVE.
+  // start from the first pipeline replica's weights: each stage's parameters and buffers are
+  // broadcast to the same stage of the other replicas, as Prepare does under ddp. Gradients are
+  // all-reduced with the same stage of the other pipeline replicas. COLLECTIVE.
   // REQUIRES: options().parallel.mode == pipeline.
   Status PreparePipeline(torch::nn::AnyModule stage,
                          std::shared_ptr<torch::optim::Optimizer> optimizer);
@@ -255,10 +262,24 @@ class Accelerator {
   // counts the step and, in local_sgd, averages the parameters every K steps. Otherwise does
   // nothing. Returns whether it stepped. COLLECTIVE in local_sgd on averaging steps.
   bool Step();
-  // Learning rate as a function of the optimizer steps done, applied by Step() before each
-  // optimizer step. Unset: the optimizer's own learning rate is left alone.
+  // LR schedules, applied by Step() before each optimizer step, as functions of the optimizer
+  // steps done (0 for the first step). Unset: the optimizer's own learning rates are left
+  // alone. A later call replaces the schedule set before.
+  //
+  // PyTorch's LambdaLR: every parameter group's rate is its own base rate times `factor(step)`
+  // (lr_g = base_lr_g * factor(step)), the base rates being the groups' rates when the model
+  // was prepared (Prepare / PreparePipeline; a LoadState does not change them). A slower
+  // embedding or backbone group keeps its ratio to the others.
+  void SetLrLambda(std::function<double(int64_t step)> factor) {
+    lr_schedule_ = std::move(factor);
+    lr_is_factor_ = true;
+  }
+  // An absolute learning rate: every parameter group's rate becomes `schedule(step)`, whatever
+  // it was (for an optimizer whose groups share one rate, as `train`'s; per-group rates want
+  // SetLrLambda).
   void SetLrSchedule(std::function<double(int64_t step)> schedule) {
     lr_schedule_ = std::move(schedule);
+    lr_is_factor_ = false;
   }
   // The optimizer's learning rate (first parameter group).
   double learning_rate() const;
@@ -417,6 +438,7 @@ class Accelerator {
   void AttachCursor(std::shared_ptr<LoaderCursor> cursor);
   std::string StageFileName() const;  // pipeline: this stage's model file in a checkpoint
   void SetLayout(const ParallelLayout& layout);
+  void RecordBaseLearningRates();                // Prepare: base_lrs_ from the optimizer's groups
   void LoadTrainState(const TrainState& state);  // LoadState: step, counters, cursor
   TrainState CurrentTrainState() const;          // SaveState: what rank<r>.pt holds
   // Writes this rank's files of a checkpoint into `step_dir` (model and rank state).
@@ -457,6 +479,8 @@ class Accelerator {
   std::unique_ptr<PipelineEngine> pipeline_;
   std::shared_ptr<LoaderCursor> cursor_;
   std::function<double(int64_t)> lr_schedule_;
+  bool lr_is_factor_ = false;     // lr_schedule_ is SetLrLambda's factor, not a rate
+  std::vector<double> base_lrs_;  // each parameter group's rate at Prepare (SetLrLambda)
   bool prepared_ = false;
   bool bf16_ = false;  // options_.mixed_precision == "bf16"
   torch::Device device_ = torch::kCPU;

@@ -18,6 +18,7 @@
 #include "base/strings.h"
 #include "trainer_runtime/model/activation_checkpoint.h"
 #include "trainer_runtime/model/layers.h"
+#include "trainer_runtime/model/sync_batchnorm.h"
 
 namespace launch::trainer {
 
@@ -129,7 +130,8 @@ class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
       convs_.push_back(register_module(
           "conv" + n, torch::nn::Conv2d(
                           torch::nn::Conv2dOptions(c, out, 3).padding(1).bias(!cfg_.batch_norm))));
-      if (cfg_.batch_norm) norms_.push_back(register_module("bn" + n, torch::nn::BatchNorm2d(out)));
+      // BatchNorm2d exactly until train.parallel.sync_batchnorm gives it a group.
+      if (cfg_.batch_norm) norms_.push_back(register_module("bn" + n, SyncBatchNorm(out)));
       c = out;
       h /= 2;
       w /= 2;
@@ -164,7 +166,7 @@ class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
     // unchanged; only the order of some sums differs.
     x = convs_[i]->forward(x).contiguous(at::MemoryFormat::ChannelsLast);
     if (!norms_.empty()) {
-      torch::nn::BatchNorm2d& bn = norms_[i];
+      SyncBatchNorm& bn = norms_[i];
       if (RecomputingForCheckpoint() && bn->is_training()) {
         // The same batch statistics, but the running ones were updated in forward already.
         x = torch::batch_norm(x, bn->weight, bn->bias, /*running_mean=*/{}, /*running_var=*/{},
@@ -179,7 +181,7 @@ class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
 
   config::ModelConfig cfg_;
   std::vector<torch::nn::Conv2d> convs_;
-  std::vector<torch::nn::BatchNorm2d> norms_;
+  std::vector<SyncBatchNorm> norms_;
   torch::nn::Linear fc_{nullptr}, head_{nullptr};
 };
 TORCH_MODULE(Cnn);

@@ -13,6 +13,7 @@
 
 #include "base/strings.h"
 #include "trainer_runtime/model/autocast.h"
+#include "trainer_runtime/model/sync_batchnorm.h"
 #include "trainer_runtime/util/pipeline_schedule.h"
 
 namespace launch::trainer {
@@ -146,12 +147,14 @@ class ReplicaRandom {
 class DpStrategy : public ParallelStrategy {
  public:
   DpStrategy(Model* model, std::vector<std::unique_ptr<Model>> extra, bool loss_in_replica,
-             int threads_per_replica, bool seeded, bool bf16)
+             int threads_per_replica, bool seeded, bool bf16,
+             std::unique_ptr<ThreadBatchNormGroup> bn_group)
       : replicas_(static_cast<int>(extra.size()) + 1),
         loss_in_replica_(loss_in_replica),
         seeded_(seeded),
         bf16_(bf16),
         extra_(std::move(extra)),
+        bn_group_(std::move(bn_group)),
         pool_(replicas_, threads_per_replica) {
     model_ = model;
     models_.push_back(model);
@@ -175,6 +178,7 @@ class DpStrategy : public ParallelStrategy {
     const int used = static_cast<int>(std::min<int64_t>(replicas_, batch));
     const auto chunks = SplitRows(batch, used);
     Replicate(used);
+    if (bn_group_) bn_group_->SetActive(used);  // the replicas that meet in each SyncBatchNorm
     if (seeded_) random_.BeginCall();
     std::vector<double> losses(static_cast<size_t>(used), 0.0);
     std::vector<torch::Tensor> outputs(static_cast<size_t>(used));
@@ -266,6 +270,8 @@ class DpStrategy : public ParallelStrategy {
   bool bf16_;    // mixed_precision bf16: replicas' forward passes under autocast
   std::vector<std::unique_ptr<Model>> extra_;
   std::vector<Model*> models_;
+  // parallel.sync_batchnorm: the replicas' SyncBatchNorm layers meet here (null when off).
+  std::unique_ptr<ThreadBatchNormGroup> bn_group_;
   ReplicaPool pool_;
   ReplicaRandom random_;
 };
@@ -303,14 +309,28 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::Train
     extra.push_back(std::move(replica));
   }
   generator.set_state(rng_state);
+  std::unique_ptr<ThreadBatchNormGroup> bn_group;
+  if (cfg.parallel.sync_batchnorm) {
+    // Each SyncBatchNorm waits for every replica's statistics: forwards one at a time would
+    // wait forever.
+    if (cfg.parallel.dp_seeded_replicas)
+      return Status::InvalidConfig(
+          "train.parallel.sync_batchnorm: under dp the replicas' forward passes must run "
+          "together to share their statistics; set train.parallel.dp_seeded_replicas: false "
+          "(for a model that draws no random numbers, e.g. no dropout)");
+    bn_group = std::make_unique<ThreadBatchNormGroup>(k);
+    LAUNCH_RETURN_IF_ERROR(AttachBatchNormGroup(model->module(), bn_group->member(0)));
+    for (int i = 1; i < k; ++i)
+      SetBatchNormGroup(extra[static_cast<size_t>(i - 1)]->module(), bn_group->member(i));
+  }
   int threads = std::max(1, at::get_num_threads() / k);
   if (const char* v = std::getenv("LAUNCH_DP_THREADS_PER_REPLICA")) {
     long long n = 0;
     if (ParseInt64(v, &n) && n >= 1 && n <= 256) threads = static_cast<int>(n);
   }
-  return std::unique_ptr<ParallelStrategy>(
-      std::make_unique<DpStrategy>(model, std::move(extra), cfg.parallel.loss_in_replica, threads,
-                                   cfg.parallel.dp_seeded_replicas, cfg.mixed_precision == "bf16"));
+  return std::unique_ptr<ParallelStrategy>(std::make_unique<DpStrategy>(
+      model, std::move(extra), cfg.parallel.loss_in_replica, threads,
+      cfg.parallel.dp_seeded_replicas, cfg.mixed_precision == "bf16", std::move(bn_group)));
 }
 
 }  // namespace launch::trainer

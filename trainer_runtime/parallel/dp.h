@@ -15,7 +15,11 @@
 //   5. parallel backward, each replica on its own thread;
 //   6. reduce: replica 0's gradients += replica 1..K-1's, in replica order (deterministic).
 // The optimizer steps replica 0 only (the loop's model). The result equals one replica on the
-// whole batch up to float rounding, including uneven chunks (weights are rows / batch).
+// whole batch up to float rounding, including uneven chunks (weights are rows / batch), for
+// models without BatchNorm: a BatchNorm layer normalises each chunk by its own statistics (as
+// PyTorch's DataParallel), unless parallel.sync_batchnorm makes its SyncBatchNorm layers share
+// them over the replicas (model/sync_batchnorm.h; the replicas' forwards then run together, so
+// it needs dp_seeded_replicas false).
 //
 // Threads: K workers, created once. Each worker sets its own OpenMP thread budget
 // (omp_set_num_threads is per calling thread, unlike at::set_num_threads' global intent):

@@ -149,8 +149,18 @@ class LocalSgdStrategy : public ParallelStrategy {
     last_averaged_ = steps_done;
     auto start = Clock::now();
     torch::NoGradGuard no_grad;
-    // One flat all-reduce per dtype: per-call latency dominates on Gloo.
-    if (pg_) AllReduceFlat(*pg_, model_->Parameters(), pg_->getSize());
+    if (pg_) {
+      // Floating-point buffers (BatchNorm's running statistics) are averaged with the
+      // parameters: each replica's were estimated on its own data, and a model whose statistics
+      // are one rank's would not score what an evaluation over all ranks reports. Counters
+      // (num_batches_tracked) cannot be averaged: rank 0's are everyone's.
+      std::vector<torch::Tensor> averaged = model_->Parameters(), counters;
+      for (auto& [name, b] : model_->NamedBuffers())
+        (b.is_floating_point() ? averaged : counters).push_back(b);
+      // One flat all-reduce per dtype: per-call latency dominates on Gloo.
+      AllReduceFlat(*pg_, averaged, pg_->getSize());
+      BroadcastFromRank0(pg_, std::move(counters));
+    }
     stats_.blocking_comm_ms += MsSince(start);
     if (nesterov_)
       OuterNesterovStep(model_->Parameters(), anchor_, momentum_, outer_lr_, outer_momentum_);

@@ -2,7 +2,10 @@
 
 // Local SGD (`train.local_sgd_steps: K`): no gradient communication; every process steps its
 // own replica, and the parameters are averaged over the world every K optimizer steps and once
-// at the end (one flat all-reduce per dtype).
+// at the end (one flat all-reduce per dtype). Floating-point buffers (BatchNorm's running
+// statistics) are averaged with them; other buffers (num_batches_tracked) become rank 0's. After
+// the end's average (Accelerator::Finish) every rank holds the same parameters and buffers, so
+// the saved model scores what an evaluation over all ranks reports.
 //
 // With `train.local_sgd.outer: nesterov` it is DiLoCo (Douillard et al., 2023): the parameters
 // at the last synchronisation are kept (the anchor), and at each synchronisation the averaged
@@ -10,7 +13,7 @@
 // Nesterov momentum (outer_lr, outer_momentum) on the anchor; every replica continues from the
 // new anchor. outer_lr 1 and momentum 0 make it plain averaging. The anchor and the momentum
 // are the same on every rank; rank 0 writes them to a checkpoint's local_sgd_outer.pt. They cost
-// two copies of the parameters. Floating-point buffers (BatchNorm statistics) are not averaged.
+// two copies of the parameters. Buffers take no outer step: they are plainly averaged.
 //
 // Internal to trainer_runtime (includes LibTorch).
 

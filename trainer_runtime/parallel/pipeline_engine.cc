@@ -55,6 +55,9 @@ StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
 void PipelineEngine::SetStage(std::shared_ptr<Model> model, ForwardFn forward) {
   model_ = std::move(model);
   forward_ = std::move(forward);
+  // Replicas built from different seeds would otherwise average gradients taken at different
+  // weights and never meet again: start them all from replica 0's stage, as DDP's Prepare does.
+  BroadcastModel(stage_pg_, model_.get());
 }
 
 void PipelineEngine::SendActivation(const torch::Tensor& t) {

@@ -14,7 +14,8 @@
 //
 // Loss weighting: micro-batch m of a batch of B rows is weighted by rows_m / B (and by `scale`,
 // 1 / accumulation steps), so the gradients equal one process on the whole batch even when the
-// micro-batches are uneven.
+// micro-batches are uneven; not with BatchNorm, which normalises each micro-batch by its own
+// statistics.
 //
 // Internal to trainer_runtime (includes LibTorch). Not thread-safe. Methods may throw
 // c10::Error when a peer died.
@@ -50,7 +51,9 @@ class PipelineEngine {
       const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
       c10::intrusive_ptr<CountingProcessGroup> pg, std::chrono::milliseconds timeout);
 
-  // This rank's stage: `model` is its parameter view, `forward` runs it.
+  // This rank's stage: `model` is its parameter view, `forward` runs it. With pipeline
+  // replicas, replica 0's parameters and buffers of this stage become every replica's (as DDP's
+  // Prepare broadcasts rank 0's). COLLECTIVE over the stage's replicas.
   void SetStage(std::shared_ptr<Model> model, ForwardFn forward);
 
   int stages() const { return stages_; }

@@ -9,8 +9,8 @@ double ParallelStrategy::MsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-void ParallelStrategy::BroadcastModel(const c10::intrusive_ptr<CountingProcessGroup>& pg,
-                                      Model* model) {
+void BroadcastModel(const c10::intrusive_ptr<CountingProcessGroup>& pg, Model* model) {
+  if (!pg) return;
   std::vector<at::Tensor> tensors;
   for (auto& [name, p] : model->NamedParameters()) tensors.push_back(p);
   for (auto& [name, b] : model->NamedBuffers()) tensors.push_back(b);

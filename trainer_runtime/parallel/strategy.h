@@ -148,8 +148,6 @@ class ParallelStrategy {
   using Clock = std::chrono::steady_clock;
   // Milliseconds from `start` to now (for stats_.blocking_comm_ms).
   static double MsSince(Clock::time_point start);
-  // Makes rank 0's parameters and buffers of `model` every rank's. COLLECTIVE.
-  static void BroadcastModel(const c10::intrusive_ptr<CountingProcessGroup>& pg, Model* model);
   // Makes rank 0's buffers (running statistics) of model_ every rank's, timed as blocking
   // communication (ddp and zero before a forward that follows a synchronised one). COLLECTIVE.
   void BroadcastBuffers();
@@ -176,6 +174,11 @@ class ParallelStrategy {
 // What a rank holding `model` whole holds: its parameters, their defined gradients and
 // `optimizer`'s state (ParallelStrategy::MemoryBytes's default; pipeline stages).
 StateBytes WholeStateBytes(const Model& model, const torch::optim::Optimizer& optimizer);
+
+// Makes rank 0's (of `pg`) parameters and buffers of `model` every rank's: the strategies'
+// Setup and the pipeline's stage groups (PipelineEngine::SetStage). No-op for a null group.
+// COLLECTIVE.
+void BroadcastModel(const c10::intrusive_ptr<CountingProcessGroup>& pg, Model* model);
 
 // Sum-all-reduces `values` (a small double tensor) over the world in place; no-op for a null
 // group. Used for eval metrics and the final loss.

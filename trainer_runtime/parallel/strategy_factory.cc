@@ -1,5 +1,6 @@
 #include "trainer_runtime/parallel/strategy_factory.h"
 
+#include "trainer_runtime/model/sync_batchnorm.h"
 #include "trainer_runtime/parallel/ddp.h"
 #include "trainer_runtime/parallel/dp.h"
 #include "trainer_runtime/parallel/local_sgd.h"
@@ -44,6 +45,10 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     return std::unique_ptr<ParallelStrategy>(std::move(none));
   }
   if (mode == ParallelMode::kZero) return CreateZeroStrategy(cfg, model, optimizer, std::move(pg));
+  if (cfg.parallel.sync_batchnorm) {
+    // The statistics share DDP's group, as PyTorch's SyncBatchNorm (one process: none needed).
+    LAUNCH_RETURN_IF_ERROR(AttachBatchNormGroup(model->module(), ProcessBatchNormGroup(pg)));
+  }
   return CreateDdpStrategy(cfg, model, std::move(pg));
 }
 
