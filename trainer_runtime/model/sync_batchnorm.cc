@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <stdexcept>
 
 namespace launch::trainer {
 namespace {
@@ -138,18 +139,26 @@ c10::intrusive_ptr<BatchNormGroup> ProcessBatchNormGroup(
 // The replicas meet in rounds: each deposits its vector; the last to arrive sums them in
 // member order (the same bits whichever thread is last) and opens the next round. A member
 // copies the result before it can start another round, and no round completes without it, so
-// a result is never overwritten while someone still needs it.
+// a result is never overwritten while someone still needs it. A replica that fails breaks the
+// rendezvous (Break), so the others throw instead of waiting for it forever.
 struct ThreadBatchNormGroup::Rendezvous {
   std::mutex mu;
   std::condition_variable cv;
   int active = 0;
   int arrived = 0;
   uint64_t round = 0;
+  bool broken = false;
   std::vector<torch::Tensor> slots;
   torch::Tensor result;
 
+  [[noreturn]] static void ThrowBroken() {
+    throw std::runtime_error(
+        "SyncBatchNorm: another replica failed in this step (its error follows)");
+  }
+
   void AllReduceSum(int member, torch::Tensor& values) {
     std::unique_lock<std::mutex> lock(mu);
+    if (broken) ThrowBroken();
     slots[static_cast<size_t>(member)] = values;
     if (++arrived == active) {
       torch::Tensor sum = slots[0].clone();
@@ -160,7 +169,8 @@ struct ThreadBatchNormGroup::Rendezvous {
       cv.notify_all();
     } else {
       const uint64_t mine = round;
-      cv.wait(lock, [&] { return round != mine; });
+      cv.wait(lock, [&] { return round != mine || broken; });
+      if (round == mine) ThrowBroken();
     }
     values.copy_(result);
   }
@@ -196,6 +206,16 @@ c10::intrusive_ptr<BatchNormGroup> ThreadBatchNormGroup::member(int k) const {
 void ThreadBatchNormGroup::SetActive(int n) {
   std::lock_guard<std::mutex> lock(rendezvous_->mu);
   rendezvous_->active = n;
+  rendezvous_->arrived = 0;
+  rendezvous_->broken = false;
+}
+
+void ThreadBatchNormGroup::Break() {
+  {
+    std::lock_guard<std::mutex> lock(rendezvous_->mu);
+    rendezvous_->broken = true;
+  }
+  rendezvous_->cv.notify_all();
 }
 
 // --- The module ------------------------------------------------------------------------------

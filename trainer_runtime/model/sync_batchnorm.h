@@ -54,14 +54,17 @@ c10::intrusive_ptr<BatchNormGroup> ProcessBatchNormGroup(c10::intrusive_ptr<c10d
 
 // The group of replicas on threads of this process (dp): one member handle per replica, all
 // meeting in one rendezvous. SetActive(n) says how many (the first n) take part in the next
-// forward and backward. REQUIRES: the members' forwards run concurrently (one at a time they
-// would wait for each other forever).
+// forward and backward (and starts over after a Break). REQUIRES: the members' forwards run
+// concurrently (one at a time they would wait for each other forever).
 class ThreadBatchNormGroup {
  public:
   explicit ThreadBatchNormGroup(int members);
   ~ThreadBatchNormGroup();
   c10::intrusive_ptr<BatchNormGroup> member(int k) const;
   void SetActive(int n);
+  // A member failed (threw) in this forward or backward: the members waiting in a rendezvous,
+  // and any that reach one before the next SetActive, throw instead of waiting for it.
+  void Break();
 
   struct Rendezvous;  // where the members meet (sync_batchnorm.cc)
 

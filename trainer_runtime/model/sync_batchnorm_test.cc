@@ -5,6 +5,7 @@
 
 #include "trainer_runtime/model/sync_batchnorm.h"
 
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -81,6 +82,27 @@ TEST_CASE("TwoReplicasInOneGroupTrainAsOneBatchNormOnBothBatches") {
     CHECK(close(replicas[k]->running_mean, bn->running_mean));
     CHECK(close(replicas[k]->running_var, bn->running_var));
   }
+}
+
+TEST_CASE("AReplicaThatFailsBreaksTheRendezvousInsteadOfHangingTheOthers") {
+  // Replica 1 throws before its first SyncBatchNorm (dp breaks the group then): replica 0, which
+  // waits in the rendezvous, must throw too, and the next step (SetActive) meets normally.
+  ThreadBatchNormGroup group(2);
+  SyncBatchNorm bn(3);
+  bn->set_group(group.member(0));
+  bool threw = false;
+  std::thread waiter([&] {
+    try {
+      bn->forward(Input(4, 0.5));
+    } catch (const std::exception& e) {
+      threw = std::string(e.what()).find("another replica failed") != std::string::npos;
+    }
+  });
+  group.Break();
+  waiter.join();
+  CHECK(threw);
+  group.SetActive(1);  // one replica: meets alone, no wait
+  CHECK(bn->forward(Input(4, 0.5)).defined());
 }
 
 TEST_CASE("ConvertSyncBatchNormReplacesChildrenAndSequentialEntriesKeepingState") {

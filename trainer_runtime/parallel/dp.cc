@@ -183,8 +183,7 @@ class DpStrategy : public ParallelStrategy {
     std::vector<double> losses(static_cast<size_t>(used), 0.0);
     std::vector<torch::Tensor> outputs(static_cast<size_t>(used));
     if (loss_in_replica_ || !criterion) {
-      pool_.Run([&](int k) {
-        if (k >= used) return;
+      RunReplicas(used, [&](int k) {
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
         torch::Tensor loss;
         {
@@ -198,8 +197,7 @@ class DpStrategy : public ParallelStrategy {
         losses[static_cast<size_t>(k)] = loss.item<double>() * weight;
       });
     } else {
-      pool_.Run([&](int k) {
-        if (k >= used) return;
+      RunReplicas(used, [&](int k) {
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
         std::optional<ReplicaRandom::ForwardScope> scope;
         if (seeded_) scope.emplace(&random_, k);
@@ -216,8 +214,7 @@ class DpStrategy : public ParallelStrategy {
       (loss * scale).backward();
       losses[0] = loss.item<double>();
       torch::Tensor grad = gathered.grad();
-      pool_.Run([&](int k) {
-        if (k >= used) return;
+      RunReplicas(used, [&](int k) {
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
         torch::Tensor& out = outputs[static_cast<size_t>(k)];
         torch::autograd::backward({out}, {grad.narrow(0, offset, rows).to(out.scalar_type())});
@@ -231,6 +228,20 @@ class DpStrategy : public ParallelStrategy {
   }
 
  private:
+  // task(k) for the first `used` replicas on their threads. A replica that throws breaks the
+  // SyncBatchNorm rendezvous, so the others fail too instead of waiting for it forever.
+  void RunReplicas(int used, const std::function<void(int)>& task) {
+    pool_.Run([&](int k) {
+      if (k >= used) return;
+      try {
+        task(k);
+      } catch (...) {
+        if (bn_group_) bn_group_->Break();
+        throw;
+      }
+    });
+  }
+
   // Replicas 1..used-1 take replica 0's parameters and buffers; their gradients start at zero.
   void Replicate(int used) {
     torch::NoGradGuard no_grad;
