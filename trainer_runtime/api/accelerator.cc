@@ -536,12 +536,15 @@ void Accelerator::Backward(const torch::Tensor& loss) {
   // One model: it takes part whatever the graph holds (as before several were possible).
   std::vector<Pair*> reached =
       pairs_.size() == 1 ? std::vector<Pair*>{&pairs_[0]} : PairsReachedBy(loss);
-  for (Pair* pair : reached) {
-    LAUNCH_CHECK(!pair->stepped,
-                 "Backward: the loss reaches a model that already stepped in this micro-batch; "
-                 "with several models call Accumulate() at the start of every iteration");
-    pair->strategy->BeforeBackward(loss, sync_ && pair->no_sync == 0);
-  }
+  // A loss whose every model already stepped in this micro-batch could only be stepped in the
+  // next one: the loop began its next iteration without Accumulate(). (The generator's loss
+  // of a GAN reaches the stepped discriminator too, but also the generator.)
+  LAUNCH_CHECK(pairs_.size() == 1 || reached.empty() ||
+                   !std::all_of(reached.begin(), reached.end(),
+                                [](const Pair* p) { return p->stepped; }),
+               "Backward: every model this loss reaches already stepped in this micro-batch; "
+               "with several prepared models call Accumulate() at the start of every iteration");
+  for (Pair* pair : reached) pair->strategy->BeforeBackward(loss, sync_ && pair->no_sync == 0);
   // Accelerate's convention: the loss of every micro-batch is divided by N.
   {
     // Includes waiting for the last buckets' all-reduces (the Reducer's final callback).

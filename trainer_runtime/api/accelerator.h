@@ -216,8 +216,8 @@ class Accelerator {
   //   accel->Backward(bce(D(fake), 1));                  // reaches G and D (both all-reduced)
   //   accel->Step(*G);                                   // D keeps the gradient: ZeroGrad above
   // One Accumulate() opens an iteration (a micro-batch) in which several Backward and Step(m)
-  // calls may follow; a Backward that reaches a model already stepped in this iteration means
-  // the next iteration began without Accumulate() and is an error (CheckError) saying so.
+  // calls may follow; a Backward whose models all stepped already in this iteration means the
+  // next iteration began without Accumulate() and is an error (CheckError) saying so.
   // Accumulation windows, the LR schedule (applied to every stepped optimizer) and the step
   // count are shared: step() counts iterations whose window closed, once however many models
   // stepped in it. Checkpoints hold every pair: the first under today's file names (model.pt,
