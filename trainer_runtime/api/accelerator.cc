@@ -525,6 +525,7 @@ void Accelerator::Accumulate() {
   for (Pair& pair : pairs_) {
     if (pair.strategy) pair.strategy->BeforeForward(sync_ && pair.no_sync == 0);
     pair.stepped = false;
+    pair.backward_in_micro = false;
   }
   counted_ = false;
   in_micro_ = true;
@@ -544,7 +545,16 @@ void Accelerator::Backward(const torch::Tensor& loss) {
                                 [](const Pair* p) { return p->stepped; }),
                "Backward: every model this loss reaches already stepped in this micro-batch; "
                "with several prepared models call Accumulate() at the start of every iteration");
-  for (Pair* pair : reached) pair->strategy->BeforeBackward(loss, sync_ && pair->no_sync == 0);
+  for (Pair* pair : reached) {
+    const bool synced = sync_ && pair->no_sync == 0;
+    // A model's second backward in one micro-batch (the discriminator under the generator's
+    // loss): PyTorch's DDP ran the model's forward hook before it, which rebuilds the reducer's
+    // buckets after its first iteration; without it the reducer records the parameters' ready
+    // order twice and refuses to rebuild. (Buffers, too, are then rank 0's, as that forward's.)
+    if (pair->backward_in_micro) pair->strategy->BeforeForward(synced);
+    pair->strategy->BeforeBackward(loss, synced);
+    pair->backward_in_micro = true;
+  }
   // Accelerate's convention: the loss of every micro-batch is divided by N.
   {
     // Includes waiting for the last buckets' all-reduces (the Reducer's final callback).

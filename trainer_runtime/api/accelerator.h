@@ -587,6 +587,7 @@ class Accelerator {
     bool took_part = false;   // a Backward reached it since its last step
     bool unsynced = false;    // its last Backward did not all-reduce (NoSync)
     bool stepped = false;     // stepped in the current micro-batch
+    bool backward_in_micro = false;  // a Backward reached it in the current micro-batch
   };
   std::vector<Pair> pairs_;
   // The user state of RegisterForCheckpointing, in registration order.
