@@ -61,8 +61,8 @@ torch::nn::Sequential Discriminator() {
 }
 
 torch::Tensor Bce(const torch::Tensor& logits, double target) {
-  return torch::nn::functional::binary_cross_entropy_with_logits(
-      logits, torch::full_like(logits, target));
+  return torch::nn::functional::binary_cross_entropy_with_logits(logits,
+                                                                 torch::full_like(logits, target));
 }
 
 // FNV-1a over the parameters' bytes: equal exactly when every parameter is equal bit for bit.

@@ -100,8 +100,8 @@ torch::Tensor Noise(int64_t step, int64_t world) {
   return torch::randn({world * kBatch, kNoise}, gen);
 }
 torch::Tensor Bce(const torch::Tensor& logits, double target) {
-  return torch::nn::functional::binary_cross_entropy_with_logits(
-      logits, torch::full_like(logits, target));
+  return torch::nn::functional::binary_cross_entropy_with_logits(logits,
+                                                                 torch::full_like(logits, target));
 }
 
 std::unique_ptr<Accelerator> MakeAccelerator(launch::config::TrainConfig options) {
@@ -305,7 +305,8 @@ int LoadStep(const Flags& f) {
   auto loaded = accel->LoadState(f.ckpt, 4);
   Require(loaded.status(), "LoadState(dir, 4)");
   bool same = accel->step() == 4 && counter.value == 4;
-  for (size_t i = 0; i < after[4].size(); ++i) same = same && net->parameters()[i].equal(after[4][i]);
+  for (size_t i = 0; i < after[4].size(); ++i)
+    same = same && net->parameters()[i].equal(after[4][i]);
   accel->Print(std::string("step 4 restored: ") + (same ? "yes" : "no"));
   auto missing = accel->LoadState(f.ckpt, 2);
   accel->Print("step 2: " + missing.status().ToString());
@@ -325,8 +326,8 @@ int Order(const Flags& f) {
   auto accel = MakeAccelerator({});
   const std::string r = std::to_string(accel->rank());
   for (const char* which : {"main", "local"}) {
-    auto first = std::string(which) == "main" ? accel->MainProcessFirst()
-                                              : accel->LocalMainProcessFirst();
+    auto first =
+        std::string(which) == "main" ? accel->MainProcessFirst() : accel->LocalMainProcessFirst();
     Append(f.log, std::string(which) + " enter " + r + "\n");
     // Work inside the block (a data set built once), so that a rank let in early would
     // write its line before this one's "leave".

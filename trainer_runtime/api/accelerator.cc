@@ -12,12 +12,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_map>
-#include <unordered_set>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "base/environment.h"
 #include "base/exit_status.h"
@@ -348,9 +348,8 @@ std::vector<Accelerator::Pair*> Accelerator::PairsReachedBy(const torch::Tensor&
     LAUNCH_CHECK(ranks == 0 || ranks == world_size(),
                  "Backward: the loss reaches model " + std::to_string(i) + " on " +
                      std::to_string(static_cast<int>(ranks)) + " of " +
-                     std::to_string(world_size()) +
-                     " ranks (rank " + std::to_string(rank()) + ": " +
-                     (reached[i] ? "reached" : "not reached") +
+                     std::to_string(world_size()) + " ranks (rank " + std::to_string(rank()) +
+                     ": " + (reached[i] ? "reached" : "not reached") +
                      "); every rank's loss must go through the same models");
     if (reached[i]) out.push_back(&pairs_[i]);
   }
@@ -434,14 +433,14 @@ Status Accelerator::LoadUserState(const std::string& step_dir) {
   if (!FileExists(path)) path = step_dir + "/user_rank0.pt";  // fewer ranks wrote it
   auto kind_name = [](int64_t module) { return module ? "module" : "object"; };
   std::string mine;
-  for (const UserState& u : user_state_) mine += std::string(mine.empty() ? "" : ", ") +
-                                                 kind_name(u.module);
+  for (const UserState& u : user_state_)
+    mine += std::string(mine.empty() ? "" : ", ") + kind_name(u.module);
   StatusOr<std::unique_ptr<torch::serialize::InputArchive>> archive = ReadArchive(path);
   if (!archive.ok() && archive.status().code() == Status::Code::kNotFound)
     return Status::InvalidConfig("the checkpoint in " + step_dir +
                                  " holds no RegisterForCheckpointing state; this program "
-                                 "registered " + std::to_string(user_state_.size()) + " (" +
-                                 mine + ")");
+                                 "registered " +
+                                 std::to_string(user_state_.size()) + " (" + mine + ")");
   if (!archive.ok()) return archive.status();
   try {
     torch::Tensor kinds;
@@ -464,8 +463,8 @@ Status Accelerator::LoadUserState(const std::string& step_dir) {
       (*archive)->read("object" + std::to_string(i), object);
       user_state_[i].load(object);
     } catch (const c10::Error& e) {
-      return Status::InvalidConfig(path + ": RegisterForCheckpointing object " +
-                                   std::to_string(i) + " (" + kind_name(user_state_[i].module) +
+      return Status::InvalidConfig(path + ": RegisterForCheckpointing object " + std::to_string(i) +
+                                   " (" + kind_name(user_state_[i].module) +
                                    ") does not load: " + e.what_without_backtrace());
     }
   }
@@ -540,11 +539,11 @@ void Accelerator::Backward(const torch::Tensor& loss) {
   // A loss whose every model already stepped in this micro-batch could only be stepped in the
   // next one: the loop began its next iteration without Accumulate(). (The generator's loss
   // of a GAN reaches the stepped discriminator too, but also the generator.)
-  LAUNCH_CHECK(pairs_.size() == 1 || reached.empty() ||
-                   !std::all_of(reached.begin(), reached.end(),
-                                [](const Pair* p) { return p->stepped; }),
-               "Backward: every model this loss reaches already stepped in this micro-batch; "
-               "with several prepared models call Accumulate() at the start of every iteration");
+  LAUNCH_CHECK(
+      pairs_.size() == 1 || reached.empty() ||
+          !std::all_of(reached.begin(), reached.end(), [](const Pair* p) { return p->stepped; }),
+      "Backward: every model this loss reaches already stepped in this micro-batch; "
+      "with several prepared models call Accumulate() at the start of every iteration");
   for (Pair* pair : reached) {
     const bool synced = sync_ && pair->no_sync == 0;
     // A model's second backward in one micro-batch (the discriminator under the generator's

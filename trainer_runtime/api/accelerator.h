@@ -263,8 +263,7 @@ class Accelerator {
   // destructor (a peer died) is reported on stderr and not thrown; the next collective fails.
   class MainFirstScope {
    public:
-    MainFirstScope(MainFirstScope&& other) noexcept
-        : accel_(other.accel_), first_(other.first_) {
+    MainFirstScope(MainFirstScope&& other) noexcept : accel_(other.accel_), first_(other.first_) {
       other.accel_ = nullptr;
     }
     MainFirstScope(const MainFirstScope&) = delete;
@@ -295,9 +294,8 @@ class Accelerator {
   template <typename T>
   void RegisterForCheckpointing(T& obj) {
     constexpr bool kModule = std::is_base_of_v<torch::nn::Module, T>;
-    user_state_.push_back(
-        {kModule, [&obj](torch::serialize::OutputArchive& a) { obj.save(a); },
-         [&obj](torch::serialize::InputArchive& a) { obj.load(a); }});
+    user_state_.push_back({kModule, [&obj](torch::serialize::OutputArchive& a) { obj.save(a); },
+                           [&obj](torch::serialize::InputArchive& a) { obj.load(a); }});
   }
 
   // --- Data --------------------------------------------------------------------------------
@@ -436,9 +434,11 @@ class Accelerator {
   SignalRequest PollSignals();
   // Saves the whole training state under `dir` atomically: parameters, buffers, optimizer
   // state, the step count (the LR schedule is a function of it), the loader position, and
-  // every rank's RNG state. Layout: dir/step<N>/{model*.pt, rank<r>.pt}; then rank 0 points
-  // dir/latest at N and removes older step folders, so a kill at any moment leaves the last
-  // complete checkpoint. IoError (every rank) when any rank failed to write. COLLECTIVE.
+  // every rank's RNG state. Layout: dir/step<N>/{model*.pt, rank<r>.pt}, pair<i>/ for the
+  // prepared pairs after the first, user_rank<r>.pt for RegisterForCheckpointing; then rank 0
+  // points dir/latest at N and removes older step folders but the last
+  // options().checkpoint_keep, so a kill at any moment leaves the last complete checkpoint.
+  // IoError (every rank) when any rank failed to write. COLLECTIVE.
   //
   // With options().checkpoint_async (`train.checkpoint_async`), before Finish: the state is
   // snapshotted by fork() (the child sees the memory as it was, copy-on-write) and the child
@@ -581,13 +581,13 @@ class Accelerator {
     std::shared_ptr<torch::nn::Module> module;
     std::shared_ptr<Model> model;
     std::shared_ptr<torch::optim::Optimizer> optimizer;
-    ParallelStrategy* strategy = nullptr;             // null in pipeline mode
-    std::unique_ptr<ParallelStrategy> owned;          // pairs after the first
-    int no_sync = 0;                                  // open NoSync scopes
-    bool took_part = false;   // a Backward reached it since its last step
-    bool unsynced = false;    // its last Backward did not all-reduce (NoSync)
-    bool stepped = false;     // stepped in the current micro-batch
-    bool backward_in_micro = false;  // a Backward reached it in the current micro-batch
+    ParallelStrategy* strategy = nullptr;     // null in pipeline mode
+    std::unique_ptr<ParallelStrategy> owned;  // pairs after the first
+    int no_sync = 0;                          // open NoSync scopes
+    bool took_part = false;                   // a Backward reached it since its last step
+    bool unsynced = false;                    // its last Backward did not all-reduce (NoSync)
+    bool stepped = false;                     // stepped in the current micro-batch
+    bool backward_in_micro = false;           // a Backward reached it in the current micro-batch
   };
   std::vector<Pair> pairs_;
   // The user state of RegisterForCheckpointing, in registration order.
