@@ -250,7 +250,11 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
   LAUNCH_ASSIGN_OR_RETURN(strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), pg_));
   strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
   strategy_->TakeStepStats();
-  pairs_.push_back({module_, model_, optimizer_, strategy_.get()});
+  pairs_.emplace_back();
+  pairs_.back().module = module_;
+  pairs_.back().model = model_;
+  pairs_.back().optimizer = optimizer_;
+  pairs_.back().strategy = strategy_.get();
   prepared_ = true;
   return Status::Ok();
 }
@@ -266,7 +270,10 @@ Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
   optimizer_ = std::move(optimizer);
   pipeline_->SetStage(
       model_, [stage](const torch::Tensor& x) mutable { return stage.forward<torch::Tensor>(x); });
-  pairs_.push_back({module_, model_, optimizer_, nullptr});
+  pairs_.emplace_back();  // no strategy: the pipeline engine steps it
+  pairs_.back().module = module_;
+  pairs_.back().model = model_;
+  pairs_.back().optimizer = optimizer_;
   prepared_ = true;
   return Status::Ok();
 }
@@ -564,7 +571,9 @@ void Accelerator::Backward(const torch::Tensor& loss) {
     const bool synced = sync_ && pair->no_sync == 0;
     pair->strategy->AfterBackward(synced);
     pair->took_part = true;
-    pair->unsynced = !synced;
+    // Only NoSync holds a step back: a micro-batch that closes the window steps also where
+    // the strategy never all-reduces gradients (Local SGD, none).
+    pair->unsynced = pair->no_sync > 0;
   }
   EndMicroBatch();
 }

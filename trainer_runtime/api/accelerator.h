@@ -585,7 +585,7 @@ class Accelerator {
     std::unique_ptr<ParallelStrategy> owned;  // pairs after the first
     int no_sync = 0;                          // open NoSync scopes
     bool took_part = false;                   // a Backward reached it since its last step
-    bool unsynced = false;                    // its last Backward did not all-reduce (NoSync)
+    bool unsynced = false;                    // its last Backward ran inside NoSync
     bool stepped = false;                     // stepped in the current micro-batch
     bool backward_in_micro = false;           // a Backward reached it in the current micro-batch
   };
