@@ -310,6 +310,11 @@ int LoadStep(const Flags& f) {
   accel->Print(std::string("step 4 restored: ") + (same ? "yes" : "no"));
   auto missing = accel->LoadState(f.ckpt, 2);
   accel->Print("step 2: " + missing.status().ToString());
+  // Registration order is the identity: one more object than the checkpoint holds is refused.
+  Counter extra;
+  accel->RegisterForCheckpointing(extra);
+  auto mismatch = accel->LoadState(f.ckpt);
+  accel->Print("extra object: " + mismatch.status().ToString());
   Require(accel->Finish(), "Finish");
   return 0;
 }

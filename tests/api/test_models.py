@@ -97,6 +97,8 @@ class SeveralModelsTest(unittest.TestCase):
         self.assertIn("saved steps: 4 5 6", r.stdout)  # train.checkpoint_keep 3
         self.assertIn("step 4 restored: yes", r.stdout)
         self.assertIn(f"no checkpoint of step 2 in '{ckpt}' (it holds steps 4, 5, 6", r.stdout)
+        self.assertIn("holds 1 RegisterForCheckpointing objects (object), this program "
+                      "registered 2 (object, object)", r.stdout)
         self.assertEqual(sorted(n for n in os.listdir(ckpt) if n.startswith("step")),
                          ["step4", "step5", "step6"])
 
