@@ -185,6 +185,9 @@ struct TrainConfig {
   int64_t checkpoint_every = 100;  // optimizer steps; 0 = only at the end
   // Checkpoints written by a forked child while training goes on (Accelerator::SaveState).
   bool checkpoint_async = false;
+  // Checkpoints (step folders) kept under the checkpoint folder: the last K; 1 = only the
+  // latest. More let Accelerator::LoadState(dir, step) go back to an earlier step.
+  int64_t checkpoint_keep = 1;
   std::string resume = "auto";  // auto | never | PATH of a checkpoint file
   int64_t log_every = 10;       // optimizer steps between plain log lines
   int64_t eval_every = 0;       // optimizer steps between evaluations; 0 = only at the end

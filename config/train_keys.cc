@@ -441,6 +441,8 @@ std::vector<TrainKey> BuildTable() {
             "optimizer steps; 0 = only at the end"),
       Value("checkpoint_async", FIELD(checkpoint_async),
             "write checkpoints in a forked child while training goes on"),
+      Range("checkpoint_keep", FIELD(checkpoint_keep), 1, kBig,
+            "checkpoints kept: the last K steps (1 = only the latest)"),
       Value("resume", FIELD(resume), "auto | never | PATH of a checkpoint file"),
       Value("resume_allow_changes", FIELD(resume_allow_changes),
             "resume although trajectory settings changed (they are listed)"),

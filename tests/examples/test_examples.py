@@ -3,6 +3,7 @@ of this build into a temporary prefix, examples/ configured and built out of tre
 -DCMAKE_PREFIX_PATH=prefix (find_package(launch), launch::trainer), and each example run
 under the installed `launch` on 2 processes. The build dir is LAUNCH_BIN_DIR's parent."""
 
+import math
 import os
 import re
 import shutil
@@ -134,6 +135,20 @@ class ExamplesOutOfTreeTest(unittest.TestCase):
         accuracy = last_accuracy(r)
         self.assertIsNotNone(accuracy, describe(r))
         self.assertGreaterEqual(accuracy, SHORT_RUN_MIN, describe(r))
+
+    def test_gan_two_models_stay_bit_identical_across_ranks(self):
+        # Two models, two optimizers, alternating steps: each model's replicas must agree bit
+        # for bit (each has its own all-reduce), and the losses stay finite.
+        r = self.launch_example("gan", "--max_steps", "120")
+        self.assertEqual(r.returncode, 0, describe(r))
+        sums = dict(re.findall(r"checksum rank=(\d+) (gen=\w+ disc=\w+)", r.stdout))
+        self.assertEqual(sorted(sums), ["0", "1"], describe(r))
+        self.assertEqual(sums["0"], sums["1"], describe(r))
+        final = re.search(r"final loss_d=(\S+) loss_g=(\S+)", r.stdout)
+        self.assertIsNotNone(final, describe(r))
+        for value in final.groups():
+            self.assertTrue(math.isfinite(float(value)), describe(r))
+            self.assertGreater(float(value), 0.0, describe(r))
 
     def test_bad_flag_and_missing_data_exit_non_zero_with_a_message(self):
         r = harness.run([self.example("fashion_mnist_ddp"), "--epoch", "1"], timeout=60)

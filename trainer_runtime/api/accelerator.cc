@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>
@@ -15,6 +16,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "base/environment.h"
 #include "base/exit_status.h"
@@ -58,27 +61,46 @@ std::string StepDir(const std::string& dir, int64_t step) {
   return dir + "/step" + std::to_string(step);
 }
 
-// Removes `dir`'s step<N> folders other than step<keep> (files first; they hold no folders).
-void RemoveOtherSteps(const std::string& dir, int64_t keep) {
+// The step<N> folders in `dir`, by N ascending (complete or not).
+std::vector<int64_t> StepFolders(const std::string& dir) {
+  std::vector<int64_t> steps;
   DIR* d = ::opendir(dir.c_str());
-  if (!d) return;
-  std::vector<std::string> stale;
+  if (!d) return steps;
   while (dirent* e = ::readdir(d)) {
     std::string name = e->d_name;
     long long n = 0;
-    if (StartsWith(name, "step") && ParseInt64(name.substr(4), &n) && n != keep)
-      stale.push_back(dir + "/" + name);
+    if (StartsWith(name, "step") && ParseInt64(name.substr(4), &n) && n >= 0) steps.push_back(n);
   }
   ::closedir(d);
-  for (const std::string& path : stale) {
-    if (DIR* sd = ::opendir(path.c_str())) {
-      while (dirent* e = ::readdir(sd)) {
-        std::string name = e->d_name;
-        if (name != "." && name != "..") std::remove((path + "/" + name).c_str());
-      }
-      ::closedir(sd);
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+// Removes a folder of files and of folders of files (a step folder: pair<i>/ holds files).
+void RemoveTree(const std::string& path) {
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      if (name == "." || name == "..") continue;
+      const std::string child = path + "/" + name;
+      if (std::remove(child.c_str()) != 0) RemoveTree(child);
     }
-    ::rmdir(path.c_str());
+    ::closedir(d);
+  }
+  ::rmdir(path.c_str());
+}
+
+// Removes `dir`'s step folders other than the `keep` highest steps up to `latest` (a folder
+// above `latest` was left by a run that resumed an earlier step: superseded too).
+void RemoveOtherSteps(const std::string& dir, int64_t latest, int64_t keep) {
+  const std::vector<int64_t> steps = StepFolders(dir);
+  int64_t kept = 0;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (*it <= latest && kept < keep) {
+      ++kept;
+      continue;
+    }
+    RemoveTree(StepDir(dir, *it));
   }
 }
 
@@ -205,11 +227,11 @@ torch::data::Example<> Accelerator::ToDevice(torch::data::Example<> batch) const
 
 Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
                             std::shared_ptr<torch::optim::Optimizer> optimizer) {
-  LAUNCH_CHECK(!prepared_);
   if (pipeline_)
     return Status::InvalidConfig(
         "train.parallel.mode is pipeline: hand over this rank's stage with PreparePipeline");
   if (!model || !optimizer) return Status::InvalidArgument("Prepare: model and optimizer needed");
+  if (prepared_) return PrepareAnother(std::move(model), std::move(optimizer));
   module_ = std::move(model);
   // In place (Module::to replaces each parameter's data), so the optimizer's references hold.
   if (!device_.is_cpu()) module_->to(device_);
@@ -228,7 +250,12 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
   LAUNCH_ASSIGN_OR_RETURN(strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), pg_));
   strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
   strategy_->TakeStepStats();
-  RecordBaseLearningRates();
+  pairs_.emplace_back();
+  pairs_.back().module = module_;
+  pairs_.back().model = model_;
+  pairs_.back().optimizer = optimizer_;
+  pairs_.back().strategy = strategy_.get();
+  RecordBaseLearningRates(pairs_.back());
   prepared_ = true;
   return Status::Ok();
 }
@@ -244,18 +271,220 @@ Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
   optimizer_ = std::move(optimizer);
   pipeline_->SetStage(
       model_, [stage](const torch::Tensor& x) mutable { return stage.forward<torch::Tensor>(x); });
-  RecordBaseLearningRates();
+  pairs_.emplace_back();  // no strategy: the pipeline engine steps it
+  pairs_.back().module = module_;
+  pairs_.back().model = model_;
+  pairs_.back().optimizer = optimizer_;
+  RecordBaseLearningRates(pairs_.back());
   prepared_ = true;
   return Status::Ok();
 }
 
-void Accelerator::RecordBaseLearningRates() {
-  base_lrs_.clear();
-  for (auto& group : optimizer_->param_groups()) base_lrs_.push_back(group.options().get_lr());
+void Accelerator::RecordBaseLearningRates(Pair& pair) {
+  pair.base_lrs.clear();
+  for (auto& group : pair.optimizer->param_groups())
+    pair.base_lrs.push_back(group.options().get_lr());
 }
 
 std::vector<torch::Tensor> Accelerator::parameters() const {
   return model_ ? model_->Parameters() : std::vector<torch::Tensor>();
+}
+
+// --- Several models --------------------------------------------------------------------------
+
+Status Accelerator::PrepareAnother(std::shared_ptr<torch::nn::Module> module,
+                                   std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  // dp's replicas run one module's forward on threads (ForwardBackward): there is no place for
+  // a second model's.
+  if (options_.parallel.mode == ParallelMode::kDp)
+    return Status::InvalidConfig(
+        "Prepare: a second model needs train.parallel.mode ddp, zero, none or Local SGD; dp "
+        "runs one model's replicas");
+  for (const Pair& pair : pairs_)
+    if (pair.module.get() == module.get())
+      return Status::InvalidConfig("Prepare: this module was prepared already");
+  Pair pair;
+  pair.module = std::move(module);
+  if (!device_.is_cpu()) pair.module->to(device_);
+  pair.model = std::make_shared<Model>(pair.module);
+  pair.optimizer = std::move(optimizer);
+  if (pair.model->NamedParameters().empty())
+    return Status::InvalidConfig("Prepare: model " + std::to_string(pairs_.size()) +
+                                 " has no parameters that require grad");
+  LAUNCH_ASSIGN_OR_RETURN(pair.owned,
+                          CreateStrategy(options_, pair.model.get(), pair.optimizer.get(), pg_));
+  pair.strategy = pair.owned.get();
+  pair.strategy->Setup();  // its own broadcast and reducer
+  pair.strategy->TakeStepStats();
+  RecordBaseLearningRates(pair);
+  pairs_.push_back(std::move(pair));
+  return Status::Ok();
+}
+
+Accelerator::Pair& Accelerator::PairOf(const torch::nn::Module& model, const char* call) {
+  for (Pair& pair : pairs_)
+    if (pair.module.get() == &model) return pair;
+  LAUNCH_CHECK(false, std::string(call) +
+                          ": the module was not prepared (pass the module given to Prepare, "
+                          "e.g. *net for a TORCH_MODULE holder)");
+  return pairs_.front();  // not reached
+}
+
+std::vector<Accelerator::Pair*> Accelerator::PairsReachedBy(const torch::Tensor& loss) {
+  // The leaves a backward from `loss` accumulates into are the variables of the AccumulateGrad
+  // nodes its graph reaches; Reducer::prepare_for_backward walks the same graph for
+  // find_unused_parameters.
+  std::unordered_map<const c10::TensorImpl*, size_t> owner;
+  for (size_t i = 0; i < pairs_.size(); ++i)
+    for (const torch::Tensor& p : pairs_[i].model->Parameters())
+      owner.emplace(p.unsafeGetTensorImpl(), i);
+  std::vector<char> reached(pairs_.size(), 0);
+  std::vector<torch::autograd::Node*> todo;
+  std::unordered_set<torch::autograd::Node*> seen;
+  if (loss.grad_fn()) todo.push_back(loss.grad_fn().get());
+  while (!todo.empty()) {
+    torch::autograd::Node* node = todo.back();
+    todo.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(node)) {
+      auto it = owner.find(acc->variable.unsafeGetTensorImpl());
+      if (it != owner.end()) reached[it->second] = 1;
+    }
+    for (const torch::autograd::Edge& edge : node->next_edges())
+      if (edge.function) todo.push_back(edge.function.get());
+  }
+  // Ranks whose losses reach different models would all-reduce different reducers' buckets
+  // and wait for each other forever: compare first (a sum of 0/1 per model).
+  auto count = torch::zeros({static_cast<int64_t>(pairs_.size())}, torch::kDouble);
+  for (size_t i = 0; i < pairs_.size(); ++i) count[static_cast<int64_t>(i)] = reached[i];
+  AllReduceSum(count);
+  std::vector<Pair*> out;
+  for (size_t i = 0; i < pairs_.size(); ++i) {
+    const double ranks = count[static_cast<int64_t>(i)].item<double>();
+    LAUNCH_CHECK(ranks == 0 || ranks == world_size(),
+                 "Backward: the loss reaches model " + std::to_string(i) + " on " +
+                     std::to_string(static_cast<int>(ranks)) + " of " +
+                     std::to_string(world_size()) + " ranks (rank " + std::to_string(rank()) +
+                     ": " + (reached[i] ? "reached" : "not reached") +
+                     "); every rank's loss must go through the same models");
+    if (reached[i]) out.push_back(&pairs_[i]);
+  }
+  return out;
+}
+
+bool Accelerator::Step(const torch::nn::Module& model) {
+  LAUNCH_CHECK(prepared_);
+  Pair& pair = PairOf(model, "Step(model)");
+  if (in_micro_) EndMicroBatch();
+  if (!window_closes_ || pair.unsynced || pair.stepped) return false;
+  StepPairs({&pair});
+  return true;
+}
+
+void Accelerator::ZeroGrad(const torch::nn::Module& model) {
+  for (auto& p : PairOf(model, "ZeroGrad(model)").model->Parameters())
+    if (p.grad().defined()) p.mutable_grad().zero_();
+}
+
+Accelerator::NoSyncScope Accelerator::NoSync(const torch::nn::Module& model) {
+  return NoSyncScope(&PairOf(model, "NoSync(model)").no_sync);
+}
+
+Accelerator::MainFirstScope::MainFirstScope(Accelerator* accel, bool first)
+    : accel_(accel), first_(first) {
+  if (!first_) accel_->Barrier();  // waits for the first ones to leave their scope
+}
+
+Accelerator::MainFirstScope::~MainFirstScope() {
+  if (!accel_ || !first_) return;
+  try {
+    accel_->Barrier();  // lets the others in
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train: rank %d: MainProcessFirst: the barrier failed: %s\n",
+                 accel_->rank(), e.what());
+  }
+}
+
+Accelerator::MainFirstScope Accelerator::MainProcessFirst() {
+  return MainFirstScope(this, IsMainProcess());
+}
+
+Accelerator::MainFirstScope Accelerator::LocalMainProcessFirst() {
+  return MainFirstScope(this, IsLocalMainProcess());
+}
+
+void Accelerator::SetSeed(uint64_t seed, bool device_specific) {
+  // at::manual_seed seeds the CPU generator and every CUDA device's.
+  torch::manual_seed(device_specific ? seed + static_cast<uint64_t>(rank()) : seed);
+}
+
+std::string Accelerator::PairDir(const std::string& step_dir, size_t i) const {
+  return i == 0 ? step_dir : step_dir + "/pair" + std::to_string(i);
+}
+
+Status Accelerator::SaveUserState(const std::string& step_dir) const {
+  if (user_state_.empty()) return Status::Ok();
+  const std::string path = step_dir + "/user_rank" + std::to_string(rank()) + ".pt";
+  torch::serialize::OutputArchive archive;
+  try {
+    // Kinds, in registration order: what LoadUserState compares.
+    std::vector<int64_t> kinds;
+    for (const UserState& u : user_state_) kinds.push_back(u.module ? 1 : 0);
+    archive.write("kinds", torch::tensor(kinds, torch::kLong));
+    for (size_t i = 0; i < user_state_.size(); ++i) {
+      torch::serialize::OutputArchive object;
+      user_state_[i].save(object);
+      archive.write("object" + std::to_string(i), object);
+    }
+  } catch (const c10::Error& e) {
+    return Status::IoError("serialising the RegisterForCheckpointing state into " + path + ": " +
+                           e.what_without_backtrace());
+  }
+  return WriteArchive(archive, path);
+}
+
+Status Accelerator::LoadUserState(const std::string& step_dir) {
+  if (user_state_.empty()) return Status::Ok();
+  std::string path = step_dir + "/user_rank" + std::to_string(rank()) + ".pt";
+  if (!FileExists(path)) path = step_dir + "/user_rank0.pt";  // fewer ranks wrote it
+  auto kind_name = [](int64_t module) { return module ? "module" : "object"; };
+  std::string mine;
+  for (const UserState& u : user_state_)
+    mine += std::string(mine.empty() ? "" : ", ") + kind_name(u.module);
+  StatusOr<std::unique_ptr<torch::serialize::InputArchive>> archive = ReadArchive(path);
+  if (!archive.ok() && archive.status().code() == Status::Code::kNotFound)
+    return Status::InvalidConfig("the checkpoint in " + step_dir +
+                                 " holds no RegisterForCheckpointing state; this program "
+                                 "registered " +
+                                 std::to_string(user_state_.size()) + " (" + mine + ")");
+  if (!archive.ok()) return archive.status();
+  try {
+    torch::Tensor kinds;
+    (*archive)->read("kinds", kinds);
+    std::string theirs;
+    for (int64_t i = 0; i < kinds.numel(); ++i)
+      theirs += std::string(i ? ", " : "") + kind_name(kinds[i].item<int64_t>());
+    if (theirs != mine)
+      return Status::InvalidConfig(
+          path + ": the checkpoint holds " + std::to_string(kinds.numel()) +
+          " RegisterForCheckpointing objects (" + theirs + "), this program registered " +
+          std::to_string(user_state_.size()) + " (" + mine +
+          "); registration order is their identity");
+  } catch (const c10::Error& e) {
+    return Status::IoError(path + ": unreadable: " + e.what_without_backtrace());
+  }
+  for (size_t i = 0; i < user_state_.size(); ++i) {
+    try {
+      torch::serialize::InputArchive object;
+      (*archive)->read("object" + std::to_string(i), object);
+      user_state_[i].load(object);
+    } catch (const c10::Error& e) {
+      return Status::InvalidConfig(path + ": RegisterForCheckpointing object " + std::to_string(i) +
+                                   " (" + kind_name(user_state_[i].module) +
+                                   ") does not load: " + e.what_without_backtrace());
+    }
+  }
+  return Status::Ok();
 }
 
 // --- Data ------------------------------------------------------------------------------------
@@ -308,26 +537,63 @@ void Accelerator::Accumulate() {
   if (micro_in_window_ == 0) Timeline::Get().BeginStep(step_ + 1);
   sync_ = pipeline_ ? closes : strategy_->SyncGradients(closes);
   window_closes_ = closes;
-  if (strategy_) strategy_->BeforeForward(sync_);
+  for (Pair& pair : pairs_) {
+    if (pair.strategy) pair.strategy->BeforeForward(sync_ && pair.no_sync == 0);
+    pair.stepped = false;
+    pair.backward_in_micro = false;
+  }
+  counted_ = false;
   in_micro_ = true;
+  micro_open_ = true;
 }
 
 void Accelerator::Backward(const torch::Tensor& loss) {
-  if (!in_micro_) Accumulate();
-  strategy_->BeforeBackward(loss, sync_);
+  if (!micro_open_) Accumulate();
+  // One model: it takes part whatever the graph holds (as before several were possible).
+  std::vector<Pair*> reached =
+      pairs_.size() == 1 ? std::vector<Pair*>{&pairs_[0]} : PairsReachedBy(loss);
+  // A loss whose every model already stepped in this micro-batch could only be stepped in the
+  // next one: the loop began its next iteration without Accumulate(). (The generator's loss
+  // of a GAN reaches the stepped discriminator too, but also the generator.)
+  LAUNCH_CHECK(
+      pairs_.size() == 1 || reached.empty() ||
+          !std::all_of(reached.begin(), reached.end(), [](const Pair* p) { return p->stepped; }),
+      "Backward: every model this loss reaches already stepped in this micro-batch; "
+      "with several prepared models call Accumulate() at the start of every iteration");
+  for (Pair* pair : reached) {
+    const bool synced = sync_ && pair->no_sync == 0;
+    // A model's second backward in one micro-batch (the discriminator under the generator's
+    // loss): PyTorch's DDP ran the model's forward hook before it, which rebuilds the reducer's
+    // buckets after its first iteration; without it the reducer records the parameters' ready
+    // order twice and refuses to rebuild. (Buffers, too, are then rank 0's, as that forward's.)
+    if (pair->backward_in_micro) pair->strategy->BeforeForward(synced);
+    pair->strategy->BeforeBackward(loss, synced);
+    pair->backward_in_micro = true;
+  }
   // Accelerate's convention: the loss of every micro-batch is divided by N.
   {
     // Includes waiting for the last buckets' all-reduces (the Reducer's final callback).
     Timeline::Scope span("train", sync_ ? "backward" : "backward (no_sync)");
     (loss / static_cast<double>(options_.gradient_accumulation_steps)).backward();
   }
-  strategy_->AfterBackward(sync_);
+  for (Pair* pair : reached) {
+    const bool synced = sync_ && pair->no_sync == 0;
+    pair->strategy->AfterBackward(synced);
+    pair->took_part = true;
+    // Only NoSync holds a step back: a micro-batch that closes the window steps also where
+    // the strategy never all-reduces gradients (Local SGD, none).
+    pair->unsynced = pair->no_sync > 0;
+  }
   EndMicroBatch();
 }
 
 void Accelerator::EndMicroBatch() {
+  if (!in_micro_) return;  // several models: the micro-batch's first Backward counted it
   in_micro_ = false;
   ++micro_in_window_;
+  // One model: the micro-batch ends here (the next Backward starts one). Several: it lasts
+  // until the next Accumulate() or Step(), for the other models' Backward and Step calls.
+  if (pairs_.size() <= 1) micro_open_ = false;
 }
 
 torch::Tensor Accelerator::ForwardBackward(const torch::data::Example<>& batch,
@@ -383,40 +649,74 @@ double Accelerator::ClipGradNorm(double max_norm) {
 bool Accelerator::Step() {
   LAUNCH_CHECK(prepared_);
   if (in_micro_) EndMicroBatch();  // a micro-batch whose loss did not need a backward
+  micro_open_ = false;
   if (!window_closes_) return false;
+  // The models a Backward reached (all when none was), less those that stepped in this
+  // micro-batch or whose gradients stayed local (NoSync).
+  std::vector<Pair*> pairs;
+  const bool any = std::any_of(pairs_.begin(), pairs_.end(),
+                               [](const Pair& p) { return p.took_part || p.stepped; });
+  for (Pair& pair : pairs_)
+    if ((pair.took_part || !any) && !pair.unsynced && !pair.stepped) pairs.push_back(&pair);
+  window_closes_ = false;
+  if (pairs.empty()) {
+    // Every model is inside NoSync: the window ends without a step.
+    if (!counted_) micro_in_window_ = 0;
+    return false;
+  }
+  StepPairs(pairs);
+  return true;
+}
+
+void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
   if (pipeline_) {
     Timeline::Scope span("train", "gradient all-reduce (stage replicas)");
     pipeline_loss_ = pipeline_->AllReduceGradients(window_loss_ / micro_in_window_);
     window_loss_ = 0;
   }
   Timeline::Scope span("train", "optimizer");
-  if (options_.max_grad_norm > 0) ClipGradNorm(options_.max_grad_norm);
-  if (lr_schedule_) {
-    const double value = lr_schedule_(step_);
-    auto& groups = optimizer_->param_groups();
-    for (size_t g = 0; g < groups.size(); ++g) {
-      // A group added after Prepare: its rate when first seen is its base (LambdaLR's
-      // initial_lr).
-      if (g == base_lrs_.size()) base_lrs_.push_back(groups[g].options().get_lr());
-      groups[g].options().set_lr(lr_is_factor_ ? base_lrs_[g] * value : value);
+  for (Pair* pair : pairs) {
+    if (options_.max_grad_norm > 0) {
+      if (pipeline_)
+        pipeline_->ClipGradNorm(options_.max_grad_norm);
+      else
+        pair->strategy->ClipGradNorm(options_.max_grad_norm);
     }
+    if (lr_schedule_) {
+      const double value = lr_schedule_(step_);
+      auto& groups = pair->optimizer->param_groups();
+      for (size_t g = 0; g < groups.size(); ++g) {
+        // A group added after Prepare: its rate when first seen is its base (LambdaLR's
+        // initial_lr).
+        if (g == pair->base_lrs.size()) pair->base_lrs.push_back(groups[g].options().get_lr());
+        groups[g].options().set_lr(lr_is_factor_ ? pair->base_lrs[g] * value : value);
+      }
+    }
+    if (pipeline_) {
+      pair->optimizer->step();
+      // Zero in place (not set to undefined) so gradient memory stays put across steps.
+      for (auto& p : pair->model->Parameters())
+        if (p.grad().defined()) p.mutable_grad().zero_();
+    } else {
+      pair->strategy->Step(*pair->optimizer);
+    }
+    pair->took_part = false;
+    pair->stepped = true;
   }
-  if (pipeline_) {
-    optimizer_->step();
-    // Zero in place (not set to undefined) so gradient memory stays put across steps.
-    for (auto& p : model_->Parameters())
-      if (p.grad().defined()) p.mutable_grad().zero_();
-  } else {
-    strategy_->Step(*optimizer_);
+  // One optimizer step of the run per micro-batch, however many models stepped in it.
+  const bool first = !counted_;
+  if (first) {
+    ++step_;
+    micro_last_step_ = micro_in_window_;
+    micro_in_window_ = 0;
+    counted_ = true;
   }
-  ++step_;
-  micro_last_step_ = micro_in_window_;
-  micro_in_window_ = 0;
-  window_closes_ = false;
-  if (strategy_) strategy_->AfterOptimizerStep(step_);
-  if (save_pending_) PollPendingSave();
-  Timeline::Get().EndStep();
-  return true;
+  for (Pair* pair : pairs)
+    if (pair->strategy) pair->strategy->AfterOptimizerStep(step_);
+  if (first) {
+    if (save_pending_) PollPendingSave();
+    Timeline::Get().EndStep();
+  }
 }
 
 double Accelerator::learning_rate() const {
@@ -431,7 +731,8 @@ std::string Accelerator::allreduce_transport() const {
 Status Accelerator::Finish() {
   LAUNCH_RETURN_IF_ERROR(WaitForCheckpoint());
   finished_ = true;  // saves from here on are synchronous: the run is about to end
-  if (strategy_) strategy_->Finish(step_);
+  for (Pair& pair : pairs_)
+    if (pair.strategy) pair.strategy->Finish(step_);
   SyncBuffers();
   if (options_.timeline.steps > 0) WriteTimeline();
   return Status::Ok();
@@ -462,7 +763,8 @@ void Accelerator::WriteTimeline() {
 }
 
 void Accelerator::SyncBuffers() {
-  if (strategy_) strategy_->SyncBuffers();
+  for (Pair& pair : pairs_)
+    if (pair.strategy) pair.strategy->SyncBuffers();
   if (pipeline_) pipeline_->SyncBuffers();
 }
 
@@ -587,7 +889,9 @@ Status Accelerator::WriteStateFiles(const std::string& step_dir, const TrainStat
   Status status = Status::Ok();
   if (pipeline_ && data_rank_ == 0)  // one copy per stage
     status = SaveModelState(step_dir + "/" + StageFileName(), *model_, *optimizer_);
-  if (status.ok() && !pipeline_) status = strategy_->SaveModelState(step_dir, *optimizer_);
+  for (size_t i = 0; i < pairs_.size() && status.ok() && !pipeline_; ++i)
+    status = pairs_[i].strategy->SaveModelState(PairDir(step_dir, i), *pairs_[i].optimizer);
+  if (status.ok()) status = SaveUserState(step_dir);
   if (status.ok())
     status = SaveRankState(step_dir + "/rank" + std::to_string(rank()) + ".pt", state);
   return status;
@@ -601,6 +905,7 @@ Status Accelerator::SaveState(const std::string& dir) {
   const std::string step_dir = StepDir(dir, step_);
   const TrainState state = CurrentTrainState();
   Status status = MakeDirs(step_dir);
+  for (size_t i = 1; i < pairs_.size() && status.ok(); ++i) status = MakeDirs(PairDir(step_dir, i));
   if (status.ok() && rank() == 0) {
     std::string run;
     for (const auto& [key, value] : run_settings_) run += key + ": " + value + "\n";
@@ -629,7 +934,8 @@ Status Accelerator::ForkStateWriter(const std::string& step_dir, const TrainStat
   Timeline::Scope span("train", "checkpoint (fork)");
   // What needs the group happens here (zero stage 3 gathers its parameters); the child only
   // writes files.
-  if (strategy_) strategy_->BeginSnapshot();
+  for (Pair& pair : pairs_)
+    if (pair.strategy) pair.strategy->BeginSnapshot();
   std::fflush(nullptr);  // nothing buffered is written twice
   const pid_t parent = ::getpid();
   const pid_t child = ::fork();
@@ -645,7 +951,8 @@ Status Accelerator::ForkStateWriter(const std::string& step_dir, const TrainStat
     ::_exit(written.ok() ? 0 : 1);
   }
   const int fork_errno = errno;
-  if (strategy_) strategy_->EndSnapshot();
+  for (Pair& pair : pairs_)
+    if (pair.strategy) pair.strategy->EndSnapshot();
   if (child < 0)
     return Status::IoError("rank " + std::to_string(rank()) + ": the checkpoint of step " +
                            std::to_string(state.step) + ": fork: " + std::strerror(fork_errno));
@@ -663,7 +970,8 @@ Status Accelerator::CommitState(const std::string& dir, int64_t step, const Stat
                            std::to_string(step));
   if (rank() == 0) {
     LAUNCH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/latest", std::to_string(step) + "\n"));
-    RemoveOtherSteps(dir, step);  // superseded once `latest` names the new step
+    // Superseded once `latest` names the new step (train.checkpoint_keep keeps more).
+    RemoveOtherSteps(dir, step, std::max<int64_t>(1, options_.checkpoint_keep));
   }
   Barrier();  // nobody reads `latest` before it is written
   return Status::Ok();
@@ -730,10 +1038,15 @@ void Accelerator::AddRunSetting(const std::string& key, const std::string& value
 }
 
 std::vector<std::string> Accelerator::ChangedSettings(const std::string& dir) const {
-  std::vector<std::string> changes;
   StatusOr<int64_t> latest = LatestStep(dir);
-  if (!latest.ok()) return changes;
-  StatusOr<std::string> text = ReadFile(StepDir(dir, *latest) + "/" + kRunFile);
+  if (!latest.ok()) return {};
+  return ChangedSettingsAt(dir, *latest);
+}
+
+std::vector<std::string> Accelerator::ChangedSettingsAt(const std::string& dir,
+                                                        int64_t step) const {
+  std::vector<std::string> changes;
+  StatusOr<std::string> text = ReadFile(StepDir(dir, step) + "/" + kRunFile);
   if (!text.ok()) return changes;
   std::vector<std::pair<std::string, std::string>> recorded;
   for (const std::string& line : Split(*text, '\n')) {
@@ -768,11 +1081,32 @@ StatusOr<int64_t> Accelerator::LatestStep(const std::string& dir) {
   return static_cast<int64_t>(step);
 }
 
-StatusOr<bool> Accelerator::LoadState(const std::string& dir) {
+std::vector<int64_t> Accelerator::SavedSteps(const std::string& dir) {
+  // Complete: the folder has run.txt, which rank 0 writes first, and rank 0's state, written
+  // last of its files (a folder of a save killed midway may lack it; `latest` never names one).
+  std::vector<int64_t> steps;
+  for (int64_t step : StepFolders(dir))
+    if (FileExists(StepDir(dir, step) + "/rank0.pt")) steps.push_back(step);
+  return steps;
+}
+
+StatusOr<bool> Accelerator::LoadState(const std::string& dir) { return LoadStateAt(dir, {}); }
+
+StatusOr<bool> Accelerator::LoadState(const std::string& dir, int64_t step) {
+  return LoadStateAt(dir, step);
+}
+
+StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<int64_t> step) {
   LAUNCH_CHECK(prepared_);
-  StatusOr<int64_t> latest = LatestStep(dir);
-  if (!latest.ok() && latest.status().code() != Status::Code::kNotFound) return latest.status();
-  const int64_t mine = latest.ok() ? *latest : -1;
+  int64_t mine = -1;
+  if (step) {
+    const std::vector<int64_t> saved = SavedSteps(dir);
+    if (std::find(saved.begin(), saved.end(), *step) != saved.end()) mine = *step;
+  } else {
+    StatusOr<int64_t> latest = LatestStep(dir);
+    if (!latest.ok() && latest.status().code() != Status::Code::kNotFound) return latest.status();
+    mine = latest.ok() ? *latest : -1;
+  }
   // Every rank must resume the same step (or none): a rank that sees another file system would
   // otherwise run a different number of steps and hang in a mismatched collective.
   auto range =
@@ -791,9 +1125,16 @@ StatusOr<bool> Accelerator::LoadState(const std::string& dir) {
                             " but other ranks see steps " + std::to_string(lowest) + ".." +
                             std::to_string(highest) +
                             " (is the output folder on a file system every node shares?)");
+  if (mine < 0 && step) {
+    std::string steps;
+    for (int64_t s : SavedSteps(dir)) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+    return Status::NotFound("no checkpoint of step " + std::to_string(*step) + " in '" + dir +
+                            "' (it holds " + (steps.empty() ? "none" : "steps " + steps) +
+                            "; train.checkpoint_keep keeps more than the latest)");
+  }
   if (mine < 0) return false;
   // Every rank reads the same run.txt and holds the same settings, so all decide alike.
-  const std::vector<std::string> changes = ChangedSettings(dir);
+  const std::vector<std::string> changes = ChangedSettingsAt(dir, mine);
   if (!changes.empty() && !options_.resume_allow_changes)
     return Status::InvalidConfig(
         "the checkpoint in " + dir + " (step " + std::to_string(mine) +
@@ -812,8 +1153,11 @@ StatusOr<bool> Accelerator::LoadState(const std::string& dir) {
   if (pipeline_) {
     LAUNCH_RETURN_IF_ERROR(LoadModelState(step_dir + "/" + StageFileName(), *model_, *optimizer_));
   } else {
-    LAUNCH_RETURN_IF_ERROR(strategy_->LoadModelState(step_dir, *optimizer_, state.world_size));
+    for (size_t i = 0; i < pairs_.size(); ++i)
+      LAUNCH_RETURN_IF_ERROR(pairs_[i].strategy->LoadModelState(
+          PairDir(step_dir, i), *pairs_[i].optimizer, state.world_size));
   }
+  LAUNCH_RETURN_IF_ERROR(LoadUserState(step_dir));
   LoadTrainState(state);
   if (!own_rng) {
     const uint64_t seed = NewRankSeed(options_.seed, rank(), state.step);
@@ -861,12 +1205,18 @@ void Accelerator::LoadTrainState(const TrainState& state) {
 Accelerator::CommStats Accelerator::TakeCommStats() {
   CommStats out;
   if (strategy_) {
-    StepCommStats s = strategy_->TakeStepStats();
-    out.allreduces = s.allreduces;
-    out.reduce_scatters = s.reduce_scatters;
-    out.allgathers = s.allgathers;
-    out.blocking_comm_ms = s.blocking_comm_ms;
-    out.launched_before_grads_done = s.launched_before_grads_done;
+    // Each strategy counts the group's all-reduces since its last call, so the first pair's
+    // count holds every pair's; the time waited is each pair's own.
+    for (size_t i = 0; i < pairs_.size(); ++i) {
+      StepCommStats s = pairs_[i].strategy->TakeStepStats();
+      if (i == 0) {
+        out.allreduces = s.allreduces;
+        out.reduce_scatters = s.reduce_scatters;
+        out.allgathers = s.allgathers;
+      }
+      out.blocking_comm_ms += s.blocking_comm_ms;
+      out.launched_before_grads_done += s.launched_before_grads_done;
+    }
   } else if (pipeline_) {
     out.blocking_comm_ms = pipeline_->last_comm_ms();
     const int64_t now = pipeline_->stage_allreduces();

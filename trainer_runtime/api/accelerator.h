@@ -176,8 +176,15 @@ class Accelerator {
   // Hands over the user's model and optimizer (over model->parameters()). Broadcasts rank 0's
   // parameters and buffers (ddp, local_sgd), builds the reducer (ddp) or the replicas (dp:
   // model->clone(), InvalidConfig when the module is not Cloneable). Both objects stay the
-  // user's; the accelerator keeps them alive. COLLECTIVE. REQUIRES: called once, before any
-  // other method below, not in pipeline mode (PreparePipeline, pipeline_stages.h).
+  // user's; the accelerator keeps them alive. COLLECTIVE. REQUIRES: called before any other
+  // method below, not in pipeline mode (PreparePipeline, pipeline_stages.h).
+  // May be called again for more (model, optimizer) pairs (a GAN's generator and
+  // discriminator, a student and a teacher): each pair gets its own strategy (its own reducer
+  // in ddp); the module itself names the pair in later calls (Step(model), NoSync(model),
+  // ZeroGrad(model)); see "Several models" below. The first pair is the one optimizer(),
+  // parameters(), model(), ClipGradNorm and SaveForPython refer to. InvalidConfig for a second
+  // pair in dp (its replicas run one module's forward) or pipeline mode, and for a module
+  // prepared twice.
   Status Prepare(std::shared_ptr<torch::nn::Module> model,
                  std::shared_ptr<torch::optim::Optimizer> optimizer);
   // This process's stage of a pipeline: `stage` is built by the caller for stage_index()
@@ -195,6 +202,108 @@ class Accelerator {
   int stage_index() const { return stage_; }
   int data_parallel_size() const { return data_world_; }
   int data_parallel_rank() const { return data_rank_; }
+
+  // --- Several models (a GAN, a teacher and a student) ----------------------------------------
+  // With more than one prepared pair, Backward(loss) walks loss's autograd graph to the
+  // parameters it reaches (their AccumulateGrad nodes) and arms exactly the reducers of the
+  // models found there, as PyTorch's DDP arms a module's reducer when its forward ran: our API
+  // cannot see a LibTorch module's forward, but the graph records which modules took part, so a
+  // loss names its models without the caller listing them (and cannot list them wrongly). The
+  // ranks compare what they found (one small all-reduce): a loss that reaches a model on one
+  // rank but not on another is an error naming the model, not a hang in a mismatched
+  // all-reduce. A model whose parameters the loss does not reach (fake.detach() in a GAN's
+  // discriminator step, or a model with requires_grad_(false) for the step) is left alone.
+  //
+  // The GAN loop, each model stepped by its own optimizer:
+  //   accel->Accumulate();                               // one call per iteration (REQUIRED)
+  //   auto fake = G(noise);
+  //   accel->ZeroGrad(*D);                               // drop what G's last loss left in D
+  //   accel->Backward(bce(D(real), 1) + bce(D(fake.detach()), 0));   // reaches D only
+  //   accel->Step(*D);
+  //   accel->Backward(bce(D(fake), 1));                  // reaches G and D (both all-reduced)
+  //   accel->Step(*G);                                   // D keeps the gradient: ZeroGrad above
+  // One Accumulate() opens an iteration (a micro-batch) in which several Backward and Step(m)
+  // calls may follow; a Backward whose models all stepped already in this iteration means the
+  // next iteration began without Accumulate() and is an error (CheckError) saying so.
+  // Accumulation windows, the LR schedule (applied to every stepped optimizer) and the step
+  // count are shared: step() counts iterations whose window closed, once however many models
+  // stepped in it. Checkpoints hold every pair: the first under today's file names (model.pt,
+  // ...), pair i (i >= 1) the same names in the folder pair<i>/.
+  //
+  // Steps `model`'s optimizer when the current micro-batch closes the accumulation window and
+  // the model's gradients were synchronised (not inside its NoSync scope), then zeroes its
+  // gradients in place (clipping first with options().max_grad_norm). Returns whether it
+  // stepped; false also when the model already stepped in this micro-batch. CheckError when
+  // `model` was not prepared.
+  bool Step(const torch::nn::Module& model);
+  // Zeroes `model`'s gradients in place (safe with DDP's bucket views, unlike the optimizer's
+  // zero_grad() there). For gradients a loss left in a model it did not step (the
+  // discriminator, after the generator's step). CheckError when `model` was not prepared.
+  void ZeroGrad(const torch::nn::Module& model);
+  // DDP's no_sync() for one model: while the scope lives, Backward leaves `model`'s gradients
+  // local (no all-reduce; they accumulate) and Step does not step it; the first Backward after
+  // the scope synchronises the sum. Independent of Accumulate's windows, which still decide
+  // for the other models (and for this one outside the scope). Scopes nest. Every rank must
+  // open and close it at the same micro-batches (otherwise the all-reduces mismatch).
+  class NoSyncScope {
+   public:
+    NoSyncScope(NoSyncScope&& other) noexcept : count_(other.count_) { other.count_ = nullptr; }
+    NoSyncScope(const NoSyncScope&) = delete;
+    NoSyncScope& operator=(const NoSyncScope&) = delete;
+    NoSyncScope& operator=(NoSyncScope&&) = delete;
+    ~NoSyncScope() {
+      if (count_) --*count_;
+    }
+
+   private:
+    friend class Accelerator;
+    explicit NoSyncScope(int* count) : count_(count) { ++*count_; }
+    int* count_;  // the pair's open scopes (held by the Accelerator, which outlives the scope)
+  };
+  [[nodiscard]] NoSyncScope NoSync(const torch::nn::Module& model);
+
+  // --- Order, seeds and user state -----------------------------------------------------------
+  // accelerate's main_process_first(): the main process (rank 0) runs the block first, the
+  // others run it once rank 0 left its scope (a data set download or cache built once, then
+  // read by all). LocalMainProcessFirst: local rank 0 of every machine first. Made of two
+  // barriers (COLLECTIVE: every rank opens and closes one). A barrier that fails in the
+  // destructor (a peer died) is reported on stderr and not thrown; the next collective fails.
+  class MainFirstScope {
+   public:
+    MainFirstScope(MainFirstScope&& other) noexcept : accel_(other.accel_), first_(other.first_) {
+      other.accel_ = nullptr;
+    }
+    MainFirstScope(const MainFirstScope&) = delete;
+    MainFirstScope& operator=(const MainFirstScope&) = delete;
+    MainFirstScope& operator=(MainFirstScope&&) = delete;
+    ~MainFirstScope();
+
+   private:
+    friend class Accelerator;
+    MainFirstScope(Accelerator* accel, bool first);
+    Accelerator* accel_;  // null once moved from
+    bool first_;          // this rank runs the block first
+  };
+  [[nodiscard]] MainFirstScope MainProcessFirst();
+  [[nodiscard]] MainFirstScope LocalMainProcessFirst();
+  // accelerate's set_seed: seeds LibTorch's CPU generator and every CUDA generator (present or
+  // not) with `seed`, or with seed + rank() when device_specific (each rank draws its own
+  // stream: dropout, noise for a GAN). Not collective.
+  void SetSeed(uint64_t seed, bool device_specific = false);
+  // State of the user's saved and restored with SaveState/LoadState besides the prepared
+  // pairs: a torch::nn::Module (an EMA copy of the model: its parameters and buffers) or any
+  // object with `void save(torch::serialize::OutputArchive&) const` and
+  // `void load(torch::serialize::InputArchive&)` (a step counter, a sampler's position). Every
+  // rank writes its own (step<N>/user_rank<r>.pt; a rank the checkpoint has none for reads
+  // rank 0's). Registration order is the identity: LoadState fails with InvalidConfig when the
+  // checkpoint holds another number or kind of objects, or an object's load throws (named by
+  // its position). REQUIRES: `obj` outlives the last SaveState/LoadState.
+  template <typename T>
+  void RegisterForCheckpointing(T& obj) {
+    constexpr bool kModule = std::is_base_of_v<torch::nn::Module, T>;
+    user_state_.push_back({kModule, [&obj](torch::serialize::OutputArchive& a) { obj.save(a); },
+                           [&obj](torch::serialize::InputArchive& a) { obj.load(a); }});
+  }
 
   // --- Data --------------------------------------------------------------------------------
   // Shards `dataset` (any torch::data dataset: a Dataset<Self, Example<>> whose examples are
@@ -261,6 +370,9 @@ class Accelerator {
   // learning rate from the schedule (SetLrSchedule), steps the optimizer, zeroes the gradients,
   // counts the step and, in local_sgd, averages the parameters every K steps. Otherwise does
   // nothing. Returns whether it stepped. COLLECTIVE in local_sgd on averaging steps.
+  // With several prepared models: steps every model a Backward reached since its last step
+  // (every model when none was reached) that synchronised and did not step in this
+  // micro-batch; Step(model) steps one (see "Several models").
   bool Step();
   // LR schedules, applied by Step() before each optimizer step, as functions of the optimizer
   // steps done (0 for the first step). Unset: the optimizer's own learning rates are left
@@ -343,9 +455,11 @@ class Accelerator {
   SignalRequest PollSignals();
   // Saves the whole training state under `dir` atomically: parameters, buffers, optimizer
   // state, the step count (the LR schedule is a function of it), the loader position, and
-  // every rank's RNG state. Layout: dir/step<N>/{model*.pt, rank<r>.pt}; then rank 0 points
-  // dir/latest at N and removes older step folders, so a kill at any moment leaves the last
-  // complete checkpoint. IoError (every rank) when any rank failed to write. COLLECTIVE.
+  // every rank's RNG state. Layout: dir/step<N>/{model*.pt, rank<r>.pt}, pair<i>/ for the
+  // prepared pairs after the first, user_rank<r>.pt for RegisterForCheckpointing; then rank 0
+  // points dir/latest at N and removes older step folders but the last
+  // options().checkpoint_keep, so a kill at any moment leaves the last complete checkpoint.
+  // IoError (every rank) when any rank failed to write. COLLECTIVE.
   //
   // With options().checkpoint_async (`train.checkpoint_async`), before Finish: the state is
   // snapshotted by fork() (the child sees the memory as it was, copy-on-write) and the child
@@ -379,6 +493,13 @@ class Accelerator {
   // was written with other run settings (ChangedSettings, each named) unless
   // options().resume_allow_changes (then they are printed). COLLECTIVE.
   StatusOr<bool> LoadState(const std::string& dir);
+  // The same for the checkpoint of optimizer step `step` under `dir` (one SaveState kept:
+  // options().checkpoint_keep, `train.checkpoint_keep`, keeps the last K). NotFound naming
+  // the folder and the steps it holds when there is no such step. COLLECTIVE.
+  StatusOr<bool> LoadState(const std::string& dir, int64_t step);
+  // The complete checkpoints (step<N> folders) under `dir`, ascending; empty when none. Not
+  // collective.
+  static std::vector<int64_t> SavedSteps(const std::string& dir);
   // The step dir/latest names, or NotFound. Not collective.
   static StatusOr<int64_t> LatestStep(const std::string& dir);
 
@@ -438,7 +559,6 @@ class Accelerator {
   void AttachCursor(std::shared_ptr<LoaderCursor> cursor);
   std::string StageFileName() const;  // pipeline: this stage's model file in a checkpoint
   void SetLayout(const ParallelLayout& layout);
-  void RecordBaseLearningRates();                // Prepare: base_lrs_ from the optimizer's groups
   void LoadTrainState(const TrainState& state);  // LoadState: step, counters, cursor
   TrainState CurrentTrainState() const;          // SaveState: what rank<r>.pt holds
   // Writes this rank's files of a checkpoint into `step_dir` (model and rank state).
@@ -476,11 +596,50 @@ class Accelerator {
   std::shared_ptr<Model> model_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<ParallelStrategy> strategy_;
+  // Every prepared (model, optimizer) pair; pairs_[0] is module_, model_, optimizer_,
+  // strategy_ above (which existing code keeps using), later ones own their strategy.
+  struct Pair {
+    std::shared_ptr<torch::nn::Module> module;
+    std::shared_ptr<Model> model;
+    std::shared_ptr<torch::optim::Optimizer> optimizer;
+    ParallelStrategy* strategy = nullptr;     // null in pipeline mode
+    std::unique_ptr<ParallelStrategy> owned;  // pairs after the first
+    int no_sync = 0;                          // open NoSync scopes
+    bool took_part = false;                   // a Backward reached it since its last step
+    bool unsynced = false;                    // its last Backward ran inside NoSync
+    bool stepped = false;                     // stepped in the current micro-batch
+    bool backward_in_micro = false;           // a Backward reached it in the current micro-batch
+    std::vector<double> base_lrs;  // each parameter group's rate at Prepare (SetLrLambda)
+  };
+  void RecordBaseLearningRates(Pair& pair);  // Prepare: pair.base_lrs from its optimizer's groups
+  std::vector<Pair> pairs_;
+  // The user state of RegisterForCheckpointing, in registration order.
+  struct UserState {
+    bool module = false;
+    std::function<void(torch::serialize::OutputArchive&)> save;
+    std::function<void(torch::serialize::InputArchive&)> load;
+  };
+  std::vector<UserState> user_state_;
+  bool micro_open_ = false;  // Accumulate() opened the micro-batch and no Step() closed it
+  bool counted_ = false;     // the current micro-batch's optimizer step was counted (step_)
+  // Prepare for the pairs after the first.
+  Status PrepareAnother(std::shared_ptr<torch::nn::Module> module,
+                        std::shared_ptr<torch::optim::Optimizer> optimizer);
+  Pair& PairOf(const torch::nn::Module& model, const char* call);
+  // The pairs whose parameters `loss`'s graph reaches, agreed by all ranks (several pairs).
+  std::vector<Pair*> PairsReachedBy(const torch::Tensor& loss);
+  // Clips, sets the scheduled LR, steps and zeroes each of `pairs`; counts the step once per
+  // micro-batch.
+  void StepPairs(const std::vector<Pair*>& pairs);
+  std::string PairDir(const std::string& step_dir, size_t i) const;
+  Status SaveUserState(const std::string& step_dir) const;
+  Status LoadUserState(const std::string& step_dir);
+  StatusOr<bool> LoadStateAt(const std::string& dir, std::optional<int64_t> step);
+  std::vector<std::string> ChangedSettingsAt(const std::string& dir, int64_t step) const;
   std::unique_ptr<PipelineEngine> pipeline_;
   std::shared_ptr<LoaderCursor> cursor_;
   std::function<double(int64_t)> lr_schedule_;
-  bool lr_is_factor_ = false;     // lr_schedule_ is SetLrLambda's factor, not a rate
-  std::vector<double> base_lrs_;  // each parameter group's rate at Prepare (SetLrLambda)
+  bool lr_is_factor_ = false;  // lr_schedule_ is SetLrLambda's factor, not a rate
   bool prepared_ = false;
   bool bf16_ = false;  // options_.mixed_precision == "bf16"
   torch::Device device_ = torch::kCPU;

@@ -632,4 +632,12 @@ StatusOr<TrainState> LoadRankState(const std::string& path, bool restore_rng) {
   }
 }
 
+Status WriteArchive(torch::serialize::OutputArchive& archive, const std::string& path) {
+  return SaveArchive(archive, path);
+}
+
+StatusOr<std::unique_ptr<torch::serialize::InputArchive>> ReadArchive(const std::string& path) {
+  return Open(path);
+}
+
 }  // namespace launch::trainer

@@ -130,6 +130,13 @@ Status SaveNamedTensors(const std::string& path,
 Status LoadNamedTensors(const std::string& path,
                         const std::vector<std::pair<std::string, torch::Tensor>>& tensors);
 
+// Any archive, for state the checkpoint does not know the shape of (the user state of
+// Accelerator::RegisterForCheckpointing): written atomically (IoError naming the path); read
+// from the file without a copy in memory (NotFound when it does not exist, IoError when it is
+// unreadable).
+Status WriteArchive(torch::serialize::OutputArchive& archive, const std::string& path);
+StatusOr<std::unique_ptr<torch::serialize::InputArchive>> ReadArchive(const std::string& path);
+
 // The per-rank file: the loop position and this process's CPU generator state (each rank
 // draws its own dropout masks, so each restores its own). Files written before a field existed
 // read back with that field's default.
