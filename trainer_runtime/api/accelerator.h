@@ -16,9 +16,11 @@
 //     }
 //   accel->Finish();                                  // Local SGD's last average, barrier
 //
-// Backward and Step replace a ported loop's own loss.backward() and optimizer.zero_grad(): a
-// plain backward() is not synchronised (each rank would train on its own), and under ddp the
-// gradients are views into the all-reduce buckets, which zero_grad() cannot detach (it aborts).
+// Backward replaces a ported loop's own loss.backward(): a plain backward() is not synchronised
+// (each rank would train on its own; Step refuses it in ddp and zero). The loop's
+// optimizer.zero_grad() may stay, with or without set_to_none: Step zeroes the gradients
+// anyway, and under ddp they are plain aliases of the all-reduce buckets (not views), which
+// zero_grad can detach and zero in place.
 //
 // Mixed precision (options.mixed_precision, the top-level `mixed_precision` key): `bf16` is CPU
 // autocast to bfloat16, as torch.autocast("cpu", torch.bfloat16): matmuls and convolutions run
