@@ -13,6 +13,7 @@
 //   loader_check --case unsynced           ddp with loss.backward() in place of Backward
 //   loader_check --case disagree           ddp, then rank 1 changes a weight before Finish
 //   loader_check --case lines --wait FILE  prints a line, then waits for FILE (stdout a pipe)
+//   loader_check --case workers            a loader with workers(3) against one without
 //   loader_check --case zero_grad --zero_grad keep|zero|none --out FILE  cpp/mnist's loop
 #include <unistd.h>
 
@@ -267,6 +268,46 @@ int ZeroGrad(const Flags& f) {
   return 0;
 }
 
+// Threads of this process (/proc/self/task).
+int Threads() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  return -1;
+}
+
+// A training loader with workers(3) against one without: the same batches over two and a half
+// epochs, a jump with Epoch(e) mid-epoch included; then a loader destroyed mid-epoch with
+// batches fetched ahead leaves no thread behind.
+int Workers(const Flags&) {
+  auto accel = Make(1);
+  auto plain = accel->PrepareDataLoader(Indexed(50), 4);  // 12 batches per epoch, 2 left over
+  auto ahead = accel->PrepareDataLoader(Indexed(50), 4);
+  const int before = Threads();
+  ahead.workers(3);
+  int64_t same = 0, differ = 0;
+  auto compare = [&](const torch::data::Example<>& a, const torch::data::Example<>& b) {
+    (torch::equal(a.data, b.data) && torch::equal(a.target, b.target) ? same : differ) += 1;
+  };
+  for (int i = 0; i < 30; ++i) compare(plain.Next(), ahead.Next());
+  // Epoch 4 from its start, while the workers fetched on into epoch 2.
+  plain.Epoch(4);
+  ahead.Epoch(4);
+  for (int i = 0; i < 5; ++i) compare(plain.Next(), ahead.Next());
+  const int with_workers = Threads();
+  {
+    auto dropped = accel->PrepareDataLoader(Indexed(50), 4);
+    dropped.workers(2);
+    dropped.Next();  // fetching ahead when it goes
+  }
+  ahead.workers(0);
+  std::printf("same=%lld differ=%lld extra_threads=%d left_threads=%d\n",
+              static_cast<long long>(same), static_cast<long long>(differ), with_workers - before,
+              Threads() - before);
+  return 0;
+}
+
 int Lines(const Flags& f) {
   auto accel = Make(1);
   std::printf("ready\n");  // no flush: Create made stdout line-buffered
@@ -308,6 +349,7 @@ int main(int argc, char** argv) {
   if (f.test_case == "disagree") return Disagree(f);
   if (f.test_case == "lines") return Lines(f);
   if (f.test_case == "zero_grad") return ZeroGrad(f);
+  if (f.test_case == "workers") return Workers(f);
   std::fprintf(stderr, "loader_check: --case: unknown '%s'\n", f.test_case.c_str());
   return 2;
 }

@@ -134,6 +134,12 @@ class LoadersTest(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("the parameters of rank(s) 1 differ from rank 0's", r.stdout + r.stderr)
 
+    def test_workers_fetch_the_same_batches_and_leave_no_thread_behind(self):
+        r = subprocess.run([CHECK, "--case", "workers"], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("same=35 differ=0 extra_threads=3 left_threads=0", r.stdout)
+
     def test_create_makes_stdout_line_buffered(self):
         # stdout is a pipe: "ready" must arrive while the program still runs (it waits for the
         # file this test writes only after reading the line).

@@ -20,6 +20,7 @@
 // Thread-safety: none; a loader is used by the thread that runs the training loop.
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -29,6 +30,7 @@
 
 #include "base/check.h"
 #include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/data/prefetcher.h"
 #include "trainer_runtime/data/sampler.h"
 
 namespace launch::trainer {
@@ -56,15 +58,15 @@ torch::data::Example<> Fetch(DatasetT& dataset, const std::vector<size_t>& indic
 
 // A data loader over this rank's shard (Accelerator::PrepareDataLoader). Batches are taken on
 // the calling thread, in sampler order; `Epoch(e)` iterates epoch e from the restored position
-// (or its start), `Next()` runs on across epochs. Copies share one position.
+// (or its start), `Next()` runs on across epochs. Copies share one position (and workers).
 template <typename DatasetT>
 class DistributedDataLoader {
  public:
   DistributedDataLoader(Accelerator* accel, DatasetT dataset, int64_t batch_size)
       : accel_(accel),
-        dataset_(std::move(dataset)),
+        dataset_(std::make_shared<DatasetT>(std::move(dataset))),
         batch_size_(batch_size),
-        sampler_(static_cast<int64_t>(dataset_.size().value()), accel->data_parallel_rank(),
+        sampler_(static_cast<int64_t>(dataset_->size().value()), accel->data_parallel_rank(),
                  accel->data_parallel_size(), batch_size, accel->options().seed,
                  accel->options().data.shuffle),
         cursor_(std::make_shared<LoaderCursor>()) {
@@ -79,8 +81,29 @@ class DistributedDataLoader {
   // taken over by a resume at another world size has cursor().batches_this_epoch.
   int64_t batches_per_epoch() const { return cursor_->batches_per_epoch; }
   int64_t batch_size() const { return batch_size_; }
-  const DatasetT& dataset() const { return dataset_; }
+  const DatasetT& dataset() const { return *dataset_; }
   const LoaderCursor& cursor() const { return *cursor_; }
+
+  // LibTorch's DataLoaderOptions::workers: `n` threads fetch the next batches ahead (up to
+  // 2n batches, in the sampler's order) while the loop trains on this one; Next() returns the
+  // same batches as without workers, in the same order. The data set's get / get_batch is
+  // then called from those threads concurrently (as LibTorch's loader calls it). 0: batches
+  // are fetched by Next() on the calling thread (the default). Destroying the loader (its
+  // last copy) mid-epoch drops what was fetched ahead and joins the threads. Returns *this.
+  // REQUIRES: n >= 0.
+  DistributedDataLoader& workers(int n) {
+    LAUNCH_CHECK(n >= 0, "DistributedDataLoader::workers: n must be >= 0");
+    prefetch_.reset();
+    if (n == 0) return *this;
+    prefetch_ = std::make_shared<Prefetch>();
+    std::shared_ptr<DatasetT> dataset = dataset_;  // the threads' own reference
+    prefetch_->fetcher = std::make_unique<BatchPrefetcher>(
+        [dataset](const std::vector<size_t>& indices) {
+          return loader_internal::Fetch(*dataset, indices);
+        },
+        n, 2 * n);
+    return *this;
+  }
   // Whether this is the accelerator's training loader (see the top of this file).
   bool is_training_loader() const { return train_; }
 
@@ -93,10 +116,11 @@ class DistributedDataLoader {
                                                     trace ? &places : nullptr);
     if (trace) accel_->TraceBatch(cursor_->epoch, places, positions);
     std::vector<size_t> indices(positions.begin(), positions.end());
-    cursor_->last_was_end = ++cursor_->batch == cursor_->batches_this_epoch;
-    if (cursor_->last_was_end) cursor_->StartEpoch(cursor_->epoch + 1);
+    torch::data::Example<> batch =
+        prefetch_ ? TakePrefetched() : loader_internal::Fetch(*dataset_, indices);
+    Advance(*cursor_);
     if (train_) accel_->CountSamples(static_cast<int64_t>(indices.size()));
-    return accel_->ToDevice(loader_internal::Fetch(dataset_, indices));
+    return accel_->ToDevice(std::move(batch));
   }
 
   // Range over the rest of epoch `e` (all of it unless the loader was restored into it).
@@ -135,12 +159,57 @@ class DistributedDataLoader {
   }
 
  private:
+  // Where a cursor goes after serving a batch.
+  static void Advance(LoaderCursor& c) {
+    c.last_was_end = ++c.batch == c.batches_this_epoch;
+    if (c.last_was_end) c.StartEpoch(c.epoch + 1);
+  }
+  struct Position {
+    int64_t epoch, batch, start;
+    bool operator==(const Position& o) const {
+      return epoch == o.epoch && batch == o.batch && start == o.start;
+    }
+  };
+  static Position At(const LoaderCursor& c) { return {c.epoch, c.batch, c.start}; }
+  // Batches fetched ahead: `ahead` holds the positions submitted to `fetcher`, in order, and
+  // `look` the position after the last of them.
+  struct Prefetch {
+    std::unique_ptr<BatchPrefetcher> fetcher;
+    std::deque<Position> ahead;
+    LoaderCursor look;
+  };
+  // The batch at the cursor from the workers. The cursor moves only through Next() unless
+  // Epoch(e) jumps or LoadState restores a position: then what was fetched ahead is dropped.
+  torch::data::Example<> TakePrefetched() {
+    Prefetch& p = *prefetch_;
+    if (p.ahead.empty() || !(p.ahead.front() == At(*cursor_))) {
+      p.fetcher->Clear();
+      p.ahead.clear();
+      p.look = *cursor_;
+    }
+    Refill();
+    torch::data::Example<> batch = p.fetcher->Take();
+    p.ahead.pop_front();
+    Refill();
+    return batch;
+  }
+  void Refill() {
+    Prefetch& p = *prefetch_;
+    while (p.fetcher->pending() < p.fetcher->capacity()) {
+      std::vector<int64_t> positions = sampler_.Batch(p.look.epoch, p.look.batch, p.look.start);
+      p.fetcher->Submit(std::vector<size_t>(positions.begin(), positions.end()));
+      p.ahead.push_back(At(p.look));
+      Advance(p.look);
+    }
+  }
+
   Accelerator* accel_;
-  DatasetT dataset_;
+  std::shared_ptr<DatasetT> dataset_;  // shared with the workers' fetch
   int64_t batch_size_;
   ShardedSampler sampler_;
   std::shared_ptr<LoaderCursor> cursor_;
   bool train_ = false;
+  std::shared_ptr<Prefetch> prefetch_;  // workers(n > 0)
 };
 
 // An evaluation loader (Accelerator::PrepareEvalLoader): this rank's samples r, r + W, ... in
