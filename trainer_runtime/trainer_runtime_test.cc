@@ -10,6 +10,7 @@
 
 #include "base/files.h"
 #include "trainer_runtime/data/data.h"
+#include "trainer_runtime/data/prefetcher.h"
 #include "trainer_runtime/data/sampler.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/model/model.h"
@@ -171,6 +172,30 @@ TEST_CASE("EvalSamplerTakesEverySampleOnceWithEqualBatchCountsAndInterleavesInOr
   CHECK(last.num_batches() == 5);
   CHECK(last.Batch(4) == std::vector<int64_t>{98});
   CHECK(EvalSampler(97, 1, 3, 8).Batch(4).empty());  // one sample left: rank 0's
+}
+
+TEST_CASE("PrefetcherHandsOutBatchesInSubmissionOrderAndRethrowsOnTheCaller") {
+  BatchPrefetcher prefetcher(
+      [](const std::vector<size_t>& indices) {
+        if (indices[0] == 13) throw std::runtime_error("bad sample 13");
+        return torch::data::Example<>(torch::tensor(static_cast<int64_t>(indices[0])),
+                                      torch::Tensor());
+      },
+      /*workers=*/4, /*capacity=*/6);
+  for (size_t i = 0; i < 6; ++i) prefetcher.Submit({i});
+  CHECK(prefetcher.pending() == 6);
+  for (int64_t i = 0; i < 6; ++i) {
+    CHECK(prefetcher.Take().data.item<int64_t>() == i);
+    prefetcher.Submit({static_cast<size_t>(i + 6)});
+  }
+  CHECK(prefetcher.Take().data.item<int64_t>() == 6);
+  prefetcher.Clear();  // 7..11 dropped, fetched or not
+  CHECK(prefetcher.pending() == 0);
+  prefetcher.Submit({13});
+  prefetcher.Submit({14});
+  CHECK_THROWS_WITH(prefetcher.Take(), "bad sample 13");
+  CHECK(prefetcher.Take().data.item<int64_t>() == 14);
+  prefetcher.Submit({15});  // destroyed with a batch not taken: joins cleanly
 }
 
 TEST_CASE("RankStateRoundTripsTheGlobalPositionAndReadsOlderFiles") {
