@@ -146,9 +146,8 @@ int Resume(const Flags& f) {
   auto train = accel->PrepareDataLoader(Indexed(256), kBatch);
   auto loaded = accel->LoadState(f.ckpt);
   Require(loaded.status());
-  accel->Print("resumed step=" + std::to_string(accel->step()) +
-               " epoch=" + std::to_string(accel->epoch()) +
-               " batch=" + std::to_string(train.cursor().batch));
+  accel->Print("resumed step=" + std::to_string(accel->step()) + " epoch=" +
+               std::to_string(accel->epoch()) + " batch=" + std::to_string(train.cursor().batch));
   accel->Print("evaluated=" + std::to_string(Evaluate(*accel, net, f.eval_with)));
   accel->Print("after epoch=" + std::to_string(accel->epoch()) +
                " batch=" + std::to_string(train.cursor().batch));
@@ -187,11 +186,11 @@ int Collectives(const Flags&) {
     torch::Tensor flat = t.to(torch::kDouble).flatten();
     for (int64_t i = 0; i < flat.numel(); ++i)
       s += (i ? "," : "") + std::to_string(static_cast<int64_t>(flat[i].item<double>()));
-    std::printf("rank%d_%s=%s shape=%s\n", r, key.c_str(), s.c_str(),
-                c10::str(t.sizes()).c_str());
+    std::printf("rank%d_%s=%s shape=%s\n", r, key.c_str(), s.c_str(), c10::str(t.sizes()).c_str());
   };
   // Rank r holds r + 1 rows of [10r + i, -1].
-  torch::Tensor mine = torch::stack({torch::arange(r + 1) + 10 * r, torch::full({r + 1}, -1, torch::kLong)}, 1);
+  torch::Tensor mine =
+      torch::stack({torch::arange(r + 1) + 10 * r, torch::full({r + 1}, -1, torch::kLong)}, 1);
   torch::Tensor list_all = torch::cat(accel->GatherList(mine));
   show("gather", accel->Gather(mine));
   show("gatherlist", list_all);

@@ -959,8 +959,8 @@ torch::Tensor Accelerator::GatherForMetrics(const torch::Tensor& t) {
   return all.index_select(0, torch::tensor(order, torch::kLong).to(all.device()));
 }
 
-torch::Tensor Accelerator::PadAcrossProcesses(const torch::Tensor& t, int64_t dim,
-                                              double pad_value, bool pad_first) {
+torch::Tensor Accelerator::PadAcrossProcesses(const torch::Tensor& t, int64_t dim, double pad_value,
+                                              bool pad_first) {
   LAUNCH_CHECK(t.dim() > 0 && dim >= -t.dim() && dim < t.dim(),
                "PadAcrossProcesses: dim out of range");
   if (dim < 0) dim += t.dim();

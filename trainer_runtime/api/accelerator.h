@@ -138,10 +138,11 @@ class EvalDataLoader;
 class Accelerator {
  public:
   // Makes stdout line-buffered (a worker's stdout is a pipe: each printed line reaches the
-  // agent as it is printed). Reads DistEnv from this process's environment (LAUNCH_INIT_TIMEOUT_S overrides
-  // `init_timeout_s`) and, with more than one process, joins the process group (a TCPStore at
-  // MASTER_ADDR:MASTER_PORT, Gloo). InvalidConfig for an unusable option combination (named by
-  // its train.* key) or a malformed environment; Timeout when the other ranks did not arrive.
+  // agent as it is printed). Reads DistEnv from this process's environment (LAUNCH_INIT_TIMEOUT_S
+  // overrides `init_timeout_s`) and, with more than one process, joins the process group (a
+  // TCPStore at MASTER_ADDR:MASTER_PORT, Gloo). InvalidConfig for an unusable option combination
+  // (named by its train.* key) or a malformed environment; Timeout when the other ranks did not
+  // arrive.
   static StatusOr<std::unique_ptr<Accelerator>> Create(const config::TrainConfig& options,
                                                        double init_timeout_s = 300);
   // Same with an explicit DistEnv (tests).

@@ -112,8 +112,8 @@ class DistributedDataLoader {
   torch::data::Example<> Next() {
     const bool trace = train_ && accel_->tracing();
     std::vector<int64_t> places;
-    std::vector<int64_t> positions = sampler_.Batch(cursor_->epoch, cursor_->batch, cursor_->start,
-                                                    trace ? &places : nullptr);
+    std::vector<int64_t> positions =
+        sampler_.Batch(cursor_->epoch, cursor_->batch, cursor_->start, trace ? &places : nullptr);
     if (trace) accel_->TraceBatch(cursor_->epoch, places, positions);
     std::vector<size_t> indices(positions.begin(), positions.end());
     torch::data::Example<> batch =
@@ -224,8 +224,8 @@ class EvalDataLoader {
   EvalDataLoader(Accelerator* accel, DatasetT dataset, int64_t batch_size)
       : accel_(accel),
         dataset_(std::move(dataset)),
-        sampler_(static_cast<int64_t>(dataset_.size().value()), accel->rank(),
-                 accel->world_size(), batch_size),
+        sampler_(static_cast<int64_t>(dataset_.size().value()), accel->rank(), accel->world_size(),
+                 batch_size),
         batch_size_(batch_size) {}
 
   // Batches per pass, equal on every rank.

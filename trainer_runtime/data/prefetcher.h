@@ -59,8 +59,8 @@ class BatchPrefetcher {
   const Fetch fetch_;
   const int capacity_;
   mutable Mutex mu_;
-  CondVar work_cv_{&mu_};   // a job was queued, or stop
-  CondVar done_cv_{&mu_};   // a result arrived
+  CondVar work_cv_{&mu_};  // a job was queued, or stop
+  CondVar done_cv_{&mu_};  // a result arrived
   bool stop_ GUARDED_BY(mu_) = false;
   int64_t next_submit_ GUARDED_BY(mu_) = 0;  // sequence number of the next Submit
   int64_t next_take_ GUARDED_BY(mu_) = 0;    // sequence number Take returns next
