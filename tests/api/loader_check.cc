@@ -56,11 +56,20 @@ struct Flags {
   std::string test_case, ckpt, out, wait, eval_with = "prepare", zero_grad = "keep";
 };
 
+// --mode (zero_grad case): ddp (the default), zero1, zero2, zero3, local_sgd.
+std::string g_mode = "ddp";
+
 std::unique_ptr<Accelerator> Make(int accum) {
   launch::config::TrainConfig options;
   options.seed = 3;
   options.gradient_accumulation_steps = accum;
   options.parallel.mode = launch::config::ParallelMode::kDdp;
+  if (g_mode.rfind("zero", 0) == 0) {
+    options.parallel.mode = launch::config::ParallelMode::kZero;
+    options.parallel.zero_stage = g_mode.back() - '0';
+  } else if (g_mode == "local_sgd") {
+    options.local_sgd_steps = 3;
+  }
   options.batch_size = kBatch;
   auto created = Accelerator::Create(options);
   if (!created.ok()) {
@@ -330,6 +339,8 @@ int main(int argc, char** argv) {
       f.out = next();
     } else if (a == "--wait") {
       f.wait = next();
+    } else if (a == "--mode") {
+      g_mode = next();
     } else if (a == "--zero_grad") {
       f.zero_grad = next();
     } else if (a == "--eval_with") {

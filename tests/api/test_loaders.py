@@ -117,17 +117,24 @@ class LoadersTest(unittest.TestCase):
             self.assertIn(f"Step(): rank {r} has gradients that no Accelerator::Backward", err)
             self.assertIn("Replace loss.backward() with accel->Backward(loss)", err)
 
-    def test_optimizer_zero_grad_in_ddp_equals_the_loop_without_it(self):
+    def test_optimizer_zero_grad_in_every_mode_equals_the_loop_without_it(self):
         # cpp/mnist's optimizer.zero_grad() before Backward: detach_ + zero_ (LibTorch 1.13),
-        # and set_to_none (LibTorch 2's default), on gradients the reducer keeps in buckets.
-        results = {}
-        for how in ("keep", "zero", "none"):
-            out = os.path.join(self.tmp, "zg_" + how)
-            self.launch(2, "--case", "zero_grad", "--zero_grad", how, "--out", out)
-            results[how] = floats(out + ".0")
-            self.assertEqual(floats(out + ".1"), results[how], how + ": rank 1 != rank 0")
-        self.assertEqual(results["zero"], results["keep"])
-        self.assertEqual(results["none"], results["keep"])
+        # and set_to_none (LibTorch 2's default), on gradients kept in ddp's and ZeRO stage 1's
+        # buckets; ddp and ZeRO compute the same training, Local SGD its own.
+        for mode in ("ddp", "zero1", "zero2", "zero3", "local_sgd"):
+            results = {}
+            for how in ("keep", "zero", "none"):
+                out = os.path.join(self.tmp, f"zg_{mode}_{how}")
+                self.launch(2, "--case", "zero_grad", "--mode", mode, "--zero_grad", how,
+                            "--out", out)
+                results[how] = floats(out + ".0")
+                self.assertEqual(floats(out + ".1"), results[how], f"{mode} {how}: rank 1")
+            self.assertEqual(results["zero"], results["keep"], mode)
+            self.assertEqual(results["none"], results["keep"], mode)
+            if mode == "ddp":
+                ddp = results["keep"]
+            elif mode != "local_sgd":
+                self.assertEqual(results["keep"], ddp, mode)
 
     def test_finish_names_the_rank_whose_replica_differs(self):
         r = self.launch(2, "--case", "disagree", ok=False)
