@@ -14,10 +14,12 @@
 //   loader_check --case disagree           ddp, then rank 1 changes a weight before Finish
 //   loader_check --case lines --wait FILE  prints a line, then waits for FILE (stdout a pipe)
 //   loader_check --case workers            a loader with workers(3) against one without
-//   loader_check --case zero_grad --zero_grad keep|zero|none --out FILE  cpp/mnist's loop
+//   loader_check --case zero_grad --zero_grad keep|zero|none [--mode ddp|zero1|zero2|zero3|
+//       local_sgd] --out FILE  cpp/mnist's loop
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>

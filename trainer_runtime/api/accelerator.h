@@ -19,7 +19,7 @@
 // Backward replaces a ported loop's own loss.backward(): a plain backward() is not synchronised
 // (each rank would train on its own; Step refuses it in ddp and zero). The loop's
 // optimizer.zero_grad() may stay, with or without set_to_none: Step zeroes the gradients
-// anyway, and under ddp they are plain aliases of the all-reduce buckets (not views), which
+// anyway, and under ddp and ZeRO stage 1 they are plain aliases of the buckets (not views), which
 // zero_grad can detach and zero in place.
 //
 // Mixed precision (options.mixed_precision, the top-level `mixed_precision` key): `bf16` is CPU
