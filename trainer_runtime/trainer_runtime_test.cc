@@ -10,6 +10,7 @@
 
 #include "base/files.h"
 #include "trainer_runtime/data/data.h"
+#include "trainer_runtime/data/prefetcher.h"
 #include "trainer_runtime/data/sampler.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/model/model.h"
@@ -129,6 +130,72 @@ TEST_CASE("SamplerTakeoverAtAnotherWorldSeesTheRestOfTheEpochOnce") {
   // At the epoch's start the rule is DistributedSampler's, padding included.
   ShardedSampler padded(10, 2, 3, 2, 4);
   CHECK(padded.BatchesFrom(0) == 2);
+}
+
+TEST_CASE("SplitBetweenGivesTheFirstRanksOneMoreAndCoversEverythingOnce") {
+  // accelerate's split_between_processes: 10 over 3 -> [0,4) [4,7) [7,10).
+  CHECK(SplitBetween(10, 0, 3).begin == 0);
+  CHECK(SplitBetween(10, 0, 3).end == 4);
+  CHECK(SplitBetween(10, 1, 3).begin == 4);
+  CHECK(SplitBetween(10, 1, 3).end == 7);
+  CHECK(SplitBetween(10, 2, 3).begin == 7);
+  CHECK(SplitBetween(10, 2, 3).end == 10);
+  CHECK(SplitBetween(2, 2, 3).size() == 0);  // more ranks than items: the last get none
+  CHECK(SplitBetween(2, 1, 3).size() == 1);
+}
+
+TEST_CASE("EvalSamplerTakesEverySampleOnceWithEqualBatchCountsAndInterleavesInOrder") {
+  for (int world : {1, 2, 3, 4}) {
+    for (int64_t n : {0, 1, 2, 97, 101}) {
+      std::vector<EvalSampler> ranks;
+      for (int r = 0; r < world; ++r) ranks.emplace_back(n, r, world, 8);
+      std::vector<int64_t> order;  // ranks' rows interleaved, batch by batch
+      int64_t total = 0;
+      for (int64_t k = 0; k < ranks[0].num_batches(); ++k) {
+        std::vector<std::vector<int64_t>> rows;
+        for (const EvalSampler& s : ranks) {
+          CHECK(s.num_batches() == ranks[0].num_batches());
+          rows.push_back(s.Batch(k));
+        }
+        for (size_t j = 0; j < rows[0].size(); ++j)
+          for (const auto& r : rows)
+            if (j < r.size()) order.push_back(r[j]);
+      }
+      for (const EvalSampler& s : ranks) total += s.samples_on_rank();
+      CHECK(total == n);
+      REQUIRE(order.size() == static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) CHECK(order[static_cast<size_t>(i)] == i);
+    }
+  }
+  // 101 over 3 ranks in batches of 8: 5 batches; the last holds 96..100 (2, 2, 1 rows).
+  EvalSampler last(101, 2, 3, 8);
+  CHECK(last.num_batches() == 5);
+  CHECK(last.Batch(4) == std::vector<int64_t>{98});
+  CHECK(EvalSampler(97, 1, 3, 8).Batch(4).empty());  // one sample left: rank 0's
+}
+
+TEST_CASE("PrefetcherHandsOutBatchesInSubmissionOrderAndRethrowsOnTheCaller") {
+  BatchPrefetcher prefetcher(
+      [](const std::vector<size_t>& indices) {
+        if (indices[0] == 13) throw std::runtime_error("bad sample 13");
+        return torch::data::Example<>(torch::tensor(static_cast<int64_t>(indices[0])),
+                                      torch::Tensor());
+      },
+      /*workers=*/4, /*capacity=*/6);
+  for (size_t i = 0; i < 6; ++i) prefetcher.Submit({i});
+  CHECK(prefetcher.pending() == 6);
+  for (int64_t i = 0; i < 6; ++i) {
+    CHECK(prefetcher.Take().data.item<int64_t>() == i);
+    prefetcher.Submit({static_cast<size_t>(i + 6)});
+  }
+  CHECK(prefetcher.Take().data.item<int64_t>() == 6);
+  prefetcher.Clear();  // 7..11 dropped, fetched or not
+  CHECK(prefetcher.pending() == 0);
+  prefetcher.Submit({13});
+  prefetcher.Submit({14});
+  CHECK_THROWS_WITH(prefetcher.Take(), "bad sample 13");
+  CHECK(prefetcher.Take().data.item<int64_t>() == 14);
+  prefetcher.Submit({15});  // destroyed with a batch not taken: joins cleanly
 }
 
 TEST_CASE("RankStateRoundTripsTheGlobalPositionAndReadsOlderFiles") {

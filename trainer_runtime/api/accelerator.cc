@@ -143,6 +143,9 @@ Accelerator::~Accelerator() {
 
 StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
                                                            double init_timeout_s) {
+  // A worker's stdout is a pipe to its agent, which C would buffer by the block: progress
+  // printed with printf or std::cout would arrive in bursts, or at exit. Line by line instead.
+  std::setvbuf(stdout, nullptr, _IOLBF, BUFSIZ);
   const std::map<std::string, std::string> environment = CurrentEnvironment();
   LAUNCH_ASSIGN_OR_RETURN(DistEnv env, ParseDistEnv(environment));
   auto it = environment.find("LAUNCH_INIT_TIMEOUT_S");
@@ -489,9 +492,24 @@ Status Accelerator::LoadUserState(const std::string& step_dir) {
 
 // --- Data ------------------------------------------------------------------------------------
 
-void Accelerator::AttachCursor(std::shared_ptr<LoaderCursor> cursor) {
+bool Accelerator::AttachCursor(std::shared_ptr<LoaderCursor> cursor) {
+  // Only the accelerator holds the training cursor once its loader and every copy are gone.
+  if (cursor_ && cursor_.use_count() > 1) return false;
+  if (cursor_ && !restored_cursor_) {
+    // A training loader made anew (e.g. each epoch) goes on where the last one stood.
+    LoaderCursor at;
+    at.epoch = cursor_->epoch;
+    at.batch = cursor_->batch;
+    at.start = cursor_->start;
+    restored_cursor_ = at;
+  }
   cursor_ = std::move(cursor);
-  if (!restored_cursor_) return;
+  ApplyRestoredCursor();
+  return true;
+}
+
+void Accelerator::ApplyRestoredCursor() {
+  if (!cursor_ || !restored_cursor_) return;
   LoaderCursor& c = *cursor_;
   c.epoch = restored_cursor_->epoch;
   c.start = restored_cursor_->start;
@@ -515,6 +533,7 @@ void Accelerator::AttachCursor(std::shared_ptr<LoaderCursor> cursor) {
           std::to_string(c.batches_per_epoch) + " batches per rank)");
     resharded_from_ = 0;
   }
+  restored_cursor_.reset();  // once: a later loader is not moved by it
 }
 
 void Accelerator::TraceBatch(int64_t epoch, const std::vector<int64_t>& positions,
@@ -576,6 +595,7 @@ void Accelerator::Backward(const torch::Tensor& loss) {
     Timeline::Scope span("train", sync_ ? "backward" : "backward (no_sync)");
     (loss / static_cast<double>(options_.gradient_accumulation_steps)).backward();
   }
+  backward_since_step_ = true;
   for (Pair* pair : reached) {
     const bool synced = sync_ && pair->no_sync == 0;
     pair->strategy->AfterBackward(synced);
@@ -619,6 +639,7 @@ torch::Tensor Accelerator::ForwardBackward(const torch::data::Example<>& batch,
         return fn(replica.module(), torch::data::Example<>(x, y));
       },
       criterion_, scale);
+  backward_since_step_ = true;
   EndMicroBatch();
   return loss;
 }
@@ -632,6 +653,7 @@ torch::Tensor Accelerator::PipelineForwardBackward(
   const double scale = 1.0 / static_cast<double>(options_.gradient_accumulation_steps);
   const double loss = pipeline_->ForwardBackward(batch.data, batch.target, rows, loss_fn, scale);
   window_loss_ += loss;
+  backward_since_step_ = true;
   EndMicroBatch();
   return pipeline_->last() ? torch::tensor(loss, torch::kDouble) : torch::Tensor();
 }
@@ -650,7 +672,9 @@ bool Accelerator::Step() {
   LAUNCH_CHECK(prepared_);
   if (in_micro_) EndMicroBatch();  // a micro-batch whose loss did not need a backward
   micro_open_ = false;
+  if (!backward_since_step_) CheckNoUnsyncedGradients();
   if (!window_closes_) return false;
+  backward_since_step_ = false;
   // The models a Backward reached (all when none was), less those that stepped in this
   // micro-batch or whose gradients stayed local (NoSync).
   std::vector<Pair*> pairs;
@@ -734,6 +758,7 @@ Status Accelerator::Finish() {
   for (Pair& pair : pairs_)
     if (pair.strategy) pair.strategy->Finish(step_);
   SyncBuffers();
+  LAUNCH_RETURN_IF_ERROR(CheckReplicasAgree());
   if (options_.timeline.steps > 0) WriteTimeline();
   return Status::Ok();
 }
@@ -808,15 +833,7 @@ double Accelerator::Mean(double value) {
   return t.item<double>() / world_size();
 }
 
-torch::Tensor Accelerator::Gather(const torch::Tensor& t) {
-  c10d::ProcessGroup* pg = control();
-  if (!pg) return t.clone();
-  std::vector<std::vector<at::Tensor>> out(1);
-  for (int r = 0; r < world_size(); ++r) out[0].push_back(torch::empty_like(t));
-  std::vector<at::Tensor> in = {t.contiguous()};
-  pg->allgather(out, in, c10d::AllgatherOptions())->wait();
-  return torch::cat(out[0]);
-}
+torch::Tensor Accelerator::Gather(const torch::Tensor& t) { return torch::cat(GatherList(t)); }
 
 void Accelerator::Barrier() {
   if (c10d::ProcessGroup* pg = control()) {
@@ -1169,7 +1186,7 @@ StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<in
                  static_cast<unsigned long long>(options_.seed), rank(),
                  static_cast<long long>(state.step));
   }
-  if (cursor_) AttachCursor(cursor_);
+  ApplyRestoredCursor();
   return true;
 }
 
@@ -1261,6 +1278,136 @@ std::vector<double> Accelerator::GatherPipelineStats(uint64_t checksum) {
   AllReduceSum(gathered);
   return std::vector<double>(gathered.data_ptr<double>(),
                              gathered.data_ptr<double>() + gathered.numel());
+}
+
+// --- Evaluation, held objects and collectives of any shape ----------------------------------
+
+IndexRange Accelerator::SplitBetweenProcesses(int64_t n) const {
+  return SplitBetween(n, rank(), world_size());
+}
+
+std::vector<torch::Tensor> Accelerator::GatherList(const torch::Tensor& t) {
+  const torch::Tensor mine = (t.dim() == 0 ? t.reshape({1}) : t).contiguous();
+  c10d::ProcessGroup* pg = control();
+  if (!pg) return {mine.clone()};
+  // Gloo gathers equal shapes: first the sizes, then every rank's rows padded to the largest.
+  std::vector<std::vector<at::Tensor>> sizes(1);
+  for (int r = 0; r < world_size(); ++r) sizes[0].push_back(torch::empty({1}, torch::kLong));
+  std::vector<at::Tensor> size_in = {torch::tensor({mine.size(0)}, torch::kLong)};
+  pg->allgather(sizes, size_in, c10d::AllgatherOptions())->wait();
+  int64_t largest = 0;
+  for (const auto& s : sizes[0]) largest = std::max(largest, s.item<int64_t>());
+  std::vector<int64_t> shape = mine.sizes().vec();
+  shape[0] = largest;
+  torch::Tensor padded = torch::zeros(shape, mine.options());
+  padded.slice(0, 0, mine.size(0)).copy_(mine);
+  std::vector<std::vector<at::Tensor>> out(1);
+  for (int r = 0; r < world_size(); ++r) out[0].push_back(torch::empty_like(padded));
+  std::vector<at::Tensor> in = {padded};
+  pg->allgather(out, in, c10d::AllgatherOptions())->wait();
+  std::vector<torch::Tensor> parts;
+  for (int r = 0; r < world_size(); ++r)
+    parts.push_back(out[0][static_cast<size_t>(r)].slice(0, 0, sizes[0][r].item<int64_t>()));
+  return parts;
+}
+
+torch::Tensor Accelerator::GatherForMetrics(const torch::Tensor& t) {
+  const std::vector<torch::Tensor> parts = GatherList(t);
+  // Rank r's row j is the batch's sample r + j*W (EvalSampler): row 0 of every rank in rank
+  // order, then row 1, ... A rank has at most one row fewer than the rank before it.
+  std::vector<int64_t> order;
+  int64_t offset = 0;
+  std::vector<int64_t> first(parts.size());
+  for (size_t r = 0; r < parts.size(); ++r) {
+    first[r] = offset;
+    offset += parts[r].size(0);
+  }
+  for (int64_t j = 0; j < (parts.empty() ? 0 : parts[0].size(0)); ++j)
+    for (size_t r = 0; r < parts.size(); ++r)
+      if (j < parts[r].size(0)) order.push_back(first[r] + j);
+  LAUNCH_CHECK(static_cast<int64_t>(order.size()) == offset,
+               "GatherForMetrics: rank 0 has fewer rows than a later rank; pass the rows of an "
+               "EvalDataLoader batch");
+  const torch::Tensor all = torch::cat(parts);
+  return all.index_select(0, torch::tensor(order, torch::kLong).to(all.device()));
+}
+
+torch::Tensor Accelerator::PadAcrossProcesses(const torch::Tensor& t, int64_t dim, double pad_value,
+                                              bool pad_first) {
+  LAUNCH_CHECK(t.dim() > 0 && dim >= -t.dim() && dim < t.dim(),
+               "PadAcrossProcesses: dim out of range");
+  if (dim < 0) dim += t.dim();
+  auto size = torch::tensor({t.size(dim)}, torch::kLong);
+  if (c10d::ProcessGroup* pg = control()) {
+    std::vector<at::Tensor> v = {size};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d::ReduceOp::MAX;
+    pg->allreduce(v, opts)->wait();
+  }
+  const int64_t largest = size.item<int64_t>();
+  if (largest == t.size(dim)) return t;
+  std::vector<int64_t> shape = t.sizes().vec();
+  shape[static_cast<size_t>(dim)] = largest;
+  torch::Tensor out = torch::full(shape, pad_value, t.options());
+  const int64_t begin = pad_first ? largest - t.size(dim) : 0;
+  out.slice(dim, begin, begin + t.size(dim)).copy_(t);
+  return out;
+}
+
+torch::Tensor& Accelerator::Broadcast(torch::Tensor& t, int src) {
+  LAUNCH_CHECK(src >= 0 && src < world_size(), "Broadcast: src is not a rank");
+  if (c10d::ProcessGroup* pg = control()) {
+    std::vector<at::Tensor> v = {t};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = src;
+    pg->broadcast(v, opts)->wait();
+  }
+  return t;
+}
+
+std::string Accelerator::BroadcastObject(const std::string& bytes, int src) {
+  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong);
+  Broadcast(size, src);
+  auto data = torch::empty({size.item<int64_t>()}, torch::kUInt8);
+  if (rank() == src && !bytes.empty()) std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  Broadcast(data, src);
+  return std::string(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(data.numel()));
+}
+
+bool Accelerator::AveragesGradients() const {
+  if (!strategy_ || world_size() == 1) return false;
+  const std::string name = strategy_->Name();
+  return name == "ddp" || name == "zero";
+}
+
+void Accelerator::CheckNoUnsyncedGradients() const {
+  if (!AveragesGradients()) return;
+  // Only reached when no Backward ran since the last step, so a normal loop never pays for it.
+  bool any = false;
+  for (const torch::Tensor& p : model_->Parameters())
+    if (p.grad().defined() && p.grad().ne(0).any().item<bool>()) any = true;
+  LAUNCH_CHECK(!any, "Step(): rank " + std::to_string(rank()) +
+                         " has gradients that no Accelerator::Backward produced since the last "
+                         "step, so they were not averaged over the ranks and each rank would "
+                         "train on its own (the replicas drift apart). Replace loss.backward() "
+                         "with accel->Backward(loss), or use accel->ForwardBackward");
+}
+
+Status Accelerator::CheckReplicasAgree() {
+  if (!strategy_ || !pg_) return Status::Ok();
+  const std::string name = strategy_->Name();
+  if (name != "ddp" && name != "local_sgd") return Status::Ok();
+  const uint64_t mine = ParameterChecksum(model_->Parameters());
+  const torch::Tensor all = Gather(torch::tensor({static_cast<int64_t>(mine)}, torch::kLong));
+  std::vector<std::string> differ;
+  for (int r = 1; r < world_size(); ++r)
+    if (all[r].item<int64_t>() != all[0].item<int64_t>()) differ.push_back(std::to_string(r));
+  if (differ.empty()) return Status::Ok();
+  return Status::Internal(
+      "Finish: the replicas disagree: the parameters of rank(s) " + Join(differ, ", ") +
+      " differ from rank 0's (" + name +
+      " keeps them bit-identical; were gradients computed outside Backward, or parameters "
+      "changed outside Step?)");
 }
 
 }  // namespace launch::trainer

@@ -16,9 +16,11 @@
 //     }
 //   accel->Finish();                                  // Local SGD's last average, barrier
 //
-// Backward and Step replace a ported loop's own loss.backward() and optimizer.zero_grad(): a
-// plain backward() is not synchronised (each rank would train on its own), and under ddp the
-// gradients are views into the all-reduce buckets, which zero_grad() cannot detach (it aborts).
+// Backward replaces a ported loop's own loss.backward(): a plain backward() is not synchronised
+// (each rank would train on its own; Step refuses it in ddp and zero). The loop's
+// optimizer.zero_grad() may stay, with or without set_to_none: Step zeroes the gradients
+// anyway, and under ddp and ZeRO stage 1 they are plain aliases of the buckets (not views), which
+// zero_grad can detach and zero in place.
 //
 // Mixed precision (options.mixed_precision, the top-level `mixed_precision` key): `bf16` is CPU
 // autocast to bfloat16, as torch.autocast("cpu", torch.bfloat16): matmuls and convolutions run
@@ -136,13 +138,17 @@ struct SignalRequest {
 
 template <typename DatasetT>
 class DistributedDataLoader;
+template <typename DatasetT>
+class EvalDataLoader;
 
 class Accelerator {
  public:
-  // Reads DistEnv from this process's environment (LAUNCH_INIT_TIMEOUT_S overrides
-  // `init_timeout_s`) and, with more than one process, joins the process group (a TCPStore at
-  // MASTER_ADDR:MASTER_PORT, Gloo). InvalidConfig for an unusable option combination (named by
-  // its train.* key) or a malformed environment; Timeout when the other ranks did not arrive.
+  // Makes stdout line-buffered (a worker's stdout is a pipe: each printed line reaches the
+  // agent as it is printed). Reads DistEnv from this process's environment (LAUNCH_INIT_TIMEOUT_S
+  // overrides `init_timeout_s`) and, with more than one process, joins the process group (a
+  // TCPStore at MASTER_ADDR:MASTER_PORT, Gloo). InvalidConfig for an unusable option combination
+  // (named by its train.* key) or a malformed environment; Timeout when the other ranks did not
+  // arrive.
   static StatusOr<std::unique_ptr<Accelerator>> Create(const config::TrainConfig& options,
                                                        double init_timeout_s = 300);
   // Same with an explicit DistEnv (tests).
@@ -310,9 +316,10 @@ class Accelerator {
   // stacked, or a BatchDataset whose get_batch returns an Example<>) over the data-parallel
   // ranks exactly as PyTorch's DistributedSampler(seed=options().seed) does (sampler.h; in
   // file order when options().data.shuffle is false), the same number of full batches on
-  // every rank (a last partial batch is dropped, as DataLoader(drop_last=True)). The loader's
-  // position is part of SaveState/LoadState, and its epoch end closes an accumulation window.
-  // The accelerator tracks the last loader prepared (one training loader).
+  // every rank (a last partial batch is dropped, as DataLoader(drop_last=True)). The first
+  // loader prepared is the training loader: its position is part of SaveState/LoadState, its
+  // epoch end closes an accumulation window and it is epoch(); any other loader has its own
+  // position and changes nothing here (data_loader.h). For evaluation see PrepareEvalLoader.
   template <typename DatasetT>
   DistributedDataLoader<DatasetT> PrepareDataLoader(DatasetT dataset, int64_t batch_size);
 
@@ -373,6 +380,10 @@ class Accelerator {
   // With several prepared models: steps every model a Backward reached since its last step
   // (every model when none was reached) that synchronised and did not step in this
   // micro-batch; Step(model) steps one (see "Several models").
+  // REQUIRES in ddp and zero at world size > 1: the gradients come from Backward,
+  // ForwardBackward or PipelineForwardBackward. A Step with no such call since the last step
+  // while the parameters have non-zero gradients (a loop that kept its loss.backward()) fails
+  // a CHECK naming the fix on every rank, instead of letting the replicas drift apart.
   bool Step();
   // LR schedules, applied by Step() before each optimizer step, as functions of the optimizer
   // steps done (0 for the first step). Unset: the optimizer's own learning rates are left
@@ -424,7 +435,9 @@ class Accelerator {
   // another world size.
   int64_t restored_data_world() const { return restored_data_world_; }
   // Ends training: Local SGD's final average when steps were taken since the last one, and
-  // SyncBuffers(). COLLECTIVE.
+  // SyncBuffers(); then, in ddp and local_sgd, checks that every rank holds the same
+  // parameters (their checksum, final.json's param_checksum): Internal naming the ranks whose
+  // parameters differ from rank 0's. COLLECTIVE.
   Status Finish();
   // ddp: every rank takes rank 0's buffers (running statistics), so evaluation and saved
   // weights agree across ranks, as evaluating through PyTorch's DDP forward does; pipeline:
@@ -437,13 +450,61 @@ class Accelerator {
   torch::Tensor& AllReduceSum(torch::Tensor& t);
   // Mean of a scalar over all ranks. COLLECTIVE.
   double Mean(double value);
-  // Every rank's `t` (same shape on all), concatenated along dim 0 in rank order. COLLECTIVE.
+  // Every rank's `t`, concatenated along dim 0 in rank order; the first dimension may differ
+  // between ranks (GatherList). COLLECTIVE.
   torch::Tensor Gather(const torch::Tensor& t);
   void Barrier();
   // accelerate's set_trigger/check_trigger: any rank raises the flag, CheckTrigger returns true
   // on every rank (and lowers it). COLLECTIVE (CheckTrigger).
   void SetTrigger() { trigger_ = true; }
   bool CheckTrigger();
+
+  // --- Evaluation, held objects and collectives of any shape (issue 25) ---------------------
+  // Prepare for a module and optimizer held by value, as most LibTorch programs hold them
+  // (`Net model; torch::optim::SGD opt(model->parameters(), ...); accel->Prepare(model, opt)`):
+  // the module is shared with `model` (a ModuleHolder holds a shared_ptr), the optimizer is NOT
+  // owned: REQUIRES: `optimizer` outlives every call on this accelerator that steps, saves or
+  // loads it (Step, SaveState, LoadState, Finish), and the accelerator's destruction.
+  template <typename ModuleImpl>
+  Status Prepare(torch::nn::ModuleHolder<ModuleImpl>& model, torch::optim::Optimizer& optimizer) {
+    return Prepare(std::static_pointer_cast<torch::nn::Module>(model.ptr()),
+                   std::shared_ptr<torch::optim::Optimizer>(std::shared_ptr<void>(), &optimizer));
+  }
+  // An evaluation loader over `dataset` (data_loader.h): rank r takes samples r, r + W, ...
+  // (W = world_size()) in data set order in batches of `batch_size`, nothing padded, dropped or
+  // shuffled, the same number of batches on every rank (the last may be partial, or empty on
+  // a rank when fewer than W samples are left). Not the training loader: preparing and
+  // consuming it changes no accumulation window, epoch or checkpoint. Not collective.
+  // REQUIRES: not pipeline mode; batch_size >= 1.
+  template <typename DatasetT>
+  EvalDataLoader<DatasetT> PrepareEvalLoader(DatasetT dataset, int64_t batch_size);
+  // accelerate's gather_for_metrics for an EvalDataLoader batch: `t` holds one row (along dim
+  // 0) per sample of this rank's current batch, in the batch's order; returns every rank's rows
+  // of that batch in data set order (rank r's row j is the batch's sample r + j*W), the same
+  // on every rank. Over a full pass, the concatenated results are exactly the data set's
+  // samples, each once, in order. Other dimensions, dtype and device must agree across ranks.
+  // COLLECTIVE.
+  torch::Tensor GatherForMetrics(const torch::Tensor& t);
+  // accelerate's split_between_processes: the range [begin, end) of 0..n this rank takes, in
+  // rank order, the first n % world_size() ranks one more. Not collective.
+  IndexRange SplitBetweenProcesses(int64_t n) const;
+  // `t` padded along `dim` with `pad_value` to the largest size of that dimension over the
+  // ranks (after the data, or before it with pad_first), as accelerate's
+  // pad_across_processes; `t` itself when it already has that size. The other dimensions may
+  // differ. COLLECTIVE.
+  torch::Tensor PadAcrossProcesses(const torch::Tensor& t, int64_t dim = 0, double pad_value = 0,
+                                   bool pad_first = false);
+  // Rank `src`'s `t` on every rank, in place; returns `t`. REQUIRES: same shape and dtype on
+  // every rank (use BroadcastObject for anything else). COLLECTIVE.
+  torch::Tensor& Broadcast(torch::Tensor& t, int src = 0);
+  // Rank `src`'s `bytes` on every rank (the other ranks' argument is ignored): any object
+  // serialised to bytes, e.g. through torch::serialize::OutputArchive::save_to(std::ostream&)
+  // or a tensor through torch::save. COLLECTIVE.
+  std::string BroadcastObject(const std::string& bytes, int src = 0);
+  // Every rank's `t`, as a list in rank order; the first dimension may differ between ranks
+  // (the others may not). The sizes are all-gathered, each `t` padded to the largest, gathered,
+  // then trimmed. A 0-dimensional `t` counts as one row. COLLECTIVE.
+  std::vector<torch::Tensor> GatherList(const torch::Tensor& t);
 
   // --- Signals and state -------------------------------------------------------------------
   // Installs the process's handlers for SIGUSR1, SIGUSR2 (checkpoint and go on: what SLURM and
@@ -556,7 +617,12 @@ class Accelerator {
 
  private:
   Accelerator(const config::TrainConfig& options, const DistEnv& env);
-  void AttachCursor(std::shared_ptr<LoaderCursor> cursor);
+  // A new DistributedDataLoader's cursor: returns whether it is the training loader (the first,
+  // or the first made after the training loader and its copies were destroyed, which goes on
+  // at its position), and then applies a restored position.
+  bool AttachCursor(std::shared_ptr<LoaderCursor> cursor);
+  // Moves the training cursor to the position LoadState restored, once.
+  void ApplyRestoredCursor();
   std::string StageFileName() const;  // pipeline: this stage's model file in a checkpoint
   void SetLayout(const ParallelLayout& layout);
   void LoadTrainState(const TrainState& state);  // LoadState: step, counters, cursor
@@ -586,6 +652,8 @@ class Accelerator {
   bool tracing() const { return trace_fd_ >= 0; }
   template <typename DatasetT>
   friend class DistributedDataLoader;
+  template <typename DatasetT>
+  friend class EvalDataLoader;
 
   config::TrainConfig options_;
   DistEnv env_;
@@ -637,7 +705,7 @@ class Accelerator {
   StatusOr<bool> LoadStateAt(const std::string& dir, std::optional<int64_t> step);
   std::vector<std::string> ChangedSettingsAt(const std::string& dir, int64_t step) const;
   std::unique_ptr<PipelineEngine> pipeline_;
-  std::shared_ptr<LoaderCursor> cursor_;
+  std::shared_ptr<LoaderCursor> cursor_;  // the training loader's (AttachCursor)
   std::function<double(int64_t)> lr_schedule_;
   bool lr_is_factor_ = false;  // lr_schedule_ is SetLrLambda's factor, not a rate
   bool prepared_ = false;
@@ -677,109 +745,21 @@ class Accelerator {
   double checkpoint_blocking_ms_ = 0;
   std::optional<LoaderCursor> restored_cursor_;  // LoadState before PrepareDataLoader
   std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting
+
+  // Issue 25: loops ported from plain LibTorch.
+  bool backward_since_step_ = false;  // Backward (or ForwardBackward) ran since the last step
+  // Whether gradients must be averaged by Backward for the replicas to stay equal (ddp, zero).
+  bool AveragesGradients() const;
+  // Step without a Backward since the last step: a CHECK failure naming the fix when the
+  // prepared parameters have gradients anyway (loss.backward() in a loop that needs Backward).
+  void CheckNoUnsyncedGradients() const;
+  // Finish: in ddp and local_sgd every rank's parameter checksum equals rank 0's, or Internal
+  // naming the ranks that differ. COLLECTIVE.
+  Status CheckReplicasAgree();
 };
-
-// A data loader over this rank's shard (Accelerator::PrepareDataLoader). Batches are taken on
-// the calling thread, in sampler order; `Epoch(e)` iterates epoch e from the restored position
-// (or its start), `Next()` runs on across epochs.
-template <typename DatasetT>
-class DistributedDataLoader {
- public:
-  DistributedDataLoader(Accelerator* accel, DatasetT dataset, int64_t batch_size)
-      : accel_(accel),
-        dataset_(std::move(dataset)),
-        batch_size_(batch_size),
-        sampler_(static_cast<int64_t>(dataset_.size().value()), accel->data_parallel_rank(),
-                 accel->data_parallel_size(), batch_size, accel->options().seed,
-                 accel->options().data.shuffle),
-        cursor_(std::make_shared<LoaderCursor>()) {
-    cursor_->batches_per_epoch = sampler_.batches_per_epoch();
-    cursor_->batches_this_epoch = cursor_->batches_per_epoch;
-    cursor_->num_samples = sampler_.num_samples();
-    cursor_->global_batch = batch_size * accel->data_parallel_size();
-    accel_->AttachCursor(cursor_);
-  }
-
-  // Full batches per epoch on this rank (0 when the shard is smaller than one batch); an epoch
-  // taken over by a resume at another world size has cursor().batches_this_epoch.
-  int64_t batches_per_epoch() const { return cursor_->batches_per_epoch; }
-  int64_t batch_size() const { return batch_size_; }
-  const DatasetT& dataset() const { return dataset_; }
-  const LoaderCursor& cursor() const { return *cursor_; }
-
-  // The next batch, moving to the next epoch after the last one.
-  // REQUIRES: batches_per_epoch() > 0.
-  torch::data::Example<> Next() {
-    std::vector<int64_t> places;
-    std::vector<int64_t> positions = sampler_.Batch(cursor_->epoch, cursor_->batch, cursor_->start,
-                                                    accel_->tracing() ? &places : nullptr);
-    if (accel_->tracing()) accel_->TraceBatch(cursor_->epoch, places, positions);
-    std::vector<size_t> indices(positions.begin(), positions.end());
-    cursor_->last_was_end = ++cursor_->batch == cursor_->batches_this_epoch;
-    if (cursor_->last_was_end) cursor_->StartEpoch(cursor_->epoch + 1);
-    accel_->CountSamples(static_cast<int64_t>(indices.size()));
-    return accel_->ToDevice(Fetch(indices));
-  }
-
-  // Range over the rest of epoch `e` (all of it unless the loader was restored into it).
-  class EpochRange {
-   public:
-    class Iterator {
-     public:
-      Iterator(DistributedDataLoader* loader, int64_t left) : loader_(loader), left_(left) {}
-      torch::data::Example<>& operator*() { return current_; }
-      Iterator& operator++() {
-        --left_;
-        return *this;
-      }
-      bool operator!=(const Iterator& other) const {
-        if (left_ == other.left_) return false;
-        current_ = loader_->Next();  // fetched when the loop asks whether to go on
-        return true;
-      }
-
-     private:
-      DistributedDataLoader* loader_;
-      int64_t left_;
-      mutable torch::data::Example<> current_;  // filled by operator!= (range-for asks it first)
-    };
-    EpochRange(DistributedDataLoader* loader, int64_t left) : loader_(loader), left_(left) {}
-    Iterator begin() { return Iterator(loader_, left_); }
-    Iterator end() { return Iterator(loader_, 0); }
-
-   private:
-    DistributedDataLoader* loader_;
-    int64_t left_;
-  };
-  EpochRange Epoch(int64_t e) {
-    if (cursor_->epoch != e) cursor_->StartEpoch(e);
-    return EpochRange(this, cursor_->batches_this_epoch - cursor_->batch);
-  }
-
- private:
-  template <typename D>
-  static constexpr bool kReturnsExample =
-      std::is_same_v<typename D::BatchType, torch::data::Example<>>;
-
-  torch::data::Example<> Fetch(const std::vector<size_t>& indices) {
-    if constexpr (kReturnsExample<DatasetT>) {
-      return dataset_.get_batch(indices);
-    } else {
-      return torch::data::transforms::Stack<>().apply_batch(dataset_.get_batch(indices));
-    }
-  }
-
-  Accelerator* accel_;
-  DatasetT dataset_;
-  int64_t batch_size_;
-  ShardedSampler sampler_;
-  std::shared_ptr<LoaderCursor> cursor_;
-};
-
-template <typename DatasetT>
-DistributedDataLoader<DatasetT> Accelerator::PrepareDataLoader(DatasetT dataset,
-                                                               int64_t batch_size) {
-  return DistributedDataLoader<DatasetT>(this, std::move(dataset), batch_size);
-}
 
 }  // namespace launch::trainer
+
+// The loaders (DistributedDataLoader, EvalDataLoader) and the templates that make them, which
+// need Accelerator complete.
+#include "trainer_runtime/api/data_loader.h"  // IWYU pragma: export

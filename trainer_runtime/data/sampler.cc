@@ -1,5 +1,7 @@
 #include "trainer_runtime/data/sampler.h"
 
+#include <algorithm>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -61,6 +63,36 @@ std::vector<int64_t> ShardedSampler::Batch(int64_t epoch, int64_t batch, int64_t
     if (positions) positions->push_back(pos);
   }
   return out;
+}
+
+IndexRange SplitBetween(int64_t n, int rank, int world_size) {
+  LAUNCH_CHECK(n >= 0 && rank >= 0 && rank < world_size, "SplitBetween: bad arguments");
+  const int64_t base = n / world_size, extra = n % world_size;
+  IndexRange range;
+  range.begin = rank * base + std::min<int64_t>(rank, extra);
+  range.end = range.begin + base + (rank < extra ? 1 : 0);
+  return range;
+}
+
+EvalSampler::EvalSampler(int64_t num_samples, int rank, int world_size, int64_t batch_size)
+    : num_samples_(num_samples), rank_(rank), world_size_(world_size), batch_size_(batch_size) {
+  LAUNCH_CHECK(num_samples >= 0 && rank >= 0 && rank < world_size && batch_size >= 1,
+               "EvalSampler: bad arguments");
+  const int64_t global = batch_size_ * world_size_;
+  num_batches_ = (num_samples_ + global - 1) / global;
+}
+
+int64_t EvalSampler::samples_on_rank() const {
+  return num_samples_ > rank_ ? (num_samples_ - rank_ + world_size_ - 1) / world_size_ : 0;
+}
+
+std::vector<int64_t> EvalSampler::Batch(int64_t batch) const {
+  LAUNCH_CHECK(batch >= 0 && batch < num_batches_, "EvalSampler: batch index out of range");
+  const int64_t first = batch * batch_size_ * world_size_;
+  const int64_t last = std::min(first + batch_size_ * world_size_, num_samples_);
+  std::vector<int64_t> indices;
+  for (int64_t i = first + rank_; i < last; i += world_size_) indices.push_back(i);
+  return indices;
 }
 
 }  // namespace launch::trainer

@@ -78,4 +78,41 @@ class ShardedSampler {
   std::vector<int64_t> cached_perm_;
 };
 
+// accelerate's split_between_processes: rank `rank` of `world_size` takes [begin, end) of
+// 0..n, consecutive, in rank order; the first n % world_size ranks take one more.
+// REQUIRES: n >= 0, 0 <= rank < world_size.
+struct IndexRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+IndexRange SplitBetween(int64_t n, int rank, int world_size);
+
+// The evaluation loader's order (accelerate's even_batches=False, in data set order): every
+// sample exactly once, no padding, no dropping, no shuffle. Rank r takes the samples r, r + W,
+// r + 2W, ... Global batch k is the samples [k*W*B, min((k+1)*W*B, N)), and rank r's batch k
+// is its samples inside it, so every rank has the same number of batches, ceil(N / (W*B)), and
+// so meets every collective its peers make per batch; the last batch may be partial, and
+// smaller on the higher ranks (empty on a rank when fewer than W samples are left).
+// Rank r's row j of batch k is sample k*W*B + r + j*W: interleaving the ranks' rows (row 0 of
+// every rank in rank order, then row 1, ...) gives the global batch in data set order.
+class EvalSampler {
+ public:
+  // REQUIRES: num_samples >= 0, 0 <= rank < world_size, batch_size >= 1.
+  EvalSampler(int64_t num_samples, int rank, int world_size, int64_t batch_size);
+  int64_t num_batches() const { return num_batches_; }
+  int64_t num_samples() const { return num_samples_; }
+  // This rank's samples, in all batches together.
+  int64_t samples_on_rank() const;
+  // Indices of this rank's batch `batch`, ascending. REQUIRES: 0 <= batch < num_batches().
+  std::vector<int64_t> Batch(int64_t batch) const;
+
+ private:
+  int64_t num_samples_;
+  int rank_;
+  int world_size_;
+  int64_t batch_size_;
+  int64_t num_batches_;
+};
+
 }  // namespace launch::trainer

@@ -559,4 +559,14 @@ Status SaveForPython(const Model& model, const std::string& path) {
   return file.Commit();
 }
 
+uint64_t ParameterChecksum(const std::vector<torch::Tensor>& params) {
+  uint64_t h = kFnv1aInit;
+  for (const auto& p : params) {
+    auto t = p.detach().cpu().contiguous();
+    const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
+    h = Fnv1a64(std::string_view(static_cast<const char*>(t.data_ptr()), n), h);
+  }
+  return h;
+}
+
 }  // namespace launch::trainer

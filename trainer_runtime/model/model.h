@@ -107,4 +107,9 @@ std::vector<std::string> NoDecayParameters(const config::OptimizerConfig& c, con
 // torch.load reads (torch::pickle_save's format). IoError naming `path` on failure.
 Status SaveForPython(const Model& model, const std::string& path);
 
+// FNV-1a over the raw bytes of `params` in order (a GPU tensor's are read on the host): equal
+// checksums mean bit-identical weights. final.json's param_checksum, Accelerator::Finish's
+// check that replicas agree.
+uint64_t ParameterChecksum(const std::vector<torch::Tensor>& params);
+
 }  // namespace launch::trainer

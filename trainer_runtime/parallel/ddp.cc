@@ -196,7 +196,8 @@ class DdpStrategy : public ParallelStrategy {
         // Gradients are views into the buckets (PyTorch's gradient_as_bucket_view=True): no
         // copy of every gradient into its bucket and back each step, which on 2 cores cost
         // as much as the all-reduce itself (large MLP: 1.2x -> 1.5x PyTorch's samples/s).
-        // Gradients are zeroed in place (Accelerator::Step), which keeps the views.
+        // Gradients are zeroed in place (Accelerator::Step), which keeps the views, and are
+        // handed to the user as plain aliases of the bucket memory (UnviewGradients).
         /*gradient_as_bucket_view=*/true, names, static_cast<int64_t>(first_bucket_bytes));
     // Every bucket goes through a hook that divides it by the world size in place, never
     // through the reducer's default path. That path divides differently depending on whether
@@ -232,6 +233,7 @@ class DdpStrategy : public ParallelStrategy {
     // reducer rebuilds its buckets in the observed gradient-ready order (a collective: every
     // rank reaches it at the same micro-batch); later calls are no-ops.
     reducer_->rebuild_buckets();
+    UnviewGradients();  // a rebuild makes every defined gradient a view of its new bucket
     // PyTorch DDP (broadcast_buffers=True) makes rank 0's buffers (running statistics) every
     // rank's before a forward that follows a synchronised one: the first micro-batch of each
     // accumulation window, every micro-batch without accumulation.
@@ -262,6 +264,7 @@ class DdpStrategy : public ParallelStrategy {
       last_grad = last_grad_time_;
     }
     if (!sync) return;
+    UnviewGradients();
     stats_.blocking_comm_ms +=
         std::max(0.0, std::chrono::duration<double, std::milli>(backward_end - last_grad).count());
     for (const auto& t : pg_->TakeLaunchTimes()) {
@@ -274,6 +277,26 @@ class DdpStrategy : public ParallelStrategy {
   int64_t num_buckets() const override { return num_buckets_; }
 
  private:
+  // The reducer makes each gradient an autograd view of its bucket (narrow + view), which a
+  // ported loop's optimizer.zero_grad() cannot take: it detach_()es every gradient, and
+  // detaching a view in place aborts ("Can't detach views in-place"). A tensor set_() on the
+  // same storage, offset, sizes and strides is the same memory without being a view: detach_
+  // and zero_ work on it, in place in the bucket, and the reducer keeps it, as it keeps any
+  // gradient that is_alias_of its bucket view (it copies only gradients that are not). An
+  // undefined gradient (zero_grad(set_to_none), LibTorch 2's default) is produced anew by the
+  // next backward; the reducer copies it into its bucket and makes it a view again, so this
+  // runs after every reducer pass that assigns gradients: a synchronised backward and a
+  // bucket rebuild. Cost: one TensorImpl per parameter per synchronised step.
+  void UnviewGradients() {
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_) {
+      const at::Tensor g = p.grad();
+      if (!g.defined() || !g.is_view()) continue;
+      p.mutable_grad() =
+          at::empty({0}, g.options()).set_(g.storage(), g.storage_offset(), g.sizes(), g.strides());
+    }
+  }
+
   size_t bucket_cap_bytes_;
   bool sync_each_batch_;
   bool find_unused_;

@@ -56,7 +56,7 @@ struct Unit {
   int64_t padded = 0;           // a multiple of the world size
   int64_t shard = 0;            // padded / world
   at::Tensor flat_param;        // [padded]; the parameters are views into it
-  at::Tensor flat_grad;         // stage 1: [padded], the gradients are views into it
+  at::Tensor flat_grad;         // stage 1: [padded], the gradients are aliases into it
   at::Tensor bucket;            // stage 2: this micro-batch's gradients until reduced
   // [shard]: this rank's slice of the averaged gradients. Stage 1 (without sync_each_batch):
   // a view of flat_grad's own slice, where the reduce-scatter leaves it; otherwise its own
@@ -166,6 +166,7 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
   void SyncBuffers() override { BroadcastBuffers(); }
 
   void BeforeBackward(const torch::Tensor&, bool sync) override {
+    if (stage_ == 1) RepointGradients();
     std::lock_guard<std::mutex> lock(mu_);
     sync_ = sync;
     next_launch_ = 0;
@@ -498,8 +499,7 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
         at::Tensor view = unit.flat_param.narrow(0, unit.offset[j], p.numel()).view(p.sizes());
         view.copy_(p);
         p.set_data(view);
-        if (stage_ == 1)
-          p.mutable_grad() = unit.flat_grad.narrow(0, unit.offset[j], p.numel()).view(p.sizes());
+        if (stage_ == 1) p.mutable_grad() = GradAlias(unit, j);
       }
       if (unit.sharded()) {
         unit.shard_param = unit.flat_param.narrow(0, rank() * unit.shard, unit.shard).clone();
@@ -510,6 +510,36 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
     for (const Unit& unit : units_)
       for (size_t j = 0; j < unit.params.size(); ++j)
         offset_in_unit_[unit.params[j]] = unit.offset[j];
+  }
+
+  // Stage 1: parameter j of `unit`'s gradient as its place in flat_grad, the same memory but not
+  // an autograd view (a view would make a ported loop's optimizer.zero_grad() abort: it
+  // detach_()es every gradient; ddp.cc's UnviewGradients says more).
+  at::Tensor GradAlias(const Unit& unit, size_t j) const {
+    const at::Tensor& p = params_[unit.params[j]];
+    const at::Tensor region = unit.flat_grad.narrow(0, unit.offset[j], p.numel());
+    return at::empty({0}, region.options())
+        .set_(region.storage(), region.storage_offset(), p.sizes());
+  }
+
+  // Stage 1, before a backward: a gradient the user set to none (optimizer.zero_grad() in
+  // LibTorch 2) or replaced is pointed back at flat_grad, which the reduction reads: as zeros
+  // when it was none, with its values when it was replaced.
+  void RepointGradients() {
+    torch::NoGradGuard no_grad;
+    for (Unit& unit : units_) {
+      for (size_t j = 0; j < unit.params.size(); ++j) {
+        at::Tensor& grad = params_[unit.params[j]].mutable_grad();
+        if (grad.defined() && grad.is_alias_of(unit.flat_grad)) continue;
+        at::Tensor alias = GradAlias(unit, j);
+        if (grad.defined()) {
+          alias.copy_(grad);
+        } else {
+          alias.zero_();
+        }
+        grad = alias;
+      }
+    }
   }
 
   // This rank's slice of unit u's parameters: what its optimizer steps.

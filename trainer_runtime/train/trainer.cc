@@ -61,17 +61,6 @@ std::string Eta(double seconds) {
   return buf;
 }
 
-// FNV-1a over the raw bytes of every parameter: equal checksums mean bit-identical weights.
-uint64_t Fnv(const std::vector<torch::Tensor>& params) {
-  uint64_t h = kFnv1aInit;
-  for (const auto& p : params) {
-    auto t = p.detach().cpu().contiguous();  // a GPU tensor's bytes are read on the host
-    const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
-    h = Fnv1a64(std::string_view(static_cast<const char*>(t.data_ptr()), n), h);
-  }
-  return h;
-}
-
 // The built-in data set's training rows as a torch::data batch dataset (positions index
 // train_indices), so the built-in data go through the same sharded loader as a user's.
 class TrainRows : public torch::data::datasets::BatchDataset<TrainRows, torch::data::Example<>,
@@ -573,7 +562,7 @@ void Trainer::Report(double loss, double samples_per_s, double comm_ms) {
 }
 
 Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc, double wall_s) {
-  const uint64_t mine = Fnv(accel_->parameters());
+  const uint64_t mine = ParameterChecksum(accel_->parameters());
   std::vector<double> stats;
   if (pipeline_) stats = accel_->GatherPipelineStats(mine);  // collective: before the return
   // Every rank's state bytes, rank by rank (collective too).
