@@ -1012,9 +1012,10 @@ Status Accelerator::ExchangeState() {
     return Status::PeerLost("no live rank holds the run's state (every rank is a replacement)");
   recovered_from_ = src;
   std::string bytes;
-  if (rank() == src)
+  if (rank() == src) {
     LAUNCH_ASSIGN_OR_RETURN(bytes,
                             SerializeReplicaState(*model_, *optimizer_, BoundaryTrainState()));
+  }
   auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong);
   c10d::BroadcastOptions from_src;
   from_src.rootRank = src;
@@ -1060,8 +1061,9 @@ Status Accelerator::Recover() {
   try {
     // A new client: when rank 0 was the one lost, the store went with it and its replacement
     // hosts a new one at the same address. A rank 0 that survived keeps hosting its own.
-    if (rank() != 0 || env_.use_agent_store)
+    if (rank() != 0 || env_.use_agent_store) {
       LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
+    }
     LAUNCH_ASSIGN_OR_RETURN(const int generation,
                             WaitForGeneration(*store_, generation_, timeout_,
                                               [] { return IsStop(g_signal); }));

@@ -209,8 +209,9 @@ Status Trainer::Prepare() {
     cfg_.parallel.dp_seeded_replicas = false;
   phase_ = "joining the process group";
   LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
-  if (accel_->env().recover_generation == 0)
+  if (accel_->env().recover_generation == 0) {
     LAUNCH_ASSIGN_OR_RETURN(die_at_, ParseDieAt(std::getenv("LAUNCH_TEST_SIGKILL_AT")));
+  }
   tty_ = accel_->IsMainProcess() && ::isatty(STDOUT_FILENO);
   // The pipeline's send/recv use shared memory exactly when the all-reduce does (one decision
   // per group, process_group.h).
