@@ -91,7 +91,7 @@ class TrainRows : public torch::data::datasets::BatchDataset<TrainRows, torch::d
 };
 
 // LAUNCH_TEST_SIGKILL_AT="RANK:STEP:PHASE[,...]" (tests of in-place recovery): the first
-// workers (not replacements) of rank RANK SIGKILL themselves in step STEP at PHASE: forward
+// workers (not replacements, not a restarted group's) of rank RANK SIGKILL themselves in step STEP at PHASE: forward
 // (before it), backward (as it starts), optimizer (as the optimizer steps, after the
 // gradients were averaged) or checkpoint (before the checkpoint after step STEP).
 struct DieAt {
@@ -209,7 +209,7 @@ Status Trainer::Prepare() {
     cfg_.parallel.dp_seeded_replicas = false;
   phase_ = "joining the process group";
   LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
-  if (accel_->env().recover_generation == 0) {
+  if (accel_->env().recover_generation == 0 && accel_->env().restart_count == 0) {
     LAUNCH_ASSIGN_OR_RETURN(die_at_, ParseDieAt(std::getenv("LAUNCH_TEST_SIGKILL_AT")));
   }
   tty_ = accel_->IsMainProcess() && ::isatty(STDOUT_FILENO);
