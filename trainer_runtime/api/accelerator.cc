@@ -288,8 +288,9 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
     joined_from_peer_ = true;
     std::fprintf(stderr,
                  "train: rank %d: replacement (generation %d) took the state of step %lld from "
-                 "rank %d\n",
-                 rank(), generation_, static_cast<long long>(step_), recovered_from_);
+                 "rank %d, %.2f s after it began to join\n",
+                 rank(), generation_, static_cast<long long>(step_), recovered_from_,
+                 Seconds(std::chrono::steady_clock::now() - created_at_));
   } else {
     strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
   }

@@ -557,6 +557,7 @@ class Accelerator {
   int generation_ = 0;
   int64_t recoveries_ = 0;
   std::chrono::milliseconds timeout_{300000};
+  std::chrono::steady_clock::time_point created_at_ = std::chrono::steady_clock::now();
   c10::intrusive_ptr<c10d::Store> store_;
   std::optional<std::chrono::steady_clock::time_point> report_cost_since_;
   int recovered_from_ = -1;  // the rank whose state the last recovery took
