@@ -104,7 +104,7 @@ struct LaunchConfig {
   // (launcher.cc DerivedRunId), or slurm-$SLURM_JOB_ID under SLURM.
   std::string run_id;
   std::string role = "default";
-  int max_restarts = 0;         // whole-group restarts after a failure
+  int max_restarts = 0;  // whole-group restarts after a failure
   // What a worker's death costs (`recover`, --recover): false ("restart", the default) stops
   // every worker and restarts them all; true ("in_place") starts a replacement for the dead
   // rank alone while the others wait for it (agent/worker_group.h replace_in_place). Both

@@ -888,8 +888,9 @@ int Main(int argc, char** argv) {
   if (!plan->log_root.empty())
     log::Info("logs: " + plan->log_root + "/attempt_<k>/rank_<r>.{stdout,stderr}");
   if (multi_node && cfg.recover_in_place)
-    log::Warn("--recover in_place works on one machine only so far: across machines a lost "
-              "worker restarts every worker, as with --recover restart");
+    log::Warn(
+        "--recover in_place works on one machine only so far: across machines a lost "
+        "worker restarts every worker, as with --recover restart");
   if (multi_node) {
     opts.recover_in_place = false;
     opts.group.extra_env.erase("LAUNCH_RECOVER");

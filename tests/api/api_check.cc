@@ -8,8 +8,8 @@
 //             [--sync_each_batch]
 //             [--local_sgd K] [--schedule gpipe|1f1b] [--steps S] [--skew_init] --out FILE
 //   api_check --reference --world W [same flags] --out FILE
-#include <csignal>
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <string>

@@ -187,15 +187,15 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
       LAUNCH_RETURN_IF_ERROR(AnnounceGeneration(*accel->store_, env.recover_generation));
       accel->generation_ = env.recover_generation;
     }
-    LAUNCH_ASSIGN_OR_RETURN(accel->pg_,
-                            CreateGroupOver(accel->store_, WorldGroupName(accel->generation_),
-                                            env.rank, env.world_size, env, timeout));
-    std::fprintf(stderr, "train: rank %d (pid %d): in-place recovery on%s\n", env.rank,
-                 static_cast<int>(::getpid()),
-                 env.recover_generation > 0
-                     ? (", replacement generation " + std::to_string(env.recover_generation))
-                           .c_str()
-                     : "");
+    LAUNCH_ASSIGN_OR_RETURN(
+        accel->pg_, CreateGroupOver(accel->store_, WorldGroupName(accel->generation_), env.rank,
+                                    env.world_size, env, timeout));
+    std::fprintf(
+        stderr, "train: rank %d (pid %d): in-place recovery on%s\n", env.rank,
+        static_cast<int>(::getpid()),
+        env.recover_generation > 0
+            ? (", replacement generation " + std::to_string(env.recover_generation)).c_str()
+            : "");
   } else if (env.distributed()) {
     LAUNCH_ASSIGN_OR_RETURN(accel->pg_, CreateProcessGroup(env, timeout));
   }
@@ -1065,9 +1065,9 @@ Status Accelerator::Recover() {
     if (rank() != 0 || env_.use_agent_store) {
       LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
     }
-    LAUNCH_ASSIGN_OR_RETURN(const int generation,
-                            WaitForGeneration(*store_, generation_, timeout_,
-                                              [] { return IsStop(g_signal); }));
+    LAUNCH_ASSIGN_OR_RETURN(
+        const int generation,
+        WaitForGeneration(*store_, generation_, timeout_, [] { return IsStop(g_signal); }));
     generation_ = generation;
     LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
                                                  world_size(), env_, timeout_));

@@ -236,7 +236,6 @@ class DdpStrategy : public ParallelStrategy {
     }
   }
 
-
  public:
   bool SyncGradients(bool window_closes) const override {
     return window_closes || sync_each_batch_;

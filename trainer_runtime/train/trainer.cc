@@ -91,9 +91,9 @@ class TrainRows : public torch::data::datasets::BatchDataset<TrainRows, torch::d
 };
 
 // LAUNCH_TEST_SIGKILL_AT="RANK:STEP:PHASE[,...]" (tests of in-place recovery): the first
-// workers (not replacements, not a restarted group's) of rank RANK SIGKILL themselves in step STEP at PHASE: forward
-// (before it), backward (as it starts), optimizer (as the optimizer steps, after the
-// gradients were averaged) or checkpoint (before the checkpoint after step STEP).
+// workers (not replacements, not a restarted group's) of rank RANK SIGKILL themselves in step STEP
+// at PHASE: forward (before it), backward (as it starts), optimizer (as the optimizer steps, after
+// the gradients were averaged) or checkpoint (before the checkpoint after step STEP).
 struct DieAt {
   int rank = -1;
   int64_t step = 0;
@@ -191,7 +191,7 @@ class Trainer {
   int64_t steps_this_run_ = 0;
   double window_loss_sum_ = 0;  // plain log lines: loss summed since the last line
   int64_t window_steps_ = 0;
-  double loop_s_ = 0;  // the training loop alone (no setup, no final eval): for benchmarks
+  double loop_s_ = 0;          // the training loop alone (no setup, no final eval): for benchmarks
   std::vector<DieAt> die_at_;  // LAUNCH_TEST_SIGKILL_AT (first workers only)
 };
 

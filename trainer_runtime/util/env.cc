@@ -68,8 +68,8 @@ StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
   if (!Find(env, {"LAUNCH_RECOVER"}, &text).empty()) {
     const std::string mode = Trim(text);
     if (mode != "in_place" && mode != "restart" && !mode.empty())
-      return Status::InvalidConfig("environment LAUNCH_RECOVER: expected in_place or restart, got '" +
-                                   text + "'");
+      return Status::InvalidConfig(
+          "environment LAUNCH_RECOVER: expected in_place or restart, got '" + text + "'");
     d.recover_in_place = mode == "in_place";
   }
   LAUNCH_RETURN_IF_ERROR(ReadInt(env, {"LAUNCH_RECOVER_GENERATION"}, 0, &d.recover_generation));
