@@ -139,7 +139,8 @@ class RecoverInPlaceTest(unittest.TestCase):
         r, out, marker = self.run_job("gloo", "2:9:backward", env=gloo)
         text = r.stdout + r.stderr
         self.assertEqual(r.returncode, 0, text[-4000:])
-        self.assertIn("Connection closed by peer", text)
+        # LibTorch 1.13's Gloo says "closed", 2.6's "reset".
+        self.assertRegex(text, r"Connection (closed|reset) by peer")
         self.assertIn("replacement (generation 1) took the state of step 8", text)
         self.assertEqual(final(out)["param_checksum"], final(ref_out)["param_checksum"])
         self.check_clean(marker)
