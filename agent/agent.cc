@@ -77,10 +77,25 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
   };
   arm_signals();
 
+  // Restarts spent: whole-group restarts and in-place replacements alike.
+  int restarts_used = 0;
   for (int attempt = 0;; ++attempt) {
     WorkerGroupSpec spec = options.group;
     spec.restart_count = attempt;
     spec.max_restarts = options.max_restarts;
+    if (options.recover_in_place) {
+      spec.replace_in_place = [&](const WorkerExit& e) {
+        if (interrupt_signal != 0 || restarts_used >= options.max_restarts) return false;
+        ++restarts_used;
+        // The worker's own log says when its replacement redid the step (the recovery's cost).
+        log::Info("rank " + std::to_string(e.rank) + " (pid " + std::to_string(e.pid) + ") " +
+                  e.status.ToString() + ": starting a replacement for rank " +
+                  std::to_string(e.rank) + " alone; the other workers keep running (restart " +
+                  std::to_string(restarts_used) + " of " + std::to_string(options.max_restarts) +
+                  ", in place)");
+        return true;
+      };
+    }
     if (!options.log_root.empty()) {
       spec.log_dir = options.log_root + "/attempt_" + std::to_string(attempt);
       Status s = MakeDirs(spec.log_dir);
@@ -110,9 +125,9 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
       return ExitCodeForSignal(interrupt_signal);
     }
     if (result->outcome == GroupResult::Outcome::kSucceeded) return 0;
-    bool will_restart = attempt < options.max_restarts;
+    bool will_restart = restarts_used < options.max_restarts;
     ReportContext ctx;
-    ctx.restarts_used = attempt;
+    ctx.restarts_used = restarts_used;
     ctx.max_restarts = options.max_restarts;
     ctx.will_restart = will_restart;
     ctx.python = options.python;
@@ -125,7 +140,8 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
       std::fwrite(report.data(), 1, report.size(), stderr);
     }
     if (!will_restart) return ExitCodeFor(*result);
-    log::Info("restart " + std::to_string(attempt + 1) + " of " +
+    ++restarts_used;
+    log::Info("restart " + std::to_string(restarts_used) + " of " +
               std::to_string(options.max_restarts));
   }
 }

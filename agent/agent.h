@@ -16,6 +16,9 @@ namespace launch::agent {
 struct AgentOptions {
   WorkerGroupSpec group;  // the template for every attempt (restart_count is set per attempt)
   int max_restarts = 0;
+  // launch --recover in_place: a worker that dies (ends by a signal) is replaced alone while
+  // restarts remain (WorkerGroupSpec::replace_in_place); each replacement counts as a restart.
+  bool recover_in_place = false;
   // Per-attempt log folders <log_root>/attempt_<k>/ are created when non-empty; the group's
   // log_dir is pointed at them.
   std::string log_root;

@@ -286,6 +286,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
           device < static_cast<int>(ids.size()) ? Trim(ids[device]) : std::to_string(device);
     }
     env_map[kCollectiveRingEnv] = watch_->RingPath(w->rank);
+    if (generation_ > 0) env_map["LAUNCH_RECOVER_GENERATION"] = std::to_string(generation_);
     if (!error_dir_.empty()) {
       w->exit.error_file = error_dir_ + "/rank_" + std::to_string(w->rank) + ".error.json";
       ::unlink(w->exit.error_file.c_str());  // a previous attempt's must not be read as this one's
@@ -322,7 +323,9 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     if (console_mask & kStdout) w->out.console = console_out_;
     if (console_mask & kStderr) w->err.console = console_err_;
     if (files_) {
-      std::string base = spec_.log_dir + "/rank_" + std::to_string(w->rank);
+      // A replacement's own files: the dead worker's stay as it left them.
+      std::string base = spec_.log_dir + "/rank_" + std::to_string(w->rank) +
+                         (generation_ > 0 ? ".g" + std::to_string(generation_) : "");
       int fd;
       if ((file_mask & kStdout) && (fd = OpenLog(base + ".stdout")) >= 0)
         w->out.file = files_->AddSink(fd, /*owns_fd=*/true);
@@ -483,6 +486,17 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       }
     }
     result_.exits.push_back(e);
+    if (!e.status.success() && !stopping_ && e.status.signaled && spec_.replace_in_place &&
+        spec_.replace_in_place(e)) {
+      // The rank alone is started again; its siblings wait for it in their own recovery. The
+      // dead worker's pipes still drain (its last lines come out before the replacement's).
+      result_.replaced.push_back(e);
+      ++generation_;
+      const Status started = StartOne(w->local_rank);
+      if (started.ok()) return;
+      log::Error("cannot start a replacement for rank " + std::to_string(w->rank) + ": " +
+                 started.message());
+    }
     if (!e.status.success()) {
       bool first = result_.failures.empty() && !stopping_;
       result_.failures.push_back(e);
@@ -723,6 +737,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   bool drain_deadline_armed_ = false;
   bool finished_ = false;
   std::shared_ptr<StallWatch> watch_;  // the workers' collective rings; null before Start
+  int generation_ = 0;                 // replacements started in place (LAUNCH_RECOVER_GENERATION)
   std::string cgroup_;                 // the job's cgroup, once made; empty = none
   std::string error_dir_;  // where the workers' TORCHELASTIC_ERROR_FILEs go; empty = none
   bool own_error_dir_ = false;

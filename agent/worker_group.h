@@ -48,6 +48,8 @@ class JobCgroup;
 
 enum StreamBits { kStdout = 1, kStderr = 2 };
 
+struct WorkerExit;
+
 struct WorkerGroupSpec {
   std::vector<std::string> argv;      // resolved program and its arguments, the same for every rank
   std::vector<std::string> base_env;  // inherited environment, "KEY=VALUE"
@@ -102,6 +104,15 @@ struct WorkerGroupSpec {
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;
   size_t stderr_tail_lines = 20;
+  // In-place recovery (launch --recover in_place). When set and a worker the agent did not
+  // signal ends by a signal (it died: SIGKILL, SIGSEGV, the OOM killer), the group calls it
+  // with that worker's exit. True: a replacement for that rank alone starts at once (same RANK
+  // and LOCAL_RANK, LAUNCH_RECOVER_GENERATION = how many replacements this group has started,
+  // counting this one, from 1; its log files rank_<r>.g<generation>.*) while its siblings go
+  // on; the dead worker is listed in GroupResult::replaced, not in failures. False, unset, or
+  // a worker that exited with a code of its own (it gave up, e.g. a survivor that could not
+  // recover): the failure stops the group as always. Called on the io_context.
+  std::function<bool(const WorkerExit&)> replace_in_place;
 };
 
 struct WorkerExit {
@@ -129,6 +140,8 @@ struct GroupResult {
   std::vector<WorkerExit>
       failures;                   // non-zero exits in the order they were reaped, root cause first
   std::vector<WorkerExit> exits;  // every worker, in the order they were reaped
+  // Workers that died and were replaced in place (WorkerGroupSpec::replace_in_place).
+  std::vector<WorkerExit> replaced;
 };
 
 // What the agent loop needs from a group of workers: the seam that lets restart and signal

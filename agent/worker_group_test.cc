@@ -10,6 +10,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <csignal>
+#include <cstdio>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -262,4 +263,74 @@ TEST_CASE("ContractEnvironmentIsComplete") {
 }
 
 }  // namespace
+
+TEST_CASE("ADeadWorkerIsReplacedInPlaceWhileItsSiblingsGoOn") {
+  // Rank 1's first worker dies by SIGKILL; its replacement (LAUNCH_RECOVER_GENERATION=1) and
+  // the sibling, which is still the first process, finish. The sibling waits for it (a file).
+  Captured cap;
+  char dir[] = "/tmp/wg_replace_XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  const std::string flag = std::string(dir) + "/replaced";
+  const std::string rank1 =
+      "if [ -z \"$LAUNCH_RECOVER_GENERATION\" ]; then kill -9 $$; fi; echo "
+      "$LAUNCH_RECOVER_GENERATION > " +
+      flag;
+  const std::string rank0 = "i=0; while [ ! -e " + flag +
+                            " ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; echo sibling";
+  WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then " + rank1 + "; else " + rank0 + "; fi", 2);
+  std::vector<WorkerExit> asked;
+  spec.replace_in_place = [&](const WorkerExit& e) {
+    asked.push_back(e);
+    return true;
+  };
+  GroupResult r = RunGroup(spec, cap.out_fd);
+  CHECK(r.outcome == GroupResult::Outcome::kSucceeded);
+  REQUIRE(asked.size() == 1);
+  CHECK(asked[0].rank == 1);
+  CHECK(asked[0].status.signaled);
+  REQUIRE(r.replaced.size() == 1);
+  CHECK(r.replaced[0].rank == 1);
+  CHECK(r.failures.empty());
+  CHECK(r.exits.size() == 3);  // rank 0 once, rank 1 twice
+  std::string out = cap.Read();
+  CHECK(out.find("[rank 0]: sibling") != std::string::npos);
+  std::string generation;
+  if (FILE* f = std::fopen(flag.c_str(), "r")) {
+    char line[16] = {};
+    if (std::fgets(line, sizeof line, f)) generation = line;
+    std::fclose(f);
+  }
+  CHECK(generation == "1\n");
+  unlink(flag.c_str());
+  rmdir(dir);
+}
+
+TEST_CASE("AWorkerThatExitsWithACodeIsNotReplacedInPlace") {
+  // A code of its own means it gave up: the group stops as always, without asking.
+  Captured cap;
+  WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 5", 2);
+  int asked = 0;
+  spec.replace_in_place = [&](const WorkerExit&) {
+    ++asked;
+    return true;
+  };
+  GroupResult r = RunGroup(spec, cap.out_fd);
+  CHECK(r.outcome == GroupResult::Outcome::kFailed);
+  CHECK(asked == 0);
+  CHECK(r.replaced.empty());
+  REQUIRE(!r.failures.empty());
+  CHECK(r.failures[0].status.code == 3);
+}
+
+TEST_CASE("ADeadWorkerIsNotReplacedWhenTheAgentSaysNo") {
+  Captured cap;
+  WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 5", 2);
+  spec.replace_in_place = [](const WorkerExit&) { return false; };
+  GroupResult r = RunGroup(spec, cap.out_fd);
+  CHECK(r.outcome == GroupResult::Outcome::kFailed);
+  CHECK(r.replaced.empty());
+  REQUIRE(!r.failures.empty());
+  CHECK(r.failures[0].status.signal == SIGKILL);
+}
+
 }  // namespace launch::agent

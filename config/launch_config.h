@@ -104,7 +104,12 @@ struct LaunchConfig {
   // (launcher.cc DerivedRunId), or slurm-$SLURM_JOB_ID under SLURM.
   std::string run_id;
   std::string role = "default";
-  int max_restarts = 0;         // whole-group restarts after a failure
+  int max_restarts = 0;  // whole-group restarts after a failure
+  // What a worker's death costs (`recover`, --recover): false ("restart", the default) stops
+  // every worker and restarts them all; true ("in_place") starts a replacement for the dead
+  // rank alone while the others wait for it (agent/worker_group.h replace_in_place). Both
+  // count against max_restarts.
+  bool recover_in_place = false;
   std::string gpu_ids = "all";  // CUDA_VISIBLE_DEVICES for the workers ("all" = leave as is)
   std::string mixed_precision = "no";
   std::string log_dir;                  // per-rank log files under <log_dir>/<run_id>/attempt_<k>/

@@ -791,4 +791,15 @@ TEST_CASE("TheActiveEnvironmentsPythonUnlessOneWasChosen") {
 }
 
 }  // namespace
+TEST_CASE("RecoverIsRestartOrInPlace") {
+  LaunchConfig cfg;
+  CHECK_FALSE(cfg.recover_in_place);
+  REQUIRE(ApplySetting("recover", "in_place", Origin{Origin::Kind::kFlag, "--recover"}, &cfg).ok());
+  CHECK(cfg.recover_in_place);
+  REQUIRE(ApplySetting("recover", "restart", Origin{Origin::Kind::kFlag, "--recover"}, &cfg).ok());
+  CHECK_FALSE(cfg.recover_in_place);
+  CHECK(ApplySetting("recover", "inplace", Origin{Origin::Kind::kFlag, "--recover"}, &cfg)
+            .message() == "--recover: expected restart or in_place, got 'inplace'");
+}
+
 }  // namespace launch::config

@@ -367,6 +367,20 @@ const std::vector<KeyDef>& TopLevelTable() {
           .Flag({"max_restarts"}, kGroupFaults,
                 "restart the whole group up to N times after a failure")
           .Show([](const LaunchConfig& c) { return std::to_string(c.max_restarts); }),
+      Key("recover",
+          [](const std::string& s, LaunchConfig* c) -> std::string {
+            const std::string v = Trim(s);
+            if (v != "restart" && v != "in_place")
+              return "expected restart or in_place, got '" + s + "'";
+            c->recover_in_place = v == "in_place";
+            return "";
+          })
+          .Flag({"recover"}, kGroupFaults,
+                "what a worker's death costs: restart (every worker restarts) or in_place (a "
+                "replacement for that rank alone; workers that support it wait for it)")
+          .Show([](const LaunchConfig& c) {
+            return std::string(c.recover_in_place ? "in_place" : "restart");
+          }),
       Key("stop_grace", Seconds([](LaunchConfig* c) { return &c->stop_grace_s; }))
           .Syn({"shutdown_timeout"})
           .Flag({"stop_grace", "shutdown_timeout"}, kGroupFaults,

@@ -257,6 +257,9 @@ agent::AgentOptions MakeAgentOptions(const LaunchConfig& cfg, const Plan& plan,
   g.node_view.num_nodes = cfg.task_layout.num_nodes;
   g.gpu_workers = plan.device_kind == "gpu";
   opts.max_restarts = cfg.max_restarts;
+  opts.recover_in_place = cfg.recover_in_place;
+  // The workers' side of it (trainer_runtime: accelerator.h, "In-place recovery").
+  if (cfg.recover_in_place) g.extra_env["LAUNCH_RECOVER"] = "in_place";
   if (!plan.python.empty()) opts.python = plan.python + " (" + plan.python_origin + ")";
   return opts;
 }
@@ -885,6 +888,14 @@ int Main(int argc, char** argv) {
   opts.log_root = plan->log_root;
   if (!plan->log_root.empty())
     log::Info("logs: " + plan->log_root + "/attempt_<k>/rank_<r>.{stdout,stderr}");
+  if (multi_node && cfg.recover_in_place)
+    log::Warn(
+        "--recover in_place works on one machine only so far: across machines a lost "
+        "worker restarts every worker, as with --recover restart");
+  if (multi_node) {
+    opts.recover_in_place = false;
+    opts.group.extra_env.erase("LAUNCH_RECOVER");
+  }
   int rc = multi_node ? agent::RunElasticAgent(MakeElasticAgentOptions(cfg, *plan, opts))
                       : agent::RunLocalAgent(opts);
   if (self_test) {

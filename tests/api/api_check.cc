@@ -9,6 +9,7 @@
 //             [--local_sgd K] [--schedule gpipe|1f1b] [--steps S] [--skew_init] --out FILE
 //   api_check --reference --world W [same flags] --out FILE
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -83,6 +84,10 @@ torch::nn::Sequential MakeSequential() {
 
 struct Flags {
   std::string mode = "ddp", schedule = "1f1b", out;
+  // --die RANK:STEP: that rank's first worker SIGKILLs itself before the forward pass of step
+  // STEP (in-place recovery; a replacement, LAUNCH_RECOVER_GENERATION > 0, does not).
+  int die_rank = -1;
+  int64_t die_step = 0;
   int zero_stage = 1;  // --mode zero
   int accum = 1, local_sgd = 0, steps = 12, world = 1;
   bool sync_each_batch = false, skew_init = false, reference = false;
@@ -229,6 +234,9 @@ int Distributed(const Flags& f) {
   while (accel.step() < f.steps) {
     auto batch = loader.Next();
     accel.Accumulate();
+    if (accel.rank() == f.die_rank && accel.step() + 1 == f.die_step &&
+        accel.env().recover_generation == 0)
+      std::raise(SIGKILL);
     if (f.mode == "pipeline") {
       accel.PipelineForwardBackward(batch, loss_fn);
     } else {
@@ -271,7 +279,11 @@ int main(int argc, char** argv) {
       f.world = std::stoi(next());
     else if (a == "--sync_each_batch")
       f.sync_each_batch = true;
-    else if (a == "--skew_init")
+    else if (a == "--die") {
+      const std::string v = next();
+      f.die_rank = std::stoi(v.substr(0, v.find(':')));
+      f.die_step = std::stoll(v.substr(v.find(':') + 1));
+    } else if (a == "--skew_init")
       f.skew_init = true;
     else if (a == "--reference")
       f.reference = true;

@@ -107,5 +107,32 @@ class AcceleratorMatchesSingleProcessTest(unittest.TestCase):
                       stage_files=[0, 1])
 
 
+
+@unittest.skipUnless(os.path.exists(CHECK) and os.path.exists(LAUNCH),
+                     harness.needs_setup("api_check not built"))
+class InPlaceRecoveryThroughTheApiTest(unittest.TestCase):
+    """A user's loop written against the API (api_check.cc: Next, Accumulate, ForwardBackward,
+    Step) under `launch --recover in_place`: rank 1 SIGKILLs itself in step 5; its replacement
+    gets the state from a live peer and the loop redoes the step without knowing: every rank
+    ends with the undisturbed run's parameters, bit for bit."""
+
+    def test_a_killed_rank_is_replaced_and_the_loop_ends_bit_identical(self):
+        tmp = harness.tmpdir()
+        runs = {}
+        for name, extra in (("undisturbed", []), ("killed", ["--die", "1:5"])):
+            out = os.path.join(tmp, name)
+            r = subprocess.run([LAUNCH, "--num_processes", "3", "--recover", "in_place",
+                                "--max_restarts", "1", "--", CHECK, "--mode", "ddp", "--steps",
+                                "12", *extra, "--out", out], capture_output=True, text=True,
+                               timeout=180)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            runs[name] = (out, r.stdout + r.stderr)
+        self.assertIn("starting a replacement for rank 1 alone", runs["killed"][1])
+        self.assertIn("replacement (generation 1) took the state of step 4", runs["killed"][1])
+        want = floats(runs["undisturbed"][0] + ".0")
+        for rank in range(3):
+            self.assertEqual(floats(f"{runs['killed'][0]}.{rank}"), want, f"rank {rank}")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -25,6 +25,7 @@
 #include "base/strings.h"
 #include "config/train_keys.h"
 #include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/comm/recovery.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/parallel/layout.h"
@@ -114,6 +115,13 @@ uint64_t NewRankSeed(uint64_t seed, int rank, int64_t step) {
   return h ^ (h >> 31);
 }
 
+// In-place recovery's per-micro-batch stream: a function of where the micro-batch is in the
+// run, so a replacement draws what the rank it replaces would have drawn (nothing keeps a dead
+// rank's generator state). Distinct from NewRankSeed's streams for the same (rank, step).
+uint64_t MicroBatchSeed(uint64_t seed, int rank, int64_t step, int64_t micro) {
+  return NewRankSeed(seed ^ 0xA5A5F00DC0FFEE11ull, rank, step * 1000003 + micro);
+}
+
 }  // namespace
 
 Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
@@ -193,7 +201,27 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
     accel->device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda));
   }
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(init_timeout_s * 1000));
-  if (env.distributed()) {
+  accel->timeout_ = timeout;
+  if (env.distributed() && env.recover_in_place) {
+    // In-place recovery keeps the store (rank 0 hosts it and must keep hosting it when its
+    // group is re-formed), and a replacement announces its generation before it forms its group
+    // with the survivors (comm/recovery.h).
+    LAUNCH_ASSIGN_OR_RETURN(accel->store_,
+                            ConnectStore(env, env.rank == 0 && !env.use_agent_store, timeout));
+    if (env.recover_generation > 0) {
+      LAUNCH_RETURN_IF_ERROR(AnnounceGeneration(*accel->store_, env.recover_generation));
+      accel->generation_ = env.recover_generation;
+    }
+    LAUNCH_ASSIGN_OR_RETURN(
+        accel->pg_, CreateGroupOver(accel->store_, WorldGroupName(accel->generation_), env.rank,
+                                    env.world_size, env, timeout));
+    std::fprintf(
+        stderr, "train: rank %d (pid %d): in-place recovery on%s\n", env.rank,
+        static_cast<int>(::getpid()),
+        env.recover_generation > 0
+            ? (", replacement generation " + std::to_string(env.recover_generation)).c_str()
+            : "");
+  } else if (env.distributed()) {
     LAUNCH_ASSIGN_OR_RETURN(accel->pg_, CreateProcessGroup(env, timeout));
   }
   if (options.parallel.mode == ParallelMode::kPipeline) {
@@ -216,6 +244,28 @@ void Accelerator::Print(const std::string& line) const {
 }
 
 c10d::ProcessGroup* Accelerator::control() const { return pg_ ? &pg_->inner() : nullptr; }
+
+template <typename Fn>
+bool Accelerator::Guarded(Fn&& fn) {
+  if (!recover_) {
+    fn();
+    return true;
+  }
+  if (peer_lost_) return false;
+  try {
+    fn();
+    return true;
+  } catch (const std::exception& e) {
+    // c10::Error from the transports and the reducer, gloo's own exceptions from Gloo.
+    const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+    const std::string what = c10 ? c10->what_without_backtrace() : e.what();
+    if (!IsLostPeerError(what)) throw;
+    peer_lost_ = true;
+    lost_what_ = what.substr(0, what.find('\n'));
+    lost_at_ = std::chrono::steady_clock::now();
+    return false;
+  }
+}
 
 // --- Model and optimizer ---------------------------------------------------------------------
 
@@ -251,7 +301,24 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
         "or hierarchical transport), here: " +
         pg_->allreduce_transport());
   LAUNCH_ASSIGN_OR_RETURN(strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), pg_));
-  strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
+  recover_ = env_.recover_in_place && pg_ && strategy_->SupportsInPlaceRecovery();
+  if (env_.recover_in_place && pg_ && !recover_)
+    Print(std::string("train: in-place recovery needs ddp; in ") + strategy_->Name() +
+          " mode a lost rank restarts every worker (from the last checkpoint)");
+  if (recover_ && env_.recover_generation > 0) {
+    // A replacement: the run's state comes from a live peer (ExchangeState), not from rank 0's
+    // broadcast, which the survivors are not making.
+    LAUNCH_RETURN_IF_ERROR(ExchangeState());
+    strategy_->Reform(pg_);
+    joined_from_peer_ = true;
+    std::fprintf(stderr,
+                 "train: rank %d: replacement (generation %d) took the state of step %lld from "
+                 "rank %d, %.2f s after it began to join\n",
+                 rank(), generation_, static_cast<long long>(step_), recovered_from_,
+                 Seconds(std::chrono::steady_clock::now() - created_at_));
+  } else {
+    strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
+  }
   strategy_->TakeStepStats();
   pairs_.emplace_back();
   pairs_.back().module = module_;
@@ -260,6 +327,7 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
   pairs_.back().strategy = strategy_.get();
   RecordBaseLearningRates(pairs_.back());
   prepared_ = true;
+  MarkBoundary();
   return Status::Ok();
 }
 
@@ -306,6 +374,11 @@ Status Accelerator::PrepareAnother(std::shared_ptr<torch::nn::Module> module,
   for (const Pair& pair : pairs_)
     if (pair.module.get() == module.get())
       return Status::InvalidConfig("Prepare: this module was prepared already");
+  // Recovery re-forms the group and hands one model's state to the replacement.
+  if (recover_)
+    return Status::InvalidConfig(
+        "Prepare: in-place recovery (launch --recover in_place) supports one prepared model; "
+        "with several, run with --recover restart");
   Pair pair;
   pair.module = std::move(module);
   if (!device_.is_cpu()) pair.module->to(device_);
@@ -534,6 +607,7 @@ void Accelerator::ApplyRestoredCursor() {
     resharded_from_ = 0;
   }
   restored_cursor_.reset();  // once: a later loader is not moved by it
+  if (prepared_) MarkBoundary();
 }
 
 void Accelerator::TraceBatch(int64_t epoch, const std::vector<int64_t>& positions,
@@ -556,8 +630,12 @@ void Accelerator::Accumulate() {
   if (micro_in_window_ == 0) Timeline::Get().BeginStep(step_ + 1);
   sync_ = pipeline_ ? closes : strategy_->SyncGradients(closes);
   window_closes_ = closes;
+  if (recover_) torch::manual_seed(MicroBatchSeed(options_.seed, rank(), step_, micro_in_window_));
+  Guarded([&] {
+    for (Pair& pair : pairs_)
+      if (pair.strategy) pair.strategy->BeforeForward(sync_ && pair.no_sync == 0);
+  });
   for (Pair& pair : pairs_) {
-    if (pair.strategy) pair.strategy->BeforeForward(sync_ && pair.no_sync == 0);
     pair.stepped = false;
     pair.backward_in_micro = false;
   }
@@ -579,26 +657,28 @@ void Accelerator::Backward(const torch::Tensor& loss) {
           !std::all_of(reached.begin(), reached.end(), [](const Pair* p) { return p->stepped; }),
       "Backward: every model this loss reaches already stepped in this micro-batch; "
       "with several prepared models call Accumulate() at the start of every iteration");
-  for (Pair* pair : reached) {
-    const bool synced = sync_ && pair->no_sync == 0;
-    // A model's second backward in one micro-batch (the discriminator under the generator's
-    // loss): PyTorch's DDP ran the model's forward hook before it, which rebuilds the reducer's
-    // buckets after its first iteration; without it the reducer records the parameters' ready
-    // order twice and refuses to rebuild. (Buffers, too, are then rank 0's, as that forward's.)
-    if (pair->backward_in_micro) pair->strategy->BeforeForward(synced);
-    pair->strategy->BeforeBackward(loss, synced);
-    pair->backward_in_micro = true;
-  }
-  // Accelerate's convention: the loss of every micro-batch is divided by N.
-  {
-    // Includes waiting for the last buckets' all-reduces (the Reducer's final callback).
-    Timeline::Scope span("train", sync_ ? "backward" : "backward (no_sync)");
-    (loss / static_cast<double>(options_.gradient_accumulation_steps)).backward();
-  }
+  // After a lost peer (in-place recovery) the rest of the step is abandoned: Step() recovers.
+  Guarded([&] {
+    for (Pair* pair : reached) {
+      const bool synced = sync_ && pair->no_sync == 0;
+      // A model's second backward in one micro-batch (the discriminator under the generator's
+      // loss): PyTorch's DDP ran the model's forward hook before it, which rebuilds the reducer's
+      // buckets after its first iteration; without it the reducer records the parameters' ready
+      // order twice and refuses to rebuild. (Buffers, too, are then rank 0's, as that forward's.)
+      if (pair->backward_in_micro) pair->strategy->BeforeForward(synced);
+      pair->strategy->BeforeBackward(loss, synced);
+      pair->backward_in_micro = true;
+    }
+    // Accelerate's convention: the loss of every micro-batch is divided by N.
+    {
+      // Includes waiting for the last buckets' all-reduces (the Reducer's final callback).
+      Timeline::Scope span("train", sync_ ? "backward" : "backward (no_sync)");
+      (loss / static_cast<double>(options_.gradient_accumulation_steps)).backward();
+    }
+    for (Pair* pair : reached) pair->strategy->AfterBackward(sync_ && pair->no_sync == 0);
+  });
   backward_since_step_ = true;
   for (Pair* pair : reached) {
-    const bool synced = sync_ && pair->no_sync == 0;
-    pair->strategy->AfterBackward(synced);
     pair->took_part = true;
     // Only NoSync holds a step back: a micro-batch that closes the window steps also where
     // the strategy never all-reduces gradients (Local SGD, none).
@@ -620,6 +700,10 @@ torch::Tensor Accelerator::ForwardBackward(const torch::data::Example<>& batch,
                                            const ChunkLoss& fn) {
   LAUNCH_CHECK(!pipeline_);
   if (!in_micro_) Accumulate();
+  if (peer_lost_) {  // the step is abandoned; Step() recovers
+    EndMicroBatch();
+    return torch::zeros({}, torch::kFloat);
+  }
   if (!strategy_->RunsForwardBackward()) {
     torch::Tensor loss;
     {
@@ -670,8 +754,17 @@ double Accelerator::ClipGradNorm(double max_norm) {
 
 bool Accelerator::Step() {
   LAUNCH_CHECK(prepared_);
+  redo_ = false;
   if (in_micro_) EndMicroBatch();  // a micro-batch whose loss did not need a backward
   micro_open_ = false;
+  if (peer_lost_) {
+    const Status recovered = Recover();
+    if (!recovered.ok())
+      throw compat::MakeError("in-place recovery failed (the agent restarts every worker): " +
+                              recovered.ToString());
+    redo_ = true;
+    return false;
+  }
   if (!backward_since_step_) CheckNoUnsyncedGradients();
   if (!window_closes_) return false;
   backward_since_step_ = false;
@@ -739,6 +832,17 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
     if (pair->strategy) pair->strategy->AfterOptimizerStep(step_);
   if (first) {
     if (save_pending_) PollPendingSave();
+    MarkBoundary();
+    if (report_cost_since_ && recovered_from_ == rank()) {
+      // The recovery's cost as the job sees it: from the failure to the redone step, done.
+      std::fprintf(stderr,
+                   "train: rank %d: recovery %lld: step %lld redone %.2f s after the failure was "
+                   "detected (group generation %d, state from rank %d)\n",
+                   rank(), static_cast<long long>(recoveries_), static_cast<long long>(step_),
+                   Seconds(std::chrono::steady_clock::now() - *report_cost_since_), generation_,
+                   recovered_from_);
+    }
+    report_cost_since_.reset();
     Timeline::Get().EndStep();
   }
 }
@@ -753,6 +857,8 @@ std::string Accelerator::allreduce_transport() const {
 }
 
 Status Accelerator::Finish() {
+  // A peer lost at the last step boundary: its replacement comes straight here.
+  if (peer_lost_) LAUNCH_RETURN_IF_ERROR(Recover());
   LAUNCH_RETURN_IF_ERROR(WaitForCheckpoint());
   finished_ = true;  // saves from here on are synchronous: the run is about to end
   for (Pair& pair : pairs_)
@@ -788,8 +894,10 @@ void Accelerator::WriteTimeline() {
 }
 
 void Accelerator::SyncBuffers() {
-  for (Pair& pair : pairs_)
-    if (pair.strategy) pair.strategy->SyncBuffers();
+  Guarded([&] {
+    for (Pair& pair : pairs_)
+      if (pair.strategy) pair.strategy->SyncBuffers();
+  });
   if (pipeline_) pipeline_->SyncBuffers();
 }
 
@@ -805,6 +913,11 @@ Status Accelerator::SaveForPython(const std::string& path) {
 // --- Across ranks ----------------------------------------------------------------------------
 
 torch::Tensor& Accelerator::AllReduceSum(torch::Tensor& t) {
+  Guarded([&] { SumInPlace(t); });
+  return t;
+}
+
+void Accelerator::SumInPlace(torch::Tensor& t) {
   // Through shared memory when the group has it: the trainer agrees on signals with this after
   // every step, and a Gloo round trip costs 0.2-2 ms on 2 busy cores (most of a small model's
   // step) against ~20 us. Not counted as gradient communication either way.
@@ -816,7 +929,7 @@ torch::Tensor& Accelerator::AllReduceSum(torch::Tensor& t) {
     const Status status = shm->AllReduceNow(t);
     pg_->RingDone(token, status.ok());
     if (!status.ok()) throw compat::MakeError(status.ToString());
-    return t;
+    return;
   }
   if (c10d::ProcessGroup* pg = control()) {
     std::vector<at::Tensor> v = {t};
@@ -824,7 +937,6 @@ torch::Tensor& Accelerator::AllReduceSum(torch::Tensor& t) {
     pg->allreduce(v, c10d::AllreduceOptions())->wait();
     pg_->RingDone(token);
   }
-  return t;
 }
 
 double Accelerator::Mean(double value) {
@@ -838,7 +950,7 @@ torch::Tensor Accelerator::Gather(const torch::Tensor& t) { return torch::cat(Ga
 void Accelerator::Barrier() {
   if (c10d::ProcessGroup* pg = control()) {
     const uint64_t token = pg_->RingBegin(CollectiveOp::kBarrier, 0);
-    pg->barrier(c10d::BarrierOptions())->wait();
+    Guarded([&] { pg->barrier(c10d::BarrierOptions())->wait(); });
     pg_->RingDone(token);
   }
 }
@@ -869,7 +981,11 @@ SignalRequest Accelerator::PollSignals() {
   constexpr int kSignals = 65;  // signal numbers below 65; index = stop * kSignals + signo
   auto t = torch::zeros({2 * kSignals}, torch::kDouble);
   if (local > 0 && local < kSignals) t[(IsStop(local) ? kSignals : 0) + local] = 1.0;
-  AllReduceSum(t);
+  if (!Guarded([&] { SumInPlace(t); })) {
+    // A lost peer (in-place recovery): the ranks agree on it at the next poll, after recovering.
+    if (local != 0 && g_signal == 0) g_signal = local;
+    return SignalRequest();
+  }
   SignalRequest r;
   const auto seen = t.accessor<double, 1>();
   for (int code = 2 * kSignals - 1; code > 0; --code) {
@@ -916,6 +1032,13 @@ Status Accelerator::WriteStateFiles(const std::string& step_dir, const TrainStat
 
 Status Accelerator::SaveState(const std::string& dir) {
   LAUNCH_CHECK(prepared_);
+  if (peer_lost_) {
+    std::fprintf(stderr,
+                 "train: rank %d: no checkpoint at step %lld: a peer was lost (the previous one "
+                 "stays the latest)\n",
+                 rank(), static_cast<long long>(step_));
+    return Status::Ok();
+  }
   // One save at a time: an earlier asynchronous one is committed first.
   LAUNCH_RETURN_IF_ERROR(WaitForCheckpoint());
   const auto start = std::chrono::steady_clock::now();
@@ -934,6 +1057,13 @@ Status Accelerator::SaveState(const std::string& dir) {
     status = CommitState(dir, step_, status);
     if (!finished_)
       checkpoint_blocking_ms_ += 1000 * Seconds(std::chrono::steady_clock::now() - start);
+    if (!status.ok() && peer_lost_) {
+      std::fprintf(stderr,
+                   "train: rank %d: the checkpoint of step %lld was not committed: a peer was "
+                   "lost (the previous one stays the latest)\n",
+                   rank(), static_cast<long long>(step_));
+      return Status::Ok();
+    }
     return status;
   }
   if (status.ok()) status = ForkStateWriter(step_dir, state);
@@ -981,6 +1111,8 @@ Status Accelerator::CommitState(const std::string& dir, int64_t step, const Stat
   // Everyone learns whether every file was written before `latest` moves.
   auto failed = torch::tensor({status.ok() ? 0.0 : 1.0}, torch::kDouble);
   AllReduceSum(failed);
+  // A lost peer (in-place recovery): whether it wrote its files is unknown, so `latest` stays.
+  if (peer_lost_) return Status::PeerLost("a peer was lost before the checkpoint was committed");
   if (!status.ok()) return status;
   if (failed.item<double>() > 0)
     return Status::IoError("another rank failed to write its part of the checkpoint for step " +
@@ -1022,7 +1154,7 @@ Status Accelerator::WaitForCheckpoint() {
     save_pending_ = false;
     Status committed = CommitState(pending_dir_, pending_step_, writer_status_);
     checkpoint_blocking_ms_ += 1000 * Seconds(std::chrono::steady_clock::now() - start);
-    if (!committed.ok()) return committed;
+    if (!committed.ok() && !peer_lost_) return committed;
   }
   Status error = save_error_;
   save_error_ = Status::Ok();
@@ -1037,7 +1169,10 @@ void Accelerator::PollPendingSave() {
   if (writing.item<double>() > 0) return;
   save_pending_ = false;
   Status committed = CommitState(pending_dir_, pending_step_, writer_status_);
-  if (!committed.ok()) {
+  if (!committed.ok() && peer_lost_) {
+    std::fprintf(stderr, "train: rank %d: the checkpoint of step %lld was not committed: %s\n",
+                 rank(), static_cast<long long>(pending_step_), committed.message().c_str());
+  } else if (!committed.ok()) {
     // Said now, and returned by the next SaveState, WaitForCheckpoint or Finish.
     std::fprintf(stderr, "train: rank %d: the checkpoint of step %lld was not committed: %s\n",
                  rank(), static_cast<long long>(pending_step_), committed.message().c_str());
@@ -1115,6 +1250,7 @@ StatusOr<bool> Accelerator::LoadState(const std::string& dir, int64_t step) {
 
 StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<int64_t> step) {
   LAUNCH_CHECK(prepared_);
+  if (joined_from_peer_) return true;  // the state came from a live peer (Prepare)
   int64_t mine = -1;
   if (step) {
     const std::vector<int64_t> saved = SavedSteps(dir);
@@ -1187,6 +1323,7 @@ StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<in
                  static_cast<long long>(state.step));
   }
   ApplyRestoredCursor();
+  MarkBoundary();
   return true;
 }
 
@@ -1215,6 +1352,136 @@ void Accelerator::LoadTrainState(const TrainState& state) {
     ++cursor.epoch;
   }
   restored_cursor_ = cursor;
+}
+
+// --- In-place recovery -----------------------------------------------------------------------
+
+void Accelerator::MarkBoundary() {
+  if (!recover_) return;
+  boundary_.has_cursor = cursor_ != nullptr;
+  if (cursor_) boundary_.cursor = *cursor_;
+  boundary_.samples_seen = samples_seen_;
+  boundary_.samples_seen_global = samples_seen_global_;
+  // The buffers as they are now: a redone forward must not count its batch twice in running
+  // statistics. Copied into the same tensors every step (no allocation).
+  const auto buffers = model_->NamedBuffers();
+  if (boundary_.buffers.size() != buffers.size()) {
+    boundary_.buffers.clear();
+    for (const auto& [name, b] : buffers) boundary_.buffers.push_back(b.detach().clone());
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < buffers.size(); ++i) boundary_.buffers[i].copy_(buffers[i].second);
+}
+
+TrainState Accelerator::BoundaryTrainState() const {
+  TrainState state = CurrentTrainState();
+  if (boundary_.has_cursor) {
+    const LoaderCursor& c = boundary_.cursor;
+    state.epoch = c.epoch;
+    state.batch_in_epoch = c.batch;
+    state.epoch_start = c.start;
+    state.epoch_offset = c.offset();
+  }
+  state.samples_seen = boundary_.samples_seen;
+  state.samples_seen_global = boundary_.samples_seen_global;
+  return state;
+}
+
+Status Accelerator::ExchangeState() {
+  const int world = world_size();
+  // Who holds the run's state and how far along: slot r is rank r's steps done + 1, or 0 for a
+  // replacement. A survivor may be a step ahead of the others: the dead rank's part of the last
+  // all-reduce reached it before the others gave up. Its state is then the complete one.
+  auto slots = torch::zeros({world}, torch::kDouble);
+  if (prepared_) slots[rank()] = static_cast<double>(step_ + 1);
+  SumInPlace(slots);
+  const auto seen = slots.accessor<double, 1>();
+  int src = 0;
+  for (int r = 1; r < world; ++r)
+    if (seen[r] > seen[src]) src = r;
+  if (seen[src] == 0)
+    return Status::PeerLost("no live rank holds the run's state (every rank is a replacement)");
+  recovered_from_ = src;
+  std::string bytes;
+  if (rank() == src) {
+    LAUNCH_ASSIGN_OR_RETURN(bytes,
+                            SerializeReplicaState(*model_, *optimizer_, BoundaryTrainState()));
+  }
+  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong);
+  c10d::BroadcastOptions from_src;
+  from_src.rootRank = src;
+  std::vector<at::Tensor> v = {size};
+  pg_->broadcast(v, from_src)->wait();
+  const int64_t n = size.item<int64_t>();
+  at::Tensor payload = torch::empty({n}, torch::kByte);
+  if (rank() == src) std::memcpy(payload.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  v = {payload};
+  pg_->broadcast(v, from_src)->wait();
+  if (rank() != src) {
+    bytes.assign(reinterpret_cast<const char*>(payload.data_ptr<uint8_t>()),
+                 static_cast<size_t>(n));
+    // A replacement takes the buffers too; a survivor keeps its own (below).
+    LAUNCH_ASSIGN_OR_RETURN(TrainState state,
+                            RestoreReplicaState(bytes, *model_, *optimizer_, !prepared_));
+    LoadTrainState(state);
+  } else {
+    LoadTrainState(BoundaryTrainState());
+  }
+  torch::NoGradGuard no_grad;
+  if (prepared_) {
+    // Each survivor's buffers of its last boundary: rank 0's become everyone's at the next
+    // forward (broadcast_buffers), as in the undisturbed run.
+    const auto buffers = model_->NamedBuffers();
+    for (size_t i = 0; i < buffers.size() && i < boundary_.buffers.size(); ++i)
+      buffers[i].second.detach().copy_(boundary_.buffers[i]);
+  }
+  // Nothing of the abandoned step's gradients survives.
+  for (auto& p : model_->Parameters())
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  ApplyRestoredCursor();
+  return Status::Ok();
+}
+
+Status Accelerator::Recover() {
+  const int64_t step = step_ + 1;
+  std::fprintf(stderr,
+               "train: rank %d (pid %d): lost a peer during step %lld (%s); waiting for its "
+               "replacement\n",
+               rank(), static_cast<int>(::getpid()), static_cast<long long>(step),
+               lost_what_.c_str());
+  try {
+    // A new client: when rank 0 was the one lost, the store went with it and its replacement
+    // hosts a new one at the same address. A rank 0 that survived keeps hosting its own.
+    if (rank() != 0 || env_.use_agent_store) {
+      LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
+    }
+    LAUNCH_ASSIGN_OR_RETURN(
+        const int generation,
+        WaitForGeneration(*store_, generation_, timeout_, [] { return IsStop(g_signal); }));
+    generation_ = generation;
+    LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
+                                                 world_size(), env_, timeout_));
+    LAUNCH_RETURN_IF_ERROR(ExchangeState());
+    // The broken group goes with the old reducer here.
+    strategy_->Reform(pg_);
+  } catch (const std::exception& e) {
+    return Status::PeerLost(std::string("recovering from a lost peer: ") + e.what());
+  }
+  peer_lost_ = false;
+  in_micro_ = false;
+  micro_open_ = false;
+  micro_in_window_ = 0;
+  window_closes_ = false;
+  ++recoveries_;
+  report_cost_since_ = lost_at_;
+  MarkBoundary();
+  std::fprintf(stderr,
+               "train: rank %d: recovered %.2f s after the failure: group generation %d with the "
+               "replacement, state of step %lld from rank %d; redoing step %lld\n",
+               rank(), Seconds(std::chrono::steady_clock::now() - lost_at_), generation_,
+               static_cast<long long>(step_), recovered_from_, static_cast<long long>(step_ + 1));
+  return Status::Ok();
 }
 
 // --- Internal --------------------------------------------------------------------------------

@@ -71,7 +71,29 @@
 // PeerLost where the method returns a Status. A program run by `launch` may just let it
 // propagate: the agent stops the siblings and, with --max_restarts, restarts everyone, and
 // LoadState resumes from the last checkpoint.
+//
+// In-place recovery (`launch --recover in_place --max_restarts N`, which sets LAUNCH_RECOVER;
+// ddp, or one process): a lost peer costs the step in flight, not the run. When a collective
+// fails because a peer is gone, every later collective call of this Accelerator does nothing
+// until Step(), which then waits for the replacement the agent starts for that rank (up to the
+// init timeout), forms a new group with it, and makes every rank take the state of the live
+// rank that is furthest along (lowest rank among equals): parameters, optimizer state, step,
+// LR-schedule anchor and data position as they were at that rank's last step boundary; each
+// survivor keeps its own buffers of that boundary, a replacement takes that rank's. Nothing of
+// the abandoned step survives (its gradients are dropped; the optimizer had not stepped), no
+// checkpoint is read, and the loader serves the abandoned step's batches again, so a loop
+// written against this API redoes the step unchanged: Step() returns false, redo() true. A
+// replacement (LAUNCH_RECOVER_GENERATION > 0) receives that state in Prepare and LoadState then
+// reads nothing. Randomness: with recovery on, the default CPU generator is reseeded at every
+// micro-batch from (seed, rank, step, micro-batch), which a replacement re-derives (a dead
+// rank's generator state is not kept anywhere). A checkpoint whose commit a lost peer
+// interrupted is skipped (the previous one stays the latest). A replacement that does not come
+// within the timeout, or any other failure while recovering, throws c10::Error from Step(): the
+// worker fails and the agent restarts everyone as without recovery. Limits: BatchNorm-like
+// buffers are rank 0's running statistics (PyTorch's broadcast_buffers); when rank 0 is the
+// one lost, its buffers' last updates are lost with it and the others' are taken instead.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -91,6 +113,7 @@
 
 namespace c10d {
 class ProcessGroup;
+class Store;
 }  // namespace c10d
 
 namespace launch::trainer {
@@ -384,7 +407,19 @@ class Accelerator {
   // ForwardBackward or PipelineForwardBackward. A Step with no such call since the last step
   // while the parameters have non-zero gradients (a loop that kept its loss.backward()) fails
   // a CHECK naming the fix on every rank, instead of letting the replicas drift apart.
+  // With in-place recovery, after a peer was lost during the step: recovers (see the top of this
+  // file; COLLECTIVE with the replacement), returns false and redo() is true.
   bool Step();
+  // Whether the last Step() abandoned the step in flight after recovering from a lost peer:
+  // the loader serves that step's batches again and the step's losses so far are void.
+  bool redo() const { return redo_; }
+  // In-place recovery is on for this process (LAUNCH_RECOVER=in_place and a mode that supports
+  // it; known after Prepare).
+  bool recovers_in_place() const { return recover_; }
+  // This process is a replacement that received the run's state from a live peer in Prepare.
+  bool joined_from_peer() const { return joined_from_peer_; }
+  // Recoveries this process took part in (as a survivor or as the replacement).
+  int64_t recoveries() const { return recoveries_; }
   // LR schedules, applied by Step() before each optimizer step, as functions of the optimizer
   // steps done (0 for the first step). Unset: the optimizer's own learning rates are left
   // alone. A later call replaces the schedule set before.
@@ -641,6 +676,22 @@ class Accelerator {
   // COLLECTIVE.
   void PollPendingSave();
   c10d::ProcessGroup* control() const;
+  // --- In-place recovery (see the top of this file) ---
+  // Runs `fn` (collective work); with recovery on, a failure from a lost peer is caught and
+  // noted (peer_lost_) and false returned; after that, returns false without running `fn`
+  // until Recover. Other errors propagate.
+  template <typename Fn>
+  bool Guarded(Fn&& fn);
+  // After a lost peer: waits for the replacement, re-forms the group, takes the live state and
+  // resets the step in flight. COLLECTIVE with the replacement.
+  Status Recover();
+  // Every rank of the new group takes the furthest live rank's state. COLLECTIVE.
+  Status ExchangeState();
+  // Notes the state at a step boundary that a recovery goes back to.
+  void MarkBoundary();
+  TrainState BoundaryTrainState() const;
+  // AllReduceSum's work, unguarded.
+  void SumInPlace(torch::Tensor& t);
   void CountSamples(int64_t n) {
     samples_seen_ += n;
     samples_seen_global_ += n * data_world_;
@@ -744,6 +795,30 @@ class Accelerator {
   int64_t checkpoints_saved_ = 0;
   double checkpoint_blocking_ms_ = 0;
   std::optional<LoaderCursor> restored_cursor_;  // LoadState before PrepareDataLoader
+  // In-place recovery: on; a collective failed for a lost peer (what, when); the last Step()
+  // abandoned its step; this process is a replacement; the group generation; the recoveries;
+  // the store (a rank 0 that hosts it keeps it); the time of the failure the next stepped
+  // Step() reports the cost of; the state at the last step boundary.
+  bool recover_ = false;
+  bool peer_lost_ = false;
+  std::string lost_what_;
+  std::chrono::steady_clock::time_point lost_at_;
+  bool redo_ = false;
+  bool joined_from_peer_ = false;
+  int generation_ = 0;
+  int64_t recoveries_ = 0;
+  std::chrono::milliseconds timeout_{300000};
+  std::chrono::steady_clock::time_point created_at_ = std::chrono::steady_clock::now();
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::optional<std::chrono::steady_clock::time_point> report_cost_since_;
+  int recovered_from_ = -1;  // the rank whose state the last recovery took
+  struct Boundary {
+    LoaderCursor cursor;
+    bool has_cursor = false;
+    int64_t samples_seen = 0;
+    int64_t samples_seen_global = 0;
+    std::vector<torch::Tensor> buffers;  // clones of the model's buffers
+  } boundary_;
   std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting
 
   // Issue 25: loops ported from plain LibTorch.

@@ -169,6 +169,24 @@ class DdpStrategy : public ParallelStrategy {
 
   void Setup() override {
     BroadcastModel(pg_, model_);
+    BuildReducer();
+  }
+
+  bool SupportsInPlaceRecovery() const override { return true; }
+
+  void Reform(c10::intrusive_ptr<CountingProcessGroup> pg) override {
+    // The old reducer goes first (it holds the broken group and the abandoned step's buckets);
+    // the new one starts as the first one did, rebuilding its buckets after its first step on
+    // every rank alike.
+    reducer_.reset();
+    SetGroup(std::move(pg));
+    previous_forward_synced_ = true;
+    BuildReducer();
+  }
+
+ private:
+  // The reducer over pg_ and, once per strategy, the gradient-time hooks.
+  void BuildReducer() {
     params_ = model_->Parameters();
     // Gradients are produced roughly in reverse parameter order, so assign buckets walking the
     // parameters backwards: the first (small) bucket holds the last layers and can be
@@ -214,7 +232,9 @@ class DdpStrategy : public ParallelStrategy {
       reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, ExchangeMaxBytes()));
     // Tensor hooks on every parameter record when backward produced its gradient; the last
     // one marks the end of gradient computation, against which bucket launch times are
-    // compared to measure overlap.
+    // compared to measure overlap. Once: they outlive reducers (Reform).
+    if (hooked_) return;
+    hooked_ = true;
     for (auto& p : params_) {
       p.register_hook([this](const at::Tensor& grad) {
         std::lock_guard<std::mutex> lock(mu_);
@@ -224,6 +244,7 @@ class DdpStrategy : public ParallelStrategy {
     }
   }
 
+ public:
   bool SyncGradients(bool window_closes) const override {
     return window_closes || sync_each_batch_;
   }
@@ -302,6 +323,7 @@ class DdpStrategy : public ParallelStrategy {
   bool find_unused_;
   bool bf16_buckets_;                    // parallel.comm_hook bf16
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as PyTorch's does
+  bool hooked_ = false;                  // the gradient-time hooks are registered
   std::vector<at::Tensor> params_;
   std::unique_ptr<c10d::Reducer> reducer_;
   int64_t num_buckets_ = 0;

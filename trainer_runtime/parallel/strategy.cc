@@ -17,6 +17,10 @@ void BroadcastModel(const c10::intrusive_ptr<CountingProcessGroup>& pg, Model* m
   BroadcastFromRank0(pg, std::move(tensors));
 }
 
+void ParallelStrategy::Reform(c10::intrusive_ptr<CountingProcessGroup>) {
+  TORCH_CHECK(false, Name(), " cannot go on over a re-formed group (no in-place recovery)");
+}
+
 double ParallelStrategy::ClipGradNorm(double max_norm) {
   return torch::nn::utils::clip_grad_norm_(model_->Parameters(), max_norm);
 }

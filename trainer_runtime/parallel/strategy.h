@@ -120,6 +120,16 @@ class ParallelStrategy {
                                 int64_t written_by);
   // Number of gradient buckets (ddp), 0 otherwise.
   virtual int64_t num_buckets() const { return 0; }
+
+  // --- In-place recovery (accelerator.h) -----------------------------------------------------
+  // Whether the strategy can go on over a new group after a peer was lost and replaced: what it
+  // keeps between steps is the same on every rank and comes whole from one live peer (ddp).
+  virtual bool SupportsInPlaceRecovery() const { return false; }
+  // Goes on over `pg`, the group re-formed with the replacement, instead of the broken one:
+  // drops whatever it holds of the step in flight and readies the next step as Setup does,
+  // without Setup's broadcast (the state came from a live peer). Gradients must be zero or
+  // undefined. REQUIRES: SupportsInPlaceRecovery() (checked: c10::Error).
+  virtual void Reform(c10::intrusive_ptr<CountingProcessGroup> pg);
   // dp (dp.h): the strategy runs forward, loss and backward itself (replicas on threads). When
   // true the loop calls ForwardBackward instead of forward, loss and backward().
   virtual bool RunsForwardBackward() const { return false; }

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <sstream>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -333,16 +334,60 @@ std::vector<PieceRange> RangesOf(const torch::Tensor& t) {
 
 }  // namespace
 
+namespace {
+
+// The model file's keys: parameters, buffers and the optimizer's state. The archive refers to
+// the tensors; nothing is copied until it is written. Throws c10::Error.
+void WriteModel(torch::serialize::OutputArchive& archive, const Model& model,
+                torch::optim::Optimizer& optimizer) {
+  for (auto& [name, p] : model.NamedParameters()) archive.write("param/" + name, p.detach());
+  for (auto& [name, b] : model.NamedBuffers()) archive.write("buffer/" + name, b.detach());
+  torch::serialize::OutputArchive opt;
+  optimizer.save(opt);
+  archive.write("optimizer", opt);
+}
+
+// Restores WriteModel's keys from `archive` (`what` names it in errors: "checkpoint 'x.pt'").
+Status ReadModel(torch::serialize::InputArchive& archive, const std::string& what,
+                 const Model& model, torch::optim::Optimizer& optimizer, bool buffers) {
+  std::string current = "param";
+  try {
+    torch::NoGradGuard no_grad;
+    auto restore = [&](const std::string& key, const torch::Tensor& dst) -> Status {
+      current = key;
+      torch::Tensor src;
+      archive.read(key, src);
+      if (!src.sizes().equals(dst.sizes()))
+        return Status::InvalidConfig(what + ": " + key + " has shape " + c10::str(src.sizes()) +
+                                     " but the model has " + c10::str(dst.sizes()) +
+                                     " (was it written by a different model?)");
+      dst.detach().copy_(src);
+      return Status::Ok();
+    };
+    for (auto& [name, p] : model.NamedParameters())
+      LAUNCH_RETURN_IF_ERROR(restore("param/" + name, p));
+    if (buffers)
+      for (auto& [name, b] : model.NamedBuffers())
+        LAUNCH_RETURN_IF_ERROR(restore("buffer/" + name, b));
+    current = "optimizer";
+    torch::serialize::InputArchive opt;
+    archive.read("optimizer", opt);
+    optimizer.load(opt);
+    return Status::Ok();
+  } catch (const c10::Error& e) {
+    return Status::InvalidConfig(
+        what + ": cannot restore " + current +
+        " (was it written by a different model or optimizer?): " + e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
 Status SaveModelState(const std::string& path, const Model& model,
                       torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
   try {
-    // The archive refers to the tensors; nothing is copied until it is written.
-    for (auto& [name, p] : model.NamedParameters()) archive.write("param/" + name, p.detach());
-    for (auto& [name, b] : model.NamedBuffers()) archive.write("buffer/" + name, b.detach());
-    torch::serialize::OutputArchive opt;
-    optimizer.save(opt);
-    archive.write("optimizer", opt);
+    WriteModel(archive, model, optimizer);
   } catch (const c10::Error& e) {
     return Status::IoError("serialising checkpoint " + path + ": " + e.what_without_backtrace());
   }
@@ -352,35 +397,40 @@ Status SaveModelState(const std::string& path, const Model& model,
 Status LoadModelState(const std::string& path, const Model& model,
                       torch::optim::Optimizer& optimizer) {
   LAUNCH_ASSIGN_OR_RETURN(auto archive, Open(path));
-  std::string current = "param";
+  return ReadModel(*archive, "checkpoint '" + path + "'", model, optimizer, /*buffers=*/true);
+}
+
+StatusOr<std::string> SerializeReplicaState(const Model& model, torch::optim::Optimizer& optimizer,
+                                            const TrainState& state) {
   try {
-    torch::NoGradGuard no_grad;
-    auto restore = [&](const std::string& key, const torch::Tensor& dst) -> Status {
-      current = key;
-      torch::Tensor src;
-      archive->read(key, src);
-      if (!src.sizes().equals(dst.sizes()))
-        return Status::InvalidConfig("checkpoint '" + path + "': " + key + " has shape " +
-                                     c10::str(src.sizes()) + " but the model has " +
-                                     c10::str(dst.sizes()) +
-                                     " (was it written by a different model?)");
-      dst.detach().copy_(src);
-      return Status::Ok();
-    };
-    for (auto& [name, p] : model.NamedParameters())
-      LAUNCH_RETURN_IF_ERROR(restore("param/" + name, p));
-    for (auto& [name, b] : model.NamedBuffers())
-      LAUNCH_RETURN_IF_ERROR(restore("buffer/" + name, b));
-    current = "optimizer";
-    torch::serialize::InputArchive opt;
-    archive->read("optimizer", opt);
-    optimizer.load(opt);
-    return Status::Ok();
+    torch::serialize::OutputArchive archive;
+    WriteModel(archive, model, optimizer);
+    archive.write("meta", MetaTensor(state));
+    archive.write("schedule", ScheduleTensor(state));
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
   } catch (const c10::Error& e) {
-    return Status::InvalidConfig(
-        "checkpoint '" + path + "': cannot restore " + current +
-        " (was it written by a different model or optimizer?): " + e.what_without_backtrace());
+    return Status::IoError(std::string("serialising the replica's state: ") +
+                           e.what_without_backtrace());
   }
+}
+
+StatusOr<TrainState> RestoreReplicaState(const std::string& bytes, const Model& model,
+                                         torch::optim::Optimizer& optimizer, bool buffers) {
+  torch::serialize::InputArchive archive;
+  torch::Tensor meta, schedule;
+  try {
+    std::istringstream in(bytes);
+    archive.load_from(in);
+    archive.read("meta", meta);
+    archive.read("schedule", schedule);
+  } catch (const c10::Error& e) {
+    return Status::IoError(std::string("reading a peer's replica state: ") +
+                           e.what_without_backtrace());
+  }
+  LAUNCH_RETURN_IF_ERROR(ReadModel(archive, "a peer's replica state", model, optimizer, buffers));
+  return FromMeta(meta, schedule);
 }
 
 std::string ShardFile(const std::string& dir, int64_t rank) {

@@ -48,6 +48,18 @@ Status SaveModelState(const std::string& path, const Model& model,
 Status LoadModelState(const std::string& path, const Model& model,
                       torch::optim::Optimizer& optimizer);
 
+// --- In-place recovery: a live peer's state, in memory (Accelerator, "In-place recovery") ------
+// Parameters, buffers, optimizer state and `state` (the loop position; no RNG state: in-place
+// recovery derives each micro-batch's stream from (seed, rank, step)) as the bytes of one
+// LibTorch archive, the same keys as the model file. IoError when LibTorch cannot serialise.
+StatusOr<std::string> SerializeReplicaState(const Model& model, torch::optim::Optimizer& optimizer,
+                                            const TrainState& state);
+// Restores what SerializeReplicaState wrote into `model` (parameters; buffers only when
+// `buffers`) and `optimizer`, and returns its TrainState. InvalidConfig naming the first
+// tensor whose shape differs (another model).
+StatusOr<TrainState> RestoreReplicaState(const std::string& bytes, const Model& model,
+                                         torch::optim::Optimizer& optimizer, bool buffers);
+
 // --- Optimizer state in pieces (ZeRO's shards), independent of how it was cut -------------
 //
 // A ZeRO rank's optimizer steps pieces of the trained parameters (parallel/zero.h). A checkpoint

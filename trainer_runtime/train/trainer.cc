@@ -79,6 +79,34 @@ class TrainRows : public torch::data::datasets::BatchDataset<TrainRows, torch::d
   const Dataset* data_;
 };
 
+// LAUNCH_TEST_SIGKILL_AT="RANK:STEP:PHASE[,...]" (tests of in-place recovery): the first
+// workers (not replacements, not a restarted group's) of rank RANK SIGKILL themselves in step STEP
+// at PHASE: forward (before it), backward (as it starts), optimizer (as the optimizer steps, after
+// the gradients were averaged) or checkpoint (before the checkpoint after step STEP).
+struct DieAt {
+  int rank = -1;
+  int64_t step = 0;
+  std::string phase;
+};
+
+StatusOr<std::vector<DieAt>> ParseDieAt(const char* text) {
+  std::vector<DieAt> out;
+  if (text == nullptr || *text == '\0') return out;
+  for (const std::string& item : Split(text, ',')) {
+    const std::vector<std::string> parts = Split(item, ':');
+    long long rank = 0, step = 0;
+    if (parts.size() != 3 || !ParseInt64(parts[0], &rank) || !ParseInt64(parts[1], &step) ||
+        (parts[2] != "forward" && parts[2] != "backward" && parts[2] != "optimizer" &&
+         parts[2] != "checkpoint"))
+      return Status::InvalidConfig(
+          "environment LAUNCH_TEST_SIGKILL_AT: expected RANK:STEP:PHASE (forward, backward, "
+          "optimizer or checkpoint), got '" +
+          item + "'");
+    out.push_back({static_cast<int>(rank), static_cast<int64_t>(step), parts[2]});
+  }
+  return out;
+}
+
 class Trainer {
  public:
   Trainer(const config::TrainConfig& cfg, const TrainerOptions& opts) : cfg_(cfg), opts_(opts) {}
@@ -118,6 +146,11 @@ class Trainer {
                                                            : cfg_.output_dir + "/checkpoints";
   }
   std::string WriteDir() const { return cfg_.output_dir + "/checkpoints"; }
+  // LAUNCH_TEST_SIGKILL_AT: dies here when this rank, `step` and `phase` are listed.
+  void MaybeDie(int64_t step, const char* phase) const {
+    for (const DieAt& d : die_at_)
+      if (d.rank == accel_->rank() && d.step == step && d.phase == phase) ::raise(SIGKILL);
+  }
   // Seed of the augmentation of this rank's batch `batch` of epoch `epoch`.
   uint64_t AugmentSeed(int64_t epoch, int64_t batch) const {
     uint64_t h = cfg_.seed * 0x9E3779B97F4A7C15ull;
@@ -147,7 +180,8 @@ class Trainer {
   int64_t steps_this_run_ = 0;
   double window_loss_sum_ = 0;  // plain log lines: loss summed since the last line
   int64_t window_steps_ = 0;
-  double loop_s_ = 0;  // the training loop alone (no setup, no final eval): for benchmarks
+  double loop_s_ = 0;          // the training loop alone (no setup, no final eval): for benchmarks
+  std::vector<DieAt> die_at_;  // LAUNCH_TEST_SIGKILL_AT (first workers only)
 };
 
 Status Trainer::Prepare() {
@@ -164,6 +198,9 @@ Status Trainer::Prepare() {
     cfg_.parallel.dp_seeded_replicas = false;
   phase_ = "joining the process group";
   LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
+  if (accel_->env().recover_generation == 0 && accel_->env().restart_count == 0) {
+    LAUNCH_ASSIGN_OR_RETURN(die_at_, ParseDieAt(std::getenv("LAUNCH_TEST_SIGKILL_AT")));
+  }
   tty_ = accel_->IsMainProcess() && ::isatty(STDOUT_FILENO);
   // The pipeline's send/recv use shared memory exactly when the all-reduce does (one decision
   // per group, process_group.h).
@@ -191,7 +228,8 @@ Status Trainer::Prepare() {
   // The schedule is as long as the run is in the world it started in, whatever world resumes
   // it: a checkpoint names that world (origin_data_world).
   schedule_steps_ = total_steps_;
-  if (cfg_.resume != "never") {
+  // A replacement (in-place recovery) reads no checkpoint: its state comes from a live peer.
+  if (cfg_.resume != "never" && accel_->env().recover_generation == 0) {
     const std::string dir = CheckpointDir();
     if (StatusOr<int64_t> latest = Accelerator::LatestStep(dir); latest.ok()) {
       // dir/step<N>/rank0.pt: the layout SaveState documents (accelerator.h).
@@ -215,6 +253,7 @@ Status Trainer::Prepare() {
   const config::SchedulerConfig sched = cfg_.scheduler;
   const double base_lr = cfg_.optimizer.lr;
   accel_->SetLrSchedule([this, sched, base_lr](int64_t step) {
+    MaybeDie(step + 1, "optimizer");  // Step() asks for the rate just before the update
     // Past a world-size change the rest of the schedule is stretched over the steps left
     // (SetRunLength); before any, the position is the step, as it always was.
     const Accelerator::ScheduleAnchor& a = accel_->schedule_anchor();
@@ -354,7 +393,7 @@ Status Trainer::PreparePipelineStage() {
 
 Status Trainer::MaybeResume() {
   phase_ = "resuming";
-  if (cfg_.resume == "never") return Status::Ok();
+  if (cfg_.resume == "never" || accel_->joined_from_peer()) return Status::Ok();
   const std::string dir = CheckpointDir();
   const bool explicit_path = cfg_.resume != "auto";
   StatusOr<int64_t> latest = Accelerator::LatestStep(dir);
@@ -429,6 +468,7 @@ void Trainer::TrainStep() {
         batch.data = Augment(data_, batch.data, AugmentSeed(at.epoch, at.batch));
     }
     accel_->Accumulate();
+    MaybeDie(accel_->step() + 1, "forward");
     if (pipeline_) {
       torch::Tensor loss = accel_->PipelineForwardBackward(
           batch,
@@ -438,13 +478,25 @@ void Trainer::TrainStep() {
       torch::Tensor loss = accel_->ForwardBackward(
           batch, [this](torch::nn::Module& m, const torch::data::Example<>& b) {
             ForwardOutput out = RunForward(m, b, cfg_.model);
-            return out.loss.defined() ? out.loss : criterion_(out.logits, b.target);
+            torch::Tensor loss = out.loss.defined() ? out.loss : criterion_(out.logits, b.target);
+            if (!die_at_.empty() && loss.requires_grad())
+              loss.register_hook([this, step = accel_->step() + 1](torch::Tensor grad) {
+                MaybeDie(step, "backward");
+                return grad;
+              });
+            return loss;
           });
       loss_sum += loss.item<double>();
     }
     ++micro;
     phase_ = "optimizer step";
-  } while (!accel_->Step());
+    const bool stepped = accel_->Step();
+    if (accel_->redo()) {  // a lost peer was replaced: the step starts over (accelerator.h)
+      loss_sum = 0;
+      micro = 0;
+    }
+    if (stepped) break;
+  } while (true);
   last_loss_ = pipeline_ ? accel_->pipeline_loss() : loss_sum / static_cast<double>(micro);
 }
 
@@ -639,6 +691,8 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
                           {"steps_this_run", steps_this_run_},
                           {"wall_s", wall_s},
                           {"loop_s", loop_s_}};
+  // In-place recovery: the recoveries rank 0 (the main process) took part in.
+  if (accel_->recovers_in_place()) summary["recoveries"] = accel_->recoveries();
   if (pipeline_) summary["pipeline"] = std::move(pipeline);
   // Hierarchical collectives: what rank 0, host 0's leader, ran across hosts (hierarchical.h).
   if (CountingProcessGroup* pg = accel_->process_group(); pg && pg->hierarchical())
@@ -718,6 +772,7 @@ Status Trainer::Run() {
     // At the last step the run's own end writes the checkpoint (and final.json) below.
     const bool last = step >= total_steps_;
     if ((scheduled || signal.checkpoint) && !last) {
+      MaybeDie(step, "checkpoint");
       LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
       // A signal's checkpoint is committed before going on (preemption may follow at once).
       if (signal.checkpoint) LAUNCH_RETURN_IF_ERROR(accel_->WaitForCheckpoint());

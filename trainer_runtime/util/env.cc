@@ -65,6 +65,14 @@ StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
     d.use_agent_store = ToLower(Trim(text)) == "true" || Trim(text) == "1";
   if (!Find(env, {"ACCELERATE_USE_CPU"}, &text).empty())
     d.use_cpu = ToLower(Trim(text)) == "true" || Trim(text) == "1";
+  if (!Find(env, {"LAUNCH_RECOVER"}, &text).empty()) {
+    const std::string mode = Trim(text);
+    if (mode != "in_place" && mode != "restart" && !mode.empty())
+      return Status::InvalidConfig(
+          "environment LAUNCH_RECOVER: expected in_place or restart, got '" + text + "'");
+    d.recover_in_place = mode == "in_place";
+  }
+  LAUNCH_RETURN_IF_ERROR(ReadInt(env, {"LAUNCH_RECOVER_GENERATION"}, 0, &d.recover_generation));
   d.from_launcher = has_rank || has_world;
   if (has_rank != has_world)
     return Status::InvalidConfig(

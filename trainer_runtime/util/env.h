@@ -28,6 +28,12 @@ struct DistEnv {
   // ACCELERATE_USE_CPU=True (launch --cpu, accelerate's use_cpu): compute on the CPU even where
   // LibTorch and the machine have a GPU.
   bool use_cpu = false;
+  // LAUNCH_RECOVER=in_place (launch --recover in_place): the agent replaces a dead worker alone
+  // and the others wait for it (accelerator.h, "In-place recovery"); "restart" or unset: off.
+  bool recover_in_place = false;
+  // LAUNCH_RECOVER_GENERATION: 0 for the job's first workers; N > 0 for the N-th replacement
+  // the agent started, which joins the survivors instead of starting a run.
+  int recover_generation = 0;
 
   bool distributed() const { return world_size > 1; }
   // "rank 1/2 (local 1) store 127.0.0.1:29500"

@@ -36,6 +36,21 @@ TEST_CASE("ParseDistEnvReadsTorchrunContract") {
   CHECK(agent->use_agent_store);
 }
 
+TEST_CASE("ParseDistEnvReadsInPlaceRecovery") {
+  auto off = ParseDistEnv({});
+  REQUIRE(off.ok());
+  CHECK_FALSE(off->recover_in_place);
+  CHECK(off->recover_generation == 0);
+  auto on = ParseDistEnv({{"LAUNCH_RECOVER", "in_place"}, {"LAUNCH_RECOVER_GENERATION", "2"}});
+  REQUIRE(on.ok());
+  CHECK(on->recover_in_place);
+  CHECK(on->recover_generation == 2);
+  auto bad = ParseDistEnv({{"LAUNCH_RECOVER", "yes"}});
+  CHECK(bad.status().message() ==
+        "environment LAUNCH_RECOVER: expected in_place or restart, got 'yes'");
+  CHECK_FALSE(ParseDistEnv({{"LAUNCH_RECOVER_GENERATION", "-1"}}).ok());
+}
+
 TEST_CASE("ParseDistEnvFallsBackToOpenMpi") {
   auto env = ParseDistEnv({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}});
   REQUIRE(env.ok());

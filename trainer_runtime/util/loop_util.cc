@@ -52,7 +52,11 @@ std::string MetricsHistoryUpTo(const std::string& path, int64_t step) {
 }
 
 bool IsLostPeerError(const std::string& what) {
-  return what.find("Connection closed by peer") != std::string::npos ||
+  // PeerLost: the shared-memory transports' own reports (a peer's pid exited, or a peer gave up
+  // on the operation); Broken pipe: Gloo writing to a peer that is gone.
+  return what.find("PeerLost") != std::string::npos ||
+         what.find("Broken pipe") != std::string::npos ||
+         what.find("Connection closed by peer") != std::string::npos ||
          what.find("Connection reset") != std::string::npos ||
          what.find("Timed out") != std::string::npos || what.find("timed out") != std::string::npos;
 }
