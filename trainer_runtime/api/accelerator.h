@@ -44,7 +44,7 @@
 //              forward leave parameters unused (PyTorch's option); rank 0's buffers (BatchNorm
 //              statistics) become every rank's before each forward that follows a synchronised
 //              one, as PyTorch's broadcast_buffers, and at Finish / SyncBuffers;
-//   local_sgd  (local_sgd_steps K > 0 with none or ddp) no gradient communication: each process
+//   local_sgd  (local_sgd_steps K > 0 with ddp) no gradient communication: each process
 //              steps its own replica and parameters are averaged every K optimizer steps and
 //              by Finish(); with options.local_sgd.outer nesterov, DiLoCo's outer step on the
 //              averaged change (parallel/local_sgd.h);
