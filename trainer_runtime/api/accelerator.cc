@@ -306,6 +306,13 @@ void Accelerator::Accumulate() {
 }
 
 void Accelerator::Backward(const torch::Tensor& loss) {
+  // dp's replicas exist only inside ForwardBackward: a loss computed by the caller comes from
+  // replica 0 alone, which would then train on the whole batch while the others sit idle.
+  if (strategy_ && strategy_->RunsForwardBackward())
+    throw compat::MakeError(
+        "Accelerator::Backward: train.parallel.mode dp runs every replica's forward and backward "
+        "itself; call ForwardBackward(batch, fn) instead of a forward of your own and "
+        "Backward(loss)");
   if (!in_micro_) Accumulate();
   strategy_->BeforeBackward(loss, sync_);
   // Accelerate's convention: the loss of every micro-batch is divided by N.
