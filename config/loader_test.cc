@@ -656,11 +656,12 @@ TEST_CASE("LocalSgdRefusesModeNoneAndSyncEachBatchNamingTheKeysAndTheirLines") {
         "every K steps; parallel.mode none trains each process alone (use mode ddp, the default, "
         "with local_sgd_steps)");
   LaunchConfig sync;
-  CHECK(LoadValid("train:\n  parallel: {mode: ddp}\n  sync_each_batch: true\n  local_sgd_steps: 4\n",
-                  &sync)
-            .message() ==
-        "train.yaml:3: train.sync_each_batch: all-reduces gradients every micro-batch, but Local "
-        "SGD (local_sgd_steps 4) all-reduces no gradients; it averages parameters every K steps");
+  CHECK(
+      LoadValid("train:\n  parallel: {mode: ddp}\n  sync_each_batch: true\n  local_sgd_steps: 4\n",
+                &sync)
+          .message() ==
+      "train.yaml:3: train.sync_each_batch: all-reduces gradients every micro-batch, but Local "
+      "SGD (local_sgd_steps 4) all-reduces no gradients; it averages parameters every K steps");
   // The same rules for a configuration built in code (Accelerator::Create).
   TrainConfig t;
   t.parallel.mode = ParallelMode::kNone;

@@ -121,8 +121,8 @@ Status RunSelfTest(const SelfTestOptions& options) {
                                        ", expected " + Num(expected));
   }));
 
-  LAUNCH_RETURN_IF_ERROR(checker.Run("all-reduce, 4 MB" + routed,
-                                     [&]() { return AllReduce4Mb(*pg, rank, world); }));
+  LAUNCH_RETURN_IF_ERROR(
+      checker.Run("all-reduce, 4 MB" + routed, [&]() { return AllReduce4Mb(*pg, rank, world); }));
   LAUNCH_RETURN_IF_ERROR(checker.Run("all-reduce, 4 MB (Gloo)",
                                      [&]() { return AllReduce4Mb(pg->inner(), rank, world); }));
   LAUNCH_RETURN_IF_ERROR(checker.Run("broadcast from rank 0" + routed,
