@@ -38,7 +38,7 @@ JOB = """train:
   seed: 3
   output_dir: {out}
   model: {model}
-  data: {{type: synthetic, samples: 4096}}
+  data: {data}
   eval_fraction: 0.0
   batch_size: 8
   max_steps: {steps}
@@ -72,9 +72,14 @@ class ErrorPhaseTest(unittest.TestCase):
         exporter = write_config(self.tmp, EXPORT_DETACHED, "export.py")
         r = harness.run([harness.SYSTEM_PYTHON, exporter, model], timeout=RUN_TIMEOUT)
         self.assertEqual(r.returncode, 0, r.stderr)
+        csv = os.path.join(self.tmp, "d.csv")
+        with open(csv, "w") as f:  # 16 features and a class label in [0, 4)
+            f.write(",".join(f"x{i}" for i in range(16)) + ",label\n")
+            for row in range(64):
+                f.write(",".join(str((row * 7 + i) % 11) for i in range(16)) + f",{row % 4}\n")
         cfg = write_config(self.tmp, JOB.format(
             out=os.path.join(self.tmp, "out"), steps=5, mode="none",
-            model=f"{{torchscript: {model}}}"))
+            model=f"{{torchscript: {model}}}", data=f"{{type: csv, path: {csv}}}"))
         procs, _ = start_ranks(cfg, 1)
         [(rc, out, err)] = wait_all(procs, RUN_TIMEOUT)
         self.assertNotEqual(rc, 0, out + err)
@@ -86,7 +91,8 @@ class ErrorPhaseTest(unittest.TestCase):
         # it, so a peer killed mid-run is noticed there.
         out = os.path.join(self.tmp, "out")
         cfg = write_config(self.tmp, JOB.format(
-            out=out, steps=1000000, mode="none", model="{type: mlp, layers: [32, 64, 10]}"))
+            out=out, steps=1000000, mode="none", model="{type: mlp, layers: [32, 64, 10]}",
+            data="{type: synthetic, samples: 4096}"))
         procs, _ = start_ranks(cfg, 2)
         try:
             started = harness.wait_until(lambda: logged_steps(out) >= 3, timeout=RUN_TIMEOUT)
