@@ -39,7 +39,7 @@ class Checker {
       return s.WithContext(name);
     }
     if (rank_ == 0)
-      std::printf("[self-test] check %d/%d %-40s ok (%.2f ms)\n", index_, total_, name.c_str(),
+      std::printf("[self-test] check %d/%d %-42s ok (%.2f ms)\n", index_, total_, name.c_str(),
                   Ms(t0));
     std::fflush(stdout);
     return Status::Ok();
