@@ -663,6 +663,30 @@ TEST_CASE("DilocoKeysLoadAndApplyOnlyToLocalSgdWithNesterov") {
   CHECK(message.find("nesterov") != std::string::npos);
 }
 
+TEST_CASE("LocalSgdRefusesModeNoneAndSyncEachBatchNamingTheKeysAndTheirLines") {
+  LaunchConfig none;
+  CHECK(LoadValid("train:\n  local_sgd_steps: 4\n  parallel: {mode: none}\n", &none).message() ==
+        "train.yaml:2: train.local_sgd_steps: Local SGD averages parameters across processes "
+        "every K steps; parallel.mode none trains each process alone (use mode ddp, the default, "
+        "with local_sgd_steps)");
+  LaunchConfig sync;
+  CHECK(
+      LoadValid("train:\n  parallel: {mode: ddp}\n  sync_each_batch: true\n  local_sgd_steps: 4\n",
+                &sync)
+          .message() ==
+      "train.yaml:3: train.sync_each_batch: all-reduces gradients every micro-batch, but Local "
+      "SGD (local_sgd_steps 4) all-reduces no gradients; it averages parameters every K steps");
+  // The same rules for a configuration built in code (Accelerator::Create).
+  TrainConfig t;
+  t.parallel.mode = ParallelMode::kNone;
+  t.local_sgd_steps = 2;
+  CHECK(CheckTrainRulesStatus(t, 2).message().find("train.local_sgd_steps: Local SGD") == 0);
+  t.parallel.mode = ParallelMode::kDdp;
+  CHECK(CheckTrainRulesStatus(t, 2).ok());
+  t.sync_each_batch = true;
+  CHECK(CheckTrainRulesStatus(t, 2).message().find("train.sync_each_batch: ") == 0);
+}
+
 TEST_CASE("ZeroRefusesLocalSgdCommHookAndAnotherModeFromAccelerate") {
   LaunchConfig cfg;
   CHECK(LoadValid("train:\n  parallel: {mode: zero}\n  local_sgd_steps: 4\n", &cfg).message() ==

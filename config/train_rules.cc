@@ -129,6 +129,20 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                     "Local SGD averages replicas across processes; it does not combine with "
                     "parallel.mode dp");
   }
+  // mode none promises no communication; Local SGD averages parameters across processes.
+  if (p.mode == ParallelMode::kNone && t.local_sgd_steps > 0)
+    return Broken("local_sgd_steps",
+                  "Local SGD averages parameters across processes every K steps; "
+                  "parallel.mode none trains each process alone (use mode ddp, the default, "
+                  "with local_sgd_steps)",
+                  {"local_sgd_steps", "parallel.mode"});
+  // Local SGD never all-reduces gradients, so there is nothing to synchronise each batch.
+  if (t.local_sgd_steps > 0 && t.sync_each_batch)
+    return Broken("sync_each_batch",
+                  "all-reduces gradients every micro-batch, but Local SGD (local_sgd_steps " +
+                      N(t.local_sgd_steps) +
+                      ") all-reduces no gradients; it averages parameters every K steps",
+                  {"sync_each_batch", "local_sgd_steps"});
   if (p.mode == ParallelMode::kZero && t.local_sgd_steps > 0)
     return Broken("local_sgd_steps",
                   "Local SGD keeps a whole replica on every rank and averages parameters; it "

@@ -285,6 +285,29 @@ TEST_CASE("CsvLoadsFeaturesAndLabels") {
   CHECK(d->targets.max().item<int64_t>() == 2);
 }
 
+TEST_CASE("CsvStandardisesWithTheTrainingRowsStatisticsOnly") {
+  const std::string dir = TempDir();
+  {
+    std::ofstream f(dir + "/d.csv");
+    f << "x1,x2,label\n";
+    for (int i = 0; i < 40; ++i) f << i * i << "," << (i % 7) * 3 - i << "," << (i % 2) << "\n";
+  }
+  config::TrainConfig cfg;
+  cfg.data.type = config::DataType::kCsv;
+  cfg.data.path = dir + "/d.csv";
+  cfg.model.mlp_layers = {2, 8, 2};
+  cfg.eval_fraction = 0.25;
+  auto d = LoadDataset(cfg);
+  REQUIRE(d.ok());
+  REQUIRE(d->eval_indices.size() == 10);
+  // The training rows are exactly standardised; the held-out rows were not looked at.
+  const torch::Tensor train = d->inputs.index_select(0, torch::tensor(d->train_indices));
+  CHECK(train.mean(0).abs().max().item<double>() < 1e-5);
+  CHECK((train.std(0, true) - 1).abs().max().item<double>() < 1e-5);
+  const torch::Tensor held_out = d->inputs.index_select(0, torch::tensor(d->eval_indices));
+  CHECK(held_out.mean(0).abs().max().item<double>() > 1e-2);
+}
+
 TEST_CASE("TransformerIsCausal") {
   config::ModelConfig m;
   m.type = config::ModelType::kTransformer;

@@ -1,7 +1,9 @@
-"""`launch test`: the distributed self-check, passing on 2 and 3 processes and failing with the
-failing check named when the store port is taken."""
+"""`launch test`: the distributed self-check, passing on 2 and 3 processes, naming the transport
+each collective ran on (shared memory and Gloo), and failing with the failing check named when the
+store port is taken."""
 
 import os
+import re
 import socket
 import unittest
 
@@ -12,14 +14,30 @@ from harness import TRAIN, launch
 @unittest.skipUnless(os.path.exists(TRAIN),
                      harness.needs_setup("the trainer is not built (LAUNCH_BUILD_TRAINER=OFF)"))
 class LaunchTest(unittest.TestCase):
+    def assertCheckOk(self, stdout, check):
+        self.assertRegex(stdout, r"\[rank 0\]: \[self-test\] check \d/9 " + re.escape(check) + r" +ok")
+
     def test_passes_on_two_processes_by_default(self):
         r = launch("test", "--nproc_per_node", "1", timeout=180)  # raised to 2: a check needs peers
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        for check in ("all-reduce (sum of ranks)", "all-reduce (4 MB)", "broadcast from rank 0",
-                      "all-gather of ranks", "barrier", "DDP step == one process"):
-            self.assertRegex(r.stdout, r"\[rank 0\]: \[self-test\] check \d/7 " + check.replace("(", r"\(")
-                             .replace(")", r"\)") + r" +ok")
+        # On one host the job's all-reduces and broadcasts take shared memory; Gloo is exercised
+        # too, and each check says which one it ran on.
+        self.assertIn("[self-test] all-reduces and broadcasts go through shared memory", r.stdout)
+        for check in ("all-reduce, sum of ranks (shared memory)", "all-reduce, 4 MB (shared memory)",
+                      "all-reduce, 4 MB (Gloo)", "broadcast from rank 0 (shared memory)",
+                      "broadcast from rank 0 (Gloo)", "all-gather of ranks (Gloo)", "barrier (Gloo)",
+                      "DDP step == one process (shared memory)"):
+            self.assertCheckOk(r.stdout, check)
         self.assertIn("launch test: PASSED (2 process(es) on this machine)", r.stdout)
+
+    def test_names_gloo_when_shared_memory_is_off(self):
+        r = launch("test", timeout=180, env={"LAUNCH_SHM_ALLREDUCE": "0"})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("[self-test] all-reduces and broadcasts go through Gloo", r.stdout)
+        self.assertNotIn("shared memory)", r.stdout)
+        for check in ("all-reduce, sum of ranks (Gloo)", "all-reduce, 4 MB (Gloo)",
+                      "DDP step == one process (Gloo)"):
+            self.assertCheckOk(r.stdout, check)
 
     def test_passes_on_three_processes(self):
         r = launch("test", "--nproc_per_node", "3", timeout=180)
@@ -37,7 +55,7 @@ class LaunchTest(unittest.TestCase):
         finally:
             busy.close()
         self.assertNotEqual(r.returncode, 0)
-        self.assertIn("check 1/7 process group (gloo): FAILED on rank 0", r.stderr)
+        self.assertIn("check 1/9 process group: FAILED on rank 0", r.stderr)
         self.assertIn(f"127.0.0.1:{port} (is the port in use?)", r.stderr)
         self.assertIn("launch test: FAILED", r.stdout)
 

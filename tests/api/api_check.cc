@@ -6,7 +6,8 @@
 //
 //   api_check --mode ddp|zero|local_sgd|dp|pipeline|none [--zero_stage 1|2|3] [--accum N]
 //             [--sync_each_batch]
-//             [--local_sgd K] [--schedule gpipe|1f1b] [--steps S] [--skew_init] --out FILE
+//             [--local_sgd K] [--schedule gpipe|1f1b] [--steps S] [--skew_init]
+//             [--loader_batch B] [--own_backward] --out FILE
 //   api_check --reference --world W [same flags] --out FILE
 #include <algorithm>
 #include <csignal>
@@ -91,6 +92,10 @@ struct Flags {
   int zero_stage = 1;  // --mode zero
   int accum = 1, local_sgd = 0, steps = 12, world = 1;
   bool sync_each_batch = false, skew_init = false, reference = false;
+  // Misuse the API as a ported loop might: a loader batch other than options.batch_size, and a
+  // forward of its own followed by Backward(loss) instead of ForwardBackward.
+  int64_t loader_batch = kBatch;
+  bool own_backward = false;
 };
 
 void WriteParams(const std::string& path, const std::vector<torch::Tensor>& params) {
@@ -228,24 +233,31 @@ int Distributed(const Flags& f) {
     std::fprintf(stderr, "api_check: %s\n", prepared.message().c_str());
     return 2;
   }
-  auto loader = accel.PrepareDataLoader(Blobs(), kBatch);
+  auto loader = accel.PrepareDataLoader(Blobs(), f.loader_batch);
   int64_t allreduces = 0;
   accel.TakeCommStats();
-  while (accel.step() < f.steps) {
-    auto batch = loader.Next();
-    accel.Accumulate();
-    if (accel.rank() == f.die_rank && accel.step() + 1 == f.die_step &&
-        accel.env().recover_generation == 0)
-      std::raise(SIGKILL);
-    if (f.mode == "pipeline") {
-      accel.PipelineForwardBackward(batch, loss_fn);
-    } else {
-      accel.ForwardBackwardAs<NetImpl>(batch, [&](NetImpl& m, const torch::data::Example<>& b) {
-        return loss_fn(m.forward(b.data), b.target);
-      });
+  try {
+    while (accel.step() < f.steps) {
+      auto batch = loader.Next();
+      accel.Accumulate();
+      if (accel.rank() == f.die_rank && accel.step() + 1 == f.die_step &&
+          accel.env().recover_generation == 0)
+        std::raise(SIGKILL);
+      if (f.mode == "pipeline") {
+        accel.PipelineForwardBackward(batch, loss_fn);
+      } else if (f.own_backward) {
+        accel.Backward(loss_fn(net->forward(batch.data), batch.target));
+      } else {
+        accel.ForwardBackwardAs<NetImpl>(batch, [&](NetImpl& m, const torch::data::Example<>& b) {
+          return loss_fn(m.forward(b.data), b.target);
+        });
+      }
+      accel.Step();
+      allreduces += accel.TakeCommStats().allreduces;
     }
-    accel.Step();
-    allreduces += accel.TakeCommStats().allreduces;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "api_check: %s\n", e.what_without_backtrace());
+    return 1;
   }
   if (!accel.Finish().ok()) return 1;
   WriteParams(f.out + "." + std::to_string(accel.rank()), params);
@@ -285,6 +297,10 @@ int main(int argc, char** argv) {
       f.die_step = std::stoll(v.substr(v.find(':') + 1));
     } else if (a == "--skew_init")
       f.skew_init = true;
+    else if (a == "--loader_batch")
+      f.loader_batch = std::stoll(next());
+    else if (a == "--own_backward")
+      f.own_backward = true;
     else if (a == "--reference")
       f.reference = true;
     else {

@@ -134,5 +134,39 @@ class InPlaceRecoveryThroughTheApiTest(unittest.TestCase):
             self.assertEqual(floats(f"{runs['killed'][0]}.{rank}"), want, f"rank {rank}")
 
 
+@unittest.skipUnless(os.path.exists(CHECK) and os.path.exists(LAUNCH),
+                     harness.needs_setup("api_check not built"))
+class AcceleratorRefusesMisuseTest(unittest.TestCase):
+    """A ported loop that misuses the API gets an error naming the fix, not a silent result."""
+
+    def run_check(self, world, flags):
+        out = os.path.join(harness.tmpdir(), "params")
+        return subprocess.run([LAUNCH, "--num_processes", str(world), "--", CHECK, *flags,
+                               "--out", out], capture_output=True, text=True, timeout=180)
+
+    def test_dp_batch_with_fewer_rows_than_replicas_is_an_error(self):
+        # options.batch_size is 8 (>= 2 replicas); the loader delivers 1 row.
+        r = self.run_check(1, ["--mode", "dp", "--loader_batch", "1"])
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("train.parallel.replicas is 2 but this batch has 1 row", r.stderr)
+
+    def test_pipeline_batch_with_fewer_rows_than_micro_batches_is_an_error(self):
+        # 4 micro-batches of a 2-row batch: two would be empty (their mean loss nan).
+        r = self.run_check(2, ["--mode", "pipeline", "--loader_batch", "2"])
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("train.parallel.microbatches is 4 but this batch has 2 rows", r.stderr)
+        self.assertNotIn("nan", r.stdout + r.stderr)
+
+    def test_dp_backward_without_forward_backward_is_an_error(self):
+        r = self.run_check(1, ["--mode", "dp", "--own_backward"])
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("call ForwardBackward(batch, fn) instead", r.stderr)
+
+    def test_ddp_backward_of_an_own_forward_still_trains(self):
+        # The same misuse check leaves every other mode's Backward alone.
+        r = self.run_check(2, ["--mode", "ddp", "--own_backward", "--steps", "3"])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -3,17 +3,25 @@ compares `train` with. Run one process per rank under `launch` (torchrun's envir
 
     build/bin/launch --nproc_per_node 2 --python /usr/bin/python3 \
         tests/trainer/torch_ddp_reference.py --model MODEL.pt --data IDX_DIR --out REF.pt \
-        [--pass_target] [--find_unused_parameters]
+        [--pass_target] [--find_unused_parameters] [--optimizer adamw --weight_decay W
+        --no_decay bias,norm] [--scheduler cosine --warmup_steps K --min_lr_ratio R]
+        [--max_grad_norm N] [--label_smoothing S] [--class_weights 1,2,...] [--ignore_index I]
 
 It mirrors the YAML the test gives `train`: IDX data normalised as (x/255 - mean)/std,
 DistributedSampler(shuffle=True, seed) with set_epoch, per-rank batches in sampler order with a
-last partial batch dropped, SGD with momentum, zero_grad(set_to_none=True). Rank 0 saves
-ddp.module.state_dict() (parameters and buffers) with torch.save and prints the step count.
+last partial batch dropped, SGD with momentum (or AdamW with Hugging Face's parameter groups:
+no weight decay for the parameters whose name contains a --no_decay entry, and with `norm`, for
+every parameter of a normalisation layer), zero_grad(set_to_none=True), PyTorch's own schedulers
+(SequentialLR of LinearLR warm-up and CosineAnnealingLR), clip_grad_norm_ and
+F.cross_entropy's options. Rank 0 saves ddp.module.state_dict() (parameters and buffers) with
+torch.save and prints the step count, the learning rate of each step (`lrs=[...]`) and how many
+steps clip_grad_norm_ clipped (`clipped=N`).
 
 read_idx / load_split / loss_and_logits are imported by the test's comparison script too, so the
 data and the output conventions are written down once, here."""
 
 import argparse
+import json
 import os
 import struct
 
@@ -48,18 +56,48 @@ def load_split(directory, prefix, mean, std):
     return x, labels.to(torch.int64)
 
 
-def loss_and_logits(model, x, y, pass_target):
+def loss_and_logits(model, x, y, pass_target, ce=None):
     """The conventions `train` accepts for a TorchScript forward: logits alone, a tuple whose
     first element is the logits, or a dict with "logits" and optionally the model's own "loss"
-    (then forward also takes the target: `inputs: [input, target]`)."""
+    (then forward also takes the target: `inputs: [input, target]`). `ce`: keyword arguments of
+    F.cross_entropy (label_smoothing, weight, ignore_index)."""
+    ce = ce or {}
     out = model(x, y) if pass_target else model(x)
     if isinstance(out, dict):
         logits = out["logits"]
-        loss = out["loss"] if "loss" in out else F.cross_entropy(logits, y)
+        loss = out["loss"] if "loss" in out else F.cross_entropy(logits, y, **ce)
     else:
         logits = out[0] if isinstance(out, (tuple, list)) else out
-        loss = F.cross_entropy(logits, y)
+        loss = F.cross_entropy(logits, y, **ce)
     return loss, logits
+
+
+NORM_LAYERS = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm",
+               "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d"}
+
+
+def parameter_groups(module, weight_decay, no_decay):
+    """Hugging Face Trainer's two AdamW groups: decayed, and weight_decay 0 for the parameters
+    whose name contains an entry of `no_decay`, plus (entry "norm") every parameter of a
+    normalisation layer, found by type (a TorchScript submodule keeps its class name as
+    original_name)."""
+    in_norm = set()
+    if "norm" in no_decay:
+        for prefix, sub in module.named_modules():
+            kind = getattr(sub, "original_name", type(sub).__name__)
+            if kind in NORM_LAYERS:
+                in_norm.update((prefix + "." if prefix else "") + n
+                               for n, _ in sub.named_parameters(recurse=False))
+    decay, plain = [], []
+    for name, p in module.named_parameters():
+        if not p.requires_grad:
+            continue
+        excluded = name in in_norm or any(entry in name for entry in no_decay)
+        (plain if excluded else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}] if decay else []
+    if plain:
+        groups.append({"params": plain, "weight_decay": 0.0})
+    return groups
 
 
 def main():
@@ -78,6 +116,16 @@ def main():
     p.add_argument("--find_unused_parameters", action="store_true")
     p.add_argument("--bf16", action="store_true",
                    help='forward and loss under torch.autocast("cpu", torch.bfloat16)')
+    p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    p.add_argument("--weight_decay", type=float, default=0.0)
+    p.add_argument("--no_decay", default="", help="adamw: comma-separated, e.g. bias,norm")
+    p.add_argument("--scheduler", choices=["constant", "cosine"], default="constant")
+    p.add_argument("--warmup_steps", type=int, default=0)
+    p.add_argument("--min_lr_ratio", type=float, default=0.0)
+    p.add_argument("--max_grad_norm", type=float, default=0.0)
+    p.add_argument("--label_smoothing", type=float, default=0.0)
+    p.add_argument("--class_weights", default="", help="comma-separated, one per class")
+    p.add_argument("--ignore_index", type=int, default=-100)
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -92,13 +140,34 @@ def main():
     model.train()  # the file may have been saved in eval mode
     ddp = DistributedDataParallel(model, broadcast_buffers=True,
                                   find_unused_parameters=args.find_unused_parameters)
-    # parameters() yields a tied Parameter once; frozen ones stay out of the optimizer.
-    opt = torch.optim.SGD([q for q in ddp.module.parameters() if q.requires_grad], lr=args.lr,
-                          momentum=args.momentum, weight_decay=0.0)
+    if args.optimizer == "adamw":
+        no_decay = [entry for entry in args.no_decay.split(",") if entry]
+        opt = torch.optim.AdamW(parameter_groups(ddp.module, args.weight_decay, no_decay),
+                                lr=args.lr, weight_decay=args.weight_decay)
+    else:
+        # parameters() yields a tied Parameter once; frozen ones stay out of the optimizer.
+        opt = torch.optim.SGD([q for q in ddp.module.parameters() if q.requires_grad],
+                              lr=args.lr, momentum=args.momentum, weight_decay=0.0)
+    ce = {"label_smoothing": args.label_smoothing, "ignore_index": args.ignore_index}
+    if args.class_weights:
+        ce["weight"] = torch.tensor([float(w) for w in args.class_weights.split(",")])
     # Only the order matters here: the sampler over the N indices, nothing else from the data.
     sampler = DistributedSampler(range(len(y)), num_replicas=world, rank=rank, shuffle=True,
                                  seed=args.seed, drop_last=False)
-    steps = 0
+    per_epoch = len(sampler) // args.batch_size
+    schedule = None
+    if args.scheduler == "cosine":
+        # Linear warm-up to lr over warmup_steps (the first step at lr / warmup_steps), then a
+        # cosine to min_lr_ratio * lr at the last step.
+        lr_sched = torch.optim.lr_scheduler
+        total = args.epochs * per_epoch
+        schedule = lr_sched.SequentialLR(opt, [
+            lr_sched.LinearLR(opt, start_factor=1.0 / args.warmup_steps, end_factor=1.0,
+                              total_iters=args.warmup_steps - 1),
+            lr_sched.CosineAnnealingLR(opt, T_max=total - args.warmup_steps,
+                                       eta_min=args.lr * args.min_lr_ratio)],
+            milestones=[args.warmup_steps])
+    steps, clipped, lrs = 0, 0, []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         order = list(sampler)
@@ -106,14 +175,22 @@ def main():
             idx = torch.tensor(order[start:start + args.batch_size])
             opt.zero_grad(set_to_none=True)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-                loss, _ = loss_and_logits(ddp, x[idx], y[idx], args.pass_target)
+                loss, _ = loss_and_logits(ddp, x[idx], y[idx], args.pass_target, ce)
             loss.backward()
+            if args.max_grad_norm > 0:
+                norm = torch.nn.utils.clip_grad_norm_(ddp.module.parameters(), args.max_grad_norm)
+                clipped += int(norm > args.max_grad_norm)
+            lrs.append(opt.param_groups[0]["lr"])
             opt.step()
+            if schedule:
+                schedule.step()
             steps += 1
 
     if rank == 0:
         torch.save(ddp.module.state_dict(), args.out)
         print(f"steps={steps}", flush=True)
+        print(f"lrs={json.dumps(lrs)}", flush=True)
+        print(f"clipped={clipped}", flush=True)
     dist.barrier()  # rank 1 stays until the file is written, so launch's exit means it exists
     dist.destroy_process_group()
 

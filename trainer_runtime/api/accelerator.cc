@@ -645,6 +645,13 @@ void Accelerator::Accumulate() {
 }
 
 void Accelerator::Backward(const torch::Tensor& loss) {
+  // dp's replicas exist only inside ForwardBackward: a loss computed by the caller comes from
+  // replica 0 alone, which would then train on the whole batch while the others sit idle.
+  if (strategy_ && strategy_->RunsForwardBackward())
+    throw compat::MakeError(
+        "Accelerator::Backward: train.parallel.mode dp runs every replica's forward and backward "
+        "itself; call ForwardBackward(batch, fn) instead of a forward of your own and "
+        "Backward(loss)");
   if (!micro_open_) Accumulate();
   // One model: it takes part whatever the graph holds (as before several were possible).
   std::vector<Pair*> reached =

@@ -46,7 +46,7 @@
 //              forward leave parameters unused (PyTorch's option); rank 0's buffers (BatchNorm
 //              statistics) become every rank's before each forward that follows a synchronised
 //              one, as PyTorch's broadcast_buffers, and at Finish / SyncBuffers;
-//   local_sgd  (local_sgd_steps K > 0 with none or ddp) no gradient communication: each process
+//   local_sgd  (local_sgd_steps K > 0 with ddp) no gradient communication: each process
 //              steps its own replica and parameters and floating-point buffers (BatchNorm
 //              statistics) are averaged every K optimizer steps and by Finish(), after which
 //              every rank holds the same model; with options.local_sgd.outer nesterov, DiLoCo's
@@ -364,11 +364,13 @@ class Accelerator {
   bool SyncGradients() const { return window_closes_; }
   // Back-propagates loss / gradient_accumulation_steps; in ddp on a synchronising micro-batch
   // the gradients are averaged over the world when it returns. COLLECTIVE in ddp when synced.
+  // In dp it throws c10::Error naming ForwardBackward, the only call that drives the replicas.
   void Backward(const torch::Tensor& loss);
   // Forward, loss and backward for one micro-batch in every mode, dp included: `fn(replica,
   // chunk)` returns the mean loss of `chunk` computed with `replica` (the prepared module, or
   // in dp one of the replicas on its own thread with a consecutive slice of the rows). Returns
-  // the batch's mean loss (detached). Calls Accumulate() first if it was not called.
+  // the batch's mean loss (detached). Calls Accumulate() first if it was not called. In dp,
+  // throws c10::Error naming train.parallel.replicas when the batch has fewer rows than replicas.
   using ChunkLoss =
       std::function<torch::Tensor(torch::nn::Module& replica, const torch::data::Example<>& chunk)>;
   torch::Tensor ForwardBackward(const torch::data::Example<>& batch, const ChunkLoss& fn);
@@ -381,7 +383,8 @@ class Accelerator {
   }
   // Pipeline mode: runs the schedule (GPipe or 1F1B) over parallel.microbatches micro-batches
   // of `batch`: the first stage feeds batch.data, the last computes `loss_fn(output, target)`
-  // (a mean). Returns the batch's mean loss on the last stage, undefined elsewhere.
+  // (a mean). Returns the batch's mean loss on the last stage, undefined elsewhere. Throws
+  // c10::Error naming train.parallel.microbatches when the batch has fewer rows than that.
   torch::Tensor PipelineForwardBackward(
       const torch::data::Example<>& batch,
       const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& loss_fn);

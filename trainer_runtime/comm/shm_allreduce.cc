@@ -482,13 +482,18 @@ Status ShmAllReduce::Execute(const Op& op) {
   Status status;
   switch (op.kind) {
     case Kind::kAllReduce:
-    case Kind::kBroadcast:
-      for (size_t offset = 0; offset < total && status.ok(); offset += options_.chunk_bytes) {
+    case Kind::kBroadcast: {
+      // At least one chunk, also for 0 bytes: its agreement is what catches a peer issuing
+      // another size here, which would otherwise pair this rank's next operation with it.
+      size_t offset = 0;
+      do {
         const size_t bytes = std::min(options_.chunk_bytes, total - offset);
         status = op.kind == Kind::kBroadcast ? BroadcastChunk(out, total, offset, bytes, dtype)
                                              : ExecuteChunk(out, total, offset, bytes, dtype);
-      }
+        offset += options_.chunk_bytes;
+      } while (offset < total && status.ok());
       break;
+    }
     case Kind::kReduceScatter: {
       // A slot holds W - 1 pieces (one per other rank's shard) of `per` elements, each
       // starting on a cache line. chunk_bytes >= 64 * W (Create) makes per >= 64 / esize.

@@ -142,7 +142,8 @@ class ShmAllReduce {
   // runs the operations in the order they were issued. The Work's future completes with
   // [tensor] (a tensor list, as Gloo's does) or with a c10::Error naming the failure; wait()
   // rethrows it. COLLECTIVE: every rank issues the same sequence of operations (same sizes and
-  // dtypes, in the same order). REQUIRES: Supports({tensor}, SUM). The caller keeps `tensor`
+  // dtypes, in the same order; checked, also for an empty tensor, which takes part in the
+  // agreement like any other). REQUIRES: Supports({tensor}, SUM). The caller keeps `tensor`
   // unchanged until the future completes. Thread-safe.
   c10::intrusive_ptr<c10d::Work> AllReduceAsync(const at::Tensor& tensor);
 

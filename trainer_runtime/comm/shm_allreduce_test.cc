@@ -286,6 +286,21 @@ void RunMismatch(ShmAllReduce& shm, const Env& env) {
                        c10::Error);
 }
 
+// Empty all-reduces and broadcasts take part in the agreement: issued by every rank they
+// complete and the operations after them stay exact; one rank's 0 elements against another's 64
+// fail on both ranks, as any other mismatch does.
+void RunZeroBytes(ShmAllReduce& shm, const Env& env) {
+  at::Tensor empty = at::empty({0});
+  REQUIRE(shm.AllReduceAsync(empty)->wait());
+  REQUIRE(shm.BroadcastFromRank0(at::empty({0}, at::kLong))->wait());
+  at::Tensor after = Input(env.rank, 0, 300, c10::kFloat);
+  REQUIRE(shm.AllReduceNow(after).ok());
+  CHECK(at::equal(after, Reference(env.world, 0, 300, c10::kFloat)));
+  at::Tensor uneven = at::ones({env.rank == 0 ? 0 : 64});
+  CHECK_THROWS_WITH_AS(shm.AllReduceAsync(uneven)->wait(),
+                       doctest::Contains("ranks issued different operations"), c10::Error);
+}
+
 // Ranks in a ring: each sends every dtype and odd size to the next rank before it receives
 // anything from the previous one (messages far bigger than the 4 KiB ring: the sends must not
 // wait for the receiver), from a non-contiguous source and into a non-contiguous target too.
@@ -778,6 +793,7 @@ void RunPeer(const Env& env) {
   if (env.scenario == "exact") RunExact(*shm, env);
   if (env.scenario == "kill" || env.scenario == "stuck") RunStall(*shm, *store);
   if (env.scenario == "mismatch") RunMismatch(*shm, env);
+  if (env.scenario == "zero_bytes") RunZeroBytes(*shm, env);
   if (env.scenario == "broadcast") RunBroadcast(*shm, env);
 }
 
@@ -889,6 +905,13 @@ TEST_CASE("ShmAllReduceRejectsRanksIssuingDifferentOperations") {
   Group g("mismatch", 2);
   auto shm = MustCreate(*g.store, g.env);
   RunMismatch(*shm, g.env);
+  g.ExpectPeersSucceed();
+}
+
+TEST_CASE("ShmAllReduceOfZeroBytesAgreesWithItsPeers") {
+  Group g("zero_bytes", 2);
+  auto shm = MustCreate(*g.store, g.env);
+  RunZeroBytes(*shm, g.env);
   g.ExpectPeersSucceed();
 }
 

@@ -146,6 +146,18 @@ StatusOr<Dataset> Synthetic(const config::TrainConfig& cfg) {
   return d;
 }
 
+// Splits d's rows into eval_fraction held out and the rest for training. The split depends on
+// the seed and the data only, never on the world size.
+void HoldOut(const config::TrainConfig& cfg, Dataset* d) {
+  const int64_t n = d->inputs.size(0);
+  std::vector<int64_t> perm = ShardedSampler::Permutation(n, cfg.seed ^ 0x5eedull, -1);
+  int64_t n_eval = static_cast<int64_t>(std::llround(cfg.eval_fraction * static_cast<double>(n)));
+  if (cfg.eval_fraction > 0 && n_eval == 0) n_eval = 1;
+  if (n_eval >= n) n_eval = n - 1;
+  d->eval_indices.assign(perm.begin(), perm.begin() + n_eval);
+  d->train_indices.assign(perm.begin() + n_eval, perm.end());
+}
+
 StatusOr<Dataset> Csv(const config::TrainConfig& cfg) {
   const std::string& path = cfg.data.path;
   std::ifstream in(path);
@@ -194,9 +206,13 @@ StatusOr<Dataset> Csv(const config::TrainConfig& cfg) {
                                  std::to_string(InputWidth(cfg)));
   Dataset d;
   d.inputs = torch::from_blob(features.data(), {n, f}, torch::kFloat).clone();
-  // Standardise features so any CSV trains with default learning rates.
-  auto mean = d.inputs.mean(0, true);
-  auto std = d.inputs.std(0, true, true).clamp_min(1e-6);
+  // Standardise features so any CSV trains with default learning rates, with statistics of the
+  // training rows only: the held-out rows must not leak into what the model is trained on
+  // (scikit-learn's fit on train, transform both).
+  HoldOut(cfg, &d);
+  const torch::Tensor train_rows = d.inputs.index_select(0, torch::tensor(d.train_indices));
+  auto mean = train_rows.mean(0, true);
+  auto std = train_rows.std(0, true, true).clamp_min(1e-6);
   d.inputs = (d.inputs - mean) / std;
   const int64_t classes = cfg.model.type == config::ModelType::kMlp ? OutputWidth(cfg) : int64_t{0};
   if (classes == 1) {
@@ -346,15 +362,9 @@ StatusOr<Dataset> LoadDataset(const config::TrainConfig& cfg) {
   if (cfg.model.type == config::ModelType::kCnn && d.inputs.dim() != 4)
     return Status::InvalidConfig("train.model: a cnn needs images (`data: {type: idx}`), not " +
                                  std::string(config::ToString(cfg.data.type)) + " data");
-  if (!d.train_indices.empty()) return d;  // the files name their evaluation split
-  const int64_t n = d.inputs.size(0);
-  // The split depends on the seed and the data only, never on the world size.
-  std::vector<int64_t> perm = ShardedSampler::Permutation(n, cfg.seed ^ 0x5eedull, -1);
-  int64_t n_eval = static_cast<int64_t>(std::llround(cfg.eval_fraction * static_cast<double>(n)));
-  if (cfg.eval_fraction > 0 && n_eval == 0) n_eval = 1;
-  if (n_eval >= n) n_eval = n - 1;
-  d.eval_indices.assign(perm.begin(), perm.begin() + n_eval);
-  d.train_indices.assign(perm.begin() + n_eval, perm.end());
+  // The files name their evaluation split (IDX), or the loader held out eval_fraction (CSV).
+  if (!d.train_indices.empty()) return d;
+  HoldOut(cfg, &d);
   return d;
 }
 

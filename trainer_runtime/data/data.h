@@ -48,6 +48,7 @@ struct Dataset {
 };
 
 // Loads the configured data and splits off eval_fraction with a shuffle seeded by cfg.seed.
+// CSV features are standardised with the mean and standard deviation of the training rows only.
 // Checks that the data fits the model (feature count vs the MLP's input width, classes vs its
 // output width, vocabulary vs the language model) and says which key to change when not.
 StatusOr<Dataset> LoadDataset(const config::TrainConfig& cfg);

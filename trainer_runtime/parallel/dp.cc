@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "base/strings.h"
+#include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/model/sync_batchnorm.h"
 #include "trainer_runtime/util/pipeline_schedule.h"
@@ -175,7 +176,11 @@ class DpStrategy : public ParallelStrategy {
                                 const ChunkLossFn& chunk_loss, const CriterionFn& criterion,
                                 double scale) override {
     const int64_t batch = x.size(0);
-    const int used = static_cast<int>(std::min<int64_t>(replicas_, batch));
+    // The rows this batch really has (not train.batch_size): a replica without rows would
+    // silently train the others on a mean with a missing part.
+    const Status rows_ok = CheckRowsFor(batch, replicas_, "train.parallel.replicas");
+    if (!rows_ok.ok()) throw compat::MakeError(rows_ok.message());
+    const int used = replicas_;
     const auto chunks = SplitRows(batch, used);
     Replicate(used);
     if (bn_group_) bn_group_->SetActive(used);  // the replicas that meet in each SyncBatchNorm

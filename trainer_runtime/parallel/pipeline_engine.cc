@@ -101,6 +101,11 @@ void PipelineEngine::WaitSends() {
 
 double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tensor& y,
                                        int64_t batch, const LossFn& loss_fn, double scale) {
+  // The rows this batch really has (not train.batch_size): an empty micro-batch's mean loss
+  // is nan. Every stage sees the same rows, so all refuse alike, before any communication.
+  const Status rows_ok =
+      CheckRowsFor(batch, cfg_.parallel.microbatches, "train.parallel.microbatches");
+  if (!rows_ok.ok()) throw compat::MakeError(rows_ok.message());
   if (gradients_synced_) SyncBuffers();
   gradients_synced_ = false;
   const auto chunks = SplitRows(batch, cfg_.parallel.microbatches);

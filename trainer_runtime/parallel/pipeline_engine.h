@@ -67,7 +67,8 @@ class PipelineEngine {
   // One pass of the schedule over `x` (first stage) / `y` (last stage) with `rows` rows: every
   // micro-batch forward and backward. Returns the batch's mean loss on the last stage, 0
   // elsewhere. With pipeline replicas, a pass that follows a gradient all-reduce first makes
-  // replica 0's buffers this stage's (SyncBuffers), as DDP's broadcast_buffers does.
+  // replica 0's buffers this stage's (SyncBuffers), as DDP's broadcast_buffers does. Throws
+  // c10::Error naming train.parallel.microbatches when `rows` < microbatches (CheckRowsFor).
   double ForwardBackward(const torch::Tensor& x, const torch::Tensor& y, int64_t rows,
                          const LossFn& loss_fn, double scale);
   // Averages this stage's gradients over the pipeline replicas (one flat all-reduce per dtype;

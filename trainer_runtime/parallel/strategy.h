@@ -141,7 +141,8 @@ class ParallelStrategy {
   // Adds the gradient of `scale` x (mean loss over the batch) to the model's .grad and returns
   // that mean loss as a detached scalar. With parallel.loss_in_replica false and a non-null
   // `criterion`, replica outputs (Model::Forward) are gathered and the loss computed once on
-  // them; otherwise every replica computes its chunk's loss with `chunk_loss`.
+  // them; otherwise every replica computes its chunk's loss with `chunk_loss`. dp throws
+  // c10::Error naming train.parallel.replicas when `x` has fewer rows than replicas.
   virtual torch::Tensor ForwardBackward(const torch::Tensor& x, const torch::Tensor& y,
                                         const ChunkLossFn& chunk_loss, const CriterionFn& criterion,
                                         double scale) {

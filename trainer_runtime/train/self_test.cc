@@ -39,7 +39,7 @@ class Checker {
       return s.WithContext(name);
     }
     if (rank_ == 0)
-      std::printf("[self-test] check %d/%d %-28s ok (%.2f ms)\n", index_, total_, name.c_str(),
+      std::printf("[self-test] check %d/%d %-42s ok (%.2f ms)\n", index_, total_, name.c_str(),
                   Ms(t0));
     std::fflush(stdout);
     return Status::Ok();
@@ -59,15 +59,43 @@ std::string Num(double v) {
   return o.str();
 }
 
+// The all-reduce of the 4 MB check, through `pg` (whichever transport it routes to).
+Status AllReduce4Mb(c10d::ProcessGroup& pg, int rank, int world) {
+  // Large enough to take Gloo's multi-chunk path (and several shared-memory chunks); every
+  // element must sum exactly.
+  auto idx = torch::arange(1 << 20, torch::kFloat32);
+  std::vector<at::Tensor> t = {idx * static_cast<float>(rank + 1)};
+  pg.allreduce(t, c10d::AllreduceOptions())->wait();
+  auto expected = idx * static_cast<float>(world * (world + 1) / 2);
+  double err = (t[0] - expected).abs().max().item<double>();
+  return Expect(err == 0.0, "max error " + Num(err));
+}
+
+Status BroadcastFromRank0(c10d::ProcessGroup& pg, int rank) {
+  torch::manual_seed(1234);
+  auto reference = torch::randn({4096});
+  std::vector<at::Tensor> t = {rank == 0 ? reference.clone() : torch::zeros({4096})};
+  pg.broadcast(t, c10d::BroadcastOptions())->wait();
+  return Expect(torch::equal(t[0], reference),
+                "rank " + std::to_string(rank) + " received different values");
+}
+
+// The short name of the transport `pg` routes all-reduces and broadcasts from rank 0 to.
+std::string Transport(const CountingProcessGroup& pg) {
+  if (pg.shm()) return "shared memory";
+  if (pg.hierarchical()) return "hierarchical";
+  return "Gloo";
+}
+
 }  // namespace
 
 Status RunSelfTest(const SelfTestOptions& options) {
   LAUNCH_ASSIGN_OR_RETURN(DistEnv env, ParseDistEnv(CurrentEnvironment()));
   const int rank = env.rank, world = env.world_size;
-  Checker checker(rank, 7);
+  Checker checker(rank, 9);
   c10::intrusive_ptr<CountingProcessGroup> pg;
 
-  LAUNCH_RETURN_IF_ERROR(checker.Run("process group (gloo)", [&]() -> Status {
+  LAUNCH_RETURN_IF_ERROR(checker.Run("process group", [&]() -> Status {
     if (world < 2)
       return Status::InvalidConfig("needs at least 2 processes (WORLD_SIZE is " +
                                    std::to_string(world) + ")");
@@ -75,8 +103,16 @@ Status RunSelfTest(const SelfTestOptions& options) {
     LAUNCH_ASSIGN_OR_RETURN(pg, CreateProcessGroup(env, timeout));
     return Status::Ok();
   }));
+  // Each check names the transport it ran on: the job's own routing (shared memory on one
+  // host), and Gloo itself, which the job uses across hosts and for everything else.
+  const std::string routed = " (" + Transport(*pg) + ")";
+  if (rank == 0) {
+    std::printf("[self-test] all-reduces and broadcasts go through %s\n",
+                pg->allreduce_transport().c_str());
+    std::fflush(stdout);
+  }
 
-  LAUNCH_RETURN_IF_ERROR(checker.Run("all-reduce (sum of ranks)", [&]() -> Status {
+  LAUNCH_RETURN_IF_ERROR(checker.Run("all-reduce, sum of ranks" + routed, [&]() -> Status {
     std::vector<at::Tensor> t = {torch::full({1}, static_cast<double>(rank + 1), torch::kFloat64)};
     pg->allreduce(t, c10d::AllreduceOptions())->wait();
     double expected = world * (world + 1) / 2.0;
@@ -85,26 +121,16 @@ Status RunSelfTest(const SelfTestOptions& options) {
                                        ", expected " + Num(expected));
   }));
 
-  LAUNCH_RETURN_IF_ERROR(checker.Run("all-reduce (4 MB)", [&]() -> Status {
-    // Large enough to take Gloo's multi-chunk path; every element must sum exactly.
-    auto idx = torch::arange(1 << 20, torch::kFloat32);
-    std::vector<at::Tensor> t = {idx * static_cast<float>(rank + 1)};
-    pg->allreduce(t, c10d::AllreduceOptions())->wait();
-    auto expected = idx * static_cast<float>(world * (world + 1) / 2);
-    double err = (t[0] - expected).abs().max().item<double>();
-    return Expect(err == 0.0, "max error " + Num(err));
-  }));
+  LAUNCH_RETURN_IF_ERROR(
+      checker.Run("all-reduce, 4 MB" + routed, [&]() { return AllReduce4Mb(*pg, rank, world); }));
+  LAUNCH_RETURN_IF_ERROR(checker.Run("all-reduce, 4 MB (Gloo)",
+                                     [&]() { return AllReduce4Mb(pg->inner(), rank, world); }));
+  LAUNCH_RETURN_IF_ERROR(checker.Run("broadcast from rank 0" + routed,
+                                     [&]() { return BroadcastFromRank0(*pg, rank); }));
+  LAUNCH_RETURN_IF_ERROR(checker.Run("broadcast from rank 0 (Gloo)",
+                                     [&]() { return BroadcastFromRank0(pg->inner(), rank); }));
 
-  LAUNCH_RETURN_IF_ERROR(checker.Run("broadcast from rank 0", [&]() -> Status {
-    torch::manual_seed(1234);
-    auto reference = torch::randn({4096});
-    std::vector<at::Tensor> t = {rank == 0 ? reference.clone() : torch::zeros({4096})};
-    pg->broadcast(t, c10d::BroadcastOptions())->wait();
-    return Expect(torch::equal(t[0], reference),
-                  "rank " + std::to_string(rank) + " received different values");
-  }));
-
-  LAUNCH_RETURN_IF_ERROR(checker.Run("all-gather of ranks", [&]() -> Status {
+  LAUNCH_RETURN_IF_ERROR(checker.Run("all-gather of ranks (Gloo)", [&]() -> Status {
     std::vector<at::Tensor> in = {torch::full({1}, static_cast<float>(rank))};
     std::vector<std::vector<at::Tensor>> out(1);
     for (int r = 0; r < world; ++r) out[0].push_back(torch::zeros({1}));
@@ -116,12 +142,12 @@ Status RunSelfTest(const SelfTestOptions& options) {
     return Status::Ok();
   }));
 
-  LAUNCH_RETURN_IF_ERROR(checker.Run("barrier", [&]() -> Status {
+  LAUNCH_RETURN_IF_ERROR(checker.Run("barrier (Gloo)", [&]() -> Status {
     pg->barrier(c10d::BarrierOptions())->wait();
     return Status::Ok();
   }));
 
-  LAUNCH_RETURN_IF_ERROR(checker.Run("DDP step == one process", [&]() -> Status {
+  LAUNCH_RETURN_IF_ERROR(checker.Run("DDP step == one process" + routed, [&]() -> Status {
     // Every rank builds the same model and the same global batch; DDP trains on this rank's
     // shard, the reference on the whole batch, in this same process.
     config::TrainConfig cfg;

@@ -3,7 +3,9 @@
 // `train --self_test`: the worker side of `launch test`, a short distributed self-check that
 // proves this machine (or cluster) can train: process group, all-reduce (small and 4 MB),
 // broadcast, all-gather, barrier, and one DDP step whose parameters must equal a
-// single-process step on the whole batch. Prints one line per check on rank 0; LibTorch-free
+// single-process step on the whole batch. The all-reduces and broadcasts run both through the
+// job's own routing (shared memory on one host: comm/process_group.h) and through Gloo itself;
+// each check names the transport it ran on. Prints one line per check on rank 0; LibTorch-free
 // header.
 
 #include "base/status.h"

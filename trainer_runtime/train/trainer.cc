@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -112,11 +113,14 @@ class Trainer {
   Trainer(const config::TrainConfig& cfg, const TrainerOptions& opts) : cfg_(cfg), opts_(opts) {}
 
   Status Run();
-  // What the loop was doing, for error messages: "rank 1, stage 0, backward at step 12".
+  // What the loop was doing, for error messages: "rank 1, stage 0, backward at step 12", or
+  // "rank 0, signal poll after step 11" for the work between two steps.
   std::string Phase() const {
     std::string where = "rank " + std::to_string(accel_ ? accel_->rank() : 0) + ", ";
     if (pipeline_) where += "stage " + std::to_string(accel_->stage_index()) + ", ";
-    return where + phase_ + " at step " + std::to_string((accel_ ? accel_->step() : 0) + 1);
+    const int64_t done = accel_ ? accel_->step() : 0;
+    if (between_steps_.load()) return where + phase_.load() + " after step " + std::to_string(done);
+    return where + phase_.load() + " at step " + std::to_string(done + 1);
   }
 
  private:
@@ -172,7 +176,14 @@ class Trainer {
   int64_t total_steps_ = 0;     // the step the run ends at, in this world
   int64_t schedule_steps_ = 0;  // the LR schedule's length: the run's steps in its first world
   std::optional<TrainState> peeked_;  // the checkpoint MaybeResume may resume (rank 0's file)
-  std::string phase_ = "setup";
+  // The phase for Phase(): a string literal. Atomic because dp's replicas run the forward
+  // closure (which sets "forward" and "backward") on their own threads.
+  std::atomic<const char*> phase_{"setup"};
+  std::atomic<bool> between_steps_{false};  // phase_ is work after a step (poll, checkpoint)
+  void SetPhase(const char* phase, bool between_steps = false) {
+    phase_ = phase;
+    between_steps_ = between_steps;
+  }
   std::ofstream metrics_;
   double last_loss_ = std::nan("");
   double ema_samples_per_s_ = 0;
@@ -196,7 +207,7 @@ Status Trainer::Prepare() {
   // seeded streams and run their forward passes concurrently (same results, faster).
   if (cfg_.model.type != config::ModelType::kTorchScript && cfg_.model.dropout == 0)
     cfg_.parallel.dp_seeded_replicas = false;
-  phase_ = "joining the process group";
+  SetPhase("joining the process group");
   LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
   if (accel_->env().recover_generation == 0 && accel_->env().restart_count == 0) {
     LAUNCH_ASSIGN_OR_RETURN(die_at_, ParseDieAt(std::getenv("LAUNCH_TEST_SIGKILL_AT")));
@@ -213,7 +224,7 @@ Status Trainer::Prepare() {
         "train: mixed precision bf16 (CPU autocast; weights, gradients and optimizer state in "
         "float32)");
 
-  phase_ = "loading data";
+  SetPhase("loading data");
   LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
   LAUNCH_ASSIGN_OR_RETURN(criterion_, Criterion::Create(data_.task, cfg_.loss));
   loader_.emplace(accel_->PrepareDataLoader(TrainRows(&data_), cfg_.batch_size));
@@ -248,7 +259,7 @@ Status Trainer::Prepare() {
                        .batches_per_epoch());
   }
 
-  phase_ = "building the model";
+  SetPhase("building the model");
   LAUNCH_RETURN_IF_ERROR(pipeline_ ? PreparePipelineStage() : PrepareReplica());
   const config::SchedulerConfig sched = cfg_.scheduler;
   const double base_lr = cfg_.optimizer.lr;
@@ -378,7 +389,7 @@ Status Trainer::PrepareReplica() {
   accel_->SetDpCriterion([criterion](const torch::Tensor& logits, const torch::Tensor& y) {
     return criterion(logits, y);
   });
-  phase_ = "broadcasting parameters";
+  SetPhase("broadcasting parameters");
   return accel_->Prepare(model->shared_module(), optimizer);
 }
 
@@ -392,7 +403,7 @@ Status Trainer::PreparePipelineStage() {
 }
 
 Status Trainer::MaybeResume() {
-  phase_ = "resuming";
+  SetPhase("resuming");
   if (cfg_.resume == "never" || accel_->joined_from_peer()) return Status::Ok();
   const std::string dir = CheckpointDir();
   const bool explicit_path = cfg_.resume != "auto";
@@ -457,7 +468,7 @@ void Trainer::TrainStep() {
   Timeline::Get().BeginStep(accel_->step() + 1);  // the span below starts before Accumulate()
   Timeline::Scope step_span("train", "step " + std::to_string(accel_->step() + 1));
   do {
-    phase_ = "forward";
+    SetPhase("loading a batch");
     torch::data::Example<> batch;
     {
       Timeline::Scope span("train", "data");
@@ -467,9 +478,12 @@ void Trainer::TrainStep() {
       if (data_.crop_padding > 0 || data_.flip)
         batch.data = Augment(data_, batch.data, AugmentSeed(at.epoch, at.batch));
     }
+    SetPhase("forward");
     accel_->Accumulate();
     MaybeDie(accel_->step() + 1, "forward");
     if (pipeline_) {
+      // The schedule interleaves the micro-batches' forwards and backwards.
+      SetPhase("pipeline forward/backward");
       torch::Tensor loss = accel_->PipelineForwardBackward(
           batch,
           [this](const torch::Tensor& out, const torch::Tensor& y) { return criterion_(out, y); });
@@ -477,6 +491,7 @@ void Trainer::TrainStep() {
     } else {
       torch::Tensor loss = accel_->ForwardBackward(
           batch, [this](torch::nn::Module& m, const torch::data::Example<>& b) {
+            SetPhase("forward");
             ForwardOutput out = RunForward(m, b, cfg_.model);
             torch::Tensor loss = out.loss.defined() ? out.loss : criterion_(out.logits, b.target);
             if (!die_at_.empty() && loss.requires_grad())
@@ -484,12 +499,13 @@ void Trainer::TrainStep() {
                 MaybeDie(step, "backward");
                 return grad;
               });
+            SetPhase("backward");  // what ForwardBackward runs next with this loss
             return loss;
           });
       loss_sum += loss.item<double>();
     }
     ++micro;
-    phase_ = "optimizer step";
+    SetPhase("optimizer step");
     const bool stepped = accel_->Step();
     if (accel_->redo()) {  // a lost peer was replaced: the step starts over (accelerator.h)
       loss_sum = 0;
@@ -501,7 +517,7 @@ void Trainer::TrainStep() {
 }
 
 void Trainer::Evaluate(double* loss, double* accuracy) {
-  phase_ = "evaluation";
+  SetPhase("evaluation", /*between_steps=*/true);
   torch::NoGradGuard no_grad;
   Model* model = accel_->model();
   model->SetTraining(false);
@@ -766,8 +782,9 @@ Status Trainer::Run() {
                     (std::isnan(ea) ? "" : " accuracy " + Fixed(ea, 4)));
     }
     // Every rank acts on a signal any rank received, at this same step.
-    phase_ = "checkpoint";
+    SetPhase("signal poll", /*between_steps=*/true);
     const SignalRequest signal = accel_->PollSignals();
+    SetPhase("checkpoint", /*between_steps=*/true);
     const bool scheduled = cfg_.checkpoint_every > 0 && step % cfg_.checkpoint_every == 0;
     // At the last step the run's own end writes the checkpoint (and final.json) below.
     const bool last = step >= total_steps_;
@@ -790,7 +807,7 @@ Status Trainer::Run() {
                                  "; checkpoint written, the next run resumes");
   }
   loop_s_ = Seconds(Clock::now() - train_start_);
-  phase_ = "finishing";
+  SetPhase("finishing", /*between_steps=*/true);
   LAUNCH_RETURN_IF_ERROR(accel_->Finish());
   double eval_loss = 0, eval_acc = 0;
   Evaluate(&eval_loss, &eval_acc);

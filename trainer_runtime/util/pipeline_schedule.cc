@@ -126,4 +126,13 @@ std::vector<std::pair<int64_t, int64_t>> SplitRows(int64_t batch, int64_t chunks
   return out;
 }
 
+Status CheckRowsFor(int64_t batch, int64_t chunks, const std::string& key) {
+  if (batch >= chunks) return Status::Ok();
+  return Status::InvalidArgument(key + " is " + std::to_string(chunks) + " but this batch has " +
+                                 std::to_string(batch) + (batch == 1 ? " row" : " rows") +
+                                 ": each of the " + std::to_string(chunks) +
+                                 " needs at least one row (use batches of at least " +
+                                 std::to_string(chunks) + " rows, or lower " + key + ")");
+}
+
 }  // namespace launch::trainer

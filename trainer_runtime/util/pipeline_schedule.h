@@ -65,4 +65,10 @@ StatusOr<std::vector<int64_t>> PartitionLayers(const std::vector<int64_t>& layer
 // REQUIRES: 1 <= chunks <= batch.
 std::vector<std::pair<int64_t, int64_t>> SplitRows(int64_t batch, int64_t chunks);
 
+// SplitRows' precondition checked against the rows a batch really has (the loader's batch
+// size, which may differ from train.batch_size): InvalidArgument naming `key` (the setting that
+// asks for `chunks` chunks: "train.parallel.microbatches", "train.parallel.replicas") and both
+// numbers when batch < chunks, so no chunk is ever empty.
+Status CheckRowsFor(int64_t batch, int64_t chunks, const std::string& key);
+
 }  // namespace launch::trainer

@@ -112,6 +112,15 @@ TEST_CASE("balanced partition minimises the largest stage; explicit partitions a
   CHECK(*given == std::vector<int64_t>{3, 1});
 }
 
+TEST_CASE("CheckRowsFor names the key and both numbers when a chunk would be empty") {
+  CHECK(CheckRowsFor(4, 4, "train.parallel.microbatches").ok());
+  const Status s = CheckRowsFor(2, 4, "train.parallel.microbatches");
+  CHECK(s.code() == Status::Code::kInvalidArgument);
+  CHECK(s.message() ==
+        "train.parallel.microbatches is 4 but this batch has 2 rows: each of the 4 needs at least "
+        "one row (use batches of at least 4 rows, or lower train.parallel.microbatches)");
+}
+
 TEST_CASE("SplitRows gives near-equal non-empty chunks covering the batch") {
   auto chunks = SplitRows(10, 4);
   REQUIRE(chunks.size() == 4);

@@ -1,0 +1,211 @@
+"""`train`'s optimizer, schedule, clipping and loss options against PyTorch itself, end to end:
+the same TorchScript model, data order and steps trained by two `train` ranks (DDP) and by two
+PyTorch DDP processes (torch_ddp_reference.py: torch.optim.AdamW with Hugging Face's no-decay
+groups, SequentialLR(LinearLR, CosineAnnealingLR), clip_grad_norm_, F.cross_entropy's
+label_smoothing / weight / ignore_index), then every parameter compared (within 1e-5).
+
+Each case also shows that its option changed the result, so a trainer that ignored it would
+fail: a run without the option lands measurably away from PyTorch's (no-decay groups, class
+weights, ignore_index, label smoothing), the learning rate of every step is PyTorch's
+scheduler's (metrics.jsonl), and clipping was active on every step."""
+
+import json
+import os
+import re
+import shutil
+import unittest
+
+from trainer_helpers import TRAIN, final, metrics, write_config, write_split
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REFERENCE = os.path.join(HERE, "torch_ddp_reference.py")
+HAVE_BINARIES = os.path.exists(TRAIN) and os.path.exists(harness.LAUNCH)
+
+TRAIN_N, EVAL_N = 256, 64  # 8x8 images, 4 classes (trainer_helpers.write_split)
+SEED, BATCH, EPOCHS = 7, 8, 1
+STEPS = EPOCHS * (TRAIN_N // 2 // BATCH)  # 128 samples per rank: 16 steps
+RUN_TIMEOUT = 90  # each run takes a few seconds; the bound only turns a hang into a failure
+TOLERANCE = 1e-5
+
+# Linear, LayerNorm (its parameters are left out of weight decay by type: the name says
+# nothing), Linear. Written to a file and scripted by Debian's python3.
+EXPORT = r'''
+import sys
+import torch
+from torch import nn
+
+
+class NormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(64, 32)
+        self.ln = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.ln(self.stem(x.flatten(1)))))
+
+
+torch.manual_seed(0)
+torch.jit.script(NormNet()).save(sys.argv[1])
+'''
+
+# Our trained module (model.pt) against PyTorch's state_dict: the largest difference per tensor.
+COMPARE = r'''
+import json, sys
+import torch
+ours = torch.jit.load(sys.argv[1]).state_dict()
+ref = torch.load(sys.argv[2])
+initial = torch.jit.load(sys.argv[3]).state_dict()
+print(json.dumps({
+    "keys": [sorted(ours), sorted(ref)],
+    "diff": {n: (ours[n] - ref[n]).abs().max().item() for n in ref},
+    "moved": {n: (ours[n] - initial[n]).abs().max().item() for n in ref},
+}))
+'''
+
+JOB = """distributed_type: MULTI_CPU
+num_processes: 2
+train:
+  seed: {seed}
+  output_dir: {out}
+  model: {{torchscript: {model}}}
+  data: {{type: idx, path: {data}, mean: 0.5, std: 0.25}}
+  batch_size: {batch}
+  epochs: {epochs}
+  optimizer: {optimizer}
+  scheduler: {scheduler}
+  max_grad_norm: {max_grad_norm}
+  loss: {loss}
+  parallel: {{mode: ddp}}
+  checkpoint_every: 0
+  log_every: 1
+"""
+
+SGD = "{type: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.0}"
+SGD_ARGS = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
+
+
+@unittest.skipUnless(HAVE_BINARIES, harness.needs_setup(f"{TRAIN} or {harness.LAUNCH} not built"))
+class TorchReferenceTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = harness.tmpdir()
+        cls.data = os.path.join(cls.tmp, "idx")
+        os.makedirs(cls.data)
+        write_split(cls.data, "train", TRAIN_N, seed=11)
+        write_split(cls.data, "t10k", EVAL_N, seed=12)
+        cls.model = os.path.join(cls.tmp, "norm_net.pt")
+        exporter = write_config(cls.tmp, EXPORT, "export.py")
+        r = harness.run([harness.SYSTEM_PYTHON, exporter, cls.model], timeout=RUN_TIMEOUT)
+        if r.returncode != 0:
+            raise AssertionError(f"exporting the model failed:\n{r.stderr}")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_ours(self, name, optimizer=SGD, scheduler="{type: constant}", max_grad_norm=0.0,
+                 loss="{type: cross_entropy}"):
+        out = os.path.join(self.tmp, name + "-ours")
+        cfg = write_config(self.tmp, JOB.format(
+            seed=SEED, out=out, model=self.model, data=self.data, batch=BATCH, epochs=EPOCHS,
+            optimizer=optimizer, scheduler=scheduler, max_grad_norm=max_grad_norm, loss=loss),
+            name + ".yaml")
+        r = harness.launch(cfg, timeout=RUN_TIMEOUT)
+        self.assertEqual(r.returncode, 0, f"train on {name}:\n{r.stdout}{r.stderr}")
+        self.assertEqual(final(out)["steps"], STEPS)
+        return out
+
+    def run_reference(self, name, args):
+        ref = os.path.join(self.tmp, name + "-ref.pt")
+        r = harness.launch("--nproc_per_node", "2", "--python", harness.SYSTEM_PYTHON, REFERENCE,
+                           "--model", self.model, "--data", self.data, "--out", ref,
+                           "--seed", str(SEED), "--epochs", str(EPOCHS),
+                           "--batch_size", str(BATCH), "--mean", "0.5", "--std", "0.25", *args,
+                           timeout=RUN_TIMEOUT)
+        self.assertEqual(r.returncode, 0, f"PyTorch reference on {name}:\n{r.stdout}{r.stderr}")
+        self.assertIn(f"[rank 0]: steps={STEPS}", r.stdout)
+        lrs = json.loads(re.search(r"\[rank 0\]: lrs=(\[.*\])", r.stdout).group(1))
+        clipped = int(re.search(r"\[rank 0\]: clipped=(\d+)", r.stdout).group(1))
+        return ref, lrs, clipped
+
+    def compare(self, out, ref):
+        r = harness.run([harness.SYSTEM_PYTHON, "-c", COMPARE, os.path.join(out, "model.pt"), ref,
+                         self.model], timeout=RUN_TIMEOUT)
+        self.assertEqual(r.returncode, 0, f"comparison failed:\n{r.stderr}")
+        rep = json.loads(r.stdout)
+        self.assertEqual(rep["keys"][0], rep["keys"][1])
+        return rep
+
+    def assertMatches(self, out, ref):
+        """Every parameter within TOLERANCE of PyTorch's, and every one of them trained."""
+        rep = self.compare(out, ref)
+        far = {n: d for n, d in rep["diff"].items() if d > TOLERANCE}
+        self.assertEqual(far, {}, "differ from PyTorch (max |ours - ref|)")
+        still = [n for n, m in rep["moved"].items() if m == 0.0]
+        self.assertEqual(still, [], "did not train")
+        return rep
+
+    def assertDiffers(self, out, ref, names):
+        """The run `out` (without the option under test) is measurably away from PyTorch's with
+        it, in `names`: the option matters at this tolerance."""
+        rep = self.compare(out, ref)
+        for n in names:
+            self.assertGreater(rep["diff"][n], 100 * TOLERANCE, f"{n}: the option changed nothing")
+
+    def test_adamw_leaves_biases_and_normalisation_layers_out_of_weight_decay(self):
+        adamw = "{type: adamw, lr: 0.01, weight_decay: 0.5, no_decay: [bias, norm]}"
+        ref, _, _ = self.run_reference("adamw", ["--optimizer", "adamw", "--lr", "0.01",
+                                                 "--weight_decay", "0.5",
+                                                 "--no_decay", "bias,norm"])
+        self.assertMatches(self.run_ours("adamw", optimizer=adamw), ref)
+        # Decaying every parameter moves the ones PyTorch's groups leave alone: LayerNorm's
+        # weight (found by type) and the biases (by name).
+        everything = "{type: adamw, lr: 0.01, weight_decay: 0.5, no_decay: []}"
+        self.assertDiffers(self.run_ours("adamw_all", optimizer=everything), ref,
+                           ["ln.weight", "ln.bias", "stem.bias", "head.bias"])
+
+    def test_linear_warmup_then_cosine_follows_pytorchs_schedulers(self):
+        cosine = "{type: cosine, warmup_steps: 4, min_lr_ratio: 0.1}"
+        ref, lrs, _ = self.run_reference("cosine", SGD_ARGS + [
+            "--scheduler", "cosine", "--warmup_steps", "4", "--min_lr_ratio", "0.1"])
+        out = self.run_ours("cosine", scheduler=cosine)
+        self.assertMatches(out, ref)
+        ours = [m["lr"] for m in metrics(out) if "lr" in m]
+        self.assertEqual(len(ours), STEPS)
+        for step, (a, b) in enumerate(zip(ours, lrs), start=1):
+            self.assertAlmostEqual(a, b, delta=1e-12 + 1e-9 * b, msg=f"lr of step {step}")
+        self.assertLess(lrs[0], lrs[3])  # warm-up rises
+        self.assertLess(lrs[-1], lrs[4] / 5)  # the cosine falls towards 0.1 x lr
+
+    def test_gradient_clipping_matches_clip_grad_norm(self):
+        ref, _, clipped = self.run_reference("clip", SGD_ARGS + ["--max_grad_norm", "0.05"])
+        self.assertEqual(clipped, STEPS, "clipping must be active on every step to be tested")
+        self.assertMatches(self.run_ours("clip", max_grad_norm=0.05), ref)
+        self.assertDiffers(self.run_ours("clip_off"), ref, ["head.weight", "stem.weight"])
+
+    def check_loss(self, name, loss, args):
+        ref, _, _ = self.run_reference(name, SGD_ARGS + args)
+        self.assertMatches(self.run_ours(name, loss=loss), ref)
+        # Plain cross-entropy lands elsewhere: the option was applied, not ignored.
+        if not hasattr(self, "_plain"):
+            type(self)._plain = self.run_ours("plain_ce")
+        self.assertDiffers(self._plain, ref, ["head.weight", "head.bias"])
+
+    def test_cross_entropy_with_label_smoothing(self):
+        self.check_loss("smoothing", "{type: cross_entropy, label_smoothing: 0.2}",
+                        ["--label_smoothing", "0.2"])
+
+    def test_cross_entropy_with_class_weights(self):
+        self.check_loss("weights", "{type: cross_entropy, class_weights: [1.0, 3.0, 0.5, 2.0]}",
+                        ["--class_weights", "1.0,3.0,0.5,2.0"])
+
+    def test_cross_entropy_with_ignore_index(self):
+        self.check_loss("ignore", "{type: cross_entropy, ignore_index: 2}",
+                        ["--ignore_index", "2"])
+
+
+if __name__ == "__main__":
+    unittest.main()
