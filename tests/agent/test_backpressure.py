@@ -195,6 +195,8 @@ class Backpressure(unittest.TestCase):
         self.assertGreater(pipe_backlog(stalled.out_fd), 60 << 10, "the reader never stalled")
         stalled.out.start()
         codes = [n.wait(30) for n in nodes]
+        for n in nodes:
+            n.err.finish()  # to the end of the pipe: all of what launch said
         errs = [n.err.text() for n in nodes]
         for node, (code, err) in enumerate(zip(codes, errs)):
             self.assertNotIn("lost", err, f"node {node}")
@@ -250,6 +252,9 @@ class Backpressure(unittest.TestCase):
         elapsed = time.monotonic() - t0
         self.assertEqual(code, 0, l.err.text())
         self.assertLess(elapsed, 8, l.err.text())
+        # launch's exit does not mean the reader thread has taken its last line yet: read to
+        # the end of the pipe first (a race under load otherwise).
+        l.err.finish()
         self.assertRegex(l.err.text(), r"dropped up to \d+ bytes of output at exit")
         os.close(l.out_fd)
 
@@ -259,6 +264,7 @@ class Backpressure(unittest.TestCase):
                        "print('stderr still shown', file=sys.stderr)", stall_stdout=True)
         os.close(l.out_fd)  # launch's stdout now has no reader: EPIPE on every write
         self.assertEqual(l.wait(20), 0, l.err.text())
+        l.err.finish()  # its last lines may still be in the pipe when launch has exited
         self.assertEqual(l.err.text().count("stderr still shown"), 2, l.err.text())
 
 
