@@ -4,31 +4,16 @@ seed): ddp (with and without accumulation, sync_each_batch, world 2 and 3), zero
 and 3, Local SGD, dp and pipelines (GPipe, 1F1B, 2x2). Ranks that start from different weights end equal (Prepare
 broadcasts rank 0's), and no_sync really skips the all-reduce."""
 
-import array
-import math
 import os
 import subprocess
 import unittest
 
 import harness
+from api_helpers import floats, rel_diff
 
 BIN = os.environ.get("LAUNCH_BIN_DIR", os.path.join(harness.REPO, "build", "bin"))
 CHECK = os.path.join(BIN, "api_check")
 LAUNCH = os.path.join(BIN, "launch")
-
-
-def floats(path):
-    a = array.array("f")
-    with open(path, "rb") as f:
-        a.frombytes(f.read())
-    return list(a)
-
-
-def rel_diff(a, b):
-    assert len(a) == len(b), (len(a), len(b))
-    num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
-    den = math.sqrt(sum(y * y for y in b)) or 1.0
-    return num / den
 
 
 @unittest.skipUnless(os.path.exists(CHECK) and os.path.exists(LAUNCH),

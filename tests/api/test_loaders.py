@@ -4,7 +4,6 @@ checkpoint alone (the review's H1 reproductions), an evaluation loader with Gath
 returns every sample once in data set order, the collectives of unequal shapes, and loops
 ported from plain LibTorch that either work or fail loudly."""
 
-import array
 import os
 import re
 import select
@@ -13,17 +12,11 @@ import time
 import unittest
 
 import harness
+from api_helpers import floats
 
 BIN = os.environ.get("LAUNCH_BIN_DIR", os.path.join(harness.REPO, "build", "bin"))
 CHECK = os.path.join(BIN, "loader_check")
 LAUNCH = os.path.join(BIN, "launch")
-
-
-def floats(path):
-    a = array.array("f")
-    with open(path, "rb") as f:
-        a.frombytes(f.read())
-    return list(a)
 
 
 def values(log, key):

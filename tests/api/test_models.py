@@ -3,31 +3,16 @@ models each with its own reducer (bit-identical across ranks, equal to one proce
 batch), NoSync(model), state registered for checkpointing through a kill and a restart,
 LoadState(dir, step), and MainProcessFirst's order."""
 
-import array
-import math
 import os
 import subprocess
 import unittest
 
 import harness
+from api_helpers import floats, rel_diff
 
 BIN = os.environ.get("LAUNCH_BIN_DIR", os.path.join(harness.REPO, "build", "bin"))
 CHECK = os.path.join(BIN, "models_check")
 LAUNCH = os.path.join(BIN, "launch")
-
-
-def floats(path):
-    a = array.array("f")
-    with open(path, "rb") as f:
-        a.frombytes(f.read())
-    return list(a)
-
-
-def rel_diff(a, b):
-    assert len(a) == len(b), (len(a), len(b))
-    num = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
-    den = math.sqrt(sum(y * y for y in b)) or 1.0
-    return num / den
 
 
 @unittest.skipUnless(os.path.exists(CHECK) and os.path.exists(LAUNCH),

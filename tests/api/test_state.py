@@ -5,26 +5,18 @@ divided by N as accelerate's backward does; SyncBatchNorm under ddp (2 processes
 replicas on threads) trains exactly as one process with BatchNorm on the global batch; pipeline
 replicas seeded differently end bit-identical (api_check.cc --skew_init)."""
 
-import array
 import json
-import math
 import os
 import subprocess
 import unittest
 
 import harness
+from api_helpers import floats
 
 BIN = os.environ.get("LAUNCH_BIN_DIR", os.path.join(harness.REPO, "build", "bin"))
 CHECK = os.path.join(BIN, "state_check")
 API_CHECK = os.path.join(BIN, "api_check")
 LAUNCH = os.path.join(BIN, "launch")
-
-
-def floats(path):
-    a = array.array("f")
-    with open(path, "rb") as f:
-        a.frombytes(f.read())
-    return list(a)
 
 
 def max_diff(a, b):
