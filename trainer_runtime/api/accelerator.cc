@@ -941,7 +941,12 @@ void Accelerator::SumInPlace(torch::Tensor& t) {
   if (c10d::ProcessGroup* pg = control()) {
     std::vector<at::Tensor> v = {t};
     const uint64_t token = pg_->RingBegin(CollectiveOp::kAllReduce, t.numel() * t.element_size());
-    pg->allreduce(v, c10d::AllreduceOptions())->wait();
+    try {
+      pg->allreduce(v, c10d::AllreduceOptions())->wait();
+    } catch (...) {
+      pg_->RingDone(token, /*ok=*/false);  // ended, failed: not "started" forever in the ring
+      throw;
+    }
     pg_->RingDone(token);
   }
 }
@@ -957,8 +962,14 @@ torch::Tensor Accelerator::Gather(const torch::Tensor& t) { return torch::cat(Ga
 void Accelerator::Barrier() {
   if (c10d::ProcessGroup* pg = control()) {
     const uint64_t token = pg_->RingBegin(CollectiveOp::kBarrier, 0);
-    Guarded([&] { pg->barrier(c10d::BarrierOptions())->wait(); });
-    pg_->RingDone(token);
+    bool ok = false;
+    try {
+      ok = Guarded([&] { pg->barrier(c10d::BarrierOptions())->wait(); });
+    } catch (...) {
+      pg_->RingDone(token, /*ok=*/false);
+      throw;
+    }
+    pg_->RingDone(token, ok);
   }
 }
 
