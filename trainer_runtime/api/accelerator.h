@@ -265,9 +265,10 @@ class Accelerator {
   // stepped; false also when the model already stepped in this micro-batch. CheckError when
   // `model` was not prepared.
   bool Step(const torch::nn::Module& model);
-  // Zeroes `model`'s gradients in place (safe with DDP's bucket views, unlike the optimizer's
-  // zero_grad() there). For gradients a loss left in a model it did not step (the
-  // discriminator, after the generator's step). CheckError when `model` was not prepared.
+  // Zeroes `model`'s gradients in place, as its optimizer's zero_grad(false) would (both are
+  // safe under ddp, see the top of this file); named by the model, for gradients a loss left
+  // in a model it did not step (the discriminator, after the generator's step). CheckError
+  // when `model` was not prepared.
   void ZeroGrad(const torch::nn::Module& model);
   // DDP's no_sync() for one model: while the scope lives, Backward leaves `model`'s gradients
   // local (no all-reduce; they accumulate) and Step does not step it; the first Backward after
