@@ -1,8 +1,10 @@
 """Shared helpers for the multi-process tests: where the binaries are, running them with a
 hard timeout, and checking the process table for leftovers."""
 
+import atexit
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -45,11 +47,26 @@ def skip_kind(reason):
     return "unmarked", reason
 
 
+_made_dirs = []
+
+
+@atexit.register
+def _remove_made_dirs():
+    # Every run made thousands of them (checkpoints, data sets: gigabytes of /tmp a day) and
+    # none was ever read after its test. LAUNCH_KEEP_TEST_DIRS=1 keeps them for a post-mortem.
+    if os.environ.get("LAUNCH_KEEP_TEST_DIRS") == "1":
+        return
+    for d in _made_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 # Tests never read the user's ~/.config/launch/default_config.yaml.
 _ISOLATED_CONFIG_HOME = tempfile.mkdtemp(prefix="launch-test-xdg-")
+_made_dirs.append(_ISOLATED_CONFIG_HOME)
 os.environ.setdefault("XDG_CONFIG_HOME", _ISOLATED_CONFIG_HOME)
 # ... nor accelerate's (launch falls back to $HF_HOME/accelerate/default_config.yaml).
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="launch-test-hf-"))
+_made_dirs.append(tempfile.mkdtemp(prefix="launch-test-hf-"))
+os.environ.setdefault("HF_HOME", _made_dirs[-1])
 
 
 def _ephemeral_range():
@@ -167,4 +184,7 @@ def unique_marker(prefix="launchtest"):
 
 
 def tmpdir():
-    return tempfile.mkdtemp(prefix="launch-test-")
+    """A fresh directory, removed when the test process exits (unless LAUNCH_KEEP_TEST_DIRS=1)."""
+    d = tempfile.mkdtemp(prefix="launch-test-")
+    _made_dirs.append(d)
+    return d

@@ -45,35 +45,37 @@ def run(cmd, timeout=600):
 
 def train(launcher, nproc, yaml_text, extra=(), timeout=600):
     """Runs `train` on a config; returns final.json plus the metrics lines."""
-    d = tempfile.mkdtemp(prefix="bench-")
-    cfg = os.path.join(d, "cfg.yaml")
-    with open(cfg, "w") as f:
-        f.write(yaml_text.replace("OUT", os.path.join(d, "out")))
-    run(launch_cmd(launcher, nproc, cfg, list(extra)), timeout=timeout)
-    with open(os.path.join(d, "out", "final.json")) as f:
-        fin = json.load(f)
-    with open(os.path.join(d, "out", "metrics.jsonl")) as f:
-        fin["metrics"] = [json.loads(line) for line in f if line.strip()]
-    return fin
+    # Removed afterwards: each run leaves checkpoints and model files (hundreds of MB).
+    with tempfile.TemporaryDirectory(prefix="bench-") as d:
+        cfg = os.path.join(d, "cfg.yaml")
+        with open(cfg, "w") as f:
+            f.write(yaml_text.replace("OUT", os.path.join(d, "out")))
+        run(launch_cmd(launcher, nproc, cfg, list(extra)), timeout=timeout)
+        with open(os.path.join(d, "out", "final.json")) as f:
+            fin = json.load(f)
+        with open(os.path.join(d, "out", "metrics.jsonl")) as f:
+            fin["metrics"] = [json.loads(line) for line in f if line.strip()]
+        return fin
 
 
 def torch_worker(launcher, nproc, args):
-    d = tempfile.mkdtemp(prefix="bench-")
-    out = os.path.join(d, "result.json")
-    run(launch_cmd(launcher, nproc, os.path.join(os.path.dirname(__file__), "ddp_torch_worker.py"),
-                   [*args, "--out", out]))
-    with open(out) as f:
-        return json.load(f)
+    with tempfile.TemporaryDirectory(prefix="bench-") as d:
+        out = os.path.join(d, "result.json")
+        run(launch_cmd(launcher, nproc,
+                       os.path.join(os.path.dirname(__file__), "ddp_torch_worker.py"),
+                       [*args, "--out", out]))
+        with open(out) as f:
+            return json.load(f)
 
 
 def python_worker(launcher, nproc, script, args, timeout=600):
     """Runs scripts/bench/`script` on `nproc` ranks with --out; returns what rank 0 wrote there."""
-    d = tempfile.mkdtemp(prefix="bench-")
-    out = os.path.join(d, "result.json")
-    run(launch_cmd(launcher, nproc, os.path.join(os.path.dirname(__file__), script),
-                   [*args, "--out", out]), timeout=timeout)
-    with open(out) as f:
-        return json.load(f)
+    with tempfile.TemporaryDirectory(prefix="bench-") as d:
+        out = os.path.join(d, "result.json")
+        run(launch_cmd(launcher, nproc, os.path.join(os.path.dirname(__file__), script),
+                       [*args, "--out", out]), timeout=timeout)
+        with open(out) as f:
+            return json.load(f)
 
 
 def versions():
