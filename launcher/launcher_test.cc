@@ -1,6 +1,7 @@
 #include "launcher/launcher.h"
 #include "launcher/ssh_head.h"
 
+#include <csignal>
 #include <cstdlib>
 
 #include "base/files.h"
@@ -242,6 +243,23 @@ TEST_CASE("SshHeadPassesTheTokenOnStdinOnly") {
         "'--main_process_port' '29500' '--run_id' 'r' '--' '/bin/echo' 'it'\\''s'");
   for (const std::string& a : argv) CHECK(a.find("s3cret") == std::string::npos);
   CHECK(HeadMessage(job) == "launch-head 1\nenv GLOO_SOCKET_IFNAME=eth0\ntoken s3cret\nend\n");
+}
+
+TEST_CASE("SshHeadForwardsOnlyTheSignalsForWorkersAndReports") {
+  CHECK(ForwardedSignalLine(SIGUSR1) == "signal USR1\n");
+  CHECK(ForwardedSignalLine(SIGURG) == "signal URG\n");
+  for (int signo : {SIGUSR1, SIGUSR2, SIGURG}) {
+    std::string line = ForwardedSignalLine(signo);
+    line.pop_back();
+    CHECK(ForwardedSignal(line) == signo);
+  }
+  // Stopping is the end of stdin, never a line: the head cannot ask a host to TERM or KILL.
+  CHECK(ForwardedSignalLine(SIGTERM).empty());
+  CHECK(ForwardedSignalLine(SIGKILL).empty());
+  CHECK(ForwardedSignal("signal TERM") == 0);
+  CHECK(ForwardedSignal("signal KILL") == 0);
+  CHECK(ForwardedSignal("signal USR1 ") == 0);
+  CHECK(ForwardedSignal("") == 0);
 }
 
 TEST_CASE("EnvFileIsKeyValueLines") {

@@ -151,12 +151,14 @@ int RunHead(const HeadJob& job) {
     log::Error(s.message());
     return kExitFailure;
   }
+  // Both ends: the handler never blocks, and the loop reads what came and goes on.
+  ::fcntl(sig_pipe[0], F_SETFL, O_NONBLOCK);
   ::fcntl(sig_pipe[1], F_SETFL, O_NONBLOCK);
   g_signal_pipe = sig_pipe[1];
   struct sigaction sa {};
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
-  for (int signo : {SIGINT, SIGTERM, SIGHUP}) {
+  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGURG}) {
     struct sigaction old {};
     sigaction(signo, nullptr, &old);
     if (signo == SIGHUP && old.sa_handler == SIG_IGN) continue;  // nohup: stays ignored
@@ -268,6 +270,12 @@ int RunHead(const HeadJob& job) {
       if (k == 0) {
         unsigned char b = 0;
         while (::read(sig_pipe[0], &b, 1) == 1) {
+          if (const std::string line = ForwardedSignalLine(b); !line.empty()) {
+            log::Info("forwarding " + SignalName(b) + " to every host");
+            for (Remote& r : remotes)
+              if (r.in >= 0) WriteAll(r.in, line);
+            continue;
+          }
           ++signals;
           if (!failed) result = ExitCodeForSignal(b);
           if (signals == 1) {
@@ -276,8 +284,6 @@ int RunHead(const HeadJob& job) {
             log::Info("second signal: ending every host's ssh now");
             kill_all();
           }
-          int flags = ::fcntl(sig_pipe[0], F_GETFL);
-          ::fcntl(sig_pipe[0], F_SETFL, flags | O_NONBLOCK);
         }
         continue;
       }
@@ -456,13 +462,42 @@ Status ReceiveFromHead(int fd, std::vector<std::pair<std::string, std::string>>*
   return Status::Ok();
 }
 
+std::string ForwardedSignalLine(int signo) {
+  if (signo != SIGUSR1 && signo != SIGUSR2 && signo != SIGURG) return "";
+  std::string name = SignalName(signo);  // "SIGUSR1"
+  return "signal " + name.substr(3) + "\n";
+}
+
+int ForwardedSignal(const std::string& line) {
+  for (int signo : {SIGUSR1, SIGUSR2, SIGURG}) {
+    const std::string want = ForwardedSignalLine(signo);
+    if (line + "\n" == want) return signo;
+  }
+  return 0;
+}
+
 void StopWhenHeadLeaves(int fd) {
+  // A forwarded SIGUSR1/2 that arrives before the agent has its handlers would end this launch
+  // (their default action): ignored until then. The agent's own handlers replace this, so its
+  // workers start with the default again.
+  ::signal(SIGUSR1, SIG_IGN);
+  ::signal(SIGUSR2, SIG_IGN);
   std::thread([fd] {
     char buf[256];
+    std::string line;
     while (true) {
       ssize_t n = ::read(fd, buf, sizeof(buf));
-      if (n > 0 || (n < 0 && errno == EINTR)) continue;
-      break;
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      for (ssize_t i = 0; i < n; ++i) {
+        if (buf[i] != '\n') {
+          if (line.size() < 64) line += buf[i];  // no line the head sends is longer
+          continue;
+        }
+        // The agent handles a forwarded signal as one sent to it directly, on its own thread.
+        if (int signo = ForwardedSignal(line); signo != 0) ::kill(::getpid(), signo);
+        line.clear();
+      }
     }
     // The head closed our stdin or its ssh connection is gone: stop as on Ctrl-C. The agent
     // handles the signal on its own thread (no logging here: log is single-threaded).

@@ -20,7 +20,9 @@
 //     token TOKEN            the rendezvous token: the user's LAUNCH_RDZV_TOKEN, else a fresh
 //                            random one, so that a hostfile job always authenticates
 //     end
-// and then keeps stdin open and silent. Nothing secret is on any command line (ssh's or the
+// and then keeps stdin open; afterwards it writes only
+//     signal NAME            USR1, USR2 or URG: the head received it and forwards it (below)
+// Nothing secret is on any command line (ssh's or the
 // remote shell's, which every user of either machine can read in /proc/PID/cmdline). The
 // remote launch answers kReadyLine on stdout, and stops its node (as on SIGTERM) when its stdin
 // ends: when the head closes it (Ctrl-C, a failure) or when ssh's connection goes (the head
@@ -72,11 +74,13 @@ std::string HeadMessage(const HeadJob& job);
 // Runs the job: starts every host, streams each one's stdout and stderr to ours with a "HOST: "
 // prefix (the remote launches add their own "[rank N]: "), and waits for all. SIGINT, SIGTERM
 // and SIGHUP (unless ignored when launch started, as under nohup) stop every host; a second one
-// ends their ssh at once. After a host fails, the others get a moment to end through the
-// rendezvous (naming the same root cause), then are stopped. Returns the exit code: 0, the
-// first failed host's own code, 128 + the signal that stopped the job, or 1 when a host could
-// not be started.
-// REQUIRES: job.hosts is not empty; called once, from main's thread, with no other child.
+// ends their ssh at once. SIGUSR1 and SIGUSR2 (a scheduler's warning before it preempts the job)
+// and SIGURG (print the collective report, agent.h) are forwarded to every host's launch, which
+// handles them as its own (forwards SIGUSR1/2 to its workers). After a host fails, the others get a
+// moment to end through the rendezvous (naming the same root cause), then are stopped. Returns the
+// exit code: 0, the first failed host's own code, 128 + the signal that stopped the job, or 1 when
+// a host could not be started. REQUIRES: job.hosts is not empty; called once, from main's thread,
+// with no other child.
 int RunHead(const HeadJob& job);
 
 // The environment every host's launch gets beyond its own login environment, DeepSpeed's
@@ -99,8 +103,16 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> ParseEnvFile(const st
 Status ReceiveFromHead(int fd, std::vector<std::pair<std::string, std::string>>* env,
                        std::string* token);
 
-// The remote side, once the message is read: a thread that waits for the end of `fd` and then
-// sends this process SIGTERM, which stops the node as a Ctrl-C would. Called at most once.
+// The remote side, once the message is read: a thread that reads `fd` to its end, sends this
+// process each signal the head forwards ("signal NAME" lines; anything else is ignored), and at
+// the end sends it SIGTERM, which stops the node as a Ctrl-C would. SIGUSR1 and SIGUSR2 are
+// ignored until the agent installs its handlers. Called at most once.
 void StopWhenHeadLeaves(int fd);
+
+// The signals a head forwards to its hosts (SIGUSR1, SIGUSR2, SIGURG), and the line that carries
+// `signo` ("signal USR1\n"); "" for any other signal.
+std::string ForwardedSignalLine(int signo);
+// The signal a "signal NAME" line (without its newline) asks for; 0 for any other line.
+int ForwardedSignal(const std::string& line);
 
 }  // namespace launch::launcher

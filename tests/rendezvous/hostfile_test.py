@@ -41,7 +41,9 @@ train:
 """
 # Each worker says who it is, then waits for the test's go file (or for being stopped), so the
 # test looks at every host while the whole job runs. Rank 3 (on host 1) may be told to fail.
-WORKER = ('echo "worker $RANK on $(hostname) mark=$JOB_MARK"; '
+# A forwarded SIGUSR1 reaches it as a line (sh runs the trap after its current sleep).
+WORKER = ('trap \'echo "worker $RANK got USR1"\' USR1; '
+          'echo "worker $RANK on $(hostname) mark=$JOB_MARK"; '
           'if [ "$RANK" = "$FAIL_RANK" ]; then echo "rank $RANK fails" >&2; exit 7; fi; '
           'while [ ! -e "$GO_FILE" ]; do sleep 0.05; done; echo "worker $RANK done"')
 
@@ -240,6 +242,34 @@ PidFile none
         self.assertEqual(p.returncode, 128 + signal.SIGINT, "".join(out) + rest + err)
         self.assertIn("stopping every host: SIGINT", err)
         self.assertNotIn("done", rest)
+        self.assert_nothing_left(hosts)
+
+    def test_usr1_and_urg_on_the_head_reach_every_host(self):
+        hosts = self.make_hosts(2)
+        p, d, _ = self.start_waiting_job(hosts)
+        out = []
+        self.assertTrue(self.wait_lines(p, [f"worker {r} on" for r in range(4)], out),
+                        "".join(out))
+        head = self.head_pid(p)
+        # SIGUSR1 (a scheduler's warning before preemption): every worker on every host gets it,
+        # and the job goes on.
+        os.kill(head, signal.SIGUSR1)
+        self.assertTrue(self.wait_lines(
+            p, [f"{h.addr}: [rank {r}]: worker {r} got USR1"
+                for h, ranks in ((hosts[0], (0, 1)), (hosts[1], (2, 3))) for r in ranks], out),
+            "".join(out))
+        # SIGURG: every host's launch prints its collective report (these shell workers keep no
+        # collective ring, which the report says).
+        os.kill(head, signal.SIGURG)
+        open(os.path.join(d, "go"), "w").close()
+        rest, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, "".join(out) + rest + err)
+        self.assertIn("forwarding SIGUSR1 to every host", err)
+        self.assertIn("forwarding SIGURG to every host", err)
+        for h in hosts:
+            self.assertRegex(err, rf"{h.addr}: .*no rank of this node has a collective ring")
+        for r in range(4):
+            self.assertIn(f"[rank {r}]: worker {r} done", rest)
         self.assert_nothing_left(hosts)
 
     def test_worker_failure_on_host_1_ends_the_job_everywhere(self):
