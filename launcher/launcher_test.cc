@@ -268,6 +268,14 @@ TEST_CASE("EnvFileIsKeyValueLines") {
   REQUIRE(env->size() == 2);
   CHECK((*env)[1].first == "B");
   CHECK((*env)[1].second == " x=y");
+  env = ParseEnvFile("A=\"x y\"\nB='z'\nC=\"a\"b\"\nD=\"\nE=it's\n", "e");
+  REQUIRE(env.ok());
+  REQUIRE(env->size() == 5);
+  CHECK((*env)[0].second == "x y");
+  CHECK((*env)[1].second == "z");
+  CHECK((*env)[2].second == "\"a\"b\"");  // inner quotes: kept as written
+  CHECK((*env)[3].second == "\"");
+  CHECK((*env)[4].second == "it's");
   CHECK(ParseEnvFile("A=1\nnot a line\n", "e").status().message() ==
         "e:2: expected KEY=VALUE, got 'not a line'");
 }

@@ -372,7 +372,14 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> ParseEnvFile(const st
       return Status::InvalidConfig(path + ":" + std::to_string(i + 1) +
                                    ": expected KEY=VALUE, got '" + SanitizeForTerminal(trimmed) +
                                    "'");
-    out.emplace_back(key, trimmed.substr(eq + 1));
+    std::string value = trimmed.substr(eq + 1);
+    // `export A="x y"` in a file written for the shell means x y: one pair of quotes around the
+    // whole value goes (without escapes inside, as in .env files); anything else stays as written.
+    const std::string quoted = Trim(value);
+    if (quoted.size() >= 2 && (quoted[0] == '"' || quoted[0] == '\'') &&
+        quoted.back() == quoted[0] && quoted.find(quoted[0], 1) == quoted.size() - 1)
+      value = quoted.substr(1, quoted.size() - 2);
+    out.emplace_back(key, value);
   }
   return out;
 }

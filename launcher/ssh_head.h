@@ -94,7 +94,8 @@ StatusOr<std::vector<std::pair<std::string, std::string>>> JobEnvironment(
     std::vector<std::string>* warnings);
 
 // KEY=VALUE lines (`export KEY=VALUE` too), '#' comments and blank lines; the value is taken
-// as written, up to the end of the line.
+// as written, up to the end of the line, except that one pair of single or double quotes
+// around all of it is removed (A="x y" is x y; no escapes are interpreted).
 StatusOr<std::vector<std::pair<std::string, std::string>>> ParseEnvFile(const std::string& text,
                                                                         const std::string& path);
 
