@@ -63,6 +63,16 @@ std::string PidNamespace() {
   return n > 0 ? std::string(buf, n) : "";
 }
 
+// The number in PidNamespace() ("4026531836"), which job cgroup names carry: two launches in
+// different pid namespaces (containers on one cgroup tree, test hosts) may have the same pid.
+std::string PidNamespaceId() {
+  const std::string ns = PidNamespace();
+  const size_t open = ns.find('[');
+  const size_t close = ns.rfind(']');
+  if (open == std::string::npos || close == std::string::npos || close <= open + 1) return "0";
+  return ns.substr(open + 1, close - open - 1);
+}
+
 std::string OwnerMarker() {
   return PidNamespace() + " " + std::to_string(::getpid()) + " " + StartTime(::getpid());
 }
@@ -73,10 +83,38 @@ std::string ReadOwnerMarker(const std::string& dir) {
   return n > 0 ? std::string(buf, n) : "";
 }
 
-// Whether the job cgroup `dir`, named launch-<pid>, belongs to no live `launch`. Where in
-// doubt, it does: another job is never killed on a guess.
-bool IsAbandoned(const std::string& dir, pid_t pid) {
-  if (pid == ::getpid()) return true;  // ours is not made yet: a dead launch had our pid
+// A job cgroup's name: "launch-<pid>-<pid namespace id>" as ForThisProcess makes it, or
+// "launch-<pid>" as launches before the namespace was in the name made it (ns empty).
+struct JobCgroupName {
+  pid_t pid = 0;   // 0: not a job cgroup's name
+  std::string ns;  // digits, or empty
+};
+
+bool IsCanonicalNumber(const std::string& digits, long long max) {
+  if (digits.empty() || digits.size() > 18 ||
+      digits.find_first_not_of("0123456789") != std::string::npos)
+    return false;
+  const long long n = std::stoll(digits);
+  return n > 0 && n <= max && std::to_string(n) == digits;
+}
+
+JobCgroupName ParseJobCgroupName(const std::string& name) {
+  if (!StartsWith(name, "launch-")) return {};
+  const std::string rest = name.substr(7);
+  const size_t dash = rest.find('-');
+  const std::string pid = rest.substr(0, dash);
+  const std::string ns = dash == std::string::npos ? "" : rest.substr(dash + 1);
+  if (!IsCanonicalNumber(pid, INT_MAX)) return {};
+  if (dash != std::string::npos && !IsCanonicalNumber(ns, LLONG_MAX)) return {};
+  return {static_cast<pid_t>(std::stoll(pid)), ns};
+}
+
+// Whether the job cgroup `dir` belongs to no live `launch`. Where in doubt, it does: another
+// job is never killed on a guess.
+bool IsAbandoned(const std::string& dir, const JobCgroupName& name) {
+  const pid_t pid = name.pid;
+  // Made in another pid namespace: our pids say nothing about its maker.
+  if (!name.ns.empty() && name.ns != PidNamespaceId()) return false;
   std::string marker = ReadOwnerMarker(dir);
   if (!marker.empty()) {
     // Made by a launch that said which process it was: it lives while that pid has that start
@@ -84,9 +122,13 @@ bool IsAbandoned(const std::string& dir, pid_t pid) {
     std::vector<std::string> owner = Split(marker, ' ');
     if (owner.size() != 3 || owner[0] != PidNamespace() || owner[1] != std::to_string(pid))
       return false;
+    if (pid == ::getpid()) return true;  // ours is not made yet: a dead launch had our pid
     return StartTime(pid) != owner[2];
   }
-  // Unmarked (an older launch): gone, or the pid is now some other program's.
+  // Unmarked (no user xattrs on this kernel's cgroups). With our pid: a dead launch of our
+  // namespace had it, unless the name does not say which namespace (an older launch's).
+  if (pid == ::getpid()) return !name.ns.empty();
+  // Gone, or the pid is now some other program's.
   if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
   char exe[PATH_MAX];
   ssize_t n = ::readlink(("/proc/" + std::to_string(pid) + "/exe").c_str(), exe, sizeof(exe) - 1);
@@ -95,16 +137,6 @@ bool IsAbandoned(const std::string& dir, pid_t pid) {
   const std::string deleted = " (deleted)";  // the binary was rebuilt under it
   if (EndsWith(program, deleted)) program.resize(program.size() - deleted.size());
   return Basename(program) != "launch";
-}
-
-// "launch-<pid>" (as ForThisProcess names it, digits only) -> pid; 0 for any other name.
-pid_t JobCgroupPid(const std::string& name) {
-  if (!StartsWith(name, "launch-") || name.size() > 7 + 10) return 0;
-  std::string digits = name.substr(7);
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return 0;
-  long long pid = std::stoll(digits);
-  if (pid <= 0 || pid > INT_MAX || std::to_string(pid) != digits) return 0;
-  return static_cast<pid_t>(pid);
 }
 
 }  // namespace
@@ -124,7 +156,7 @@ std::unique_ptr<JobCgroup> JobCgroup::ForThisProcess(std::string* why_not) {
   if (mount_root != "/" && StartsWith(own, mount_root)) own = own.substr(mount_root.size());
   std::string parent = mount_point + (own == "/" ? "" : own);
   return std::unique_ptr<JobCgroup>(
-      new JobCgroup(parent + "/launch-" + std::to_string(::getpid())));
+      new JobCgroup(parent + "/launch-" + std::to_string(::getpid()) + "-" + PidNamespaceId()));
 }
 
 std::vector<std::string> JobCgroup::CollectAbandoned() {
@@ -134,14 +166,14 @@ std::vector<std::string> JobCgroup::CollectAbandoned() {
   if (d == nullptr) return removed;
   std::vector<std::string> names;
   while (dirent* e = ::readdir(d))
-    if (e->d_type == DT_DIR && JobCgroupPid(e->d_name) > 0) names.push_back(e->d_name);
+    if (e->d_type == DT_DIR && ParseJobCgroupName(e->d_name).pid > 0) names.push_back(e->d_name);
   ::closedir(d);
   for (const std::string& name : names) {
     std::string dir = parent + "/" + name;
     struct stat st;
     // Another user's job is theirs to clean up (and its cgroup.kill not ours to write).
     if (::stat(dir.c_str(), &st) != 0 || st.st_uid != ::geteuid()) continue;
-    if (!IsAbandoned(dir, JobCgroupPid(name))) continue;
+    if (!IsAbandoned(dir, ParseJobCgroupName(name))) continue;
     if (KillAndRemoveCgroup(dir, kCgroupEmptyTimeout)) removed.push_back(dir);
   }
   return removed;

@@ -10,7 +10,8 @@
 // cgroup has no such hole, and its kill is atomic (a process forking in a loop cannot outrun
 // it). So, where possible, both:
 //
-//   * ForThisProcess() names <launch's own cgroup>/launch-<pid> on the cgroup2 mount; nothing
+//   * ForThisProcess() names <launch's own cgroup>/launch-<pid>-<pid namespace id> on the
+//     cgroup2 mount (launches in two pid namespaces on one cgroup tree may share a pid); nothing
 //     is made yet. CollectAbandoned() then removes what dead `launch` processes left beside it.
 //   * Create(), when the first worker starts, makes it. It succeeds only where that cgroup is
 //     writable (root, or a delegated subtree such as a systemd user service) and the kernel has
@@ -60,8 +61,9 @@ class JobCgroup {
   JobCgroup& operator=(const JobCgroup&) = delete;
 
   // Kills and removes the job cgroups beside ours that belong to no live `launch` (see
-  // IsAbandoned in cgroup.cc): launch-<pid> directories owned by our effective user whose pid is
-  // gone, was reused by another program, or is our own (we have not made ours yet). Returns the
+  // IsAbandoned in cgroup.cc): launch-<pid>-<ns> directories (launch-<pid>, from older
+  // launches) owned by our effective user, made in our pid namespace, whose pid is gone, was
+  // reused by another program, or is our own (we have not made ours yet). Returns the
   // paths it removed. REQUIRES: before Create().
   std::vector<std::string> CollectAbandoned();
 

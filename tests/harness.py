@@ -183,6 +183,13 @@ def unique_marker(prefix="launchtest"):
     return f"{prefix}_{os.getpid()}_{time.monotonic_ns()}"
 
 
+def job_cgroup_name(pid):
+    """The name of the job cgroup of a launch with `pid` in this test's pid namespace
+    (agent/cgroup.h: launch-<pid>-<pid namespace id>)."""
+    ns = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    return f"launch-{pid}-{ns[ns.index('[') + 1:-1]}"
+
+
 def tmpdir():
     """A fresh directory, removed when the test process exits (unless LAUNCH_KEEP_TEST_DIRS=1)."""
     d = tempfile.mkdtemp(prefix="launch-test-")

@@ -137,7 +137,7 @@ class Containment(unittest.TestCase):
                               env=self.env, preexec_fn=self.enter_parent)
 
     def job_cgroup(self, pid):
-        return os.path.join(self.parent, f"launch-{pid}")
+        return os.path.join(self.parent, harness.job_cgroup_name(pid))
 
     def start(self, *args):
         p = subprocess.Popen([LAUNCH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -318,18 +318,60 @@ print("attempt 0 left:", left, flush=True)
                                           owner=f"{ns} {keeper.pid} {self.start_time(keeper.pid)}")
         foreign, _ = self.make_cgroup(f"launch-{dead_pid()}", owner=f"pid:[1] 1 1")
         odd, _ = self.make_cgroup(f"launch-0{dead_pid()}")
+        # Named by a launch of another pid namespace (a container, a test host) that has a
+        # process in it: kept, even when its pid is ours or gone here. The same name in our
+        # namespace, unmarked, is a dead launch's.
+        other_ns = harness.job_cgroup_name(dead_pid()).rsplit("-", 1)[0] + "-1"
+        foreign_named, foreign_sleeper = self.make_cgroup(other_ns, with_process=True)
+        ours_dead, _ = self.make_cgroup(harness.job_cgroup_name(dead_pid()))
         r = self.run_launch("--", "/bin/true")
         self.assertEqual(r.returncode, 0, r.stderr)
-        for path in (unmarked, reused, marked_reused):
+        for path in (unmarked, reused, marked_reused, ours_dead):
             self.assertFalse(os.path.exists(path), r.stderr)
             self.assertIn(f"removed {path}, left by a launch that is gone", r.stderr)
         self.assertTrue(wait_until(lambda: sleeper.poll() is not None, 5))
         self.assertEqual(sleeper.returncode, -signal.SIGKILL)
-        for path in (marked_live, foreign, odd, live_path):
+        for path in (marked_live, foreign, odd, foreign_named, live_path):
             self.assertTrue(os.path.isdir(path), path)
+        self.assertIsNone(foreign_sleeper.poll())
         self.assertIsNone(keeper.poll())
-        self.assertEqual(sorted(self.workers_left()), sorted(live_workers + [keeper.pid]))
+        self.assertEqual(sorted(self.workers_left()),
+                         sorted(live_workers + [keeper.pid, foreign_sleeper.pid]))
         self.assertIsNone(live.poll())
+
+    def test_launches_in_two_pid_namespaces_keep_each_others_job(self):
+        # Two test hosts (pid namespaces) on this cgroup tree, as containers beside each other:
+        # the same steps in each give their launches the same pid. The second launch must
+        # neither take the first one's job cgroup for a dead launch's (it once killed that job)
+        # nor share its name.
+        import hosts as test_hosts
+        hosts = test_hosts.make_hosts(self, 2)
+        jobs = []
+        for h in hosts:
+            p = h.popen([LAUNCH, "--", "/bin/sh", "-c", "echo ready; sleep 60"],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
+                        preexec_fn=self.enter_parent)
+            self.procs.append(p)
+            self.read_until(p.stdout, "ready")
+            jobs.append(p)
+        names = sorted(d for d in os.listdir(self.parent) if d.startswith("launch-"))
+        pids = {n.split("-")[1] for n in names}
+        self.assertEqual(len(names), 2, names)
+        self.assertEqual(len(pids), 1, f"the launches' pids differ ({names}): the test no longer "
+                         "makes them collide")
+        # A collection waits until what it killed is gone, before the collecting launch starts
+        # its worker: both jobs' processes must still be there (the shim, the shell, sleep).
+        for name in names:
+            procs = []
+            for root, _, files in os.walk(os.path.join(self.parent, name)):
+                if "cgroup.procs" in files:
+                    with open(os.path.join(root, "cgroup.procs")) as f:
+                        procs += f.read().split()
+            self.assertTrue(procs, f"{name} was emptied by the other launch")
+        for h in hosts:
+            h.stop()
+        for p in jobs:
+            p.communicate(timeout=30)
 
 
 if __name__ == "__main__":

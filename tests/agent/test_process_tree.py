@@ -209,7 +209,7 @@ class Cgroup(unittest.TestCase):
         self.addCleanup(self.tree.tearDown)
 
     def job_cgroups(self, pid):
-        return [d for d in os.listdir(self.parent) if d == f"launch-{pid}"]
+        return [d for d in os.listdir(self.parent) if d == harness.job_cgroup_name(pid)]
 
     def shims_of(self, launch_pid):
         out = []
