@@ -15,6 +15,7 @@ delete the bridge; every wait is bounded.
 This namespace gets the bridge's address (.254), so the test itself can reach every host."""
 
 import os
+import socket
 import subprocess
 import tempfile
 import time
@@ -103,15 +104,35 @@ def _ip(*args):
     return r.returncode == 0, r.stderr
 
 
+def _claim_subnet(test):
+    """X for a 10.215.X.0/24 (and the bridge's name) that no other test process uses now, X from
+    0 to 249: held by an abstract unix socket named after X (per network namespace, so seen from
+    the Debian 13 root too, and released by the kernel when this process dies, whatever kills
+    it) until `test` ends."""
+    first = os.getpid() * 7 + _counter[0]
+    for k in range(250):
+        x = (first + k) % 250
+        claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            claim.bind(f"\0launch-test-net-{x}")
+        except OSError:
+            claim.close()
+            continue
+        test.addCleanup(claim.close)
+        return x
+    raise AssertionError("all 250 test subnets are in use")
+
+
 def make_hosts(test, n, etc_hosts=None, tag=None):
-    """`n` hosts on one bridge, 10.215.X.1 .. .n (X from this process and a counter, so tests
-    running side by side do not collide). `etc_hosts`: None keeps this machine's /etc/hosts
+    """`n` hosts on one bridge, 10.215.X.1 .. .n (X claimed for the test, so tests running side
+    by side do not collide). `etc_hosts`: None keeps this machine's /etc/hosts
     (the hosts' names resolve to nothing); "debian" gives each host Debian's default, which maps
     its own hostname to 127.0.1.1. Skips `test` when namespaces cannot be created (not root).
     Everything is removed by `test`'s cleanups."""
     _counter[0] += 1
-    tag = tag or f"{os.getpid() % 1000}x{_counter[0]}"
-    net = f"10.215.{(os.getpid() * 7 + _counter[0]) % 250}"
+    x = _claim_subnet(test)
+    tag = tag or f"{x}x{_counter[0]}"
+    net = f"10.215.{x}"
     bridge = f"lb{tag}"[:15]
     ok, err = _ip("link", "add", bridge, "type", "bridge")
     if not ok:
