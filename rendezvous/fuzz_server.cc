@@ -105,7 +105,8 @@ class Run {
         break;
       case 6: {
         if (in_.ConsumeIntegralInRange(0, 15) != 0) break;  // rare: it ends the job
-        const auto type = static_cast<MessageType>(in_.ConsumeIntegralInRange(1, 12));
+        const auto type = static_cast<MessageType>(
+            in_.ConsumeIntegralInRange(1, static_cast<int>(kLastMessageType)));
         Apply(m_.OnSendFailed(s.id, type, launch::Status::ProtocolError("too large"), now_));
         break;
       }
