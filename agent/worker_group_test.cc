@@ -56,6 +56,8 @@ GroupResult RunGroup(WorkerGroupSpec spec, int stdout_fd,
   REQUIRE(g.Start(spec, [&](const GroupResult& r) { result = r; }).ok());
   bool poked = !poke;
   for (int i = 0; !result && i < 3000; ++i) {
+    // A group waiting for a decision has nothing for the context to do: it ran out of work.
+    if (io.stopped()) io.restart();
     io.run_for(std::chrono::milliseconds(10));
     if (!poked) poked = poke(g);
   }

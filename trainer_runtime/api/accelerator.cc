@@ -1474,9 +1474,13 @@ Status Accelerator::Recover() {
     if (rank() != 0 || env_.use_agent_store) {
       LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
     }
+    // Across machines a replacement may be a whole new node: the agent sizes this wait from
+    // the rendezvous' own deadlines (LAUNCH_RECOVER_WAIT_S).
+    const std::chrono::milliseconds wait =
+        env_.recover_wait_s > 0 ? std::chrono::milliseconds(env_.recover_wait_s * 1000LL) : timeout_;
     LAUNCH_ASSIGN_OR_RETURN(
         const int generation,
-        WaitForGeneration(*store_, generation_, timeout_, [] { return IsStop(g_signal); }));
+        WaitForGeneration(*store_, generation_, wait, [] { return IsStop(g_signal); }));
     generation_ = generation;
     LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
                                                  world_size(), env_, timeout_));
