@@ -4,9 +4,9 @@
 #include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -196,7 +196,7 @@ class ElasticAgent {
     if (group_ && group_running_) {
       group_->Stop(signo);
       RefusePendingReplacements();  // the group ends only once it has every answer
-      return;  // continued in OnGroupDone
+      return;                       // continued in OnGroupDone
     }
     ContinueAfterStop();
   }
@@ -285,12 +285,12 @@ class ElasticAgent {
       // a lost node within LossDeadline(heartbeat_timeout), waits join_timeout for a node to
       // take its place, whose workers then need a moment to start (kReplacementStart). After
       // that the rendezvous restarts every node, which stops the survivors anyway.
-      const double wait_s =
-          options_.join_timeout_s +
-          std::chrono::duration<double>(rdzv::LossDeadline(std::chrono::milliseconds(
-                                            static_cast<long long>(options_.heartbeat_timeout_s * 1000))))
-              .count() +
-          std::chrono::duration<double>(kReplacementStart).count();
+      const double wait_s = options_.join_timeout_s +
+                            std::chrono::duration<double>(
+                                rdzv::LossDeadline(std::chrono::milliseconds(
+                                    static_cast<long long>(options_.heartbeat_timeout_s * 1000))))
+                                .count() +
+                            std::chrono::duration<double>(kReplacementStart).count();
       if (BaseEnvironment(spec).count("LAUNCH_RECOVER_WAIT_S") == 0)
         spec.extra_env["LAUNCH_RECOVER_WAIT_S"] =
             std::to_string(static_cast<long long>(std::ceil(wait_s)));

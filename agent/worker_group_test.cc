@@ -341,10 +341,10 @@ TEST_CASE("ADeadWorkersSlotStaysPendingUntilTheAgentDecides") {
   // The only worker dies; the group must not end before the (later) answer, whose generation
   // the replacement gets. The answer comes from the poke, after the worker is gone.
   Captured cap;
-  WorkerGroupSpec spec = Sh(
-      "if [ -z \"$LAUNCH_RECOVER_GENERATION\" ]; then kill -9 $$; fi; "
-      "echo generation $LAUNCH_RECOVER_GENERATION",
-      1);
+  WorkerGroupSpec spec =
+      Sh("if [ -z \"$LAUNCH_RECOVER_GENERATION\" ]; then kill -9 $$; fi; "
+         "echo generation $LAUNCH_RECOVER_GENERATION",
+         1);
   WorkerGroupSpec::ReplaceDecision later;
   spec.replace_in_place = [&](const WorkerExit&, WorkerGroupSpec::ReplaceDecision decide) {
     later = std::move(decide);

@@ -1,7 +1,7 @@
 // Stateful libFuzzer target: the rendezvous server's RoundMachine driven in-process by up to
 // 8 fake sessions at a time, with sequences of JOIN (varied specs and ranks), REPORT,
-// SUCCEEDED, REPLACE, HEARTBEAT, closes, failed sends, clock jumps and timer firings (early ones too)
-// taken from the fuzz input. Traps when an invariant breaks:
+// SUCCEEDED, REPLACE, HEARTBEAT, closes, failed sends, clock jumps and timer firings (early ones
+// too) taken from the fuzz input. Traps when an invariant breaks:
 //  * no exception escapes;
 //  * every message the machine sends parses with the agent's own parser;
 //  * a session gets at most one terminal message (DONE, FAILED, ERROR), nothing after it, and

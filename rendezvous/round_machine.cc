@@ -667,9 +667,8 @@ void RoundMachine::Drop(SessionId id, Session& s, const std::string& how, int64_
             std::to_string(s.rank_offset) + "-" +
             std::to_string(s.rank_offset + s.local_world_size - 1) +
             ") are recovered in place: waiting up to " + Seconds(spec_->join_timeout_s) +
-            " (join_timeout) for a node to join as machine_rank " +
-            std::to_string(s.node_rank) + " (or without one) with " +
-            std::to_string(s.local_world_size) +
+            " (join_timeout) for a node to join as machine_rank " + std::to_string(s.node_rank) +
+            " (or without one) with " + std::to_string(s.local_world_size) +
             " workers; the other nodes' workers wait for it");
         return;
       }

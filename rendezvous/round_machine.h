@@ -155,9 +155,9 @@ class RoundMachine {
     int node_rank = 0;
     int local_world_size = 0;
     int rank_offset = 0;
-    std::string reason;     // "lost node 1 (host a (10.0.0.2))"
-    FailureReport report;   // its loss, the round's failure if no replacement comes
-    int64_t since_us = 0;   // server clock
+    std::string reason;    // "lost node 1 (host a (10.0.0.2))"
+    FailureReport report;  // its loss, the round's failure if no replacement comes
+    int64_t since_us = 0;  // server clock
   };
   struct PendingFailure {
     std::string reason;

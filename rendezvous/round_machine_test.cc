@@ -784,8 +784,9 @@ TEST_CASE("NoReplacementWithinJoinTimeoutRestartsEveryNodeAsWithoutRecovery") {
   REQUIRE(d.Restarts(a).size() == 1);
   CHECK(Contains(d.Restarts(a)[0].reason, "lost node 1"));
   REQUIRE(d.Restarts(a)[0].report);
-  CHECK(Contains(d.Restarts(a)[0].report->reason, "no node joined to replace it within "
-                                                    "join_timeout (2 s)"));
+  CHECK(Contains(d.Restarts(a)[0].report->reason,
+                 "no node joined to replace it within "
+                 "join_timeout (2 s)"));
   CHECK(d.m.restarts_used() == 1);
   CHECK(d.m.vacant_node() == -1);
   CHECK(d.LogContains("node 1 is not recovered in place"));

@@ -1477,10 +1477,11 @@ Status Accelerator::Recover() {
     // Across machines a replacement may be a whole new node: the agent sizes this wait from
     // the rendezvous' own deadlines (LAUNCH_RECOVER_WAIT_S).
     const std::chrono::milliseconds wait =
-        env_.recover_wait_s > 0 ? std::chrono::milliseconds(env_.recover_wait_s * 1000LL) : timeout_;
-    LAUNCH_ASSIGN_OR_RETURN(
-        const int generation,
-        WaitForGeneration(*store_, generation_, wait, [] { return IsStop(g_signal); }));
+        env_.recover_wait_s > 0 ? std::chrono::milliseconds(env_.recover_wait_s * 1000LL)
+                                : timeout_;
+    LAUNCH_ASSIGN_OR_RETURN(const int generation, WaitForGeneration(*store_, generation_, wait, [] {
+                              return IsStop(g_signal);
+                            }));
     generation_ = generation;
     LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
                                                  world_size(), env_, timeout_));
