@@ -314,8 +314,7 @@ class ElasticAgent {
     if (a.generation > 0)
       log::Info("taking a lost node's place in the running round " + std::to_string(a.round) +
                 ": the workers join the others' in-place recovery as generation " +
-                std::to_string(a.generation) + " (restart " + std::to_string(a.restart_count) +
-                " of " + std::to_string(a.max_restarts) + ")");
+                std::to_string(a.generation));
     group_ = make_group_(io_);
     int round = a.round;
     reported_round_ = -1;

@@ -204,7 +204,9 @@ struct NodeInfo {
 // The server's answer when a round closes.
 struct Assignment {
   int round = 0;          // 0 for the first round, +1 per restart or scale-up
-  int restart_count = 0;  // restarts spent so far (TORCHELASTIC_RESTART_COUNT)
+  // Restarts spent when the round formed (TORCHELASTIC_RESTART_COUNT; a node taking a lost
+  // node's place in the running round gets the round's value, like its survivors).
+  int restart_count = 0;
   int max_restarts = 0;
   int node_rank = 0;    // this node's rank (GROUP_RANK)
   int num_nodes = 0;    // GROUP_WORLD_SIZE

@@ -605,8 +605,9 @@ void RoundMachine::FillVacancy(SessionId id, Session& s, int64_t now_us) {
   s.ever_assigned = true;
   s.join.reset();
   Count(id, s, +1);
+  // restart_count stays the round's: it is every worker's TORCHELASTIC_RESTART_COUNT, on which
+  // their store keys depend (the survivors' and the replacements' must agree).
   Assignment a = running_;
-  a.restart_count = restarts_used_;
   a.node_rank = v.node_rank;
   a.rank_offset = v.rank_offset;
   a.local_world_size = local_world_size;

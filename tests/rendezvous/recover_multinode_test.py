@@ -203,6 +203,7 @@ class RecoverMultiNodeTest(unittest.TestCase):
 
     def test_host_1_lost_whole_is_replaced_by_a_new_host_in_the_running_round(self):
         hosts = make_hosts(self, 3)
+        self.checksum_of_undisturbed_run(hosts)  # while host 1 is there
         job = Job(self, hosts, "node", kill="2:9:stop")
         job.start_all()
         # Rank 2 holds everyone in step 9; then its host goes, with everything on it.
