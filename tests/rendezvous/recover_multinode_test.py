@@ -12,7 +12,8 @@ hostname and pid namespace each, one bridge), two `train` workers (DDP over Gloo
     job ends 0, bit-identical, host 0's workers never restarted.
   * Host 1 lost and nobody takes its place within join_timeout: every node restarts as with
     --recover restart, and with nobody to form the new round either, the job fails saying so.
-  * Nothing of any job (process, /dev/shm segment) is left on any host.
+  * Nothing of any job (process, /dev/shm segment) is left on any host (each host has its own
+    /dev/shm, as machines do: a lost host's goes with it).
 
 The ranks kill or stop themselves at an exact step (LAUNCH_TEST_SIGKILL_AT, trainer.cc), so the
 point of failure does not depend on timing."""
@@ -50,11 +51,15 @@ train:
 TIMEOUT = 240
 
 
-def shm_files(marker):
-    try:
-        return [name for name in os.listdir("/dev/shm") if marker in name]
-    except OSError:
-        return []
+def shm_files(hosts, marker):
+    """/dev/shm entries of the job on the hosts still up (each host has its own /dev/shm, which
+    goes with it, as a machine's does)."""
+    found = []
+    for host in hosts:
+        if host.alive():
+            r = host.run(["ls", "/dev/shm"])
+            found += [f"{host.name}:{n}" for n in r.stdout.split() if marker in n]
+    return found
 
 
 def start_pids(text):
@@ -136,7 +141,7 @@ class Job:
         # shared-memory segment of the job.
         left = harness.wait_until(lambda: not harness.pids_with_marker(self.marker), 10)
         self.test.assertTrue(left, f"left running: {harness.pids_with_marker(self.marker)}")
-        self.test.assertEqual(shm_files(self.marker), [])
+        self.test.assertEqual(shm_files(self.hosts, self.marker), [])
 
 
 @unittest.skipUnless(os.path.exists(harness.TRAIN) and os.path.exists(harness.LAUNCH),
@@ -164,7 +169,7 @@ class RecoverMultiNodeTest(unittest.TestCase):
         self.assertNotIn("resumed from", text)  # no checkpoint read
 
     def test_a_worker_killed_on_host_1_is_replaced_alone(self):
-        hosts = make_hosts(self, 2)
+        hosts = make_hosts(self, 2, private_shm=True)
         job = Job(self, hosts, "worker", kill="2:9:backward")
         job.start_all()
         codes = job.wait()
@@ -190,7 +195,7 @@ class RecoverMultiNodeTest(unittest.TestCase):
         job.check_clean()
 
     def test_a_second_death_with_no_restart_left_ends_the_job_as_without_recovery(self):
-        hosts = make_hosts(self, 2)
+        hosts = make_hosts(self, 2, private_shm=True)
         job = Job(self, hosts, "budget", kill="2:6:backward,3:15:backward", max_restarts=1)
         job.start_all()
         codes = job.wait()
@@ -202,7 +207,7 @@ class RecoverMultiNodeTest(unittest.TestCase):
         job.check_clean()
 
     def test_host_1_lost_whole_is_replaced_by_a_new_host_in_the_running_round(self):
-        hosts = make_hosts(self, 3)
+        hosts = make_hosts(self, 3, private_shm=True)
         self.checksum_of_undisturbed_run(hosts)  # while host 1 is there
         job = Job(self, hosts, "node", kill="2:9:stop")
         job.start_all()
@@ -231,7 +236,7 @@ class RecoverMultiNodeTest(unittest.TestCase):
         job.check_clean()
 
     def test_host_1_lost_with_no_replacement_restarts_every_node_then_fails_saying_why(self):
-        hosts = make_hosts(self, 2)
+        hosts = make_hosts(self, 2, private_shm=True)
         job = Job(self, hosts, "nobody", kill="2:9:stop", join_timeout=3)
         job.start_all()
         job.wait_for(1, r"rank 2: LAUNCH_TEST_SIGKILL_AT: stopped before step 9")
