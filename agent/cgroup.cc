@@ -76,8 +76,12 @@ std::string ReadOwnerMarker(const std::string& dir) {
 // Whether the job cgroup `dir`, named launch-<pid>, belongs to no live `launch`. Where in
 // doubt, it does: another job is never killed on a guess.
 bool IsAbandoned(const std::string& dir, pid_t pid) {
-  if (pid == ::getpid()) return true;  // ours is not made yet: a dead launch had our pid
   std::string marker = ReadOwnerMarker(dir);
+  // The marker first: a launch in another pid namespace (a container, a test host) sharing this
+  // cgroup hierarchy may have our pid, and its job is alive. (In ours, a marked cgroup with our
+  // pid has another start time than ours: a dead launch's, below.)
+  if (marker.empty() && pid == ::getpid())
+    return true;  // ours is not made yet: a dead launch had our pid
   if (!marker.empty()) {
     // Made by a launch that said which process it was: it lives while that pid has that start
     // time. From another pid namespace, our pids say nothing about it.
