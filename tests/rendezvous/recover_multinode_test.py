@@ -20,6 +20,7 @@ point of failure does not depend on timing."""
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -151,6 +152,7 @@ class RecoverMultiNodeTest(unittest.TestCase):
 
     def setUp(self):
         self.tmp = harness.tmpdir()
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
 
     def checksum_of_undisturbed_run(self, hosts):
         cls = type(self)
