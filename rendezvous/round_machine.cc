@@ -67,6 +67,15 @@ void RoundMachine::Log(std::string line) {
   Emit(std::move(e));
 }
 
+void RoundMachine::Send(SessionId id, MessageType type, Fields fields) {
+  Effect e;
+  e.kind = Effect::Kind::kSend;
+  e.session = id;
+  e.type = type;
+  e.fields = std::move(fields);
+  Emit(std::move(e));
+}
+
 void RoundMachine::Arm(TimerId timer, int64_t at_us) {
   timer_at_[static_cast<int>(timer)] = at_us;
   Effect e;
@@ -564,12 +573,7 @@ Effects RoundMachine::OnReplace(SessionId id, ReplaceRequest request, int64_t no
         std::to_string(restarts_used_) + " of " + std::to_string(spec_->max_restarts) +
         ", in place)");
   }
-  Effect e;
-  e.kind = Effect::Kind::kSend;
-  e.session = id;
-  e.type = MessageType::kReplaced;
-  e.fields = ToFields(answer);
-  Emit(std::move(e));
+  Send(id, MessageType::kReplaced, ToFields(answer));
   return Take();
 }
 
@@ -612,12 +616,7 @@ void RoundMachine::FillVacancy(SessionId id, Session& s, int64_t now_us) {
   a.rank_offset = v.rank_offset;
   a.local_world_size = local_world_size;
   a.generation = generation_;
-  Effect e;
-  e.kind = Effect::Kind::kSend;
-  e.session = id;
-  e.type = MessageType::kAssign;
-  e.fields = ToFields(a);
-  Emit(std::move(e));
+  Send(id, MessageType::kAssign, ToFields(a));
   Log(Describe(s) + " takes the place of node " + std::to_string(v.node_rank) + " in round " +
       std::to_string(round_) + " (ranks " + std::to_string(v.rank_offset) + "-" +
       std::to_string(v.rank_offset + local_world_size - 1) + ", in place): generation " +
@@ -809,12 +808,7 @@ void RoundMachine::StartNewRound(bool counts_as_restart, const std::string& reas
     s.succeeded = false;
     Count(id, s, +1);
     if (s.join) continue;  // spares and newcomers already wait
-    Effect e;
-    e.kind = Effect::Kind::kSend;
-    e.session = id;
-    e.type = MessageType::kRestart;
-    e.fields = fields;
-    Emit(std::move(e));
+    Send(id, MessageType::kRestart, fields);
   }
   Arm(TimerId::kJoin, now_us + Micros(spec_->join_timeout_s));
   MaybeCloseRound(now_us);

@@ -193,6 +193,7 @@ class RoundMachine {
                const std::optional<FailureReport>& report);
   void FinishJob();
   void MaybeForget();
+  void Send(SessionId id, MessageType type, Fields fields);  // an Effect::Kind::kSend
   void Arm(TimerId timer, int64_t at_us);
   void Cancel(TimerId timer);
   void Log(std::string line);

@@ -32,23 +32,9 @@ import harness  # noqa: E402
 from hosts import make_hosts  # noqa: E402
 from trainer_helpers import final, metrics, write_config  # noqa: E402
 
-STEPS = 24
-JOB = """
-train:
-  seed: 5
-  output_dir: {out}
-  model: {{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}}
-  data: {{type: synthetic, samples: 4096}}
-  eval_fraction: 0.0
-  batch_size: 8
-  max_steps: {steps}
-  optimizer: {{type: adamw, lr: 3.0e-3, weight_decay: 0.01}}
-  scheduler: {{type: cosine, warmup_steps: 4}}
-  max_grad_norm: 1.0
-  checkpoint_every: 0
-  resume: never
-  parallel: {{mode: ddp, bucket_cap_mb: 25}}
-"""
+# The single-machine tests' job (tests/trainer/test_recover.py), in ddp without checkpoints.
+from test_recover import JOB, STEPS  # noqa: E402
+
 TIMEOUT = 240
 
 
@@ -78,7 +64,7 @@ class Job:
     def __init__(self, test, hosts, name, kill="", max_restarts=3, join_timeout=60):
         self.test, self.hosts, self.name = test, hosts, name
         self.out = os.path.join(test.tmp, name)
-        self.cfg = write_config(test.tmp, JOB.format(out=self.out, steps=STEPS), f"{name}.yaml")
+        self.cfg = write_config(test.tmp, JOB.format(out=self.out, steps=STEPS, mode="ddp", ckpt=0), f"{name}.yaml")
         self.marker = harness.unique_marker("recovermn")
         self.port = harness.free_port()
         self.kill, self.max_restarts, self.join_timeout = kill, max_restarts, join_timeout
