@@ -285,15 +285,14 @@ class ElasticAgent {
       // a lost node within LossDeadline(heartbeat_timeout), waits join_timeout for a node to
       // take its place, whose workers then need a moment to start (kReplacementStart). After
       // that the rendezvous restarts every node, which stops the survivors anyway.
-      const double wait_s = options_.join_timeout_s +
-                            std::chrono::duration<double>(
-                                rdzv::LossDeadline(std::chrono::milliseconds(
-                                    static_cast<long long>(options_.heartbeat_timeout_s * 1000))))
-                                .count() +
-                            std::chrono::duration<double>(kReplacementStart).count();
+      const std::chrono::milliseconds heartbeat(
+          static_cast<long long>(options_.heartbeat_timeout_s * 1000));
+      const std::chrono::duration<double> wait =
+          std::chrono::duration<double>(options_.join_timeout_s) + rdzv::LossDeadline(heartbeat) +
+          kReplacementStart;
       if (BaseEnvironment(spec).count("LAUNCH_RECOVER_WAIT_S") == 0)
         spec.extra_env["LAUNCH_RECOVER_WAIT_S"] =
-            std::to_string(static_cast<long long>(std::ceil(wait_s)));
+            std::to_string(static_cast<long long>(std::ceil(wait.count())));
       spec.replace_in_place = [this, assigned_round](const WorkerExit& e,
                                                      WorkerGroupSpec::ReplaceDecision decide) {
         AskReplace(assigned_round, e, std::move(decide));

@@ -219,6 +219,9 @@ class RecoverMultiNodeTest(unittest.TestCase):
         for rank, pid in re.findall(r"train: rank (\d+) \(pid (\d+)\): lost a peer", job.text(0)):
             self.assertIn(int(pid), host0[int(rank)])
         self.assertIn("replacement generation 1", job.text(2))
+        # They would have waited longer than the rendezvous does (LAUNCH_RECOVER_WAIT_S from the
+        # agent): join_timeout 60 s + 1.5 x heartbeat_timeout 6 s + 60 s for the new workers.
+        self.assertIn("waiting up to 129 s for its replacement", job.text(0))
         self.assertRegex(job.text(0), r"rank [01]: recovered \d+\.\d+ s after the failure: group "
                                       r"generation 1")
         job.check_clean()
