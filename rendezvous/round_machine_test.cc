@@ -774,6 +774,25 @@ TEST_CASE("ASpareJoiningWithoutARankTakesTheVacantPlaceOnlyWithTheSameLocalWorld
   CHECK(d.m.restarts_used() == 2);
 }
 
+TEST_CASE("ARestartedMachineReplacingItsSilentSessionTakesItsPlaceInTheRunningRound") {
+  // The lost machine's session is not closed yet (a power loss sends no FIN): the JOIN with its
+  // rank replaces the silent session and fills the place it leaves.
+  Driver d;
+  SessionId a = d.Joined(Recovering(2, 0, 2), "10.0.0.2");
+  SessionId b = d.Joined(Recovering(2, 1, 2), "10.0.0.3");
+  d.Advance(milliseconds(2000));  // more than a quarter of heartbeat_timeout without a word
+  d.Heartbeat(a);
+  SessionId c = d.Joined(Recovering(2, 1, 2), "10.0.0.4");
+  REQUIRE(d.Refused(b));
+  REQUIRE(d.Assignments(c).size() == 1);
+  CHECK(d.Assignments(c)[0].generation == 1);
+  CHECK(d.Assignments(c)[0].round == 0);
+  CHECK(d.Restarts(a).empty());
+  d.Succeed(a);
+  d.Succeed(c);
+  CHECK(d.Done(a));
+}
+
 TEST_CASE("NoReplacementWithinJoinTimeoutRestartsEveryNodeAsWithoutRecovery") {
   Driver d;
   SessionId a = d.Joined(Recovering(2, 0, 2));
