@@ -79,13 +79,16 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
 
   // Restarts spent: whole-group restarts and in-place replacements alike.
   int restarts_used = 0;
+  // The newest replacement's LAUNCH_RECOVER_GENERATION: one count for the whole run, so that
+  // the survivors of a group always wait for a newer one than they run.
+  int generation = 0;
   for (int attempt = 0;; ++attempt) {
     WorkerGroupSpec spec = options.group;
     spec.restart_count = attempt;
     spec.max_restarts = options.max_restarts;
     if (options.recover_in_place) {
-      spec.replace_in_place = [&](const WorkerExit& e) {
-        if (interrupt_signal != 0 || restarts_used >= options.max_restarts) return false;
+      spec.replace_in_place = [&](const WorkerExit& e, WorkerGroupSpec::ReplaceDecision decide) {
+        if (interrupt_signal != 0 || restarts_used >= options.max_restarts) return decide(0);
         ++restarts_used;
         // The worker's own log says when its replacement redid the step (the recovery's cost).
         log::Info("rank " + std::to_string(e.rank) + " (pid " + std::to_string(e.pid) + ") " +
@@ -93,7 +96,7 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
                   std::to_string(e.rank) + " alone; the other workers keep running (restart " +
                   std::to_string(restarts_used) + " of " + std::to_string(options.max_restarts) +
                   ", in place)");
-        return true;
+        decide(++generation);
       };
     }
     if (!options.log_root.empty()) {

@@ -4,9 +4,11 @@
 #include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <optional>
 
 #include "agent/failure_report.h"
@@ -31,6 +33,10 @@ namespace {
 // How long the hosting agent keeps its server up after its own job ended, so every other agent
 // receives the final DONE/FAILED.
 constexpr std::chrono::milliseconds kServerDrainLimit{3000};
+
+// How long a replacement node's workers may take, once its agent is assigned the lost node's
+// place, to start and announce their generation (process start, LibTorch, the store).
+constexpr std::chrono::seconds kReplacementStart{60};
 
 int ExitCodeForReport(const rdzv::FailureReport& r) {
   return ExitCodeForWorker(r.exit_code, r.signal);
@@ -84,9 +90,11 @@ class ElasticAgent {
     co.join.join_timeout_s = options_.join_timeout_s;
     co.join.last_call_timeout_s = options_.last_call_timeout_s;
     co.join.heartbeat_timeout_s = options_.heartbeat_timeout_s;
+    co.join.recover_in_place = options_.local.recover_in_place;
     rdzv::ClientEvents events;
     events.on_assigned = [this](const rdzv::Assignment& a) { OnAssigned(a); };
     events.on_restart = [this](const rdzv::RestartNotice& n) { OnRestart(n); };
+    events.on_replaced = [this](const rdzv::ReplaceAnswer& a) { OnReplaced(a); };
     events.on_done = [this] { OnDone(); };
     events.on_failed = [this](const Status& s, const rdzv::JobFailure& f) { OnFailed(s, f); };
     events.on_lost = [this](const Status& s) { OnLost(s); };
@@ -187,9 +195,52 @@ class ElasticAgent {
     if (after == After::kExit) exit_code_ = exit_code;
     if (group_ && group_running_) {
       group_->Stop(signo);
-      return;  // continued in OnGroupDone
+      RefusePendingReplacements();  // the group ends only once it has every answer
+      return;                       // continued in OnGroupDone
     }
     ContinueAfterStop();
+  }
+
+  // launch --recover in_place: the rendezvous decides whether a dead worker is replaced alone,
+  // since the generation and the restart count are the job's, not this node's.
+  void AskReplace(int round, const WorkerExit& e, WorkerGroupSpec::ReplaceDecision decide) {
+    if (finished_ || interrupt_signal_ != 0 || round != round_ || after_stop_ != After::kNothing ||
+        pending_replacements_.count(e.rank))
+      return decide(0);
+    rdzv::ReplaceRequest request;
+    request.round = round;
+    request.global_rank = e.rank;
+    request.reason = e.status.ToString();
+    if (!client_->AskReplace(request)) return decide(0);
+    pending_replacements_[e.rank] = PendingReplacement{e, std::move(decide)};
+  }
+
+  void OnReplaced(const rdzv::ReplaceAnswer& a) {
+    auto it = pending_replacements_.find(a.global_rank);
+    if (it == pending_replacements_.end() || a.round != round_) return;
+    PendingReplacement pending = std::move(it->second);
+    pending_replacements_.erase(it);
+    const WorkerExit& e = pending.exit;
+    if (a.generation > 0) {
+      restarts_left_ = options_.max_restarts - a.restart_count;
+      // The worker's own log says when its replacement redid the step (the recovery's cost).
+      log::Info("rank " + std::to_string(e.rank) + " (pid " + std::to_string(e.pid) + ") " +
+                e.status.ToString() + ": starting a replacement for rank " +
+                std::to_string(e.rank) + " alone; the other workers keep running (restart " +
+                std::to_string(a.restart_count) + " of " + std::to_string(options_.max_restarts) +
+                ", in place, generation " + std::to_string(a.generation) + ")");
+    } else {
+      log::Info("rank " + std::to_string(e.rank) + " " + e.status.ToString() +
+                " is not replaced in place: " + SanitizeForTerminal(a.message));
+    }
+    pending.decide(a.generation);
+  }
+
+  // No answer will come (the round ends, the server is gone): each dead worker is a failure.
+  void RefusePendingReplacements() {
+    auto pending = std::move(pending_replacements_);
+    pending_replacements_.clear();
+    for (auto& [rank, p] : pending) p.decide(0);
   }
 
   void ContinueAfterStop() {
@@ -227,6 +278,26 @@ class ElasticAgent {
     spec.restart_count = a.restart_count;
     spec.max_restarts = a.max_restarts;
     spec.run_id = a.run_id;
+    spec.recover_generation = a.generation;
+    const int assigned_round = a.round;
+    if (options_.local.recover_in_place) {
+      // A survivor waits for a replacement until the rendezvous has given up on one: it notices
+      // a lost node within LossDeadline(heartbeat_timeout), waits join_timeout for a node to
+      // take its place, whose workers then need a moment to start (kReplacementStart). After
+      // that the rendezvous restarts every node, which stops the survivors anyway.
+      const std::chrono::milliseconds heartbeat(
+          static_cast<long long>(options_.heartbeat_timeout_s * 1000));
+      const std::chrono::duration<double> wait =
+          std::chrono::duration<double>(options_.join_timeout_s) + rdzv::LossDeadline(heartbeat) +
+          kReplacementStart;
+      if (BaseEnvironment(spec).count("LAUNCH_RECOVER_WAIT_S") == 0)
+        spec.extra_env["LAUNCH_RECOVER_WAIT_S"] =
+            std::to_string(static_cast<long long>(std::ceil(wait.count())));
+      spec.replace_in_place = [this, assigned_round](const WorkerExit& e,
+                                                     WorkerGroupSpec::ReplaceDecision decide) {
+        AskReplace(assigned_round, e, std::move(decide));
+      };
+    }
     if (options_.export_socket_interfaces) ExportSocketInterfaces(&spec);
     if (!options_.local.log_root.empty()) {
       spec.log_dir = options_.local.log_root + "/attempt_" + std::to_string(a.round);
@@ -239,6 +310,10 @@ class ElasticAgent {
               "-" + std::to_string(a.rank_offset + a.local_world_size - 1) + " of " +
               std::to_string(a.world_size) + ", master " +
               rdzv::FormatEndpoint(a.master_addr, a.master_port));
+    if (a.generation > 0)
+      log::Info("taking a lost node's place in the running round " + std::to_string(a.round) +
+                ": the workers join the others' in-place recovery as generation " +
+                std::to_string(a.generation));
     group_ = make_group_(io_);
     int round = a.round;
     reported_round_ = -1;
@@ -375,6 +450,7 @@ class ElasticAgent {
 
   void Finish(int code) {
     if (finished_) return;
+    RefusePendingReplacements();
     finished_ = true;
     exit_code_ = code;
     if (client_) client_->Close();
@@ -408,6 +484,12 @@ class ElasticAgent {
   std::shared_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<GroupSupervisor> group_;
   bool group_running_ = false;
+  struct PendingReplacement {
+    WorkerExit exit;
+    WorkerGroupSpec::ReplaceDecision decide;
+  };
+  // Dead workers whose REPLACE the server has not answered yet, by global rank.
+  std::map<int, PendingReplacement> pending_replacements_;
   After after_stop_ = After::kNothing;
   int round_ = -1;
   // Restarts the job has left as of this node's latest assignment; before the first

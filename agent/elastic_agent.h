@@ -6,6 +6,10 @@
 //
 //   join round -> ASSIGN -> start workers -> (heartbeats) ->
 //     local failure   -> stop siblings, REPORT the root cause -> RESTART or FAILED from the server
+//     a worker died   -> (--recover in_place) REPLACE; REPLACED with a generation: that rank
+//                        alone starts again; refused: the local failure path above
+//     ASSIGN with a generation -> this node takes a lost node's place in the running round: its
+//                        workers start as replacements (LAUNCH_RECOVER_GENERATION)
 //     RESTART         -> stop workers, print the (shared) root cause, reserve a port, re-JOIN
 //     local success   -> SUCCEEDED, then DONE (exit 0) as soon as every node is done
 //     FAILED          -> print the same root cause every node prints, exit non-zero

@@ -135,7 +135,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     }
     StartStallWatch();
     for (int lr = 0; lr < spec.local_world_size; ++lr) {
-      Status s = StartOne(lr);
+      Status s = StartOne(lr, spec_.recover_generation);
       if (!s.ok()) {
         KillAndReapAll();
         return s;
@@ -253,7 +253,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     return written();
   }
 
-  Status StartOne(int local_rank) {
+  // `generation`: its LAUNCH_RECOVER_GENERATION (0: none).
+  Status StartOne(int local_rank, int generation) {
     auto w = std::make_unique<Worker>(io_);
     w->local_rank = local_rank;
     w->rank = spec_.rank_offset + local_rank;
@@ -286,7 +287,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
           device < static_cast<int>(ids.size()) ? Trim(ids[device]) : std::to_string(device);
     }
     env_map[kCollectiveRingEnv] = watch_->RingPath(w->rank);
-    if (generation_ > 0) env_map["LAUNCH_RECOVER_GENERATION"] = std::to_string(generation_);
+    if (generation > 0) env_map["LAUNCH_RECOVER_GENERATION"] = std::to_string(generation);
     if (!error_dir_.empty()) {
       w->exit.error_file = error_dir_ + "/rank_" + std::to_string(w->rank) + ".error.json";
       ::unlink(w->exit.error_file.c_str());  // a previous attempt's must not be read as this one's
@@ -325,7 +326,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     if (files_) {
       // A replacement's own files: the dead worker's stay as it left them.
       std::string base = spec_.log_dir + "/rank_" + std::to_string(w->rank) +
-                         (generation_ > 0 ? ".g" + std::to_string(generation_) : "");
+                         (generation > 0 ? ".g" + std::to_string(generation) : "");
       int fd;
       if ((file_mask & kStdout) && (fd = OpenLog(base + ".stdout")) >= 0)
         w->out.file = files_->AddSink(fd, /*owns_fd=*/true);
@@ -486,17 +487,37 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       }
     }
     result_.exits.push_back(e);
-    if (!e.status.success() && !stopping_ && e.status.signaled && spec_.replace_in_place &&
-        spec_.replace_in_place(e)) {
-      // The rank alone is started again; its siblings wait for it in their own recovery. The
-      // dead worker's pipes still drain (its last lines come out before the replacement's).
-      result_.replaced.push_back(e);
-      ++generation_;
-      const Status started = StartOne(w->local_rank);
+    if (!e.status.success() && !stopping_ && e.status.signaled && spec_.replace_in_place) {
+      // The slot stays pending (MaybeFinish waits) until the agent decides; its pipes drain
+      // meanwhile (its last lines come out before a replacement's).
+      ++pending_decisions_;
+      auto self = shared_from_this();
+      spec_.replace_in_place(e, [this, self, w](int generation) { Decide(w, generation); });
+      return;
+    }
+    Settle(w);
+  }
+
+  // The agent's answer for the dead worker `w` (WorkerGroupSpec::replace_in_place).
+  void Decide(Worker* w, int generation) {
+    if (finished_ || decided_.count(w)) return;  // destroyed meanwhile, or a second answer
+    decided_.insert(w);
+    --pending_decisions_;
+    if (generation > 0 && !stopping_) {
+      // The rank alone is started again; its siblings wait for it in their own recovery.
+      result_.replaced.push_back(w->exit);
+      const Status started = StartOne(w->local_rank, generation);
       if (started.ok()) return;
       log::Error("cannot start a replacement for rank " + std::to_string(w->rank) + ": " +
                  started.message());
     }
+    Settle(w);
+  }
+
+  // A reaped worker that is not replaced: a failure unless it exited 0; the group ends once
+  // nothing runs.
+  void Settle(Worker* w) {
+    const WorkerExit& e = w->exit;
     if (!e.status.success()) {
       bool first = result_.failures.empty() && !stopping_;
       result_.failures.push_back(e);
@@ -543,7 +564,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   }
 
   void MaybeFinish() {
-    if (finished_ || live_ > 0) return;
+    if (finished_ || live_ > 0 || pending_decisions_ > 0) return;
     for (auto& w : workers_) {
       if (w->out.open || w->err.open) return;
     }
@@ -737,7 +758,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   bool drain_deadline_armed_ = false;
   bool finished_ = false;
   std::shared_ptr<StallWatch> watch_;  // the workers' collective rings; null before Start
-  int generation_ = 0;                 // replacements started in place (LAUNCH_RECOVER_GENERATION)
+  int pending_decisions_ = 0;          // dead workers whose replacement the agent decides on
+  std::set<const Worker*> decided_;    // dead workers the agent has answered for
   std::string cgroup_;                 // the job's cgroup, once made; empty = none
   std::string error_dir_;  // where the workers' TORCHELASTIC_ERROR_FILEs go; empty = none
   bool own_error_dir_ = false;

@@ -105,14 +105,22 @@ struct WorkerGroupSpec {
   int console_stderr_fd = 2;
   size_t stderr_tail_lines = 20;
   // In-place recovery (launch --recover in_place). When set and a worker the agent did not
-  // signal ends by a signal (it died: SIGKILL, SIGSEGV, the OOM killer), the group calls it
-  // with that worker's exit. True: a replacement for that rank alone starts at once (same RANK
-  // and LOCAL_RANK, LAUNCH_RECOVER_GENERATION = how many replacements this group has started,
-  // counting this one, from 1; its log files rank_<r>.g<generation>.*) while its siblings go
-  // on; the dead worker is listed in GroupResult::replaced, not in failures. False, unset, or
-  // a worker that exited with a code of its own (it gave up, e.g. a survivor that could not
-  // recover): the failure stops the group as always. Called on the io_context.
-  std::function<bool(const WorkerExit&)> replace_in_place;
+  // signal ends by a signal (it died: SIGKILL, SIGSEGV, the OOM killer), the group asks it with
+  // that worker's exit and a ReplaceDecision, and keeps the dead rank's slot pending (the group
+  // does not end) until the decision is called, on the io_context, now or later: the agent of a
+  // multi-node job asks the rendezvous server first. decide(generation > 0): a replacement for
+  // that rank alone starts at once (same RANK and LOCAL_RANK, LAUNCH_RECOVER_GENERATION =
+  // generation, its log files rank_<r>.g<generation>.*) while its siblings go on; the dead
+  // worker is listed in GroupResult::replaced, not in failures. decide(0) (a refusal), a group
+  // stopping meanwhile, unset, or a worker that exited with a code of its own (it gave up, e.g.
+  // a survivor that could not recover): the failure stops the group as always. REQUIRES: the
+  // decision is called exactly once; a call after the group was destroyed does nothing.
+  using ReplaceDecision = std::function<void(int generation)>;
+  std::function<void(const WorkerExit&, ReplaceDecision)> replace_in_place;
+  // LAUNCH_RECOVER_GENERATION of every worker this group starts (0: none): a node that takes a
+  // lost node's place in a running round (the rendezvous assigned it that generation), whose
+  // workers join the survivors' recovery instead of starting a run.
+  int recover_generation = 0;
 };
 
 struct WorkerExit {

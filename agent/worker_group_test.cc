@@ -56,6 +56,8 @@ GroupResult RunGroup(WorkerGroupSpec spec, int stdout_fd,
   REQUIRE(g.Start(spec, [&](const GroupResult& r) { result = r; }).ok());
   bool poked = !poke;
   for (int i = 0; !result && i < 3000; ++i) {
+    // A group waiting for a decision has nothing for the context to do: it ran out of work.
+    if (io.stopped()) io.restart();
     io.run_for(std::chrono::milliseconds(10));
     if (!poked) poked = poke(g);
   }
@@ -279,9 +281,9 @@ TEST_CASE("ADeadWorkerIsReplacedInPlaceWhileItsSiblingsGoOn") {
                             " ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; echo sibling";
   WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then " + rank1 + "; else " + rank0 + "; fi", 2);
   std::vector<WorkerExit> asked;
-  spec.replace_in_place = [&](const WorkerExit& e) {
+  spec.replace_in_place = [&](const WorkerExit& e, WorkerGroupSpec::ReplaceDecision decide) {
     asked.push_back(e);
-    return true;
+    decide(1);
   };
   GroupResult r = RunGroup(spec, cap.out_fd);
   CHECK(r.outcome == GroupResult::Outcome::kSucceeded);
@@ -310,9 +312,9 @@ TEST_CASE("AWorkerThatExitsWithACodeIsNotReplacedInPlace") {
   Captured cap;
   WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 5", 2);
   int asked = 0;
-  spec.replace_in_place = [&](const WorkerExit&) {
+  spec.replace_in_place = [&](const WorkerExit&, WorkerGroupSpec::ReplaceDecision decide) {
     ++asked;
-    return true;
+    decide(1);
   };
   GroupResult r = RunGroup(spec, cap.out_fd);
   CHECK(r.outcome == GroupResult::Outcome::kFailed);
@@ -325,12 +327,53 @@ TEST_CASE("AWorkerThatExitsWithACodeIsNotReplacedInPlace") {
 TEST_CASE("ADeadWorkerIsNotReplacedWhenTheAgentSaysNo") {
   Captured cap;
   WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 5", 2);
-  spec.replace_in_place = [](const WorkerExit&) { return false; };
+  spec.replace_in_place = [](const WorkerExit&, WorkerGroupSpec::ReplaceDecision decide) {
+    decide(0);
+  };
   GroupResult r = RunGroup(spec, cap.out_fd);
   CHECK(r.outcome == GroupResult::Outcome::kFailed);
   CHECK(r.replaced.empty());
   REQUIRE(!r.failures.empty());
   CHECK(r.failures[0].status.signal == SIGKILL);
+}
+
+TEST_CASE("ADeadWorkersSlotStaysPendingUntilTheAgentDecides") {
+  // The only worker dies; the group must not end before the (later) answer, whose generation
+  // the replacement gets. The answer comes from the poke, after the worker is gone.
+  Captured cap;
+  WorkerGroupSpec spec =
+      Sh("if [ -z \"$LAUNCH_RECOVER_GENERATION\" ]; then kill -9 $$; fi; "
+         "echo generation $LAUNCH_RECOVER_GENERATION",
+         1);
+  WorkerGroupSpec::ReplaceDecision later;
+  spec.replace_in_place = [&](const WorkerExit&, WorkerGroupSpec::ReplaceDecision decide) {
+    later = std::move(decide);
+  };
+  bool group_ran_out = false;
+  GroupResult r = RunGroup(spec, cap.out_fd, [&](WorkerGroup& g) {
+    if (!later) return false;
+    group_ran_out = !g.running();  // the dead worker is reaped and nothing else runs
+    later(7);
+    later(0);  // a second answer changes nothing
+    return true;
+  });
+  CHECK(group_ran_out);
+  CHECK(r.outcome == GroupResult::Outcome::kSucceeded);
+  REQUIRE(r.replaced.size() == 1);
+  CHECK(r.failures.empty());
+  CHECK(cap.Read().find("[rank 0]: generation 7") != std::string::npos);
+}
+
+TEST_CASE("AGroupStartedWithARecoverGenerationGivesItToEveryWorker") {
+  // A node that takes a lost node's place: every worker joins generation 4's recovery.
+  Captured cap;
+  WorkerGroupSpec spec = Sh("echo rank $RANK generation $LAUNCH_RECOVER_GENERATION", 2);
+  spec.recover_generation = 4;
+  GroupResult r = RunGroup(spec, cap.out_fd);
+  CHECK(r.outcome == GroupResult::Outcome::kSucceeded);
+  const std::string out = cap.Read();
+  CHECK(out.find("rank 0 generation 4") != std::string::npos);
+  CHECK(out.find("rank 1 generation 4") != std::string::npos);
 }
 
 }  // namespace launch::agent

@@ -889,13 +889,11 @@ int Main(int argc, char** argv) {
   if (!plan->log_root.empty())
     log::Info("logs: " + plan->log_root + "/attempt_<k>/rank_<r>.{stdout,stderr}");
   if (multi_node && cfg.recover_in_place)
-    log::Warn(
-        "--recover in_place works on one machine only so far: across machines a lost "
-        "worker restarts every worker, as with --recover restart");
-  if (multi_node) {
-    opts.recover_in_place = false;
-    opts.group.extra_env.erase("LAUNCH_RECOVER");
-  }
+    log::Info(
+        "--recover in_place across machines: a dead worker is replaced alone, and a lost node "
+        "other than node 0 by the next `launch` that joins as its machine_rank within "
+        "join_timeout; node 0 hosts the workers' store (MASTER_ADDR), so its loss restarts "
+        "every node");
   int rc = multi_node ? agent::RunElasticAgent(MakeElasticAgentOptions(cfg, *plan, opts))
                       : agent::RunLocalAgent(opts);
   if (self_test) {

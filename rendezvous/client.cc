@@ -246,6 +246,11 @@ void RendezvousClient::OnFrame(MessageType type, Fields fields) {
       if (a.ok() && events_.on_assigned) events_.on_assigned(*a);
       return;
     }
+    case MessageType::kReplaced: {
+      StatusOr<ReplaceAnswer> a = ParseReplaceAnswer(fields);
+      if (a.ok() && events_.on_replaced) events_.on_replaced(*a);
+      return;
+    }
     case MessageType::kRestart: {
       StatusOr<RestartNotice> n = ParseRestart(fields);
       if (n.ok() && events_.on_restart) events_.on_restart(*n);
@@ -367,6 +372,12 @@ void RendezvousClient::Rejoin(int master_port) {
 void RendezvousClient::ReportFailure(const FailureReport& report) {
   if (finished_ || !conn_ || !welcomed_) return;
   SendOrFail(MessageType::kReport, ToFields(report));
+}
+
+bool RendezvousClient::AskReplace(const ReplaceRequest& request) {
+  if (finished_ || !conn_ || !welcomed_) return false;
+  SendOrFail(MessageType::kReplace, ToFields(request));
+  return !finished_;
 }
 
 void RendezvousClient::ReportSuccess(int round) {

@@ -74,6 +74,8 @@ struct ClientOptions {
 struct ClientEvents {
   std::function<void(const Assignment&)> on_assigned;
   std::function<void(const RestartNotice&)> on_restart;
+  // The answer to AskReplace.
+  std::function<void(const ReplaceAnswer&)> on_replaced;
   std::function<void()> on_done;
   std::function<void(const Status&, const JobFailure&)> on_failed;
   // The server was lost (PeerLost, naming it); see the header comment. Null = terminal.
@@ -100,6 +102,9 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   // `master_port` as for Rejoin. Ignored unless the client is lost.
   void Reconnect(int master_port);
   void ReportFailure(const FailureReport& report);
+  // REPLACE: may a dead worker be replaced alone? The answer comes through on_replaced. False
+  // when nothing was sent (no session with the server now): the caller treats that as a no.
+  bool AskReplace(const ReplaceRequest& request);
   void ReportSuccess(int round);
   // Closes the connection; no callback fires afterwards. Idempotent.
   void Close();

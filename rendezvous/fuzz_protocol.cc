@@ -22,7 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // As a bare payload, parsed as every message type.
   auto fields = DecodeFields(bytes);
   if (fields.ok()) {
-    for (uint16_t t = 1; t <= 12; ++t) (void)ValidateMessage(static_cast<MessageType>(t), *fields);
+    for (uint16_t t = 1; t <= static_cast<uint16_t>(kLastMessageType); ++t)
+      (void)ValidateMessage(static_cast<MessageType>(t), *fields);
     (void)FormatFailureReport(ParseFailureReport(*fields).ok() ? *ParseFailureReport(*fields)
                                                                : FailureReport{});
   }

@@ -1,13 +1,15 @@
 // Stateful libFuzzer target: the rendezvous server's RoundMachine driven in-process by up to
 // 8 fake sessions at a time, with sequences of JOIN (varied specs and ranks), REPORT,
-// SUCCEEDED, HEARTBEAT, closes, failed sends, clock jumps and timer firings (early ones too)
-// taken from the fuzz input. Traps when an invariant breaks:
+// SUCCEEDED, REPLACE, HEARTBEAT, closes, failed sends, clock jumps and timer firings (early ones
+// too) taken from the fuzz input. Traps when an invariant breaks:
 //  * no exception escapes;
 //  * every message the machine sends parses with the agent's own parser;
 //  * a session gets at most one terminal message (DONE, FAILED, ERROR), nothing after it, and
 //    every session still connected when a job ends has had exactly one;
 //  * DONE only to a session that was assigned at some point;
-//  * the node ranks of one round's ASSIGNs are a permutation of 0..n-1;
+//  * the node ranks of one round's ASSIGNs are a permutation of 0..n-1 (but for an ASSIGN into a
+//    running round's vacant place, which carries a generation);
+//  * granted generations strictly increase;
 //  * restarts used never exceed max_restarts;
 //  * the machine's state is bounded: it keeps exactly the sessions still open, and its
 //    incremental counters agree with a recount (RoundMachine::CheckInvariants).
@@ -58,6 +60,7 @@ class Run {
     base_.last_call_timeout_s = in_.ConsumeBool() ? 0 : 0.5;
     base_.heartbeat_timeout_s = 1;
     base_.master_port = 29500;
+    base_.recover_in_place = in_.ConsumeBool();
   }
 
   void Go() {
@@ -72,7 +75,7 @@ class Run {
 
   void Step() {
     FakeSession& s = Slot();
-    const int op = in_.ConsumeIntegralInRange(0, 11);
+    const int op = in_.ConsumeIntegralInRange(0, 12);
     if (s.id == 0 && op <= 6) {  // a new connection completes its handshake first
       s = FakeSession{};
       s.id = next_id_++;
@@ -105,7 +108,8 @@ class Run {
         break;
       case 6: {
         if (in_.ConsumeIntegralInRange(0, 15) != 0) break;  // rare: it ends the job
-        const auto type = static_cast<MessageType>(in_.ConsumeIntegralInRange(1, 12));
+        const auto type = static_cast<MessageType>(
+            in_.ConsumeIntegralInRange(1, static_cast<int>(kLastMessageType)));
         Apply(m_.OnSendFailed(s.id, type, launch::Status::ProtocolError("too large"), now_));
         break;
       }
@@ -130,6 +134,14 @@ class Run {
       case 11:
         if (in_.ConsumeIntegralInRange(0, 15) == 0) Apply(m_.FailAll("host leaving", now_));
         break;
+      case 12: {
+        ReplaceRequest r;
+        r.round = in_.ConsumeBool() ? m_.round() : in_.ConsumeIntegralInRange(0, 5);
+        r.global_rank = in_.ConsumeIntegralInRange(0, 8);
+        r.reason = "killed by SIGKILL";
+        if (s.id != 0) Apply(m_.OnReplace(s.id, r, now_));
+        break;
+      }
     }
   }
 
@@ -204,11 +216,24 @@ class Run {
                                 e.type == MessageType::kError;
           Check(terminal == (e.kind == Effect::Kind::kSendAndClose));
           if (e.type == MessageType::kDone) Check(s->assigned);
+          if (e.type == MessageType::kReplaced) {
+            auto a = ParseReplaceAnswer(e.fields);
+            Check(a.ok());
+            if (a->generation > 0) {
+              Check(a->generation > generation_);
+              generation_ = a->generation;
+            }
+          }
           if (e.type == MessageType::kAssign) {
             auto a = ParseAssignment(e.fields);
             Check(a.ok());
-            ranks[a->round].push_back(a->node_rank);
-            num_nodes[a->round] = a->num_nodes;
+            if (a->generation > 0) {
+              Check(a->generation > generation_ && a->node_rank < a->num_nodes);
+              generation_ = a->generation;
+            } else {
+              ranks[a->round].push_back(a->node_rank);
+              num_nodes[a->round] = a->num_nodes;
+            }
             Check(a->restart_count <= a->max_restarts);
             s->assigned = true;
           }
@@ -247,6 +272,7 @@ class Run {
     for (const FakeSession& s : slots_) open += s.id != 0 ? 1 : 0;
     Check(m_.session_count() == open);
     state_ = m_.state();
+    if (state_ == JobState::kIdle) generation_ = 0;  // the next job counts from 1 again
     const bool ended =
         (before == JobState::kWaiting || before == JobState::kRunning) &&
         (state_ == JobState::kDone || state_ == JobState::kFailed || state_ == JobState::kIdle);
@@ -263,6 +289,7 @@ class Run {
   int64_t now_ = 1'700'000'000'000'000;
   std::optional<int64_t> timers_[kTimerCount];
   JobState state_ = JobState::kIdle;
+  int generation_ = 0;  // the newest granted
 };
 
 }  // namespace

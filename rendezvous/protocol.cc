@@ -88,9 +88,9 @@ Status GetSeconds(const Fields& f, const std::string& key, double* out) {
   return Status::Ok();
 }
 
-Status GetBool(const Fields& f, const std::string& key, bool* out) {
+Status GetBool(const Fields& f, const std::string& key, bool* out, bool required = true) {
   auto it = f.find(key);
-  if (it == f.end()) return Missing(key);
+  if (it == f.end()) return required ? Missing(key) : Status::Ok();
   if (it->second != "0" && it->second != "1")
     return Status::ProtocolError("field '" + key + "' is not 0 or 1");
   *out = it->second == "1";
@@ -168,6 +168,10 @@ const char* ToString(MessageType type) {
       return "FAILED";
     case MessageType::kError:
       return "ERROR";
+    case MessageType::kReplace:
+      return "REPLACE";
+    case MessageType::kReplaced:
+      return "REPLACED";
   }
   return "UNKNOWN";
 }
@@ -207,6 +211,10 @@ uint32_t MaxPayload(MessageType type, Receiver receiver, int max_nodes) {
       return to_server ? 0 : kReport + 4096;  // + a reason
     case MessageType::kFailed:
       return to_server ? 0 : kReport + 8192;  // + a 4 KiB message
+    case MessageType::kReplace:
+      return to_server ? 2048 : 0;  // a 1 KiB reason and two numbers
+    case MessageType::kReplaced:
+      return to_server ? 0 : 2048;  // a 1 KiB message and four numbers
     case MessageType::kAssign: {
       if (to_server) return 0;
       const uint64_t nodes = static_cast<uint64_t>(std::clamp(max_nodes, 1, kMaxNodes));
@@ -226,7 +234,7 @@ StatusOr<FrameHeader> DecodeHeader(const uint8_t* data, uint32_t max_length) {
                                  std::to_string(kProtocolVersion) + ")");
   uint16_t type = GetU16(data + 6);
   if (type < static_cast<uint16_t>(MessageType::kChallenge) ||
-      type > static_cast<uint16_t>(MessageType::kError))
+      type > static_cast<uint16_t>(kLastMessageType))
     return Status::ProtocolError("unknown message type " + std::to_string(type));
   uint32_t length = GetU32(data + 8);
   if (length > max_length)
@@ -335,7 +343,8 @@ Fields ToFields(const JoinRequest& m) {
           {"join_timeout", SecondsString(m.join_timeout_s)},
           {"last_call_timeout", SecondsString(m.last_call_timeout_s)},
           {"heartbeat_timeout", SecondsString(m.heartbeat_timeout_s)},
-          {"clock_us", std::to_string(m.clock_us)}};
+          {"clock_us", std::to_string(m.clock_us)},
+          {"recover_in_place", m.recover_in_place ? "1" : "0"}};
 }
 
 StatusOr<JoinRequest> ParseJoin(const Fields& f) {
@@ -354,6 +363,7 @@ StatusOr<JoinRequest> ParseJoin(const Fields& f) {
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "last_call_timeout", &m.last_call_timeout_s));
   LAUNCH_RETURN_IF_ERROR(GetSeconds(f, "heartbeat_timeout", &m.heartbeat_timeout_s));
   LAUNCH_RETURN_IF_ERROR(GetMicros(f, "clock_us", &m.clock_us));
+  LAUNCH_RETURN_IF_ERROR(GetBool(f, "recover_in_place", &m.recover_in_place, /*required=*/false));
   if (!IsPrintable(m.run_id) || !IsPrintable(m.hostname))
     return Status::ProtocolError("fields 'run_id' and 'hostname' must be printable text");
   if (m.heartbeat_timeout_s < config::kMinRendezvousTimeoutS ||
@@ -374,6 +384,7 @@ Fields ToFields(const Assignment& m) {
            {"master_addr", m.master_addr},
            {"master_port", std::to_string(m.master_port)},
            {"run_id", m.run_id}};
+  if (m.generation > 0) f["generation"] = std::to_string(m.generation);
   // The node table is one field (tab-separated columns, one line per node) so a job of any
   // size stays within kMaxFields.
   std::string table;
@@ -401,6 +412,7 @@ StatusOr<Assignment> ParseAssignment(const Fields& f) {
   if (m.master_addr.empty()) return Status::ProtocolError("field 'master_addr' is empty");
   LAUNCH_RETURN_IF_ERROR(GetInt(f, "master_port", 1, 65535, &m.master_port));
   LAUNCH_RETURN_IF_ERROR(GetString(f, "run_id", kMaxShortString, &m.run_id));
+  LAUNCH_RETURN_IF_ERROR(GetInt(f, "generation", 0, kBig, &m.generation, /*required=*/false));
   // These two end up in the workers' environment (MASTER_ADDR, TORCHELASTIC_RUN_ID): accept
   // only an IP address and printable text.
   if (!IsIpAddress(m.master_addr))
@@ -439,6 +451,40 @@ Fields ToFields(const FailureReport& m) {
 }
 
 StatusOr<FailureReport> ParseFailureReport(const Fields& f) { return GetReport(f, ""); }
+
+Fields ToFields(const ReplaceRequest& m) {
+  return {{"round", std::to_string(m.round)},
+          {"global_rank", std::to_string(m.global_rank)},
+          {"reason", m.reason.substr(0, kMaxShortString)}};
+}
+
+StatusOr<ReplaceRequest> ParseReplaceRequest(const Fields& f) {
+  ReplaceRequest m;
+  constexpr long long kBig = 1LL << 30;
+  LAUNCH_RETURN_IF_ERROR(GetInt(f, "round", 0, kBig, &m.round));
+  LAUNCH_RETURN_IF_ERROR(GetInt(f, "global_rank", 0, kBig, &m.global_rank));
+  LAUNCH_RETURN_IF_ERROR(GetString(f, "reason", kMaxShortString, &m.reason));
+  return m;
+}
+
+Fields ToFields(const ReplaceAnswer& m) {
+  return {{"round", std::to_string(m.round)},
+          {"global_rank", std::to_string(m.global_rank)},
+          {"generation", std::to_string(m.generation)},
+          {"restart_count", std::to_string(m.restart_count)},
+          {"message", m.message.substr(0, kMaxShortString)}};
+}
+
+StatusOr<ReplaceAnswer> ParseReplaceAnswer(const Fields& f) {
+  ReplaceAnswer m;
+  constexpr long long kBig = 1LL << 30;
+  LAUNCH_RETURN_IF_ERROR(GetInt(f, "round", 0, kBig, &m.round));
+  LAUNCH_RETURN_IF_ERROR(GetInt(f, "global_rank", 0, kBig, &m.global_rank));
+  LAUNCH_RETURN_IF_ERROR(GetInt(f, "generation", 0, kBig, &m.generation));
+  LAUNCH_RETURN_IF_ERROR(GetInt(f, "restart_count", 0, kBig, &m.restart_count));
+  LAUNCH_RETURN_IF_ERROR(GetString(f, "message", kMaxShortString, &m.message));
+  return m;
+}
 
 Fields ToFields(const RestartNotice& m) {
   Fields f{{"next_round", std::to_string(m.next_round)},
@@ -532,6 +578,10 @@ Status ValidateMessage(MessageType type, const Fields& f) {
       return ParseJobFailure(f).status();
     case MessageType::kError:
       return ParseError(f).status();
+    case MessageType::kReplace:
+      return ParseReplaceRequest(f).status();
+    case MessageType::kReplaced:
+      return ParseReplaceAnswer(f).status();
     case MessageType::kHeartbeat:
     case MessageType::kDone:
       return Status::Ok();

@@ -41,6 +41,10 @@
 //   both ways         HEARTBEAT {}                      every heartbeat_timeout / 5
 //   agent  -> server  REPORT    {FailureReport}         a local worker failed
 //   agent  -> server  SUCCEEDED {round}                 every local worker exited 0
+//   agent  -> server  REPLACE   {ReplaceRequest}        a local worker died: may it be replaced
+//                                                       alone (launch --recover in_place)?
+//   server -> agent   REPLACED  {ReplaceAnswer}         yes, with this generation; or no: the
+//                                                       agent takes its REPORT path
 //   server -> agent   RESTART   {RestartNotice}         stop workers, send JOIN again
 //   server -> agent   DONE      {}                      every node succeeded: exit 0
 //   server -> agent   FAILED    {JobFailure}            the job is over: exit non-zero
@@ -82,7 +86,10 @@ enum class MessageType : uint16_t {
   kDone = 10,
   kFailed = 11,
   kError = 12,
+  kReplace = 13,
+  kReplaced = 14,
 };
+inline constexpr MessageType kLastMessageType = MessageType::kReplaced;
 const char* ToString(MessageType type);
 
 struct FrameHeader {
@@ -106,9 +113,10 @@ inline constexpr size_t kMaxNodeRowSize = 512;
 // builds each message with every field at its largest and checks that it fits.
 //
 //   to a server: HELLO 256, JOIN 4 KiB, HEARTBEAT 64, REPORT 20 KiB (16 KiB stderr tail),
-//                SUCCEEDED 64
+//                SUCCEEDED 64, REPLACE 2 KiB
 //   to an agent: CHALLENGE 256, WELCOME 256, ERROR 4.25 KiB, HEARTBEAT 64, DONE 64,
-//                ASSIGN 4 KiB + max_nodes x kMaxNodeRowSize, RESTART 24 KiB, FAILED 28 KiB
+//                ASSIGN 4 KiB + max_nodes x kMaxNodeRowSize, RESTART 24 KiB, FAILED 28 KiB,
+//                REPLACED 2 KiB
 uint32_t MaxPayload(MessageType type, Receiver receiver, int max_nodes);
 
 // Field list: keys sorted (std::map), so encoding is deterministic.
@@ -154,6 +162,10 @@ struct JoinRequest {
   double last_call_timeout_s = 1;
   double heartbeat_timeout_s = 10;
   int64_t clock_us = 0;  // the agent's wall clock when it sent the JOIN (0: not sent)
+  // launch --recover in_place: a dead worker, or a lost node other than node 0, is replaced
+  // alone while the others go on (part of the spec every node must share). Optional on the
+  // wire (absent = false).
+  bool recover_in_place = false;
 };
 
 // Liveness, the same on both sides of a connection, from the job's heartbeat_timeout T:
@@ -192,7 +204,9 @@ struct NodeInfo {
 // The server's answer when a round closes.
 struct Assignment {
   int round = 0;          // 0 for the first round, +1 per restart or scale-up
-  int restart_count = 0;  // restarts spent so far (TORCHELASTIC_RESTART_COUNT)
+  // Restarts spent when the round formed (TORCHELASTIC_RESTART_COUNT; a node taking a lost
+  // node's place in the running round gets the round's value, like its survivors).
+  int restart_count = 0;
   int max_restarts = 0;
   int node_rank = 0;    // this node's rank (GROUP_RANK)
   int num_nodes = 0;    // GROUP_WORLD_SIZE
@@ -202,6 +216,10 @@ struct Assignment {
   std::string master_addr;  // node 0's address as the server saw it
   int master_port = 0;      // the port node 0 reserved
   std::string run_id;
+  // Non-zero when this node takes a lost node's place in a running round (launch --recover
+  // in_place): its workers start with LAUNCH_RECOVER_GENERATION = generation and join the
+  // survivors' recovery. Optional on the wire (absent = 0).
+  int generation = 0;
   // By node rank (encoded as one field, one line of at most kMaxNodeRowSize bytes per node).
   // The server sends it empty: each node gets only its own row above, since a table in every
   // node's ASSIGN is O(n^2) bytes per round.
@@ -223,6 +241,25 @@ struct FailureReport {
   // epoch (0: unknown). The server corrects it by the node's clock offset measured at JOIN and
   // takes the earliest failure of a round as its root cause.
   int64_t time_us = 0;
+};
+
+// An agent asks whether the worker of `global_rank`, which died, may be replaced alone
+// (launch --recover in_place).
+struct ReplaceRequest {
+  int round = 0;
+  int global_rank = 0;
+  std::string reason;  // one line: "killed by SIGKILL"
+};
+
+// The server's answer to a REPLACE.
+struct ReplaceAnswer {
+  int round = 0;
+  int global_rank = 0;
+  // > 0: granted; the replacement's LAUNCH_RECOVER_GENERATION, unique and increasing over the
+  // whole job. 0: refused (`message` says why); the agent reports the failure as usual.
+  int generation = 0;
+  int restart_count = 0;  // restarts spent so far, this one included when granted
+  std::string message;    // one line: why it was refused
 };
 
 struct RestartNotice {
@@ -257,6 +294,8 @@ Fields ToFields(const Hello& m);
 Fields ToFields(const JoinRequest& m);
 Fields ToFields(const Assignment& m);
 Fields ToFields(const FailureReport& m);
+Fields ToFields(const ReplaceRequest& m);
+Fields ToFields(const ReplaceAnswer& m);
 Fields ToFields(const RestartNotice& m);
 Fields ToFields(const JobFailure& m);
 Fields ToFields(const ErrorMessage& m);
@@ -265,6 +304,8 @@ StatusOr<Hello> ParseHello(const Fields& f);
 StatusOr<JoinRequest> ParseJoin(const Fields& f);
 StatusOr<Assignment> ParseAssignment(const Fields& f);
 StatusOr<FailureReport> ParseFailureReport(const Fields& f);
+StatusOr<ReplaceRequest> ParseReplaceRequest(const Fields& f);
+StatusOr<ReplaceAnswer> ParseReplaceAnswer(const Fields& f);
 StatusOr<RestartNotice> ParseRestart(const Fields& f);
 StatusOr<JobFailure> ParseJobFailure(const Fields& f);
 StatusOr<ErrorMessage> ParseError(const Fields& f);

@@ -186,8 +186,8 @@ TEST_CASE("ErrorBusyFlagIsOptionalOnTheWire") {
 // The largest message of a type that its parser accepts: every integer written with the 24
 // characters GetInt reads (leading zeros), every duration with 32.
 Fields Widest(Fields f) {
-  const std::set<std::string> flags = {"counts", "has_report", "config_error", "auth_error",
-                                       "busy"};
+  const std::set<std::string> flags = {"counts",     "has_report", "config_error",
+                                       "auth_error", "busy",       "recover_in_place"};
   for (auto& [key, value] : f) {
     long long v = 0;
     if (!flags.count(key) && !value.empty() && ParseInt64(value, &v) &&
@@ -229,6 +229,13 @@ TEST_CASE("EveryMessageAtItsLargestFitsItsTypesLimitAndNoMore") {
   fits(MessageType::kReport, Receiver::kServer, Widest(ToFields(LargestReport())));
   fits(MessageType::kSucceeded, Receiver::kServer, Widest({{"round", "1"}}));
   fits(MessageType::kHeartbeat, Receiver::kServer, {});
+  ReplaceRequest replace;
+  replace.reason = std::string(kMaxShortString, 'r');
+  fits(MessageType::kReplace, Receiver::kServer, Widest(ToFields(replace)));
+  ReplaceAnswer replaced;
+  replaced.generation = 1;
+  replaced.message = std::string(kMaxShortString, 'm');
+  fits(MessageType::kReplaced, Receiver::kAgent, Widest(ToFields(replaced)));
   Hello hello{std::string(kNonceSize, 'n'), std::string(64, 'p')};
   fits(MessageType::kHello, Receiver::kServer, ToFields(hello));
   fits(MessageType::kChallenge, Receiver::kAgent, {{"nonce", std::string(kNonceSize, 'n')}});
@@ -254,6 +261,7 @@ TEST_CASE("EveryMessageAtItsLargestFitsItsTypesLimitAndNoMore") {
   a.master_addr = "10.0.0.1";
   a.master_port = 1;
   a.run_id = std::string(kMaxShortString, 'r');
+  a.generation = 1;
   for (int r = 0; r < a.num_nodes; ++r) {
     // "r\thost\taddress\t1\tr\n", kMaxNodeRowSize bytes in all.
     const std::string rank = std::to_string(r);
@@ -268,14 +276,54 @@ TEST_CASE("EveryMessageAtItsLargestFitsItsTypesLimitAndNoMore") {
   a.nodes[0].host += "x";
   CHECK_FALSE(ParseAssignment(ToFields(a)).ok());
   // Tens of KiB at most towards a server; nothing it never receives.
-  for (uint16_t t = 1; t <= 12; ++t) {
+  for (uint16_t t = 1; t <= static_cast<uint16_t>(kLastMessageType); ++t) {
     const auto type = static_cast<MessageType>(t);
     CHECK(MaxPayload(type, Receiver::kServer, kMaxNodes) <= 32u * 1024);
     const bool agent_sends = type == MessageType::kHello || type == MessageType::kJoin ||
                              type == MessageType::kHeartbeat || type == MessageType::kReport ||
-                             type == MessageType::kSucceeded;
+                             type == MessageType::kSucceeded || type == MessageType::kReplace;
     CHECK((MaxPayload(type, Receiver::kServer, kMaxNodes) > 0) == agent_sends);
   }
+}
+
+TEST_CASE("ReplaceMessagesRoundTripAndRecoverFieldsAreOptional") {
+  ReplaceRequest q{3, 17, "killed by SIGKILL"};
+  StatusOr<ReplaceRequest> q2 = ParseReplaceRequest(ToFields(q));
+  REQUIRE(q2.ok());
+  CHECK(q2->round == 3);
+  CHECK(q2->global_rank == 17);
+  CHECK(q2->reason == "killed by SIGKILL");
+  ReplaceAnswer a{3, 17, 5, 2, ""};
+  StatusOr<ReplaceAnswer> a2 = ParseReplaceAnswer(ToFields(a));
+  REQUIRE(a2.ok());
+  CHECK(a2->generation == 5);
+  CHECK(a2->restart_count == 2);
+  Fields bad = ToFields(a);
+  bad["generation"] = "-1";
+  CHECK_FALSE(ParseReplaceAnswer(bad).ok());
+  // An older agent's JOIN and an older server's ASSIGN parse, without recovery.
+  JoinRequest j;
+  j.master_port = 1;
+  j.recover_in_place = true;
+  Fields jf = ToFields(j);
+  REQUIRE(ParseJoin(jf).ok());
+  CHECK(ParseJoin(jf)->recover_in_place);
+  jf.erase("recover_in_place");
+  REQUIRE(ParseJoin(jf).ok());
+  CHECK_FALSE(ParseJoin(jf)->recover_in_place);
+  Assignment as;
+  as.num_nodes = as.world_size = as.local_world_size = 1;
+  as.master_addr = "10.0.0.1";
+  as.master_port = 1;
+  CHECK(ToFields(as).count("generation") == 0);
+  as.generation = 4;
+  REQUIRE(ParseAssignment(ToFields(as)).ok());
+  CHECK(ParseAssignment(ToFields(as))->generation == 4);
+  // The new types pass the header check; the next number does not.
+  std::string frame = EncodeFrame(MessageType::kReplaced, ToFields(a));
+  REQUIRE(DecodeFrame(frame).ok());
+  frame[7] = static_cast<char>(static_cast<uint16_t>(kLastMessageType) + 1);
+  CHECK_FALSE(DecodeFrame(frame).ok());
 }
 
 TEST_CASE("FormatEndpointBracketsIpv6") {

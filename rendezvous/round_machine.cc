@@ -67,6 +67,15 @@ void RoundMachine::Log(std::string line) {
   Emit(std::move(e));
 }
 
+void RoundMachine::Send(SessionId id, MessageType type, Fields fields) {
+  Effect e;
+  e.kind = Effect::Kind::kSend;
+  e.session = id;
+  e.type = type;
+  e.fields = std::move(fields);
+  Emit(std::move(e));
+}
+
 void RoundMachine::Arm(TimerId timer, int64_t at_us) {
   timer_at_[static_cast<int>(timer)] = at_us;
   Effect e;
@@ -169,6 +178,11 @@ std::string RoundMachine::SpecMismatch(const Session& s, const JoinRequest& j) c
   if (j.heartbeat_timeout_s != spec.heartbeat_timeout_s)
     return mismatch("heartbeat_timeout", Seconds(j.heartbeat_timeout_s),
                     Seconds(spec.heartbeat_timeout_s));
+  // One node replacing its workers alone while another restarts everyone would leave the
+  // survivors of one waiting for a generation that never comes.
+  if (j.recover_in_place != spec.recover_in_place)
+    return mismatch("recover", j.recover_in_place ? "in_place" : "restart",
+                    spec.recover_in_place ? "in_place" : "restart");
   if (j.node_rank >= spec.max_nodes)
     return "machine_rank " + std::to_string(j.node_rank) + " of " + who +
            " is not below num_machines " + std::to_string(spec.max_nodes);
@@ -270,6 +284,7 @@ Effects RoundMachine::OnJoin(SessionId id, JoinRequest join, int64_t now_us) {
     if (was_member) {
       // A member that re-joins on its own lost its workers' state: a failure of that node,
       // so everyone re-forms.
+      if (vacancy_) AbandonVacancy("another node re-joined", now_us);
       FailureReport r;
       r.round = round_;
       r.host = s.hostname;
@@ -281,6 +296,23 @@ Effects RoundMachine::OnJoin(SessionId id, JoinRequest join, int64_t now_us) {
     if (pending_failure_ || round_failed_) {
       Log(Describe(s) + " joined while round " + std::to_string(round_) +
           " is failing; it takes part in the next round");
+      return Take();
+    }
+    if (vacancy_) {
+      if ((s.join->node_rank < 0 || s.join->node_rank == vacancy_->node_rank) &&
+          s.join->local_world_size == vacancy_->local_world_size) {
+        FillVacancy(id, s, now_us);
+      } else {
+        // Waits for the round after this one (no scale-up either: that would end the
+        // recovery without counting the loss as a restart).
+        Log(Describe(s) + " cannot take node " + std::to_string(vacancy_->node_rank) +
+            "'s place (" +
+            (s.join->local_world_size != vacancy_->local_world_size
+                 ? "local_world_size " + std::to_string(s.join->local_world_size) +
+                       ", the lost node's was " + std::to_string(vacancy_->local_world_size)
+                 : "it asks for machine_rank " + std::to_string(s.join->node_rank)) +
+            "); it waits for the next round");
+      }
       return Take();
     }
     if (members_ < static_cast<size_t>(spec_->max_nodes)) {
@@ -388,6 +420,7 @@ void RoundMachine::CloseRound(int64_t now_us) {
   a.world_size = offset;
   a.master_addr = MasterAddress(const_nodes);
   a.master_port = nodes[0]->join->master_port;
+  running_ = a;
   // No node table: each agent needs only its own row, and a table sent to every node costs
   // O(n^2) bytes per round (1 GiB at 8192 nodes) and outgrows the frame limit.
   Fields shared = ToFields(a);
@@ -397,6 +430,8 @@ void RoundMachine::CloseRound(int64_t now_us) {
     Count(by_rank[r], s, -1);
     s.in_round = true;
     s.node_rank = static_cast<int>(r);
+    s.local_world_size = local_world_size;
+    s.rank_offset = offsets[r];
     s.succeeded = false;
     s.ever_assigned = true;
     s.join.reset();
@@ -476,6 +511,7 @@ Effects RoundMachine::OnReport(SessionId id, FailureReport report, int64_t now_u
         SanitizeForTerminal(report.reason));
     return Take();
   }
+  if (vacancy_) AbandonVacancy("a worker failed on " + Describe(s), now_us);
   const int64_t at = report.time_us > 0 ? report.time_us + s.clock_offset_us : now_us;
   ConsiderFailure("worker failure on " + Describe(s), report, at, now_us);
   return Take();
@@ -498,6 +534,97 @@ void RoundMachine::ConsiderFailure(const std::string& reason, const FailureRepor
   Arm(TimerId::kDecision, now_us + kRootCauseWindow.count() * 1000);
 }
 
+Effects RoundMachine::OnReplace(SessionId id, ReplaceRequest request, int64_t now_us) {
+  auto it = sessions_.find(id);
+  if (it == sessions_.end() || it->second.closing) return Take();
+  Session& s = it->second;
+  s.last_heard_us = now_us;
+  ReplaceAnswer answer;
+  answer.round = request.round;
+  answer.global_rank = request.global_rank;
+  std::string refusal;
+  if (state_ != JobState::kRunning || !s.in_round || request.round != round_) {
+    refusal = "round " + std::to_string(request.round) + " is not running";
+  } else if (!spec_->recover_in_place) {
+    refusal = "the job restarts every node on a failure (--recover restart)";
+  } else if (request.global_rank < s.rank_offset ||
+             request.global_rank >= s.rank_offset + s.local_world_size) {
+    refusal = "rank " + std::to_string(request.global_rank) + " is not one of this node's";
+  } else if (pending_failure_ || round_failed_) {
+    refusal = "round " + std::to_string(round_) + " has already failed; every node restarts";
+  } else if (vacancy_) {
+    // Two recoveries at once would announce two generations to one set of survivors.
+    refusal = "node " + std::to_string(vacancy_->node_rank) +
+              "'s place is still vacant: one recovery at a time";
+  } else if (restarts_used_ >= spec_->max_restarts) {
+    refusal = "no restarts left (max_restarts " + std::to_string(spec_->max_restarts) + ")";
+  }
+  if (!refusal.empty()) {
+    answer.restart_count = restarts_used_;
+    answer.message = refusal;
+    Log("rank " + std::to_string(request.global_rank) + " on " + Describe(s) +
+        " is not replaced in place: " + refusal);
+  } else {
+    answer.generation = ++generation_;
+    answer.restart_count = ++restarts_used_;
+    Log("rank " + std::to_string(request.global_rank) + " on node " + std::to_string(s.node_rank) +
+        ", " + Describe(s) + ", " + SanitizeForTerminal(request.reason) +
+        ": replaced alone, generation " + std::to_string(generation_) + " (restart " +
+        std::to_string(restarts_used_) + " of " + std::to_string(spec_->max_restarts) +
+        ", in place)");
+  }
+  Send(id, MessageType::kReplaced, ToFields(answer));
+  return Take();
+}
+
+bool RoundMachine::CanAwaitReplacement(const Session& s) const {
+  return spec_ && spec_->recover_in_place && s.node_rank != 0 && !vacancy_ && !pending_failure_ &&
+         !round_failed_ && restarts_used_ < spec_->max_restarts;
+}
+
+void RoundMachine::AbandonVacancy(const std::string& why, int64_t now_us) {
+  if (!vacancy_) return;
+  Vacancy v = std::move(*vacancy_);
+  vacancy_.reset();
+  Cancel(TimerId::kVacancy);
+  Log("node " + std::to_string(v.node_rank) + " is not recovered in place: " + why +
+      "; its loss fails round " + std::to_string(round_) + " as with --recover restart");
+  v.report.reason += "; " + why;
+  ConsiderFailure(v.reason, v.report, v.since_us, now_us);
+}
+
+void RoundMachine::FillVacancy(SessionId id, Session& s, int64_t now_us) {
+  const Vacancy v = std::move(*vacancy_);
+  vacancy_.reset();
+  Cancel(TimerId::kVacancy);
+  ++restarts_used_;
+  ++generation_;
+  const int local_world_size = s.join->local_world_size;
+  Count(id, s, -1);
+  s.in_round = true;
+  s.node_rank = v.node_rank;
+  s.local_world_size = local_world_size;
+  s.rank_offset = v.rank_offset;
+  s.succeeded = false;
+  s.ever_assigned = true;
+  s.join.reset();
+  Count(id, s, +1);
+  // restart_count stays the round's: it is every worker's TORCHELASTIC_RESTART_COUNT, on which
+  // their store keys depend (the survivors' and the replacements' must agree).
+  Assignment a = running_;
+  a.node_rank = v.node_rank;
+  a.rank_offset = v.rank_offset;
+  a.local_world_size = local_world_size;
+  a.generation = generation_;
+  Send(id, MessageType::kAssign, ToFields(a));
+  Log(Describe(s) + " takes the place of node " + std::to_string(v.node_rank) + " in round " +
+      std::to_string(round_) + " (ranks " + std::to_string(v.rank_offset) + "-" +
+      std::to_string(v.rank_offset + local_world_size - 1) + ", in place): generation " +
+      std::to_string(generation_) + ", restart " + std::to_string(restarts_used_) + " of " +
+      std::to_string(spec_->max_restarts) + "; the place was vacant for " +
+      std::to_string((now_us - v.since_us) / 1000) + " ms");
+}
+
 Effects RoundMachine::OnSucceeded(SessionId id, int round, int64_t now_us) {
   auto it = sessions_.find(id);
   if (it == sessions_.end() || it->second.closing) return Take();
@@ -508,7 +635,8 @@ Effects RoundMachine::OnSucceeded(SessionId id, int round, int64_t now_us) {
   s.succeeded = true;
   Count(id, s, +1);
   // A failure waiting for its decision ends this round whatever the others report.
-  if (unfinished_ == 0 && !pending_failure_ && !round_failed_) FinishJob();
+  // So does a vacant place: its ranks have not finished.
+  if (unfinished_ == 0 && !pending_failure_ && !round_failed_ && !vacancy_) FinishJob();
   return Take();
 }
 
@@ -530,8 +658,25 @@ void RoundMachine::Drop(SessionId id, Session& s, const std::string& how, int64_
       r.host = s.hostname;
       r.node_rank = s.node_rank;
       r.reason = "node lost (" + how + ")";
-      ConsiderFailure("lost node " + std::to_string(s.node_rank) + " (" + Describe(s) + ")", r,
-                      now_us, now_us);
+      const std::string reason =
+          "lost node " + std::to_string(s.node_rank) + " (" + Describe(s) + ")";
+      if (CanAwaitReplacement(s)) {
+        vacancy_ = Vacancy{s.node_rank, s.local_world_size, s.rank_offset, reason, r, now_us};
+        Arm(TimerId::kVacancy, now_us + Micros(spec_->join_timeout_s));
+        Log("node " + std::to_string(s.node_rank) + "'s workers (ranks " +
+            std::to_string(s.rank_offset) + "-" +
+            std::to_string(s.rank_offset + s.local_world_size - 1) +
+            ") are recovered in place: waiting up to " + Seconds(spec_->join_timeout_s) +
+            " (join_timeout) for a node to join as machine_rank " + std::to_string(s.node_rank) +
+            " (or without one) with " + std::to_string(s.local_world_size) +
+            " workers; the other nodes' workers wait for it");
+        return;
+      }
+      if (spec_->recover_in_place && s.node_rank == 0)
+        Log("node 0 hosts the workers' store (MASTER_ADDR): its loss restarts every node, "
+            "in-place recovery or not");
+      if (vacancy_) AbandonVacancy("node " + std::to_string(s.node_rank) + " was lost too", now_us);
+      ConsiderFailure(reason, r, now_us, now_us);
     } else {
       Log("lost " + Describe(s) + " after the round's failure: " + how);
     }
@@ -591,6 +736,12 @@ Effects RoundMachine::OnTimer(TimerId timer, int64_t now_us) {
       if (state_ == JobState::kWaiting && joined_ >= static_cast<size_t>(spec_->min_nodes))
         CloseRound(now_us);
       break;
+    case TimerId::kVacancy:
+      if (vacancy_ && state_ == JobState::kRunning)
+        AbandonVacancy("no node joined to replace it within join_timeout (" +
+                           Seconds(spec_->join_timeout_s) + ")",
+                       now_us);
+      break;
     case TimerId::kDecision:
       if (pending_failure_ && state_ == JobState::kRunning && !round_failed_) {
         PendingFailure root = std::move(*pending_failure_);
@@ -636,6 +787,8 @@ void RoundMachine::StartNewRound(bool counts_as_restart, const std::string& reas
   ++round_;
   Cancel(TimerId::kLastCall);
   Cancel(TimerId::kDecision);
+  Cancel(TimerId::kVacancy);
+  vacancy_.reset();
   last_call_armed_ = false;
   round_failed_ = false;
   pending_failure_.reset();
@@ -655,12 +808,7 @@ void RoundMachine::StartNewRound(bool counts_as_restart, const std::string& reas
     s.succeeded = false;
     Count(id, s, +1);
     if (s.join) continue;  // spares and newcomers already wait
-    Effect e;
-    e.kind = Effect::Kind::kSend;
-    e.session = id;
-    e.type = MessageType::kRestart;
-    e.fields = fields;
-    Emit(std::move(e));
+    Send(id, MessageType::kRestart, fields);
   }
   Arm(TimerId::kJoin, now_us + Micros(spec_->join_timeout_s));
   MaybeCloseRound(now_us);
@@ -669,6 +817,7 @@ void RoundMachine::StartNewRound(bool counts_as_restart, const std::string& reas
 void RoundMachine::FailJob(const std::string& message, bool config_error,
                            const std::optional<FailureReport>& report) {
   for (int t = 0; t < kTimerCount; ++t) Cancel(static_cast<TimerId>(t));
+  vacancy_.reset();
   state_ = JobState::kFailed;
   Log(message);
   JobFailure failure;
@@ -714,6 +863,8 @@ void RoundMachine::MaybeForget() {
   spec_origin_.clear();
   round_ = 0;
   restarts_used_ = 0;
+  generation_ = 0;
+  vacancy_.reset();
   round_failed_ = false;
   pending_failure_.reset();
   last_call_armed_ = false;
@@ -766,6 +917,14 @@ std::string RoundMachine::CheckInvariants() const {
   if (spec_ && restarts_used_ > spec_->max_restarts) return "more restarts than max_restarts";
   if (!spec_ && state_ != JobState::kIdle) return "a job without a spec";
   if (spec_ && members_ > static_cast<size_t>(spec_->max_nodes)) return "more members than MAX";
+  if (vacancy_ && state_ != JobState::kRunning) return "a vacant place outside a running round";
+  if (vacancy_ && !timer_at_[static_cast<int>(TimerId::kVacancy)])
+    return "a vacant place without its deadline";
+  if (vacancy_) {
+    for (const auto& [id, s] : sessions_)
+      if (!s.closing && s.in_round && s.node_rank == vacancy_->node_rank)
+        return "node rank " + std::to_string(s.node_rank) + " is vacant and held";
+  }
   return "";
 }
 

@@ -23,6 +23,16 @@
 //  * Failures: the earliest (by corrected time) within kRootCauseWindow of the first one is the
 //    root cause; a restart while restarts remain, else FAILED. A member that reported success
 //    and then leaves is benign.
+//  * In-place recovery (the spec's recover_in_place, launch --recover in_place), while restarts
+//    remain and the round has no failure: a REPLACE for a dead worker of a member is granted
+//    (REPLACED with the next generation; one restart). A member other than node 0 that is lost
+//    leaves its place vacant instead of failing the round: the next JOIN asking for its node
+//    rank (or for none) with its local_world_size is ASSIGNed that place in the running round
+//    (same ranks, master, round; the next generation; one restart), and the other members are
+//    told nothing. No such JOIN within join_timeout, another failure, or a second loss: the lost
+//    node is the round's failure as without recovery (a restart round). Node 0 hosts the
+//    workers' store (MASTER_ADDR), so its loss always fails the round. One place is vacant at a
+//    time. Generations are unique and increasing over the whole job.
 //  * Every session gets at most one terminal message (DONE, FAILED or ERROR, then closed), and
 //    every session still connected when the job ends gets exactly one.
 //
@@ -46,8 +56,8 @@ using SessionId = uint64_t;
 enum class JobState { kIdle, kWaiting, kRunning, kDone, kFailed };
 
 // The machine's timers; at most one of each is pending.
-enum class TimerId { kJoin, kLastCall, kDecision };
-inline constexpr int kTimerCount = 3;
+enum class TimerId { kJoin, kLastCall, kDecision, kVacancy };
+inline constexpr int kTimerCount = 4;
 
 // How long after a round's first failure the machine waits for an earlier one: longer than an
 // agent needs to report once it has reaped a worker (drain its output, one message), shorter
@@ -91,6 +101,8 @@ class RoundMachine {
   Effects OnJoin(SessionId id, JoinRequest join, int64_t now_us);
   Effects OnReport(SessionId id, FailureReport report, int64_t now_us);
   Effects OnSucceeded(SessionId id, int round, int64_t now_us);
+  // Answered with REPLACED: granted or refused (see the rules above).
+  Effects OnReplace(SessionId id, ReplaceRequest request, int64_t now_us);
   Effects OnHeartbeat(SessionId id, int64_t now_us);
   // The connection is gone (EOF, deadline, a close the machine asked for). `why`: OK for a
   // clean close. The machine forgets the session.
@@ -107,6 +119,10 @@ class RoundMachine {
   JobState state() const { return state_; }
   int round() const { return round_; }
   int restarts_used() const { return restarts_used_; }
+  // The newest generation granted (0: none yet in this job).
+  int generation() const { return generation_; }
+  // The node rank whose place waits for a replacement node, or -1.
+  int vacant_node() const { return vacancy_ ? vacancy_->node_rank : -1; }
   size_t session_count() const { return sessions_.size(); }
   std::chrono::milliseconds heartbeat_timeout() const;
   // Recounts everything the machine keeps incrementally; a message naming the first
@@ -126,11 +142,22 @@ class RoundMachine {
     uint64_t join_seq = 0;
     bool in_round = false;  // member of the running (or last) round
     int node_rank = -1;
+    int local_world_size = 0;  // in the round it is a member of
+    int rank_offset = 0;
     bool succeeded = false;
     bool ever_assigned = false;
     // Server wall clock minus the agent's, measured at its last JOIN (one-way: the transit
     // time is in it, milliseconds at most on a cluster network).
     int64_t clock_offset_us = 0;
+  };
+  // A lost member's place in the running round, kept for a replacement node.
+  struct Vacancy {
+    int node_rank = 0;
+    int local_world_size = 0;
+    int rank_offset = 0;
+    std::string reason;    // "lost node 1 (host a (10.0.0.2))"
+    FailureReport report;  // its loss, the round's failure if no replacement comes
+    int64_t since_us = 0;  // server clock
   };
   struct PendingFailure {
     std::string reason;
@@ -147,6 +174,11 @@ class RoundMachine {
   void Drop(SessionId id, Session& s, const std::string& how, int64_t now_us);
   std::string SpecMismatch(const Session& s, const JoinRequest& join) const;
   std::string Describe(const Session& s) const;
+  // Whether the loss of member `s` leaves its place vacant instead of failing the round.
+  bool CanAwaitReplacement(const Session& s) const;
+  // The vacancy's loss becomes the round's failure (no replacement, or something else failed).
+  void AbandonVacancy(const std::string& why, int64_t now_us);
+  void FillVacancy(SessionId id, Session& s, int64_t now_us);
   void MaybeCloseRound(int64_t now_us);
   void CloseRound(int64_t now_us);
   // MASTER_ADDR for a round whose nodes by rank are `nodes` (see CloseRound).
@@ -161,6 +193,7 @@ class RoundMachine {
                const std::optional<FailureReport>& report);
   void FinishJob();
   void MaybeForget();
+  void Send(SessionId id, MessageType type, Fields fields);  // an Effect::Kind::kSend
   void Arm(TimerId timer, int64_t at_us);
   void Cancel(TimerId timer);
   void Log(std::string line);
@@ -176,6 +209,9 @@ class RoundMachine {
   std::string spec_origin_;          // "host a (10.0.0.1)": who set the spec
   int round_ = 0;
   int restarts_used_ = 0;
+  int generation_ = 0;  // the newest in-place generation granted; never reset within a job
+  std::optional<Vacancy> vacancy_;
+  Assignment running_;  // the running round's fields common to every node (CloseRound)
   uint64_t next_join_seq_ = 1;
   bool last_call_armed_ = false;
   bool round_failed_ = false;                      // the running round already has its root cause

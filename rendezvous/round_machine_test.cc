@@ -77,6 +77,16 @@ struct Driver {
   void Rejoin(SessionId id, const JoinRequest& j) { Apply(m.OnJoin(id, j, now)); }
   void Report(SessionId id, FailureReport r) { Apply(m.OnReport(id, std::move(r), now)); }
   void Succeed(SessionId id) { Apply(m.OnSucceeded(id, m.round(), now)); }
+  // REPLACE for `global_rank` in the running round; the REPLACED answer.
+  ReplaceAnswer Replace(SessionId id, int global_rank) {
+    Apply(m.OnReplace(id, ReplaceRequest{m.round(), global_rank, "killed by SIGKILL"}, now));
+    const Effect* e = Last(id);
+    REQUIRE(e != nullptr);
+    REQUIRE(e->type == MessageType::kReplaced);
+    StatusOr<ReplaceAnswer> a = ParseReplaceAnswer(e->fields);
+    REQUIRE(a.ok());
+    return *a;
+  }
   void Heartbeat(SessionId id) { Apply(m.OnHeartbeat(id, now)); }
   void Lose(SessionId id) { Apply(m.OnClosed(id, Status::PeerLost("connection reset"), now)); }
   // Moves the clock forward, firing each timer at its deadline on the way.
@@ -637,6 +647,217 @@ TEST_CASE("AFinishedJobIsForgottenAndTheNextJobForms") {
   SessionId b = d.Joined(next);
   REQUIRE(d.Assignments(b).size() == 1);
   CHECK(d.Assignments(b)[0].run_id == "next");
+}
+
+}  // namespace
+}  // namespace launch::rendezvous
+
+namespace launch::rendezvous {
+namespace {
+
+// --- In-place recovery (recover_in_place in the spec) ------------------------------------------
+
+JoinRequest Recovering(int nodes, int node_rank, int max_restarts, int local_world_size = 2) {
+  JoinRequest j = Join(nodes, nodes, node_rank, local_world_size);
+  j.recover_in_place = true;
+  j.max_restarts = max_restarts;
+  j.join_timeout_s = 2;
+  return j;
+}
+
+TEST_CASE("ADeadWorkerIsReplacedInPlaceWithAJobWideGenerationAndCountsAsARestart") {
+  Driver d;
+  SessionId a = d.Joined(Recovering(2, 0, 2)), b = d.Joined(Recovering(2, 1, 2));
+  REQUIRE(d.Assignments(b).size() == 1);
+  ReplaceAnswer first = d.Replace(b, 3);
+  CHECK(first.generation == 1);
+  CHECK(first.restart_count == 1);
+  ReplaceAnswer second = d.Replace(a, 0);  // another node's: the count is the job's
+  CHECK(second.generation == 2);
+  CHECK(second.restart_count == 2);
+  CHECK(d.m.restarts_used() == 2);
+  CHECK(d.Restarts(a).empty());  // nobody else is told anything
+  CHECK(d.LogContains("replaced alone, generation 1 (restart 1 of 2, in place)"));
+  // No restart left: refused, and the job goes on until the agent reports the failure.
+  ReplaceAnswer third = d.Replace(b, 2);
+  CHECK(third.generation == 0);
+  CHECK(Contains(third.message, "no restarts left (max_restarts 2)"));
+  CHECK(d.m.restarts_used() == 2);
+  d.Report(b, WorkerFailure(0, -1));
+  d.Advance(kRootCauseWindow);
+  REQUIRE(d.Failed(a));
+}
+
+TEST_CASE("AReplaceIsRefusedWithoutRecoveryForAnotherNodesRankOrAStaleRound") {
+  Driver d;
+  JoinRequest j = Recovering(2, 0, 3);
+  j.recover_in_place = false;
+  JoinRequest k = j;
+  k.node_rank = 1;
+  SessionId a = d.Joined(j), b = d.Joined(k);
+  CHECK(Contains(d.Replace(b, 2).message, "--recover restart"));
+  Driver e;
+  a = e.Joined(Recovering(2, 0, 3));
+  b = e.Joined(Recovering(2, 1, 3));
+  CHECK(Contains(e.Replace(b, 0).message, "is not one of this node's"));  // node 0's rank
+  e.Apply(e.m.OnReplace(b, ReplaceRequest{5, 2, "x"}, e.now));
+  CHECK(Contains(ParseReplaceAnswer(e.Last(b)->fields)->message, "round 5 is not running"));
+  // A failure already decided on: everyone restarts; no replacement.
+  e.Report(a, WorkerFailure(0, 3));
+  CHECK(Contains(e.Replace(b, 2).message, "has already failed"));
+  CHECK(e.m.restarts_used() == 0);
+}
+
+TEST_CASE("ANodeWithAnotherRecoverSettingIsRefusedNamingIt") {
+  Driver d;
+  d.Joined(Recovering(2, 0, 1));
+  JoinRequest other = Recovering(2, 1, 1);
+  other.recover_in_place = false;
+  SessionId b = d.Joined(other);
+  REQUIRE(d.Refused(b));
+  CHECK(Contains(d.Refused(b)->message, "recover mismatch"));
+  CHECK(Contains(d.Refused(b)->message, "restart"));
+  CHECK(Contains(d.Refused(b)->message, "in_place"));
+}
+
+TEST_CASE("ALostNodeLeavesItsPlaceToAReplacementNodeInTheRunningRound") {
+  Driver d;
+  SessionId a = d.Joined(Recovering(3, 0, 2), "10.0.0.2");
+  SessionId b = d.Joined(Recovering(3, 1, 2), "10.0.0.3");
+  SessionId c = d.Joined(Recovering(3, 2, 2), "10.0.0.4");
+  const Assignment before = d.Assignments(b).at(0);
+  d.Lose(b);
+  d.Advance(kRootCauseWindow * 2);
+  CHECK(d.m.vacant_node() == 1);
+  CHECK(d.Restarts(a).empty());  // the survivors are told nothing
+  CHECK(d.Restarts(c).empty());
+  CHECK(d.m.restarts_used() == 0);
+  CHECK(d.LogContains("waiting up to 2 s (join_timeout) for a node to join as machine_rank 1"));
+  // The others finish first: the job waits for the vacant place.
+  d.Succeed(a);
+  d.Succeed(c);
+  CHECK_FALSE(d.Done(a));
+  // A node asking for that rank takes the place: same round, ranks, master; a generation.
+  SessionId r = d.Joined(Recovering(3, 1, 2), "10.0.0.9");
+  REQUIRE(d.Assignments(r).size() == 1);
+  const Assignment got = d.Assignments(r)[0];
+  CHECK(got.round == before.round);
+  CHECK(got.node_rank == 1);
+  CHECK(got.rank_offset == before.rank_offset);
+  CHECK(got.world_size == before.world_size);
+  CHECK(got.master_addr == before.master_addr);
+  CHECK(got.master_port == before.master_port);
+  CHECK(got.generation == 1);
+  CHECK(got.restart_count == before.restart_count);  // the round's, as the survivors have it
+  CHECK(d.m.restarts_used() == 1);
+  CHECK(d.m.vacant_node() == -1);
+  CHECK(d.LogContains("takes the place of node 1 in round 0"));
+  d.Succeed(r);
+  CHECK(d.Done(a));
+  CHECK(d.Done(r));
+  // The next recovery gets the next generation.
+}
+
+TEST_CASE("ASpareJoiningWithoutARankTakesTheVacantPlaceOnlyWithTheSameLocalWorldSize") {
+  Driver d;
+  SessionId a = d.Joined(Recovering(2, 0, 2));
+  SessionId b = d.Joined(Recovering(2, 1, 2));
+  CHECK(d.Replace(a, 1).generation == 1);
+  d.Lose(b);
+  SessionId wrong = d.Joined(Recovering(2, -1, 2, /*local_world_size=*/3));
+  CHECK(d.Assignments(wrong).empty());
+  CHECK(d.LogContains("local_world_size 3, the lost node's was 2"));
+  SessionId spare = d.Joined(Recovering(2, -1, 2));
+  REQUIRE(d.Assignments(spare).size() == 1);
+  CHECK(d.Assignments(spare)[0].node_rank == 1);
+  CHECK(d.Assignments(spare)[0].generation == 2);
+  CHECK(d.m.restarts_used() == 2);
+}
+
+TEST_CASE("ARestartedMachineReplacingItsSilentSessionTakesItsPlaceInTheRunningRound") {
+  // The lost machine's session is not closed yet (a power loss sends no FIN): the JOIN with its
+  // rank replaces the silent session and fills the place it leaves.
+  Driver d;
+  SessionId a = d.Joined(Recovering(2, 0, 2), "10.0.0.2");
+  SessionId b = d.Joined(Recovering(2, 1, 2), "10.0.0.3");
+  d.Advance(milliseconds(2000));  // more than a quarter of heartbeat_timeout without a word
+  d.Heartbeat(a);
+  SessionId c = d.Joined(Recovering(2, 1, 2), "10.0.0.4");
+  REQUIRE(d.Refused(b));
+  REQUIRE(d.Assignments(c).size() == 1);
+  CHECK(d.Assignments(c)[0].generation == 1);
+  CHECK(d.Assignments(c)[0].round == 0);
+  CHECK(d.Restarts(a).empty());
+  d.Succeed(a);
+  d.Succeed(c);
+  CHECK(d.Done(a));
+}
+
+TEST_CASE("NoReplacementWithinJoinTimeoutRestartsEveryNodeAsWithoutRecovery") {
+  Driver d;
+  SessionId a = d.Joined(Recovering(2, 0, 2));
+  SessionId b = d.Joined(Recovering(2, 1, 2));
+  d.Lose(b);
+  d.Advance(milliseconds(1999));
+  CHECK(d.Restarts(a).empty());
+  d.Advance(milliseconds(1) + kRootCauseWindow);
+  REQUIRE(d.Restarts(a).size() == 1);
+  CHECK(Contains(d.Restarts(a)[0].reason, "lost node 1"));
+  REQUIRE(d.Restarts(a)[0].report);
+  CHECK(Contains(d.Restarts(a)[0].report->reason,
+                 "no node joined to replace it within "
+                 "join_timeout (2 s)"));
+  CHECK(d.m.restarts_used() == 1);
+  CHECK(d.m.vacant_node() == -1);
+  CHECK(d.LogContains("node 1 is not recovered in place"));
+}
+
+TEST_CASE("LosingNodeZeroOrASecondNodeOrAWorkerFailureEndsTheVacancy") {
+  SUBCASE("node 0 hosts the store") {
+    Driver d;
+    SessionId a = d.Joined(Recovering(2, 0, 2));
+    SessionId b = d.Joined(Recovering(2, 1, 2));
+    d.Lose(a);
+    CHECK(d.m.vacant_node() == -1);
+    CHECK(d.LogContains("node 0 hosts the workers' store"));
+    d.Advance(kRootCauseWindow);
+    CHECK(d.Restarts(b).size() == 1);
+  }
+  SUBCASE("a second loss") {
+    Driver d;
+    SessionId a = d.Joined(Recovering(3, 0, 2));
+    SessionId b = d.Joined(Recovering(3, 1, 2));
+    SessionId c = d.Joined(Recovering(3, 2, 2));
+    d.Lose(b);
+    CHECK(d.m.vacant_node() == 1);
+    d.Lose(c);
+    CHECK(d.m.vacant_node() == -1);
+    d.Advance(kRootCauseWindow);
+    REQUIRE(d.Restarts(a).size() == 1);
+    CHECK(Contains(d.Restarts(a)[0].reason, "lost node 1"));  // the first loss is the cause
+    CHECK(d.m.restarts_used() == 1);
+  }
+  SUBCASE("a survivor's worker gives up") {
+    Driver d;
+    SessionId a = d.Joined(Recovering(2, 0, 2));
+    SessionId b = d.Joined(Recovering(2, 1, 2));
+    d.Lose(b);
+    CHECK(Contains(d.Replace(a, 0).message, "still vacant"));
+    d.Report(a, WorkerFailure(0, 1));
+    CHECK(d.m.vacant_node() == -1);
+    d.Advance(kRootCauseWindow);
+    REQUIRE(d.Restarts(a).size() == 1);
+    CHECK(Contains(d.Restarts(a)[0].reason, "lost node 1"));
+  }
+  SUBCASE("no restart left") {
+    Driver d;
+    SessionId a = d.Joined(Recovering(2, 0, 0));
+    SessionId b = d.Joined(Recovering(2, 1, 0));
+    d.Lose(b);
+    CHECK(d.m.vacant_node() == -1);
+    d.Advance(kRootCauseWindow);
+    CHECK(d.Failed(a));
+  }
 }
 
 }  // namespace

@@ -436,6 +436,11 @@ void RendezvousServer::OnFrame(uint64_t id, MessageType type, Fields fields) {
       if (report.ok()) Apply(machine_.OnReport(id, std::move(report).value(), now), now);
       return;
     }
+    case MessageType::kReplace: {
+      StatusOr<ReplaceRequest> request = ParseReplaceRequest(fields);
+      if (request.ok()) Apply(machine_.OnReplace(id, std::move(request).value(), now), now);
+      return;
+    }
     case MessageType::kSucceeded: {
       long long round = -1;
       ParseInt64(fields["round"], &round);

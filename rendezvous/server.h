@@ -39,6 +39,14 @@
 //    FAILED to all. A node that reported success for the round and then leaves is no failure.
 //    A node joining a running job below MAX starts a new round without spending a restart
 //    (scale-up); at MAX it waits as a spare.
+//  * In-place recovery (launch --recover in_place on every node; compared at JOIN). A REPLACE
+//    for a dead worker is granted while restarts remain and the round has not failed: REPLACED
+//    with the job's next generation, one restart. A lost node other than node 0 leaves its
+//    place vacant for join_timeout instead of failing the round: the next JOIN for its rank (or
+//    none) with its local_world_size is ASSIGNed that place in the running round with the next
+//    generation (one restart); the others are told nothing. Otherwise (node 0, a second loss, a
+//    failure meanwhile, no such JOIN in time) the loss fails the round as above. Every grant
+//    and vacancy is logged, with how long the place stayed vacant.
 //  * The end: DONE to every node of the round as soon as each reported success; FAILED (exit 2,
 //    "never ran") to a spare that was never assigned. A message the server cannot send (beyond
 //    the protocol's limit) fails the job with a message, never an exception.

@@ -123,11 +123,13 @@ def _claim_subnet(test):
     raise AssertionError("all 250 test subnets are in use")
 
 
-def make_hosts(test, n, etc_hosts=None, tag=None):
+def make_hosts(test, n, etc_hosts=None, tag=None, private_shm=False):
     """`n` hosts on one bridge, 10.215.X.1 .. .n (X claimed for the test, so tests running side
     by side do not collide). `etc_hosts`: None keeps this machine's /etc/hosts
     (the hosts' names resolve to nothing); "debian" gives each host Debian's default, which maps
-    its own hostname to 127.0.1.1. Skips `test` when namespaces cannot be created (not root).
+    its own hostname to 127.0.1.1. `private_shm`: each host gets its own /dev/shm (a tmpfs that
+    goes with the host, as a machine's does; see it with host.run(["ls", "/dev/shm"])); else
+    they share this machine's. Skips `test` when namespaces cannot be created (not root).
     Everything is removed by `test`'s cleanups."""
     _counter[0] += 1
     x = _claim_subnet(test)
@@ -153,6 +155,8 @@ def make_hosts(test, n, etc_hosts=None, tag=None):
         script = f"hostname {name}"
         if hosts_file:
             script += f" && mount --bind {hosts_file} /etc/hosts"
+        if private_shm:
+            script += " && mount -t tmpfs -o mode=1777 tmpfs /dev/shm"
         script += " && exec sleep infinity"
         holder = subprocess.Popen(
             ["unshare", "--net", "--uts", "--pid", "--fork", "--mount-proc", "--kill-child",

@@ -1463,20 +1463,24 @@ Status Accelerator::ExchangeState() {
 
 Status Accelerator::Recover() {
   const int64_t step = step_ + 1;
+  // Across machines a replacement may be a whole new node: the agent sizes this wait from the
+  // rendezvous' own deadlines (LAUNCH_RECOVER_WAIT_S).
+  const std::chrono::milliseconds wait =
+      env_.recover_wait_s > 0 ? std::chrono::milliseconds(env_.recover_wait_s * 1000LL) : timeout_;
   std::fprintf(stderr,
-               "train: rank %d (pid %d): lost a peer during step %lld (%s); waiting for its "
-               "replacement\n",
+               "train: rank %d (pid %d): lost a peer during step %lld (%s); waiting up to %lld s "
+               "for its replacement\n",
                rank(), static_cast<int>(::getpid()), static_cast<long long>(step),
-               lost_what_.c_str());
+               lost_what_.c_str(), static_cast<long long>(wait.count() / 1000));
   try {
     // A new client: when rank 0 was the one lost, the store went with it and its replacement
     // hosts a new one at the same address. A rank 0 that survived keeps hosting its own.
     if (rank() != 0 || env_.use_agent_store) {
       LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
     }
-    LAUNCH_ASSIGN_OR_RETURN(
-        const int generation,
-        WaitForGeneration(*store_, generation_, timeout_, [] { return IsStop(g_signal); }));
+    LAUNCH_ASSIGN_OR_RETURN(const int generation, WaitForGeneration(*store_, generation_, wait, [] {
+                              return IsStop(g_signal);
+                            }));
     generation_ = generation;
     LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
                                                  world_size(), env_, timeout_));

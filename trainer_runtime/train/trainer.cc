@@ -83,7 +83,9 @@ class TrainRows : public torch::data::datasets::BatchDataset<TrainRows, torch::d
 // LAUNCH_TEST_SIGKILL_AT="RANK:STEP:PHASE[,...]" (tests of in-place recovery): the first
 // workers (not replacements, not a restarted group's) of rank RANK SIGKILL themselves in step STEP
 // at PHASE: forward (before it), backward (as it starts), optimizer (as the optimizer steps, after
-// the gradients were averaged) or checkpoint (before the checkpoint after step STEP).
+// the gradients were averaged) or checkpoint (before the checkpoint after step STEP). PHASE stop:
+// before the forward, the rank says so on stderr and stops itself (SIGSTOP) instead, holding the
+// others in step STEP's collectives, so that a test can take its whole host away at that point.
 struct DieAt {
   int rank = -1;
   int64_t step = 0;
@@ -98,10 +100,10 @@ StatusOr<std::vector<DieAt>> ParseDieAt(const char* text) {
     long long rank = 0, step = 0;
     if (parts.size() != 3 || !ParseInt64(parts[0], &rank) || !ParseInt64(parts[1], &step) ||
         (parts[2] != "forward" && parts[2] != "backward" && parts[2] != "optimizer" &&
-         parts[2] != "checkpoint"))
+         parts[2] != "checkpoint" && parts[2] != "stop"))
       return Status::InvalidConfig(
           "environment LAUNCH_TEST_SIGKILL_AT: expected RANK:STEP:PHASE (forward, backward, "
-          "optimizer or checkpoint), got '" +
+          "optimizer, checkpoint or stop), got '" +
           item + "'");
     out.push_back({static_cast<int>(rank), static_cast<int64_t>(step), parts[2]});
   }
@@ -152,8 +154,16 @@ class Trainer {
   std::string WriteDir() const { return cfg_.output_dir + "/checkpoints"; }
   // LAUNCH_TEST_SIGKILL_AT: dies here when this rank, `step` and `phase` are listed.
   void MaybeDie(int64_t step, const char* phase) const {
-    for (const DieAt& d : die_at_)
-      if (d.rank == accel_->rank() && d.step == step && d.phase == phase) ::raise(SIGKILL);
+    for (const DieAt& d : die_at_) {
+      if (d.rank != accel_->rank() || d.step != step) continue;
+      if (d.phase == phase) ::raise(SIGKILL);
+      if (d.phase == "stop" && std::string(phase) == "forward") {
+        std::fprintf(stderr, "train: rank %d: LAUNCH_TEST_SIGKILL_AT: stopped before step %lld\n",
+                     d.rank, static_cast<long long>(step));
+        std::fflush(stderr);
+        ::raise(SIGSTOP);
+      }
+    }
   }
   // Seed of the augmentation of this rank's batch `batch` of epoch `epoch`.
   uint64_t AugmentSeed(int64_t epoch, int64_t batch) const {

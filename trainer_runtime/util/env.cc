@@ -73,6 +73,7 @@ StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
     d.recover_in_place = mode == "in_place";
   }
   LAUNCH_RETURN_IF_ERROR(ReadInt(env, {"LAUNCH_RECOVER_GENERATION"}, 0, &d.recover_generation));
+  LAUNCH_RETURN_IF_ERROR(ReadInt(env, {"LAUNCH_RECOVER_WAIT_S"}, 1, &d.recover_wait_s));
   d.from_launcher = has_rank || has_world;
   if (has_rank != has_world)
     return Status::InvalidConfig(

@@ -34,6 +34,10 @@ struct DistEnv {
   // LAUNCH_RECOVER_GENERATION: 0 for the job's first workers; N > 0 for the N-th replacement
   // the agent started, which joins the survivors instead of starting a run.
   int recover_generation = 0;
+  // LAUNCH_RECOVER_WAIT_S: how long a survivor waits for a replacement's generation, in whole
+  // seconds; 0 (unset): the init timeout. The multi-node agent sets it to cover the rendezvous'
+  // detection of a lost node and its wait for a replacement (join_timeout).
+  int recover_wait_s = 0;
 
   bool distributed() const { return world_size > 1; }
   // "rank 1/2 (local 1) store 127.0.0.1:29500"
