@@ -47,6 +47,12 @@ enum class CollectiveOp : uint32_t {
   kAllGather = 3,
   kReduceScatter = 4,
   kBarrier = 5,
+  // Recorded by Python workers (agent/python_shim/sitecustomize.py: torch.distributed's reduce,
+  // gather, scatter, all_to_all); the library issues none of them.
+  kReduce = 6,
+  kGather = 7,
+  kScatter = 8,
+  kAllToAll = 9,  // its bytes may differ between ranks (uneven splits)
 };
 // "all-reduce", "broadcast", ...; "op N" for a value this build does not know.
 std::string CollectiveOpName(uint32_t op);
