@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 
 #include "agent/agent.h"
@@ -799,7 +800,9 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
   // hides. A folder with ':' cannot be listed (PYTHONPATH separates by it); a missing one (a
   // partial install) is skipped, as the line-buffering preload is.
   if (cfg.python_shim && !plan.python.empty()) {
-    const std::string shim = bin_dir + "/" + LAUNCH_PYTHON_SHIM_FROM_BIN;
+    // Without "bin/..": the entry shows in every worker's environment.
+    const std::string shim =
+        std::filesystem::path(bin_dir + "/" + LAUNCH_PYTHON_SHIM_FROM_BIN).lexically_normal();
     if (shim.find(':') == std::string::npos &&
         ::access((shim + "/sitecustomize.py").c_str(), R_OK) == 0) {
       auto set = plan.extra_env.find("PYTHONPATH");  // accelerate's, which already holds ours
