@@ -259,6 +259,37 @@ def _nbytes(value):
     return value.numel() * value.element_size()
 
 
+class _Callbacks:
+    """The callbacks the shim hands to torch futures, until the backend drops them.
+
+    PyTorch runs a future's Python callback on the backend's thread (Gloo's worker), and drops
+    its reference to it (taking the GIL) just after completing the future. A script that returns
+    from its last collective and exits can reach interpreter finalization in between; the worker
+    thread then blocks for the GIL in a finalizing interpreter, which ends it with pthread_exit
+    from inside C++ code that cannot unwind: std::terminate, SIGABRT (PyTorch 1.13 does the
+    same with its own Python comm hooks). So every callback is tracked by a weak reference, and
+    an atexit handler (which runs before finalization) waits for those still held."""
+
+    def __init__(self):
+        self.pending = set()
+
+    def track(self, fn):
+        import weakref
+
+        self.pending.add(weakref.ref(fn, self.pending.discard))
+        return fn
+
+    def drain(self, timeout_s=2.0):
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while self.pending and time.monotonic() < deadline:
+            time.sleep(0.001)  # releases the GIL: the backend thread can let go
+
+
+_CALLBACKS = _Callbacks()
+
+
 def _future_ok(fut):
     try:
         fut.value()
@@ -304,7 +335,8 @@ def _recorded(fn, op, data_arg):
             _TLS.depth -= 1
         if async_op and work is not None:
             try:
-                work.get_future().add_done_callback(lambda f: ring.done(token, _future_ok(f)))
+                work.get_future().add_done_callback(
+                    _CALLBACKS.track(lambda f: ring.done(token, _future_ok(f))))
             except Exception:
                 ring.done(token)  # a backend without futures: counted as done once issued
         else:
@@ -349,6 +381,9 @@ def _start_ring(c10d):
             _warn("no Python stacks in hang reports (%s)" % e)
         _S.ring = Ring(path, c10d.get_rank())
         os.register_at_fork(after_in_child=lambda: setattr(_S, "ring", None))
+        import atexit
+
+        atexit.register(_CALLBACKS.drain)
     except Exception as e:
         _warn("no collective ring %s (%s): hang reports will lack this rank" % (path, e))
 
@@ -409,7 +444,7 @@ def _record_user_hook(group, state, hook, bucket):
         raise
     finally:
         _TLS.depth -= 1
-    fut.add_done_callback(lambda f: ring.done(token, _future_ok(f)))
+    fut.add_done_callback(_CALLBACKS.track(lambda f: ring.done(token, _future_ok(f))))
     return fut
 
 
@@ -434,7 +469,7 @@ def _launch_allreduce_hook(state, bucket):
             ring.done(token)
         return value
 
-    return fut.then(reduced)
+    return fut.then(_CALLBACKS.track(reduced))
 
 
 def _patch_ddp(module):

@@ -328,6 +328,22 @@ class PythonForensicsTest(unittest.TestCase):
         self.assertEqual(digests[("none", "1")], digests[("none", "0")])
         self.assertEqual(digests[("user", "1")], digests[("user", "0")])
 
+    def test_ddp_jobs_that_exit_right_after_their_last_step_end_cleanly(self):
+        # The backend thread drops the shim's future callbacks just after completing the futures:
+        # an exit in between once aborted the worker (std::terminate) in about 1 run of 3.
+        script = self.script("quick_exit.py", textwrap.dedent('''
+            import torch, torch.distributed as dist
+            dist.init_process_group("gloo")
+            model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+            for _ in range(3):
+                model(torch.randn(4, 8)).sum().backward()
+            print("trained")
+        '''))
+        for _ in range(8):
+            r = self.run_launch("--nproc_per_node", "2", script)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual(r.stdout.count("trained"), 2, r.stdout)
+
     def test_a_users_sitecustomize_still_runs_and_a_script_without_torch_is_untouched(self):
         script = self.script("plain.py", PLAIN_SCRIPT)
         user = os.path.join(self.dir, "user")
