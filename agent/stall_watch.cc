@@ -150,8 +150,7 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
     bool differs = false;
     // All-to-all moves what each rank chooses (uneven splits): only its op must agree.
     const bool sized = seen[0].op != static_cast<uint32_t>(CollectiveOp::kAllToAll);
-    for (const Seen& s : seen)
-      differs |= s.op != seen[0].op || (sized && s.bytes != seen[0].bytes);
+    for (const Seen& s : seen) differs |= s.op != seen[0].op || (sized && s.bytes != seen[0].bytes);
     if (!differs) continue;
     a.desync = true;
     std::string line =

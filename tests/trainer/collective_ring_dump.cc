@@ -27,21 +27,21 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", ring.status().message().c_str());
     return 1;
   }
-  std::printf("header pid %d rank %d issued %llu completed %llu last_done_ns %llu created_ns %llu\n",
-              static_cast<int>(ring->pid), ring->rank,
-              static_cast<unsigned long long>(ring->issued),
-              static_cast<unsigned long long>(ring->completed),
-              static_cast<unsigned long long>(ring->last_done_ns),
-              static_cast<unsigned long long>(ring->created_ns));
+  std::printf(
+      "header pid %d rank %d issued %llu completed %llu last_done_ns %llu created_ns %llu\n",
+      static_cast<int>(ring->pid), ring->rank, static_cast<unsigned long long>(ring->issued),
+      static_cast<unsigned long long>(ring->completed),
+      static_cast<unsigned long long>(ring->last_done_ns),
+      static_cast<unsigned long long>(ring->created_ns));
   for (size_t g = 0; g < ring->groups.size(); ++g)
     std::printf("group %zu %s last_seq %llu\n", g, ring->groups[g].c_str(),
                 static_cast<unsigned long long>(ring->last_seq[g]));
   for (const launch::RingEntry& e : ring->entries)
-    std::printf("entry %llu op %s group %d seq %llu bytes %lld state %s enqueued_ns %llu done_ns %llu\n",
-                static_cast<unsigned long long>(e.index), launch::CollectiveOpName(e.op).c_str(),
-                e.group, static_cast<unsigned long long>(e.seq), static_cast<long long>(e.bytes),
-                launch::CollectiveStateName(e.state).c_str(),
-                static_cast<unsigned long long>(e.enqueued_ns),
-                static_cast<unsigned long long>(e.done_ns));
+    std::printf(
+        "entry %llu op %s group %d seq %llu bytes %lld state %s enqueued_ns %llu done_ns %llu\n",
+        static_cast<unsigned long long>(e.index), launch::CollectiveOpName(e.op).c_str(), e.group,
+        static_cast<unsigned long long>(e.seq), static_cast<long long>(e.bytes),
+        launch::CollectiveStateName(e.state).c_str(),
+        static_cast<unsigned long long>(e.enqueued_ns), static_cast<unsigned long long>(e.done_ns));
   return 0;
 }
