@@ -378,6 +378,60 @@ class PythonForensicsTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--python_shim: expected true or false, got 'maybe'", r.stderr)
 
+    def test_each_collective_is_recorded_with_its_op_bytes_and_completion(self):
+        # A 1-process group, without launch: the shim on PYTHONPATH and a ring path given.
+        ring = os.path.join(self.dir, "ring")
+        code = textwrap.dedent(f'''
+            import torch, torch.distributed as dist
+            dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{harness.free_port()}",
+                                    rank=0, world_size=1)
+            m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+            m._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+            try:
+                m.register_comm_hook(None, lambda state, bucket: None)
+            except RuntimeError as e:
+                print("second hook:", e)
+            m(torch.randn(4, 8)).sum().backward()
+            w = torch.ones(3, dtype=torch.float64)
+            dist.all_reduce(w, async_op=True).wait()
+            dist.broadcast(w, 0)
+            dist.barrier()
+            dist.all_gather([torch.zeros(3, dtype=torch.float64)], w)
+            dist.all_to_all_single(torch.zeros(4), torch.ones(4))
+            dist.reduce(w, 0)
+            dist.gather(torch.ones(2), [torch.zeros(2)], dst=0)
+            dist.scatter(torch.zeros(2), [torch.ones(2)], src=0)
+            sub = dist.new_group([0])
+            dist.all_reduce(torch.ones(5), group=sub)
+            print("grad", m.module.weight.grad.dtype)
+        ''')
+        env = dict(os.environ, PYTHONPATH=SHIM_DIR, LAUNCH_COLLECTIVE_RING=ring)
+        r = subprocess.run([harness.SYSTEM_PYTHON, "-c", code], capture_output=True, text=True,
+                           env=env, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout, "second hook: register_comm_hook or register_builtin_comm_hook "
+                                   "can only be called once.\ngrad torch.float32\n")
+        dump = subprocess.run([DUMP, ring], capture_output=True, text=True, timeout=60)
+        self.assertEqual(dump.returncode, 0, dump.stderr)
+        lines = dump.stdout.splitlines()
+        self.assertRegex(lines[0], r"^header pid \d+ rank 0 issued 10 completed 10 ")
+        self.assertEqual(lines[1], "group 0 world last_seq 9")
+        self.assertRegex(lines[2], r"^group 1 \S+ last_seq 1$")
+        got = [re.match(r"entry \d+ op (\S+) group (\d) seq (\d+) bytes (\d+) state (\w+)",
+                        line).groups() for line in lines[3:]]
+        self.assertEqual(got, [
+            ("all-reduce", "0", "1", "72", "done"),  # DDP's bucket: 18 floats, in the FP16 hook
+            ("all-reduce", "0", "2", "24", "done"),  # async_op=True, done through its future
+            ("broadcast", "0", "3", "24", "done"),
+            ("barrier", "0", "4", "0", "done"),
+            ("all-gather", "0", "5", "24", "done"),
+            ("all-to-all", "0", "6", "16", "done"),
+            ("reduce", "0", "7", "24", "done"),
+            ("gather", "0", "8", "8", "done"),
+            ("scatter", "0", "9", "8", "done"),
+            ("all-reduce", "1", "1", "20", "done"),
+        ])
+
     def test_a_ring_that_cannot_be_made_costs_one_warning_and_the_script_runs(self):
         # Without launch: the shim on PYTHONPATH, a ring in a folder that does not exist.
         code = textwrap.dedent(f'''
