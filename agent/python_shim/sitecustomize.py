@@ -234,6 +234,8 @@ def _ring_group(group):
     """The ring's index for torch's process group `group` (None: the default group)."""
     if group is None or group is _S.world:
         key, name = None, "world"
+    elif group is getattr(_S.c10d.GroupMember, "NON_GROUP_MEMBER", None):
+        return -1  # torch does nothing on a rank outside the group: neither do we
     else:
         index = _S.groups.get(group)
         if index is not None:
