@@ -192,7 +192,8 @@ def _install_stack_dump(stack_path):
     import faulthandler
     import signal
 
-    lib = ctypes.CDLL(os.path.join(os.path.dirname(_SHIM_DIR), "liblaunch-pystack.so"))
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(_SHIM_DIR), "liblaunch-pystack.so"),
+                      use_errno=True)
     signo = lib.launch_pystack_signal()
     # faulthandler restores the handler it found when the interpreter finalizes: make that "ignore"
     # (a request during shutdown is dropped), never the default action, which is to die.
@@ -201,7 +202,8 @@ def _install_stack_dump(stack_path):
     faulthandler.register(signo, file=null_fd, all_threads=True, chain=False)
     lib.launch_pystack_install.argtypes = [ctypes.c_char_p, ctypes.c_int]
     if lib.launch_pystack_install(os.fsencode(stack_path), null_fd) != 0:
-        raise OSError(ctypes.get_errno(), "cannot install the stack-dump handler")
+        err = ctypes.get_errno()
+        raise OSError(err, "cannot install the stack-dump handler: " + os.strerror(err))
 
 
 # --- Recording torch.distributed ----------------------------------------------------------------
