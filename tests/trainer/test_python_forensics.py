@@ -240,6 +240,7 @@ class PythonForensicsTest(unittest.TestCase):
         finally:
             if job.proc.poll() is None:
                 job.proc.kill()
+            job.proc.stdout.close()
         text = job.text()
         self.assertNotEqual(rc, 0, text)
         self.assertEqual(text.count("launch: stalled collective"), 1, text)
@@ -272,6 +273,7 @@ class PythonForensicsTest(unittest.TestCase):
         job = hf.Job(["--nproc_per_node", "2", "--stall_timeout", "3", "--python",
                       harness.SYSTEM_PYTHON, script], self.marker)
         rc = job.finish(120)
+        job.proc.stdout.close()
         text = job.text()
         self.assertNotEqual(rc, 0, text)
         report = hf.section(text, "launch: stalled collective")
