@@ -407,7 +407,8 @@ class PythonForensicsTest(unittest.TestCase):
             dist.all_reduce(torch.ones(5), group=sub)
             print("grad", m.module.weight.grad.dtype)
         ''')
-        env = dict(os.environ, PYTHONPATH=SHIM_DIR, LAUNCH_COLLECTIVE_RING=ring)
+        # USE_LIBUV=0 as launch sets it (PyTorch 2.x's store asks for libuv, Debian 13's has none).
+        env = dict(os.environ, PYTHONPATH=SHIM_DIR, LAUNCH_COLLECTIVE_RING=ring, USE_LIBUV="0")
         r = subprocess.run([harness.SYSTEM_PYTHON, "-c", code], capture_output=True, text=True,
                            env=env, timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -444,7 +445,7 @@ class PythonForensicsTest(unittest.TestCase):
             dist.all_reduce(t)
             print("sum", t.sum().item())
         ''')
-        env = dict(os.environ, PYTHONPATH=SHIM_DIR,
+        env = dict(os.environ, PYTHONPATH=SHIM_DIR, USE_LIBUV="0",
                    LAUNCH_COLLECTIVE_RING=os.path.join(self.dir, "missing", "ring"))
         r = subprocess.run([harness.SYSTEM_PYTHON, "-c", code], capture_output=True, text=True,
                            env=env, timeout=120)
