@@ -24,10 +24,11 @@ Any failure in here prints one warning ("launch: warning: python shim: ...") and
 script as it would run without launch. LAUNCH_PYTHON_SHIM=0 (launch's --python_shim false) keeps
 launch from installing it.
 
-Ring writes: every field is one aligned store of its width (x86-64 and AArch64 make those
-single-copy atomic; the C++ reader's seqlock on each slot's stamp catches a slot being rewritten),
-in the order the C++ writer uses (base/collective_ring.cc), under one lock (completions come from
-the backend's threads).
+Ring writes: every field is one aligned store of its width (single-copy atomic on x86-64 and
+AArch64), in the order the C++ writer uses (base/collective_ring.cc), under one lock (completions
+come from the backend's threads). Without the C++ writer's fences, the order is what another core
+sees only on x86-64 (TSO), where the reader's seqlock on each slot's stamp then catches a slot being
+rewritten; on a weakly ordered CPU a report may show a torn entry, never more.
 """
 
 import os
