@@ -277,6 +277,9 @@ class _Callbacks:
 
     def __init__(self):
         self.pending = set()
+        # A comm hook of the user's puts callbacks of its own on torch futures (PyTorch's
+        # default_hooks do: a then()), which are released after the shim's, untracked.
+        self.foreign = False
 
     def track(self, fn):
         import weakref
@@ -290,6 +293,8 @@ class _Callbacks:
         deadline = time.monotonic() + timeout_s
         while self.pending and time.monotonic() < deadline:
             time.sleep(0.001)  # releases the GIL: the backend thread can let go
+        if self.foreign:
+            time.sleep(0.05)  # their release follows ours within microseconds: a margin for it
 
 
 _CALLBACKS = _Callbacks()
@@ -440,6 +445,7 @@ def _record_user_hook(group, state, hook, bucket):
     ring = _S.ring
     if ring is None:
         return hook(state, bucket)
+    _CALLBACKS.foreign = True
     token = ring.begin(_ring_group(group), ALL_REDUCE, _nbytes(bucket.buffer()), ENQUEUED)
     _TLS.depth += 1  # the hook's own collectives are this record's parts
     try:

@@ -87,6 +87,9 @@ def main():
         for line in (dump.stdout + dump.stderr).splitlines():
             print("ring: " + line)
     print("shim " + ("on" if state is not None else "off"))
+    # PyTorch 1.13 aborts at exit (std::terminate) in about 1 run of 6 when a model with a
+    # Python comm hook outlives its process group; the shim run waits that out, not this one.
+    del model, opt
     dist.destroy_process_group()
 
 main()
@@ -331,20 +334,26 @@ class PythonForensicsTest(unittest.TestCase):
         self.assertEqual(digests[("user", "1")], digests[("user", "0")])
 
     def test_ddp_jobs_that_exit_right_after_their_last_step_end_cleanly(self):
-        # The backend thread drops the shim's future callbacks just after completing the futures:
-        # an exit in between once aborted the worker (std::terminate) in about 1 run of 3.
+        # The backend thread drops the future callbacks of a Python comm hook just after
+        # completing the futures: an exit in between aborts the worker (std::terminate). With the
+        # shim's hook that happened in about 1 run of 3; PyTorch 1.13 does it with its own
+        # allreduce_hook in about 1 of 6 (the second script), which the shim also waits out.
         script = self.script("quick_exit.py", textwrap.dedent('''
-            import torch, torch.distributed as dist
+            import sys, torch, torch.distributed as dist
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
             dist.init_process_group("gloo")
             model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+            if sys.argv[1] == "user":
+                model.register_comm_hook(None, default_hooks.allreduce_hook)
             for _ in range(3):
                 model(torch.randn(4, 8)).sum().backward()
             print("trained")
         '''))
-        for _ in range(8):
-            r = self.run_launch("--nproc_per_node", "2", script)
-            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-            self.assertEqual(r.stdout.count("trained"), 2, r.stdout)
+        for hook in ("none", "user"):
+            for _ in range(6):
+                r = self.run_launch("--nproc_per_node", "2", script, hook)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertEqual(r.stdout.count("trained"), 2, r.stdout)
 
     def test_a_users_sitecustomize_still_runs_and_a_script_without_torch_is_untouched(self):
         script = self.script("plain.py", PLAIN_SCRIPT)
