@@ -4,7 +4,8 @@ collective its peer waits in and its Python stack; a rank that skips an all_redu
 desync, with both ranks' Python stacks; DDP's bucket all-reduces are recorded with and without a
 comm hook of the user's, and the job trains to the same bits as without the shim. The ring the
 shim writes is read by the agent's own reader (collective-ring-dump). A user's sitecustomize
-still runs, a script without torch is left alone, and no ring file is left behind."""
+still runs, a script without torch is left alone, SIGURG shows every rank's Python stack while the
+job runs on, and no ring file is left behind."""
 
 import glob
 import hashlib
@@ -296,6 +297,34 @@ class PythonForensicsTest(unittest.TestCase):
             self.assertIsNotNone(m, stacks)
             self.assertRegex(m.group(1), rf'File ".*desync\.py", line \d+ in {function}\n')
         self.assertIn("error: stalled:", text)
+        self.assert_nothing_left(job.proc.pid)
+
+    def test_sigurg_shows_every_python_ranks_stack_and_the_job_runs_on(self):
+        script = self.script("train_ddp.py", DDP_SCRIPT)
+        job = hf.Job(["--nproc_per_node", "2", "--python", harness.SYSTEM_PYTHON, script, "0",
+                      "none"], self.marker)
+        try:
+            self.assertTrue(job.wait_for(r"^\[rank 1\]: step 20 ", 120), job.text())
+            os.kill(job.proc.pid, signal.SIGURG)
+            self.assertTrue(job.wait_for(r"rank 1 \(pid \d+\) is .*\n  its Python threads' "
+                                         r"stacks", 30), job.text())
+            report = "\n".join(hf.section(job.text(), "collective report (on demand)"))
+            for rank in (0, 1):
+                self.assertRegex(report, rf"rank {rank} \(pid \d+\): (waits in all-reduce|in no "
+                                         r"collective|has not entered)")
+                self.assertRegex(report, rf"rank {rank} \(pid \d+\) is .*\n  its Python threads' "
+                                         r"stacks .*\n    (Current thread|Thread) 0x")
+            self.assertEqual(len(re.findall(r'File ".*train_ddp\.py", line \d+ in <module>',
+                                            report)), 2, report)
+            last = int(re.findall(r"^\[rank 1\]: step (\d+) ", job.text(), re.M)[-1])
+            self.assertTrue(job.wait_for(rf"^\[rank 1\]: step {last + 20} ", 60), job.text())
+            job.proc.send_signal(signal.SIGTERM)
+            job.finish(60)
+        finally:
+            if job.proc.poll() is None:
+                job.proc.kill()
+            job.proc.stdout.close()
+        self.assertNotIn("stalled collective", job.text())
         self.assert_nothing_left(job.proc.pid)
 
     def test_ddp_bucket_all_reduces_are_recorded_and_train_to_the_same_bits(self):
