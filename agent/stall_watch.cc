@@ -148,7 +148,9 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
   }
   for (const auto& [key, seen] : by_seq) {
     bool differs = false;
-    for (const Seen& s : seen) differs |= s.op != seen[0].op || s.bytes != seen[0].bytes;
+    // All-to-all moves what each rank chooses (uneven splits): only its op must agree.
+    const bool sized = seen[0].op != static_cast<uint32_t>(CollectiveOp::kAllToAll);
+    for (const Seen& s : seen) differs |= s.op != seen[0].op || (sized && s.bytes != seen[0].bytes);
     if (!differs) continue;
     a.desync = true;
     std::string line =
@@ -441,7 +443,11 @@ void StallWatch::CheckStacks(const std::shared_ptr<Pending>& pending) {
                 std::to_string(options_.stack_wait.count()) + " ms\n";
       continue;
     }
-    text += "  its main thread's stack:\n";
+    // A Python worker's file holds faulthandler's dump of every thread (agent/python_shim/).
+    const bool python =
+        StartsWith(frames[0], "Current thread 0x") || StartsWith(frames[0], "Thread 0x");
+    text += python ? "  its Python threads' stacks (faulthandler, most recent call first):\n"
+                   : "  its main thread's stack:\n";
     for (const std::string& f : frames) text += "    " + f + "\n";
   }
   pending->finish(text);

@@ -134,6 +134,22 @@ TEST_CASE("RanksInDifferentCollectivesAtOneSequenceNumberAreADesync") {
         "(0 B) - a rank skipped or added a collective");
 }
 
+TEST_CASE("AllToAllsOfDifferentSizesAtOneSequenceNumberAreNoDesync") {
+  // Uneven splits: each rank sends what it chooses. A different op still is one.
+  RingBuilder r0(0, 100), r1(1, 101);
+  r0.Op(CollectiveOp::kAllToAll, 96, 2, 3).Op(CollectiveOp::kAllToAll, 8, 4, 0);
+  r1.Op(CollectiveOp::kAllToAll, 32, 2, 3).Op(CollectiveOp::kAllToAll, 24, 4, 0);
+  CHECK_FALSE(AnalyzeRings({r0.View(), r1.View()}, 10 * kSecond, 5 * kSecond).desync);
+  RingBuilder r2(0, 100), r3(1, 101);
+  r2.Op(CollectiveOp::kAllToAll, 8, 2, 0);
+  r3.Op(CollectiveOp::kGather, 8, 2, 0);
+  RingAnalysis a = AnalyzeRings({r2.View(), r3.View()}, 10 * kSecond, 5 * kSecond);
+  CHECK(a.desync);
+  CHECK(a.lines[0] ==
+        "desync in group 'world' at #1: rank 0 is in all-to-all (8 B), rank 1 is in gather "
+        "(8 B) - a rank skipped or added a collective");
+}
+
 TEST_CASE("NoRankInACollectiveIsNoStallHoweverLongTheGap") {
   RingBuilder r0(0, 100), r1(1, 101);
   r0.Op(CollectiveOp::kAllReduce, 8, 2, 3);

@@ -75,6 +75,14 @@ std::string CollectiveOpName(uint32_t op) {
       return "reduce-scatter";
     case CollectiveOp::kBarrier:
       return "barrier";
+    case CollectiveOp::kReduce:
+      return "reduce";
+    case CollectiveOp::kGather:
+      return "gather";
+    case CollectiveOp::kScatter:
+      return "scatter";
+    case CollectiveOp::kAllToAll:
+      return "all-to-all";
   }
   return "op " + std::to_string(op);
 }

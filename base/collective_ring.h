@@ -6,6 +6,11 @@
 // (environment variable kCollectiveRingEnv, one file per global rank), removes it when the
 // group ends, and asks for the worker's native stack with StackDumpSignal().
 //
+// A second writer keeps to the same layout: Python workers' shim (agent/python_shim/
+// sitecustomize.py, through ctypes, with StackDumpSignal() answered by faulthandler), so a change
+// here is a change there (tests/trainer/test_python_forensics.py reads its rings with
+// ReadCollectiveRing).
+//
 // Layout (little-endian, this host only; every field a lock-free std::atomic of its width):
 //   header  magic "LNCHRING", version, capacity (kRingCapacity), pid, rank, issued (operations
 //           begun), completed, last_done_ns and created_ns (CLOCK_MONOTONIC), and kRingGroups
@@ -47,6 +52,12 @@ enum class CollectiveOp : uint32_t {
   kAllGather = 3,
   kReduceScatter = 4,
   kBarrier = 5,
+  // Recorded by Python workers (agent/python_shim/sitecustomize.py: torch.distributed's reduce,
+  // gather, scatter, all_to_all); the library issues none of them.
+  kReduce = 6,
+  kGather = 7,
+  kScatter = 8,
+  kAllToAll = 9,  // its bytes may differ between ranks (uneven splits)
 };
 // "all-reduce", "broadcast", ...; "op N" for a value this build does not know.
 std::string CollectiveOpName(uint32_t op);

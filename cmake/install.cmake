@@ -3,6 +3,8 @@
 #   cmake --install build --prefix P
 #     P/bin/{launch, launch-exec, train}          launch finds the other two beside itself
 #     P/libexec/launch/liblaunch-linebuf.so        preloaded into workers (agent/linebuf.c)
+#     P/libexec/launch/python/sitecustomize.py     first on Python workers' PYTHONPATH, with
+#     P/libexec/launch/liblaunch-pystack.so        its stack-dump helper (agent/python_shim/)
 #     P/lib/liblaunch_{base,config,trainer}.a      and liblaunch_trainer_<folder>.a below it
 #     P/include/launch/<folder>/<header>.h         includes stay repo-rooted: "config/loader.h",
 #                                                  "trainer_runtime/api/accelerator.h"
@@ -80,6 +82,9 @@ install(TARGETS ${_launch_libraries}
   INCLUDES DESTINATION ${LAUNCH_INSTALL_INCLUDEDIR})
 install(TARGETS ${_launch_programs} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS launch_linebuf LIBRARY DESTINATION ${LAUNCH_LIBEXEC_SUBDIR})
+install(TARGETS launch_pystack LIBRARY DESTINATION ${LAUNCH_LIBEXEC_SUBDIR})
+install(FILES ${CMAKE_SOURCE_DIR}/agent/python_shim/sitecustomize.py
+        DESTINATION ${LAUNCH_LIBEXEC_SUBDIR}/python)
 
 # Headers keep their folder under P/include/launch. With each public header goes every project
 # header it includes ("x/y.h", rooted at the repository), followed transitively when installing,

@@ -125,6 +125,10 @@ struct LaunchConfig {
   // Workers' output arrives as it is printed: PYTHONUNBUFFERED=1 (unless set) and, for a
   // program not run under Python, stdout line-buffered through LD_PRELOAD (agent/linebuf.c).
   bool line_buffered = true;
+  // Python workers (a script, -m, or a python given after --) get launch's shim first on
+  // PYTHONPATH (agent/python_shim/sitecustomize.py): their torch.distributed collectives are
+  // recorded for the stall watch and their Python stacks answer its stack signal. false: none.
+  bool python_shim = true;
   bool no_python = false;   // run the program as given (torchrun --no_python)
   bool run_module = false;  // -m: the program is a Python module
   bool run_path = false;    // torchrun --run_path: the program is a Python script

@@ -391,6 +391,12 @@ const std::vector<KeyDef>& TopLevelTable() {
                 "seconds without a completed collective, while a worker waits in one, before "
                 "launch reports the stall and fails the job (1800; 0 = never)")
           .Show([](const LaunchConfig& c) { return Num(c.stall_timeout_s); }),
+      Key("python_shim", Field(&LaunchConfig::python_shim))
+          .Flag({"python_shim"}, kGroupFaults,
+                "Python workers record torch.distributed's collectives and answer the stall "
+                "report with their Python stacks, through a sitecustomize launch puts first on "
+                "their PYTHONPATH (true; false leaves PYTHONPATH as it is)")
+          .Show([](const LaunchConfig& c) { return Bool(c.python_shim); }),
 
       // ---- Output and logs
       Key("log_dir", Field(&LaunchConfig::log_dir))

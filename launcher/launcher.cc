@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 
 #include "agent/agent.h"
@@ -793,6 +794,25 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
   StatusOr<std::map<std::string, std::string>> acc = AccelerateEnv(cfg, plan.device_kind != "gpu");
   if (!acc.ok()) return acc.status();
   for (const auto& [k, v] : *acc) plan.extra_env[k] = v;
+  // Python workers get the shim (agent/python_shim/sitecustomize.py) first on PYTHONPATH: it
+  // records torch.distributed's collectives in the worker's ring and answers the stack signal,
+  // so the stall watch sees unchanged PyTorch scripts too. It chains to the sitecustomize it
+  // hides. A folder with ':' cannot be listed (PYTHONPATH separates by it); a missing one (a
+  // partial install) is skipped, as the line-buffering preload is.
+  if (cfg.python_shim && !plan.python.empty()) {
+    // Without "bin/..": the entry shows in every worker's environment.
+    const std::string shim =
+        std::filesystem::path(bin_dir + "/" + LAUNCH_PYTHON_SHIM_FROM_BIN).lexically_normal();
+    if (shim.find(':') == std::string::npos &&
+        ::access((shim + "/sitecustomize.py").c_str(), R_OK) == 0) {
+      auto set = plan.extra_env.find("PYTHONPATH");  // accelerate's, which already holds ours
+      const char* inherited = getenv("PYTHONPATH");
+      const std::string rest = set != plan.extra_env.end() ? set->second
+                               : inherited != nullptr      ? inherited
+                                                           : "";
+      plan.extra_env["PYTHONPATH"] = rest.empty() ? shim : shim + ":" + rest;
+    }
+  }
   return plan;
 }
 

@@ -3,6 +3,7 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 
 #include "base/files.h"
 
@@ -197,6 +198,35 @@ TEST_CASE("PlanMakesWorkerOutputLive") {
   plan = MakePlan(c.cfg, "/nonexistent", kCpuHost, {});
   REQUIRE(plan.ok());
   CHECK(plan->extra_env.count("LD_PRELOAD") == 0);
+}
+
+TEST_CASE("PlanPutsThePythonShimFirstOnPythonWorkersPath") {
+  const std::string bin = FakeInstall();
+  const std::string shim =
+      std::filesystem::path(bin + "/" + LAUNCH_PYTHON_SHIM_FROM_BIN).lexically_normal();
+  REQUIRE(MakeDirs(shim).ok());
+  REQUIRE(WriteFileAtomically(shim + "/sitecustomize.py", "").ok());
+  Parsed py = Parse({"--python", "/bin/sh", "x.py"});
+  REQUIRE(py.status.ok());
+  StatusOr<Plan> plan = MakePlan(py.cfg, bin, kCpuHost, {});
+  REQUIRE(plan.ok());
+  CHECK(plan->extra_env.at("PYTHONPATH") == shim);
+  // The user's path follows it (their sitecustomize is chained by the shim).
+  plan = MakePlan(py.cfg, bin, kCpuHost, {{"PYTHONPATH", "/mine:/other"}});
+  REQUIRE(plan.ok());
+  CHECK(plan->extra_env.at("PYTHONPATH") == shim + ":/mine:/other");
+  // `-- python3 x.py` is a Python worker too; a program that is not is left alone.
+  Parsed given = Parse({"--", "/usr/bin/python3", "x.py"});
+  REQUIRE(given.status.ok());
+  CHECK(MakePlan(given.cfg, bin, kCpuHost, {})->extra_env.at("PYTHONPATH") == shim);
+  Parsed other = Parse({"--", "/bin/true"});
+  REQUIRE(other.status.ok());
+  CHECK(MakePlan(other.cfg, bin, kCpuHost, {})->extra_env.count("PYTHONPATH") == 0);
+  // Off, or not installed: PYTHONPATH stays as inherited.
+  Parsed off = Parse({"--python_shim", "false", "--python", "/bin/sh", "x.py"});
+  REQUIRE(off.status.ok());
+  CHECK(MakePlan(off.cfg, bin, kCpuHost, {})->extra_env.count("PYTHONPATH") == 0);
+  CHECK(MakePlan(py.cfg, "/nonexistent", kCpuHost, {})->extra_env.count("PYTHONPATH") == 0);
 }
 
 TEST_CASE("PlanNamesTheInterpreterAndWhatChoseIt") {
