@@ -179,6 +179,21 @@ def wait_until(predicate, timeout, interval=0.02):
     return value
 
 
+def wait_codes(procs, timeout):
+    """Exit codes of `procs`, all waited for within `timeout` seconds together; a process still
+    running then is killed and its code is None."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            codes.append(None)
+    return codes
+
+
 def unique_marker(prefix="launchtest"):
     return f"{prefix}_{os.getpid()}_{time.monotonic_ns()}"
 

@@ -110,18 +110,8 @@ class Job:
 
     def wait(self, indices=None):
         """Exit codes of the `launch` processes at `indices` (all by default), bounded."""
-        deadline = time.monotonic() + TIMEOUT
-        codes = []
-        for i, p in enumerate(self.procs):
-            if indices is not None and i not in indices:
-                continue
-            try:
-                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                codes.append(None)
-        return codes
+        return harness.wait_codes(
+            [p for i, p in enumerate(self.procs) if indices is None or i in indices], TIMEOUT)
 
     def check_clean(self):
         # Every worker and replacement is gone with its `launch`, on every host, and so is every

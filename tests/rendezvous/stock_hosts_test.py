@@ -72,15 +72,7 @@ class StockHostsTest(unittest.TestCase):
                     "--nproc_per_node", "2", "--master_addr", hosts[0].addr,
                     "--master_port", str(port), "--rdzv_conf", "join_timeout=60", *program]
             procs.append(host.popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env))
-        deadline = time.monotonic() + timeout
-        codes = []
-        for p in procs:
-            try:
-                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-                codes.append(None)
+        codes = harness.wait_codes(procs, timeout)
         seconds = time.monotonic() - started
         logs = []
         for rank in range(2):
