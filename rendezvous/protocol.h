@@ -203,7 +203,7 @@ struct NodeInfo {
 
 // The server's answer when a round closes.
 struct Assignment {
-  int round = 0;          // 0 for the first round, +1 per restart or scale-up
+  int round = 0;  // 0 for the first round, +1 per restart or scale-up
   // Restarts spent when the round formed (TORCHELASTIC_RESTART_COUNT; a node taking a lost
   // node's place in the running round gets the round's value, like its survivors).
   int restart_count = 0;
