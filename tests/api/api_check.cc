@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/api/check_util.h"
 #include "trainer_runtime/api/accelerator.h"
 #include "trainer_runtime/data/sampler.h"
 #include "trainer_runtime/model/pipeline_stages.h"
@@ -24,6 +25,7 @@
 namespace {
 
 using launch::trainer::Accelerator;
+using launch::trainer::check::WriteFloats;
 
 constexpr int64_t kSamples = 512, kFeatures = 6, kClasses = 3, kBatch = 8;
 constexpr uint64_t kSeed = 5;
@@ -98,14 +100,6 @@ struct Flags {
   bool own_backward = false;
 };
 
-void WriteParams(const std::string& path, const std::vector<torch::Tensor>& params) {
-  std::ofstream f(path, std::ios::binary);
-  for (const auto& p : params) {
-    auto t = p.detach().to(torch::kFloat).contiguous();
-    f.write(static_cast<const char*>(t.data_ptr()), t.numel() * sizeof(float));
-  }
-}
-
 // The trained parameters, each tensor once: Module::parameters() lists a tied tensor once per
 // module that registered it, and an optimizer given it twice would step it twice.
 std::vector<torch::Tensor> Trainable(torch::nn::Module& m) {
@@ -175,7 +169,7 @@ int Reference(const Flags& f) {
       }
     }
   }
-  WriteParams(f.out, pipeline ? Trainable(*seqs[0]) : Trainable(*nets[0]));
+  WriteFloats(f.out, pipeline ? Trainable(*seqs[0]) : Trainable(*nets[0]));
   return 0;
 }
 
@@ -260,7 +254,7 @@ int Distributed(const Flags& f) {
     return 1;
   }
   if (!accel.Finish().ok()) return 1;
-  WriteParams(f.out + "." + std::to_string(accel.rank()), params);
+  WriteFloats(f.out + "." + std::to_string(accel.rank()), params);
   accel.Print("allreduces_per_step=" + std::to_string(static_cast<double>(allreduces) / f.steps));
   accel.Barrier();
   return 0;

@@ -24,11 +24,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/api/check_util.h"
 #include "trainer_runtime/api/accelerator.h"
 
 namespace {
 
 using launch::trainer::Accelerator;
+using launch::trainer::check::WriteFloats;
 
 constexpr int64_t kFeatures = 4, kClasses = 3, kBatch = 4;
 
@@ -166,12 +168,6 @@ int Resume(const Flags& f) {
   return 0;
 }
 
-void WriteFloats(const std::string& path, const torch::Tensor& t) {
-  torch::Tensor c = t.to(torch::kFloat).contiguous();
-  std::ofstream(path, std::ios::binary)
-      .write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
-}
-
 int Gather(const Flags& f) {
   auto accel = Make(1);
   auto eval = accel->PrepareEvalLoader(Indexed(101), 8);
@@ -185,7 +181,7 @@ int Gather(const Flags& f) {
   }
   std::printf("rank%d_samples=%lld batches=%lld\n", accel->rank(), static_cast<long long>(mine),
               static_cast<long long>(eval.num_batches()));
-  WriteFloats(f.out + "." + std::to_string(accel->rank()), torch::cat(rows));
+  WriteFloats(f.out + "." + std::to_string(accel->rank()), {torch::cat(rows)});
   return 0;
 }
 
@@ -274,7 +270,7 @@ int ZeroGrad(const Flags& f) {
   Require(accel->Finish());
   std::vector<torch::Tensor> params = net->parameters();
   WriteFloats(f.out + "." + std::to_string(accel->rank()),
-              torch::cat({params[0].flatten(), params[1].flatten()}));
+              {torch::cat({params[0].flatten(), params[1].flatten()})});
   return 0;
 }
 

@@ -22,12 +22,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/api/check_util.h"
 #include "trainer_runtime/api/accelerator.h"
 #include "trainer_runtime/data/sampler.h"
 
 namespace {
 
 using launch::trainer::Accelerator;
+using launch::trainer::check::WriteFloats;
 
 constexpr int64_t kSamples = 512, kFeatures = 6, kNoise = 4, kBatch = 8;
 constexpr uint64_t kSeed = 5;
@@ -67,13 +69,6 @@ std::shared_ptr<torch::optim::SGD> Sgd(torch::nn::Module& m) {
                                              torch::optim::SGDOptions(0.05).momentum(0.9));
 }
 
-void WriteParams(const std::string& path, const std::vector<torch::Tensor>& params) {
-  std::ofstream f(path, std::ios::binary);
-  for (const auto& p : params) {
-    auto t = p.detach().to(torch::kFloat).contiguous();
-    f.write(static_cast<const char*>(t.data_ptr()), t.numel() * sizeof(float));
-  }
-}
 std::vector<torch::Tensor> Concat(torch::nn::Module& a, torch::nn::Module& b) {
   std::vector<torch::Tensor> out = a.parameters();
   for (auto& p : b.parameters()) out.push_back(p);
@@ -139,7 +134,7 @@ int GanReference(const Flags& f) {
     Bce(d->forward(fake), 1).backward();
     opt_g->step();
   }
-  WriteParams(f.out, Concat(*g, *d));
+  WriteFloats(f.out, Concat(*g, *d));
   return 0;
 }
 
@@ -165,7 +160,7 @@ int Gan(const Flags& f, bool accumulate) {
     if (!accel->Step(*g)) return 3;
   }
   Require(accel->Finish(), "Finish");
-  WriteParams(f.out + "." + std::to_string(r), Concat(*g, *d));
+  WriteFloats(f.out + "." + std::to_string(r), Concat(*g, *d));
   accel->Print("steps=" + std::to_string(accel->step()));
   return 0;
 }
@@ -188,7 +183,7 @@ int NoSyncReference(const Flags& f) {
     }
     opt->step();
   }
-  WriteParams(f.out, net->parameters());
+  WriteFloats(f.out, net->parameters());
   return 0;
 }
 
@@ -218,7 +213,7 @@ int NoSync(const Flags& f) {
     allreduces += accel->TakeCommStats().allreduces;
   }
   Require(accel->Finish(), "Finish");
-  WriteParams(f.out + "." + std::to_string(accel->rank()), net->parameters());
+  WriteFloats(f.out + "." + std::to_string(accel->rank()), net->parameters());
   accel->Print("allreduces_per_step=" + std::to_string(static_cast<double>(allreduces) / f.steps) +
                " buckets=" + std::to_string(accel->num_buckets()));
   return 0;
@@ -274,7 +269,7 @@ int Resume(const Flags& f) {
   Require(accel->Finish(), "Finish");
   std::vector<torch::Tensor> out = Concat(*net, *ema);
   out.push_back(torch::tensor(static_cast<float>(counter.value)));
-  WriteParams(f.out + "." + std::to_string(accel->rank()), out);
+  WriteFloats(f.out + "." + std::to_string(accel->rank()), out);
   return 0;
 }
 

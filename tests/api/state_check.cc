@@ -23,26 +23,20 @@
 #include <tuple>
 #include <vector>
 
+#include "tests/api/check_util.h"
 #include "trainer_runtime/api/accelerator.h"
 #include "trainer_runtime/model/sync_batchnorm.h"
 
 namespace {
 
 using launch::trainer::Accelerator;
+using launch::trainer::check::WriteFloats;
 
 struct Flags {
   std::string which, mode = "ddp", out;
   int world = 1;
   bool reference = false, plain_bn = false;
 };
-
-void WriteFloats(const std::string& path, const std::vector<torch::Tensor>& tensors) {
-  std::ofstream f(path, std::ios::binary);
-  for (const auto& t : tensors) {
-    auto c = t.detach().to(torch::kFloat).contiguous();
-    f.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
-  }
-}
 
 // Rows x features of a fixed formula, so PyTorch can build the same data without a file.
 torch::Tensor Inputs(int64_t rows, int64_t features) {
