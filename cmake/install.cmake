@@ -41,6 +41,7 @@ if(LAUNCH_BUILD_TRAINER)
   list(APPEND _launch_programs train)
   list(APPEND _launch_public_headers
     trainer_runtime/api/accelerator.h
+    trainer_runtime/api/loader_cursor.h
     trainer_runtime/util/env.h
     trainer_runtime/data/sampler.h
     trainer_runtime/data/idx.h

@@ -129,14 +129,18 @@ struct SchedulerConfig {
 };
 
 struct ParallelConfig {
-  // none: each process trains alone (no communication); ddp: one replica per process with
-  // bucketed all-reduce; dp: `replicas` replicas inside one process; pipeline: stages; zero:
-  // data parallel with state sharded over the ranks (zero_stage).
+  // The strategy of the data axis (trainer_runtime/parallel/layout.h): none: each replica
+  // trains alone (no communication); ddp: one replica per process with bucketed all-reduce;
+  // dp: `replicas` replicas inside one process; zero: data parallel with state sharded over
+  // the ranks (zero_stage). pipeline: the spelling of ddp over replicas of a pipeline of
+  // `stages` stages (what it meant before stages combined with every strategy).
   ParallelMode mode = ParallelMode::kDdp;
   double bucket_cap_mb = 25.0;  // ddp: gradient bucket size; the first bucket is 1 MB
   int replicas = 2;             // dp: replicas (CPU threads or devices) in one process
-  int stages = 1;               // pipeline: processes per pipeline
-  int microbatches = 4;         // pipeline: micro-batches per optimizer step
+  // The degrees of the other axes; the data degree is world / (stages x tensor).
+  int stages = 1;        // pipeline stages per replica (> 1, or mode pipeline: the pipeline engine)
+  int tensor = 1;        // ranks a layer's weights are split over (tensor parallelism)
+  int microbatches = 4;  // pipeline: micro-batches per optimizer step
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   std::vector<int64_t> partition;  // pipeline: layers per stage; empty = balance by parameters
   bool loss_in_replica = true;     // dp: compute the loss inside each replica (scalar gather)
@@ -156,6 +160,13 @@ struct ParallelConfig {
   // zero: what is sharded over the ranks (DeepSpeed's stages): 1 optimizer state, 2 also
   // gradients, 3 also parameters (FSDP's FULL_SHARD).
   int zero_stage = 1;
+
+  // Whether each replica is a pipeline of stages (run by the pipeline engine).
+  bool pipelined() const { return mode == ParallelMode::kPipeline || stages > 1; }
+  // The data axis' strategy: `mode`, with pipeline read as ddp.
+  ParallelMode data_mode() const {
+    return mode == ParallelMode::kPipeline ? ParallelMode::kDdp : mode;
+  }
 };
 
 struct TrainConfig {

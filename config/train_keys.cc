@@ -168,6 +168,7 @@ auto Data(DataType d) {
 auto Mode(ParallelMode m) {
   return [m](const TrainConfig& t) { return ModeIs(t, m); };
 }
+bool Pipelined(const TrainConfig& t) { return t.parallel.pipelined(); }
 
 // `torchscript: PATH` (or a list, one module per pipeline stage) selects the TorchScript model
 // without a `type`.
@@ -378,16 +379,20 @@ std::vector<TrainKey> BuildTable() {
             "dp: replicas (threads or devices) in one process")
           .Identity(Mode(ParallelMode::kDp)),
       Range("parallel.stages", FIELD(parallel.stages), 1, 1024,
-            "pipeline: processes per pipeline (world = stages x replicas)")
-          .Identity(Mode(ParallelMode::kPipeline)),
+            "pipeline stages per replica (world = tensor x data x stages)")
+          .Identity(Pipelined),
+      // In the identity only when above 1: checkpoints from before the key still match.
+      Range("parallel.tensor", FIELD(parallel.tensor), 1, 1024,
+            "ranks each layer's weights are split over (tensor parallelism)")
+          .Identity([](const TrainConfig& t) { return t.parallel.tensor > 1; }),
       Range("parallel.microbatches", FIELD(parallel.microbatches), 1, 1 << 20,
             "pipeline: micro-batches per optimizer step")
-          .Identity(Mode(ParallelMode::kPipeline)),
+          .Identity(Pipelined),
       Enum("parallel.schedule", FIELD(parallel.schedule), kSchedules, "pipeline schedule")
-          .Identity(Mode(ParallelMode::kPipeline)),
+          .Identity(Pipelined),
       List("parallel.partition", FIELD(parallel.partition), 1,
            "pipeline: layers per stage; [] = balanced by parameters")
-          .Identity(Mode(ParallelMode::kPipeline)),
+          .Identity(Pipelined),
       Value("parallel.loss_in_replica", FIELD(parallel.loss_in_replica),
             "dp: the loss inside each replica (scalar gather)")
           .Identity(Mode(ParallelMode::kDp)),
@@ -397,7 +402,8 @@ std::vector<TrainKey> BuildTable() {
       Enum("parallel.comm_hook", FIELD(parallel.comm_hook), kCommHooks,
            "ddp: buckets all-reduced as they are, or in bfloat16")
           .Identity([](const TrainConfig& t) {
-            return ModeIs(t, ParallelMode::kDdp) && t.parallel.comm_hook != CommHook::kNone;
+            return t.parallel.data_mode() == ParallelMode::kDdp &&
+                   t.parallel.comm_hook != CommHook::kNone;
           }),
       // In the identity only when on: checkpoints from before the key still match.
       Value("parallel.sync_batchnorm", FIELD(parallel.sync_batchnorm),

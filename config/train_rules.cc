@@ -100,7 +100,14 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                                    ToString(l.type));
 
   const ParallelConfig& p = t.parallel;
-  if (p.comm_hook != CommHook::kNone && p.mode != ParallelMode::kDdp)
+  // The layout: world = tensor x data x stages (trainer_runtime/parallel/layout.h).
+  if (world_size > 0 && world_size % (p.stages * p.tensor) != 0)
+    return Broken(p.tensor > 1 ? "parallel.tensor" : "parallel.stages",
+                  "stages x tensor (" + N(p.stages) + " x " + N(p.tensor) +
+                      ") does not divide the world size " + N(world_size) +
+                      " (world = tensor x data x stages)",
+                  {"parallel.stages", "parallel.tensor"});
+  if (p.comm_hook != CommHook::kNone && p.data_mode() != ParallelMode::kDdp)
     return Broken("parallel.comm_hook", "applies to mode ddp (its gradient buckets), not " +
                                             std::string(ToString(p.mode)));
   if (p.sync_batchnorm) {
@@ -148,12 +155,12 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                   "Local SGD keeps a whole replica on every rank and averages parameters; it "
                   "does not combine with parallel.mode zero (state sharded over the ranks)",
                   {"local_sgd_steps", "parallel.mode"});
-  if (p.mode == ParallelMode::kPipeline) {
-    if (p.stages < 1) return Broken("parallel.stages", "must be at least 1");
-    if (world_size > 0 && world_size % p.stages != 0)
-      return Broken("parallel.stages", N(p.stages) + " does not divide the world size " +
-                                           N(world_size) +
-                                           " (world = stages x data-parallel replicas)");
+  if (p.mode == ParallelMode::kDp && (p.stages > 1 || p.tensor > 1))
+    return Broken("parallel.mode",
+                  "dp runs its replicas in one process; it does not combine with "
+                  "parallel.stages or parallel.tensor",
+                  {"parallel.mode", "parallel.stages", "parallel.tensor"});
+  if (p.pipelined()) {
     if (p.schedule == PipelineSchedule::k1F1B && p.microbatches < p.stages)
       return Broken("parallel.microbatches",
                     "1F1B needs at least as many micro-batches (" + N(p.microbatches) +

@@ -88,8 +88,7 @@ Status Run(int argc, char** argv) {
   LAUNCH_ASSIGN_OR_RETURN(int64_t max_steps, flags.GetInt("max_steps", options.max_steps));
 
   const launch::config::ParallelMode mode = options.parallel.mode;
-  if (mode == launch::config::ParallelMode::kDp ||
-      mode == launch::config::ParallelMode::kPipeline) {
+  if (mode == launch::config::ParallelMode::kDp || options.parallel.pipelined()) {
     // dp runs replicas on threads (ForwardBackwardAs, accelerator.h) and pipeline cuts the
     // model into stages (see pipeline.cc): both need a different loop from the one below.
     return Status::InvalidConfig(

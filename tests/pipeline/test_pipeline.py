@@ -46,11 +46,13 @@ def config(tmp, name, batch, parallel, steps=10, optimizer=SGD, accum=1, ckpt=0,
     return write_config(tmp, text, name + ".yaml"), out
 
 
-def pipeline_params(out, stages, replica=0):
-    """The whole model's parameters: stage 0..P-1 of one pipeline replica, concatenated."""
+def pipeline_params(out, stages, replica=0, replicas=1):
+    """The whole model's parameters: stage 0..P-1 of one pipeline replica, concatenated. The
+    layout (trainer_runtime/parallel/layout.h) puts the stage axis outermost: stage s of
+    replica d is rank s * replicas + d."""
     flat = []
     for s in range(stages):
-        flat += params(out, replica * stages + s)
+        flat += params(out, s * replicas + replica)
     return flat
 
 
@@ -111,7 +113,7 @@ class PipelineNumericsTest(unittest.TestCase):
         cfg, out = config(self.tmp, "ppdp", 8, "{mode: pipeline, stages: 2, microbatches: 2, "
                           "schedule: 1f1b}", accum=2)
         run_ranks(cfg, 4, ["--dump_params"], timeout=120)
-        r0, r1 = pipeline_params(out, 2, 0), pipeline_params(out, 2, 1)
+        r0, r1 = pipeline_params(out, 2, 0, 2), pipeline_params(out, 2, 1, 2)
         self.assertEqual(r0, r1, "pipeline replicas diverged")
         rel, worst = rel_diff(r0, ref)
         self.assertLess(rel, 1e-5, f"relative difference {rel:g} (max abs {worst:g})")

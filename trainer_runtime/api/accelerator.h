@@ -36,27 +36,26 @@
 // MASTER_ADDR, MASTER_PORT; OpenMPI's and SLURM's spellings as fallbacks, see env.h), so the
 // same binary runs under `launch`, torchrun, srun and mpirun; without them it is one process.
 //
-// Modes (options.parallel.mode; the same `train:` YAML keys `train` reads, config/loader.h):
-//   none       no communication (each process trains alone);
-//   ddp        one replica per process: rank 0's parameters and buffers are broadcast by
-//              Prepare; gradients go through c10d's Reducer (buckets in reverse parameter order,
-//              a small first bucket, each full bucket all-reduced during backward) and are
-//              averaged over the world; parameters with requires_grad false are left out, tied
-//              (shared) parameters count once; options.parallel.find_unused_parameters lets a
-//              forward leave parameters unused (PyTorch's option); rank 0's buffers (BatchNorm
-//              statistics) become every rank's before each forward that follows a synchronised
-//              one, as PyTorch's broadcast_buffers, and at Finish / SyncBuffers;
-//   local_sgd  (local_sgd_steps K > 0 with ddp) no gradient communication: each process
-//              steps its own replica and parameters and floating-point buffers (BatchNorm
-//              statistics) are averaged every K optimizer steps and by Finish(), after which
-//              every rank holds the same model; with options.local_sgd.outer nesterov, DiLoCo's
-//              outer step on the averaged change (parallel/local_sgd.h);
+// Modes: the parallel layout (options.parallel.stages and .tensor; layout()) places this rank on
+// the tensor, data and stage axes, and options.parallel.mode is the strategy of the data axis
+// (the same `train:` YAML keys `train` reads, config/train_config.h; docs/trainer.md has each):
+//   none       no communication (each replica trains alone);
+//   ddp        rank 0's parameters and buffers broadcast by Prepare; gradients through c10d's
+//              Reducer (buckets in reverse parameter order, each all-reduced during backward),
+//              averaged over the data-parallel ranks; frozen parameters left out, tied ones
+//              counted once; parallel.find_unused_parameters as PyTorch's; rank 0's buffers
+//              every rank's before each forward that follows a synchronised one
+//              (broadcast_buffers), and at Finish / SyncBuffers;
+//   local_sgd  (local_sgd_steps K > 0 with ddp) no gradient communication: parameters and
+//              floating-point buffers averaged every K optimizer steps and by Finish(); with
+//              options.local_sgd.outer nesterov, DiLoCo's outer step (parallel/local_sgd.h);
+//   zero       ddp with optimizer state, gradients and parameters sharded (parallel/zero.h);
 //   dp         `parallel.replicas` replicas in this process, one thread each (ForwardBackward);
-//              needs a module derived from torch::nn::Cloneable (as torch::nn::parallel does);
-//              equals one replica on the whole batch except for BatchNorm, whose statistics
-//              are each chunk's (and in a pipeline each micro-batch's) unless
-//              parallel.sync_batchnorm shares them (ddp and dp; model/sync_batchnorm.h);
-//   pipeline   this process is one stage of a pipeline (pipeline_stages.h, PreparePipeline).
+//              needs a torch::nn::Cloneable module; BatchNorm statistics are each chunk's
+//              unless parallel.sync_batchnorm shares them (model/sync_batchnorm.h);
+//   stages > 1 (or mode pipeline: ddp over pipeline replicas) this process is one stage of a
+//              pipeline (PreparePipeline, pipeline_stages.h) and the data strategy runs over
+//              the same stage of the other replicas.
 // Accumulation (gradient_accumulation_steps N): the all-reduce is skipped on all but the last
 // micro-batch of each window (sync_each_batch turns that off); the window also closes at the end
 // of the data (sync_with_dataloader); Backward divides the loss by N; Step only steps on a
@@ -73,25 +72,22 @@
 // LoadState resumes from the last checkpoint.
 //
 // In-place recovery (`launch --recover in_place --max_restarts N`, which sets LAUNCH_RECOVER;
-// ddp, or one process): a lost peer costs the step in flight, not the run. When a collective
-// fails because a peer is gone, every later collective call of this Accelerator does nothing
-// until Step(), which then waits for the replacement the agent starts for that rank (up to the
-// init timeout), forms a new group with it, and makes every rank take the state of the live
-// rank that is furthest along (lowest rank among equals): parameters, optimizer state, step,
-// LR-schedule anchor and data position as they were at that rank's last step boundary; each
-// survivor keeps its own buffers of that boundary, a replacement takes that rank's. Nothing of
-// the abandoned step survives (its gradients are dropped; the optimizer had not stepped), no
-// checkpoint is read, and the loader serves the abandoned step's batches again, so a loop
-// written against this API redoes the step unchanged: Step() returns false, redo() true. A
-// replacement (LAUNCH_RECOVER_GENERATION > 0) receives that state in Prepare and LoadState then
-// reads nothing. Randomness: with recovery on, the default CPU generator is reseeded at every
-// micro-batch from (seed, rank, step, micro-batch), which a replacement re-derives (a dead
-// rank's generator state is not kept anywhere). A checkpoint whose commit a lost peer
-// interrupted is skipped (the previous one stays the latest). A replacement that does not come
-// within the timeout, or any other failure while recovering, throws c10::Error from Step(): the
-// worker fails and the agent restarts everyone as without recovery. Limits: BatchNorm-like
-// buffers are rank 0's running statistics (PyTorch's broadcast_buffers); when rank 0 is the
-// one lost, its buffers' last updates are lost with it and the others' are taken instead.
+// ddp over the whole world, or one process): a lost peer costs the step in flight, not the run.
+// After a collective failed because a peer is gone, every later collective call does nothing
+// until Step(), which waits for the replacement the agent starts (up to the init timeout),
+// forms a new group with it, and makes every rank take the state of the live rank furthest
+// along (lowest rank among equals) at its last step boundary: parameters, optimizer state,
+// step, LR-schedule anchor and data position; each survivor keeps its own buffers of that
+// boundary, a replacement takes that rank's. The abandoned step's gradients are dropped, no
+// checkpoint is read, and the loader serves that step's batches again: Step() returns false,
+// redo() true, and the loop redoes the step unchanged. A replacement
+// (LAUNCH_RECOVER_GENERATION > 0) receives the state in Prepare; LoadState then reads nothing.
+// With recovery on, the CPU generator is reseeded at every micro-batch from (seed, rank, step,
+// micro-batch), which a replacement re-derives. A checkpoint whose commit a lost peer
+// interrupted is skipped. A replacement that does not come in time, or any other failure
+// while recovering, throws c10::Error from Step(): the agent then restarts everyone. Limits:
+// buffers are rank 0's running statistics (broadcast_buffers); when rank 0 is the one lost,
+// its buffers' last updates are lost with it and another rank's are taken.
 
 #include <chrono>
 #include <cstdint>
@@ -107,11 +103,12 @@
 
 #include "base/status.h"
 #include "config/train_config.h"
+#include "trainer_runtime/api/loader_cursor.h"
 #include "trainer_runtime/data/sampler.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/util/env.h"
 
-namespace c10d {
+namespace c10d {  // c10d's process group and store, held by pointer
 class ProcessGroup;
 class Store;
 }  // namespace c10d
@@ -121,36 +118,8 @@ namespace launch::trainer {
 class CountingProcessGroup;
 class Model;
 class ParallelLayout;
-struct TrainState;
 class ParallelStrategy;
-class PipelineEngine;
-
-// Position of a data loader: the next batch it yields. Part of the saved state. The global
-// sample position of the next batch (all data-parallel ranks together) is
-// start + batch * global_batch; a checkpoint stores it, so a resume at another world size
-// continues from there (sampler.h).
-struct LoaderCursor {
-  int64_t epoch = 0;
-  int64_t batch = 0;              // next batch within the epoch, counted from `start`
-  int64_t batches_per_epoch = 0;  // per rank (ShardedSampler: the last partial batch is dropped)
-  int64_t start = 0;              // global position of batch 0 of `epoch`: 0, or where a resume
-                                  // at another world size took the epoch over
-  int64_t batches_this_epoch =
-      0;                      // per rank, of `epoch` from `start` (ShardedSampler::BatchesFrom)
-  int64_t num_samples = 0;    // the data set's size
-  int64_t global_batch = 0;   // data-parallel ranks x batch size
-  bool last_was_end = false;  // the batch served last was the epoch's last
-
-  // Samples of `epoch` consumed by all ranks together: the next batch's global position.
-  int64_t offset() const { return start + batch * global_batch; }
-  // Moves to epoch `e`'s beginning.
-  void StartEpoch(int64_t e) {
-    epoch = e;
-    batch = 0;
-    start = 0;
-    batches_this_epoch = batches_per_epoch;
-  }
-};
+struct TrainState;
 
 // What the ranks agreed on at a step boundary (Accelerator::PollSignals).
 struct SignalRequest {
@@ -186,7 +155,7 @@ class Accelerator {
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }
   int local_rank() const { return env_.local_rank; }
-  bool IsMainProcess() const { return env_.rank == main_rank_; }
+  bool IsMainProcess() const;
   bool IsLocalMainProcess() const { return env_.local_rank == 0; }
   const config::TrainConfig& options() const { return options_; }
   // Where this rank computes (accelerate's `accelerator.device`): cuda:LOCAL_RANK when LibTorch
@@ -217,20 +186,22 @@ class Accelerator {
   Status Prepare(std::shared_ptr<torch::nn::Module> model,
                  std::shared_ptr<torch::optim::Optimizer> optimizer);
   // This process's stage of a pipeline: `stage` is built by the caller for stage_index()
-  // (pipeline_stages.h cuts a Sequential into stages); the optimizer is over its parameters. Stages
-  // start from the first pipeline replica's weights: each stage's parameters and buffers are
-  // broadcast to the same stage of the other replicas, as Prepare does under ddp. Gradients are
-  // all-reduced with the same stage of the other pipeline replicas. COLLECTIVE.
-  // REQUIRES: options().parallel.mode == pipeline.
+  // (pipeline_stages.h cuts a Sequential into stages); the optimizer is over its parameters.
+  // The data strategy (parallel.mode) runs over the same stage of the other replicas: under ddp
+  // and zero they start from the first replica's weights. COLLECTIVE.
+  // REQUIRES: options().parallel.pipelined() (stages > 1, or mode pipeline).
   Status PreparePipeline(torch::nn::AnyModule stage,
                          std::shared_ptr<torch::optim::Optimizer> optimizer);
   std::shared_ptr<torch::optim::Optimizer> optimizer() const { return optimizer_; }
-  // Pipeline layout: stages per pipeline, this rank's stage, pipelines (data-parallel replicas)
-  // and this rank's pipeline. 1, 0, world_size, rank outside pipeline mode.
-  int num_stages() const { return stages_; }
-  int stage_index() const { return stage_; }
-  int data_parallel_size() const { return data_world_; }
-  int data_parallel_rank() const { return data_rank_; }
+  // Stages per pipeline and this rank's stage (1 and 0 without stages); data-parallel ranks
+  // (replicas) and this rank's replica.
+  int num_stages() const;
+  int stage_index() const;
+  int data_parallel_size() const;
+  int data_parallel_rank() const;
+  // Where this rank sits on every axis (tensor, data, stage), its groups and neighbours
+  // (trainer_runtime/parallel/layout.h, internal: include it to use the result).
+  const ParallelLayout& layout() const;
 
   // --- Several models (a GAN, a teacher and a student) ----------------------------------------
   // With more than one prepared pair, Backward(loss) walks loss's autograd graph to the
@@ -386,19 +357,19 @@ class Accelerator {
   // of `batch`: the first stage feeds batch.data, the last computes `loss_fn(output, target)`
   // (a mean). Returns the batch's mean loss on the last stage, undefined elsewhere. Throws
   // c10::Error naming train.parallel.microbatches when the batch has fewer rows than that.
-  torch::Tensor PipelineForwardBackward(
-      const torch::data::Example<>& batch,
-      const std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>& loss_fn);
+  using CriterionFn = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
+  torch::Tensor PipelineForwardBackward(const torch::data::Example<>& batch,
+                                        const CriterionFn& loss_fn);
   // Pipeline mode, no gradients: the last stage's output for `inputs` (given on the first
   // stage; any tensor elsewhere), undefined on the other stages. COLLECTIVE within a pipeline.
   torch::Tensor PipelineForward(const torch::Tensor& inputs);
-  // Pipeline mode: the mean loss of the last optimizer step over the pipeline replicas (last
-  // stage; 0 elsewhere).
-  double pipeline_loss() const { return pipeline_loss_; }
+  // The mean of `loss` over the ranks that compute a loss (every rank; in a pipeline its last
+  // stages): the others' values are ignored. COLLECTIVE.
+  double MeanLoss(double loss);
 
   // Clips the gradient norm over the whole model (all stages of a pipeline) to `max_norm`;
-  // returns the norm before clipping. Correct in every mode: ddp and dp clip the reduced
-  // gradients; local_sgd each replica's own. COLLECTIVE in pipeline mode.
+  // returns the norm before clipping: the reduced gradients' (local_sgd: each replica's own).
+  // COLLECTIVE in a pipeline and under zero.
   double ClipGradNorm(double max_norm);
   // When the current micro-batch synchronised: clips (options().max_grad_norm > 0), sets the
   // learning rate from the schedule (SetLrSchedule), steps the optimizer, zeroes the gradients,
@@ -498,7 +469,7 @@ class Accelerator {
   void SetTrigger() { trigger_ = true; }
   bool CheckTrigger();
 
-  // --- Evaluation, held objects and collectives of any shape (issue 25) ---------------------
+  // --- Evaluation, held objects and collectives of any shape ---------------------------------
   // Prepare for a module and optimizer held by value, as most LibTorch programs hold them
   // (`Net model; torch::optim::SGD opt(model->parameters(), ...); accel->Prepare(model, opt)`):
   // the module is shared with `model` (a ModuleHolder holds a shared_ptr), the optimizer is NOT
@@ -619,9 +590,10 @@ class Accelerator {
   // pipeline mode (InvalidArgument). IoError naming the path. COLLECTIVE.
   Status SaveForPython(const std::string& path);
 
-  // --- Internal, for `train` and tests -----------------------------------------------------
-  // All-reduces issued since the last call (communication per optimizer step), the time the
-  // loop waited on communication, and buckets launched during backward (ddp overlap).
+  // --- Communication and state ---------------------------------------------------------------
+  // Since the last call (communication per optimizer step): collectives issued over the
+  // gradient group, the time the loop waited on communication it could not hide, and buckets
+  // launched while backward still ran (ddp overlap).
   struct CommStats {
     int64_t allreduces = 0;
     int64_t reduce_scatters = 0;  // zero
@@ -630,29 +602,14 @@ class Accelerator {
     int64_t launched_before_grads_done = 0;
   };
   CommStats TakeCommStats();
-  int64_t num_buckets() const;
-  int64_t allreduces_total() const;
-  int64_t pair_exchanges_total() const;
-  // zero's collectives over the run: gradient reduce-scatters and parameter all-gathers.
-  int64_t reduce_scatters_total() const;
-  int64_t allgathers_total() const;
-  // Bytes of parameters, gradients and optimizer state this rank holds ({parameters,
-  // gradients, optimizer}; zero: its shards).
-  std::vector<int64_t> StateBytes() const;
-  PipelineEngine* pipeline() const { return pipeline_.get(); }
-  // dp only: DataParallel's gather-then-loss (parallel.loss_in_replica false): replicas run
-  // TensorForward (model.h) and `criterion(outputs, targets)` runs once on the gathered outputs.
-  void SetDpCriterion(
-      std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> criterion) {
-    criterion_ = std::move(criterion);
-  }
-  CountingProcessGroup* process_group() const { return pg_.get(); }
-  // The prepared model's trainable parameters (requires grad, each once) and its view.
+  int64_t num_buckets() const;  // ddp's gradient buckets, zero's units; 0 otherwise
+  // The loss of an output and its targets, for the engines that compute it themselves:
+  // dp's gather-then-loss (parallel.loss_in_replica false: replicas run TensorForward, model.h,
+  // and `criterion(outputs, targets)` runs once on the gathered outputs) and a pipeline's last
+  // stage (ForwardBackward there calls it for every micro-batch).
+  void SetCriterion(CriterionFn criterion) { criterion_ = std::move(criterion); }
+  // The prepared model's trainable parameters (requires grad, each once).
   std::vector<torch::Tensor> parameters() const;
-  Model* model() const { return model_.get(); }
-  // Stages x fields of PipelineEngine::Stats from replica 0 of every stage, on every rank.
-  // COLLECTIVE.
-  std::vector<double> GatherPipelineStats(uint64_t checksum);
 
  private:
   Accelerator(const config::TrainConfig& options, const DistEnv& env);
@@ -662,7 +619,6 @@ class Accelerator {
   bool AttachCursor(std::shared_ptr<LoaderCursor> cursor);
   // Moves the training cursor to the position LoadState restored, once.
   void ApplyRestoredCursor();
-  std::string StageFileName() const;  // pipeline: this stage's model file in a checkpoint
   void SetLayout(const ParallelLayout& layout);
   void LoadTrainState(const TrainState& state);  // LoadState: step, counters, cursor
   TrainState CurrentTrainState() const;          // SaveState: what rank<r>.pt holds
@@ -698,13 +654,14 @@ class Accelerator {
   void SumInPlace(torch::Tensor& t);
   void CountSamples(int64_t n) {
     samples_seen_ += n;
-    samples_seen_global_ += n * data_world_;
+    samples_seen_global_ += n * data_parallel_size();
   }
   // LAUNCH_TRACE_SAMPLES (tests): appends "step epoch position:index ..." for a batch to
   // <path>.rank<r>. A no-op when the variable is unset.
   void TraceBatch(int64_t epoch, const std::vector<int64_t>& positions,
                   const std::vector<int64_t>& indices);
   bool tracing() const { return trace_fd_ >= 0; }
+  friend class AcceleratorInternals;  // accelerator_internal.h
   template <typename DatasetT>
   friend class DistributedDataLoader;
   template <typename DatasetT>
@@ -712,20 +669,21 @@ class Accelerator {
 
   config::TrainConfig options_;
   DistEnv env_;
-  int main_rank_ = 0;
-  int stages_ = 1, stage_ = 0, data_world_ = 1, data_rank_ = 0;
-  c10::intrusive_ptr<CountingProcessGroup> pg_;
+  std::unique_ptr<ParallelLayout> layout_;            // the authority on groups and coordinates
+  c10::intrusive_ptr<CountingProcessGroup> pg_;       // the world (null for one process)
+  c10::intrusive_ptr<CountingProcessGroup> data_pg_;  // the gradient group (pg_ when it spans
+                                                      // the world; null when it has one rank)
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<Model> model_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::unique_ptr<ParallelStrategy> strategy_;
   // Every prepared (model, optimizer) pair; pairs_[0] is module_, model_, optimizer_,
-  // strategy_ above (which existing code keeps using), later ones own their strategy.
+  // strategy_ above, later ones own their strategy.
   struct Pair {
     std::shared_ptr<torch::nn::Module> module;
     std::shared_ptr<Model> model;
     std::shared_ptr<torch::optim::Optimizer> optimizer;
-    ParallelStrategy* strategy = nullptr;     // null in pipeline mode
+    ParallelStrategy* strategy = nullptr;     // set by Prepare / PreparePipeline
     std::unique_ptr<ParallelStrategy> owned;  // pairs after the first
     int no_sync = 0;                          // open NoSync scopes
     bool took_part = false;                   // a Backward reached it since its last step
@@ -759,7 +717,6 @@ class Accelerator {
   Status LoadUserState(const std::string& step_dir);
   StatusOr<bool> LoadStateAt(const std::string& dir, std::optional<int64_t> step);
   std::vector<std::string> ChangedSettingsAt(const std::string& dir, int64_t step) const;
-  std::unique_ptr<PipelineEngine> pipeline_;
   std::shared_ptr<LoaderCursor> cursor_;  // the training loader's (AttachCursor)
   std::function<double(int64_t)> lr_schedule_;
   bool lr_is_factor_ = false;  // lr_schedule_ is SetLrLambda's factor, not a rate
@@ -772,10 +729,10 @@ class Accelerator {
   bool in_micro_ = false;       // Accumulate() called, Backward not yet
   bool sync_ = true;            // this micro-batch communicates gradients (ddp)
   bool window_closes_ = false;  // this micro-batch ends the accumulation window
-  double window_loss_ = 0;      // pipeline: loss summed over the window's micro-batches
-  double pipeline_loss_ = 0;
-  int64_t pipeline_allreduces_seen_ = 0;
-  std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)> criterion_;
+  CriterionFn criterion_;
+  // ForwardBackward with the criterion the engine uses (dp's gather, a pipeline's last stage).
+  torch::Tensor ForwardBackwardWith(const torch::data::Example<>& batch, const ChunkLoss& fn,
+                                    const CriterionFn& criterion);
   int64_t micro_in_window_ = 0;
   int64_t micro_last_step_ = 0;
   int64_t step_ = 0;
@@ -825,7 +782,6 @@ class Accelerator {
   } boundary_;
   std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting
 
-  // Issue 25: loops ported from plain LibTorch.
   bool backward_since_step_ = false;  // Backward (or ForwardBackward) ran since the last step
   // Whether gradients must be averaged by Backward for the replicas to stay equal (ddp, zero).
   bool AveragesGradients() const;

@@ -282,7 +282,7 @@ DistributedDataLoader<DatasetT> Accelerator::PrepareDataLoader(DatasetT dataset,
 
 template <typename DatasetT>
 EvalDataLoader<DatasetT> Accelerator::PrepareEvalLoader(DatasetT dataset, int64_t batch_size) {
-  LAUNCH_CHECK(pipeline_ == nullptr,
+  LAUNCH_CHECK(!options_.parallel.pipelined(),
                "PrepareEvalLoader: not in pipeline mode (evaluate with PipelineForward)");
   LAUNCH_CHECK(batch_size >= 1, "PrepareEvalLoader: batch_size must be >= 1");
   return EvalDataLoader<DatasetT>(this, std::move(dataset), batch_size);

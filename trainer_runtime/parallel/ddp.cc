@@ -166,6 +166,8 @@ class DdpStrategy : public ParallelStrategy {
 
   const char* Name() const override { return "ddp"; }
   bool ReplicasEqual() const override { return true; }
+  bool AveragesGradients() const override { return true; }
+  bool ReplicasBitEqual() const override { return true; }
 
   void Setup() override {
     BroadcastModel(pg_, model_);

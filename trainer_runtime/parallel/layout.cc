@@ -4,31 +4,103 @@
 
 namespace launch::trainer {
 
+const char* AxisName(Axis axis) {
+  switch (axis) {
+    case Axis::kTensor:
+      return "tensor";
+    case Axis::kData:
+      return "data";
+    case Axis::kStage:
+      return "stage";
+  }
+  return "?";
+}
+
+Axis AxisOf(Use use) {
+  switch (use) {
+    case Use::kBatch:
+    case Use::kTensor:
+      return Axis::kTensor;
+    case Use::kGradient:
+      return Axis::kData;
+    case Use::kStage:
+      return Axis::kStage;
+  }
+  return Axis::kData;
+}
+
 StatusOr<ParallelLayout> ParallelLayout::Create(const config::TrainConfig& cfg,
                                                 const DistEnv& env) {
   LAUNCH_RETURN_IF_ERROR(config::CheckTrainRulesStatus(cfg, env.world_size));
+  return FromDegrees(env.world_size, env.rank, cfg.parallel.stages, cfg.parallel.tensor);
+}
+
+StatusOr<ParallelLayout> ParallelLayout::FromDegrees(int world, int rank, int stages, int tensor) {
+  if (stages < 1) return Status::InvalidArgument("train.parallel.stages: must be at least 1");
+  if (tensor < 1) return Status::InvalidArgument("train.parallel.tensor: must be at least 1");
+  if (world < 1 || rank < 0 || rank >= world)
+    return Status::InvalidArgument("rank " + std::to_string(rank) + " is not in a world of " +
+                                   std::to_string(world));
+  if (world % (stages * tensor) != 0)
+    return Status::InvalidArgument(
+        std::string("train.") + (tensor > 1 ? "parallel.tensor" : "parallel.stages") +
+        ": stages x tensor (" + std::to_string(stages) + " x " + std::to_string(tensor) +
+        ") does not divide the world size " + std::to_string(world));
   ParallelLayout layout;
-  layout.world_ = env.world_size;
-  layout.rank_ = env.rank;
-  if (cfg.parallel.mode == config::ParallelMode::kPipeline) layout.stages_ = cfg.parallel.stages;
-  layout.data_ = layout.world_ / layout.stages_;
+  layout.world_ = world;
+  layout.rank_ = rank;
+  layout.degree_ = {tensor, world / (stages * tensor), stages};
+  layout.stride_ = {1, tensor, tensor * layout.degree_[1]};
   return layout;
 }
 
-std::vector<int> ParallelLayout::GroupRanks(Axis axis) const {
+int ParallelLayout::Neighbour(Axis axis, int delta) const {
+  const int at = coordinate(axis) + delta;
+  if (at < 0 || at >= degree(axis)) return -1;
+  return rank_ + delta * stride_[Index(axis)];
+}
+
+std::vector<int> ParallelLayout::GroupRanksOf(int rank, Axis axis) const {
+  // Hold the other coordinates: the group starts where this axis' coordinate is 0.
+  const int stride = stride_[Index(axis)];
+  const int first = rank - CoordinateOf(rank, axis) * stride;
   std::vector<int> ranks;
-  for (int i = 0; i < degree(axis); ++i)
-    ranks.push_back(axis == Axis::kData ? RankAt(i, coordinate(Axis::kStage))
-                                        : RankAt(coordinate(Axis::kData), i));
+  for (int i = 0; i < degree(axis); ++i) ranks.push_back(first + i * stride);
   return ranks;
+}
+
+std::vector<std::vector<int>> ParallelLayout::AllGroups(Axis axis) const {
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < world_; ++r)
+    if (CoordinateOf(r, axis) == 0) groups.push_back(GroupRanksOf(r, axis));
+  return groups;
+}
+
+int ParallelLayout::GroupIndex(Axis axis) const {
+  const int first = GroupRanks(axis).front();
+  int index = 0;
+  for (int r = 0; r < first; ++r)
+    if (CoordinateOf(r, axis) == 0) ++index;
+  return index;
+}
+
+std::string ParallelLayout::ShardName() const {
+  std::string name;
+  if (degree(Axis::kStage) > 1) name = "stage" + std::to_string(coordinate(Axis::kStage));
+  if (degree(Axis::kTensor) > 1)
+    name += (name.empty() ? "" : "_") + std::string("tensor") +
+            std::to_string(coordinate(Axis::kTensor));
+  return name;
 }
 
 std::string ParallelLayout::Describe() const {
   if (world_ == 1) return "1 process";
   std::string out;
-  if (data_ > 1) out = "data " + std::to_string(data_);
-  if (stages_ > 1)
-    out += (out.empty() ? "" : " x ") + std::string("stage ") + std::to_string(stages_);
+  for (Axis axis : {Axis::kTensor, Axis::kData, Axis::kStage}) {
+    if (degree(axis) <= 1) continue;
+    out += (out.empty() ? "" : " x ") + std::string(AxisName(axis)) + " " +
+           std::to_string(degree(axis));
+  }
   return out;
 }
 
@@ -38,17 +110,13 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateAxisGroup(
   const int size = layout.degree(axis);
   if (size <= 1) return c10::intrusive_ptr<CountingProcessGroup>();
   if (size == layout.world_size()) return world;
-  // The group's index: its coordinate on the other axis.
-  const Axis other = axis == Axis::kData ? Axis::kStage : Axis::kData;
-  const std::string name = std::string(axis == Axis::kData ? "data" : "stage") + "_of_" +
-                           (other == Axis::kStage ? "stage" : "data") +
-                           std::to_string(layout.coordinate(other));
+  const std::string name = std::string(AxisName(axis)) + std::to_string(layout.GroupIndex(axis));
   LAUNCH_ASSIGN_OR_RETURN(auto store, ConnectStore(env, /*host=*/false, timeout));
   StatusOr<c10::intrusive_ptr<CountingProcessGroup>> group =
       CreateGroupOver(store, name, layout.coordinate(axis), size, env, timeout);
   if (!group.ok())
-    return group.status().WithContext("the " + std::string(axis == Axis::kData ? "data" : "stage") +
-                                      "-parallel group of " + std::to_string(size) + " ranks");
+    return group.status().WithContext("the " + std::string(AxisName(axis)) + "-parallel group of " +
+                                      std::to_string(size) + " ranks");
   return group;
 }
 

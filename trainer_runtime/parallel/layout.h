@@ -1,20 +1,27 @@
 #pragma once
 
 // ParallelLayout: how the ranks of a job are arranged, built once from the train config and the
-// environment (torchtitan's ParallelDims is the model). The world is a grid of axes,
-//   world = data x stage         (stage innermost: a pipeline's stages are adjacent ranks)
-// and each rank has a coordinate on each axis:
-//   stage(r) = r % stages        data(r) = r / stages
-// Every mode is a point in it: ddp, zero and local_sgd are data = W, stage = 1; pipeline is
-// stage = parallel.stages, data = W / stages; none and dp are data = W with no communication.
-// The layout validates the degrees against the world size (the config's own rules,
-// config/train_keys.h CheckTrainRulesStatus, with the real world), names the rank that reports
-// (main_rank), and hands out the process group along any axis through one factory
-// (CreateAxisGroup), which attaches the shared-memory transports when the group's ranks share a
-// host. A new axis (tensor parallel) is a new Axis value, a degree and a coordinate here.
+// environment, and asked by everything that needs a group, a neighbour or a coordinate
+// (torchtitan's ParallelDims and Megatron's RankGenerator are the models). The world is a grid
+// of axes in one declared order, innermost first:
+//   world = tensor x data x stage           (Megatron's "tp-dp-pp")
+//   rank  = t + tensor * (d + data * s)
+// Tensor is innermost so that a tensor group (an all-reduce inside every layer) stays on one
+// host, where the shared-memory transport serves it; a pipeline's stages are furthest apart
+// (one send per micro-batch crosses hosts). The degrees come from the config: stages and
+// tensor (train.parallel.stages, train.parallel.tensor), data = world / (stages x tensor), as
+// torchtitan infers dp_shard = -1.
 //
-// Internal to trainer_runtime (includes LibTorch through comm/process_group.h).
+// A group along an axis holds the other coordinates fixed and walks that axis (Megatron's
+// orthogonal groups): with 16 ranks, tensor 2 and stages 4 the tensor groups are [0,1], [2,3],
+// ..., the data groups [0,2], [1,3], [4,6], ..., the stage groups [0,4,8,12], [1,5,9,13], ...
+// The groups are named by use (Use below), so a consumer says what it needs a group for and
+// the layout says which axis that is.
+//
+// Internal to trainer_runtime (includes LibTorch through comm/process_group.h). A value type:
+// copy it freely; immutable after Create.
 
+#include <array>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -26,48 +33,84 @@
 
 namespace launch::trainer {
 
+// The axes, innermost first (their order in the rank).
 enum class Axis {
-  kData,   // replicas that see different data and average (or shard) gradients
-  kStage,  // pipeline stages of one replica
+  kTensor,  // ranks that split each layer's weights and see the same data
+  kData,    // replicas that see different data and average (or shard) gradients
+  kStage,   // pipeline stages of one replica
 };
+constexpr int kNumAxes = 3;
+const char* AxisName(Axis axis);  // "tensor", "data", "stage"
+
+// What a group is for.
+enum class Use {
+  kBatch,     // the ranks that read the same batch: this rank's tensor group (the data loader
+              // shards over the data coordinate, so they all get the same rows)
+  kGradient,  // the ranks that average (ddp) or shard (zero) this rank's gradients: the data
+              // group, whose ranks hold the same part of the model
+  kStage,     // the ranks of this rank's pipeline: activations forward, gradients back
+  kTensor,    // the ranks that split this rank's layers
+};
+Axis AxisOf(Use use);
 
 class ParallelLayout {
  public:
   // Validates `cfg` against env.world_size (the errors of CheckTrainRulesStatus: the key and
   // why) and computes this rank's coordinates.
   static StatusOr<ParallelLayout> Create(const config::TrainConfig& cfg, const DistEnv& env);
-  // A world of one process of mode none: what a program that never asked sees.
+  // The layout of `world` ranks with these degrees, seen from `rank` (tests, tools).
+  // InvalidArgument naming train.parallel.stages / train.parallel.tensor when a degree is below
+  // 1 or their product does not divide `world`.
+  static StatusOr<ParallelLayout> FromDegrees(int world, int rank, int stages, int tensor);
+  // A world of one process: what a program that never asked sees.
   ParallelLayout() = default;
 
   int world_size() const { return world_; }
   int rank() const { return rank_; }
-  // Degree of `axis`: how many ranks one group along it has.
-  int degree(Axis axis) const { return axis == Axis::kData ? data_ : stages_; }
+  // How many ranks one group along `axis` has.
+  int degree(Axis axis) const { return degree_[Index(axis)]; }
   // This rank's coordinate on `axis`, in [0, degree(axis)).
-  int coordinate(Axis axis) const {
-    return axis == Axis::kData ? rank_ / stages_ : rank_ % stages_;
+  int coordinate(Axis axis) const { return CoordinateOf(rank_, axis); }
+  // `rank`'s coordinate on `axis`.
+  int CoordinateOf(int rank, Axis axis) const {
+    return rank / stride_[Index(axis)] % degree_[Index(axis)];
   }
-  // The global rank at (data, stage).
-  int RankAt(int data, int stage) const { return data * stages_ + stage; }
+  // The global rank at these coordinates.
+  int RankAt(int tensor, int data, int stage) const {
+    return tensor * stride_[0] + data * stride_[1] + stage * stride_[2];
+  }
+  // The rank `delta` steps along `axis` from this one (the other coordinates fixed), or -1
+  // past either end: Neighbour(kStage, -1) is the previous stage, -1 on the first.
+  int Neighbour(Axis axis, int delta) const;
   // The global ranks of this rank's group along `axis`, in coordinate order.
-  std::vector<int> GroupRanks(Axis axis) const;
-  // The rank that reports (logs, metrics, final.json): the last stage of data replica 0, where
-  // the loss is.
-  int main_rank() const { return RankAt(0, stages_ - 1); }
-  // "data 2 x stage 2" (degrees above 1 only; "1 process" for a world of one).
+  std::vector<int> GroupRanks(Axis axis) const { return GroupRanksOf(rank_, axis); }
+  std::vector<int> GroupRanksOf(int rank, Axis axis) const;
+  // Every group along `axis` (a partition of the world), ordered by their first rank.
+  std::vector<std::vector<int>> AllGroups(Axis axis) const;
+  // The index of this rank's group among AllGroups(axis): distinct per group, the same for
+  // every rank of a group (it names the group's keys in the store).
+  int GroupIndex(Axis axis) const;
+  // The rank that reports (logs, metrics, final.json): tensor 0 of data replica 0 on the last
+  // stage, where the loss is.
+  int main_rank() const { return RankAt(0, 0, degree(Axis::kStage) - 1); }
+  // Where this rank's part of the model goes in a checkpoint folder: "" when every rank holds
+  // the whole model, else "stage<s>" and/or "tensor<t>" joined by "_" (the axes that split it).
+  std::string ShardName() const;
+  // "tensor 2 x data 2 x stage 4" (degrees above 1 only; "1 process" for a world of one).
   std::string Describe() const;
 
  private:
+  static int Index(Axis axis) { return static_cast<int>(axis); }
   int world_ = 1;
   int rank_ = 0;
-  int data_ = 1;
-  int stages_ = 1;
+  std::array<int, kNumAxes> degree_ = {1, 1, 1};
+  std::array<int, kNumAxes> stride_ = {1, 1, 1};
 };
 
 // The process group of this rank's group along `axis` over the job's store. When the axis
 // spans the whole world, returns `world` itself (no second group). Otherwise builds it with
-// CreateGroupOver (name "<axis><index>", the index being the group's coordinate on the other
-// axis, so each group has its own keys). COLLECTIVE among the group's ranks; every rank of the
+// CreateGroupOver (named by the axis and GroupIndex, so each group has its own keys), with
+// the shared-memory transports when its ranks share a host. COLLECTIVE: every rank of the
 // world calls it for the same axis at the same point. Null for a group of one rank.
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateAxisGroup(
     const ParallelLayout& layout, Axis axis, const DistEnv& env,

@@ -53,6 +53,8 @@ class LocalSgdStrategy : public ParallelStrategy {
   }
   const char* Name() const override { return "local_sgd"; }
   bool ReplicasEqual() const override { return false; }
+  // Between averages the replicas differ; Finish's last average makes them equal bit for bit.
+  bool ReplicasBitEqual() const override { return true; }
   void Setup() override {
     if (pg_) BroadcastModel(pg_, model_);
     if (!nesterov_) return;

@@ -5,7 +5,10 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cmath>
+#include <filesystem>
+#include <map>
 
+#include "base/files.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/parallel/strategy.h"
@@ -31,33 +34,61 @@ double PeakRssMb() {
 
 }  // namespace
 
-PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const DistEnv& env,
-                               const ParallelLayout& layout,
-                               c10::intrusive_ptr<CountingProcessGroup> pg)
-    : cfg_(cfg), env_(env), pg_(std::move(pg)) {
-  stages_ = layout.degree(Axis::kStage);
-  stage_ = layout.coordinate(Axis::kStage);
-  replicas_ = layout.degree(Axis::kData);
-  replica_ = layout.coordinate(Axis::kData);
-  ops_ = BuildPipelineSchedule(cfg_.parallel.schedule, stages_, stage_, cfg_.parallel.microbatches);
+PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const ParallelLayout& layout,
+                               c10::intrusive_ptr<CountingProcessGroup> world)
+    : layout_(layout),
+      microbatches_(cfg.parallel.microbatches),
+      bf16_(cfg.mixed_precision == "bf16"),
+      world_(std::move(world)) {
+  ops_ = BuildPipelineSchedule(cfg.parallel.schedule, stages(), stage(), microbatches_);
+  for (size_t i = 0; i < ops_.size(); ++i)
+    if (ops_[i].kind == PipeOp::Kind::kBackward) last_backward_ = i;
 }
 
 StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
     const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
-    c10::intrusive_ptr<CountingProcessGroup> pg, std::chrono::milliseconds timeout) {
-  std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, env, layout, pg));
-  // This stage's replicas in the other pipelines average their gradients.
+    c10::intrusive_ptr<CountingProcessGroup> world, std::shared_ptr<Model> model, ForwardFn forward,
+    std::unique_ptr<ParallelStrategy> data, std::chrono::milliseconds timeout) {
+  std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, layout, world));
   LAUNCH_ASSIGN_OR_RETURN(engine->stage_pg_,
-                          CreateAxisGroup(layout, Axis::kData, env, pg, timeout));
+                          CreateAxisGroup(layout, Axis::kStage, env, world, timeout));
+  engine->stage_model_ = std::move(model);
+  engine->model_ = engine->stage_model_.get();
+  engine->forward_ = std::move(forward);
+  engine->data_ = std::move(data);
   return engine;
 }
 
-void PipelineEngine::SetStage(std::shared_ptr<Model> model, ForwardFn forward) {
-  model_ = std::move(model);
-  forward_ = std::move(forward);
-  // Replicas built from different seeds would otherwise average gradients taken at different
-  // weights and never meet again: start them all from replica 0's stage, as DDP's Prepare does.
-  BroadcastModel(stage_pg_, model_.get());
+void PipelineEngine::BeforeForward(bool sync) {
+  sync_ = sync;
+  // Once per pass, as once per micro-batch of an accumulation window outside a pipeline: ddp's
+  // bucket rebuild and buffer broadcast, zero's prefetch order.
+  data_->BeforeForward(sync);
+}
+
+Status PipelineEngine::SaveModelState(const std::string& dir, torch::optim::Optimizer& optimizer) {
+  const std::string shard = dir + "/" + layout_.ShardName();
+  LAUNCH_RETURN_IF_ERROR(MakeDirs(shard));
+  return data_->SaveModelState(shard, optimizer);
+}
+
+Status PipelineEngine::LoadModelState(const std::string& dir, torch::optim::Optimizer& optimizer,
+                                      int64_t written_by) {
+  const std::string shard = dir + "/" + layout_.ShardName();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(shard, ec))
+    return Status::InvalidConfig("the checkpoint in " + dir + " has no folder " +
+                                 layout_.ShardName() + " for this rank's stage (" +
+                                 layout_.Describe() +
+                                 "): it was written by another layout (train.parallel.stages)");
+  return data_->LoadModelState(shard, optimizer, written_by);
+}
+
+StepCommStats PipelineEngine::TakeStepStats() {
+  StepCommStats out = data_->TakeStepStats();
+  out.blocking_comm_ms += clip_ms_;
+  clip_ms_ = 0;
+  return out;
 }
 
 void PipelineEngine::SendActivation(const torch::Tensor& t) {
@@ -71,7 +102,7 @@ void PipelineEngine::SendActivation(const torch::Tensor& t) {
   torch::Tensor body = t.contiguous();
   for (torch::Tensor* part : {&header, &body}) {
     std::vector<at::Tensor> v = {*part};
-    pending_sends_.push_back(pg_->send(v, Next(), kActivationTag));
+    pending_sends_.push_back(world_->send(v, Next(), kActivationTag));
     pending_tensors_.push_back(*part);
   }
 }
@@ -80,7 +111,7 @@ torch::Tensor PipelineEngine::RecvActivation() {
   Timeline::Scope span("pipeline", "idle: receive activation from rank " + std::to_string(Prev()));
   auto header = torch::empty({kHeaderLen}, torch::kLong);
   std::vector<at::Tensor> hv = {header};
-  pg_->recv(hv, Prev(), kActivationTag)->wait();
+  world_->recv(hv, Prev(), kActivationTag)->wait();
   auto h = header.accessor<int64_t, 1>();
   TORCH_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "corrupt activation header from rank ", Prev());
   std::vector<int64_t> sizes;
@@ -88,7 +119,7 @@ torch::Tensor PipelineEngine::RecvActivation() {
   auto body = torch::empty(
       sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[kHeaderLen - 1])));
   std::vector<at::Tensor> bv = {body};
-  pg_->recv(bv, Prev(), kActivationTag)->wait();
+  world_->recv(bv, Prev(), kActivationTag)->wait();
   return body;
 }
 
@@ -99,16 +130,19 @@ void PipelineEngine::WaitSends() {
   pending_tensors_.clear();
 }
 
-double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tensor& y,
-                                       int64_t batch, const LossFn& loss_fn, double scale) {
+torch::Tensor PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tensor& y,
+                                              const ChunkLossFn&, const CriterionFn& criterion,
+                                              double scale) {
+  TORCH_CHECK(criterion, "the pipeline's last stage needs a criterion (Accelerator::SetCriterion)");
   // The rows this batch really has (not train.batch_size): an empty micro-batch's mean loss
   // is nan. Every stage sees the same rows, so all refuse alike, before any communication.
-  const Status rows_ok =
-      CheckRowsFor(batch, cfg_.parallel.microbatches, "train.parallel.microbatches");
+  const int64_t batch = first() ? x.size(0) : y.size(0);
+  const Status rows_ok = CheckRowsFor(batch, microbatches_, "train.parallel.microbatches");
   if (!rows_ok.ok()) throw compat::MakeError(rows_ok.message());
-  if (gradients_synced_) SyncBuffers();
-  gradients_synced_ = false;
-  const auto chunks = SplitRows(batch, cfg_.parallel.microbatches);
+  const auto chunks = SplitRows(batch, microbatches_);
+  // Which backward passes the data strategy synchronises: the window's last, or every one
+  // where it reduces each micro-batch (zero stages 2 and 3, sync_each_batch).
+  const bool every = data_->SyncGradients(/*window_closes=*/false);
   struct Live {
     torch::Tensor input;   // requires grad on every stage but the first
     torch::Tensor output;  // activation sent on, or the weighted loss on the last stage
@@ -118,7 +152,8 @@ double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tens
   int64_t live_bytes = 0;
   double busy = 0, loss_sum = 0;
   const auto window_start = Clock::now();
-  for (const PipeOp& op : ops_) {
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const PipeOp& op = ops_[i];
     const auto [offset, rows] = chunks[static_cast<size_t>(op.micro)];
     const double weight = scale * static_cast<double>(rows) / static_cast<double>(batch);
     if (op.kind == PipeOp::Kind::kForward) {
@@ -131,8 +166,8 @@ double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tens
       if (last()) {
         torch::Tensor loss;
         {
-          AutocastScope amp(bf16());
-          loss = loss_fn(out, y.narrow(0, offset, rows));
+          AutocastScope amp(bf16_);
+          loss = criterion(out, y.narrow(0, offset, rows));
         }
         loss_sum += loss.item<double>() * static_cast<double>(rows) / static_cast<double>(batch);
         entry.output = loss * weight;
@@ -157,20 +192,23 @@ double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tens
         std::vector<at::Tensor> gv = {grad};
         Timeline::Scope span("pipeline",
                              "idle: receive gradient from rank " + std::to_string(Next()));
-        pg_->recv(gv, Next(), kGradientTag)->wait();
+        world_->recv(gv, Next(), kGradientTag)->wait();
       }
+      const bool sync = sync_ && (every || i == last_backward_);
       const auto t0 = Clock::now();
       Timeline::Scope span("pipeline", "backward micro-batch " + std::to_string(op.micro));
+      data_->BeforeBackward(entry.output, sync);
       if (last()) {
         torch::autograd::backward({entry.output});
       } else {
         torch::autograd::backward({entry.output}, {grad});
       }
+      data_->AfterBackward(sync);
       busy += Seconds(Clock::now() - t0);
       if (!first()) {
         torch::Tensor g = entry.input.grad().contiguous();
         std::vector<at::Tensor> v = {g};
-        pending_sends_.push_back(pg_->send(v, Prev(), kGradientTag));
+        pending_sends_.push_back(world_->send(v, Prev(), kGradientTag));
         pending_tensors_.push_back(g);
       }
     }
@@ -178,68 +216,28 @@ double PipelineEngine::ForwardBackward(const torch::Tensor& x, const torch::Tens
   WaitSends();
   totals_.busy_s += busy;
   totals_.window_s += Seconds(Clock::now() - window_start);
-  return loss_sum;
+  return torch::tensor(loss_sum, torch::kDouble);
 }
 
-void PipelineEngine::SyncBuffers() {
-  if (!stage_pg_ || model_->NamedBuffers().empty()) return;
-  std::vector<at::Tensor> buffers;
-  for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b);
-  BroadcastFromRank0(stage_pg_, std::move(buffers));
-}
-
-double PipelineEngine::AllReduceGradients(double loss) {
-  gradients_synced_ = true;
-  comm_ms_ = 0;
-  if (!stage_pg_) return loss;
-  const auto start = Clock::now();
-  // Flat all-reduces over this stage's replicas (one per dtype: per-call latency dominates on
-  // Gloo). A parameter without a gradient sends zeros and a 0 in `used`; when no replica used
-  // it, its gradient stays undefined afterwards, so the optimizer skips it (no weight decay),
-  // as PyTorch DDP leaves globally unused parameters. The loss rides along so every replica
-  // logs the mean.
-  std::vector<torch::Tensor> params = model_->Parameters();
-  std::vector<torch::Tensor> tensors;
-  torch::Tensor extras = torch::zeros({static_cast<int64_t>(params.size()) + 1}, torch::kFloat);
-  auto used = extras.accessor<float, 1>();
-  for (size_t i = 0; i < params.size(); ++i) {
-    torch::Tensor& p = params[i];
-    used[static_cast<int64_t>(i)] = p.grad().defined() ? 1.0f : 0.0f;
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    tensors.push_back(p.grad());
-  }
-  used[static_cast<int64_t>(params.size())] = static_cast<float>(loss);
-  tensors.push_back(extras);
-  AllReduceFlat(*stage_pg_, tensors, replicas_);
-  for (size_t i = 0; i < params.size(); ++i)
-    if (used[static_cast<int64_t>(i)] == 0.0f) params[i].mutable_grad() = torch::Tensor();
-  comm_ms_ = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  return used[static_cast<int64_t>(params.size())];
+double PipelineEngine::GradNormSquared() {
+  // The squares of this stage (summed over the data group's shards where it shards), then over
+  // the stages.
+  auto total = torch::tensor({data_->GradNormSquared()}, torch::kDouble);
+  AllReduceSum(stage_pg_, total);
+  return total.item<double>();
 }
 
 double PipelineEngine::ClipGradNorm(double max_norm) {
   const auto start = Clock::now();
-  // The norm over the whole model: squares summed over stages (and over identical replicas,
-  // hence the division).
-  std::vector<torch::Tensor> params = model_->Parameters();
-  double sq = 0;
-  for (auto& p : params)
-    if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
-  auto total = torch::tensor({sq}, torch::kDouble);
-  AllReduceSum(pg_, total);
-  const double norm = std::sqrt(total.item<double>() / replicas_);
+  const double norm = std::sqrt(GradNormSquared());
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1) {
-    torch::NoGradGuard no_grad;
-    for (auto& p : params)
-      if (p.grad().defined()) p.mutable_grad().mul_(coef);
-  }
-  comm_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  if (coef < 1) data_->ScaleGradients(coef);
+  clip_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   return norm;
 }
 
 torch::Tensor PipelineEngine::StageForward(const torch::Tensor& input) {
-  if (!bf16()) return forward_(input);
+  if (!bf16_) return forward_(input);
   torch::Tensor out;
   {
     AutocastScope amp(true);

@@ -1,16 +1,21 @@
 #pragma once
 
-// The step engine of pipeline mode: runs one stage's schedule (GPipe or 1F1B, see
-// pipeline_schedule.h) over the micro-batches of a batch, moves activations forward and their
-// gradients back with the job group's send/recv (shared-memory rings when the ranks share a
-// host, Gloo otherwise: process_group.h), all-reduces the stage's gradients with the same stage of
-// the other pipeline replicas, and clips by the norm over all stages. The Accelerator owns one
-// in pipeline mode (PreparePipeline); everything else (data, checkpoints, signals, metrics) is
-// shared with the other modes.
+// The pipeline step engine: this rank is one stage of a pipeline. It runs the stage's schedule
+// (GPipe or 1F1B, see pipeline_schedule.h) over the micro-batches of a batch, moves activations
+// forward and their gradients back with the world group's send/recv to the neighbours the
+// layout names along the stage axis (shared-memory rings when the ranks share a host, Gloo
+// otherwise: process_group.h), and clips by the norm over every stage.
 //
-// Layout: with P stages and world W = P x D, global rank r runs stage r % P of pipeline replica
-// r / P (a pipeline's stages are adjacent ranks). Stage s of every replica forms its own Gloo
-// group (a PrefixStore view of the job's TCPStore, one per restart).
+// It is a ParallelStrategy (strategy.h) that runs forward and backward itself, as dp does, and
+// wraps the data strategy of the stage's data group (the same stage of the other pipeline
+// replicas): ddp's reducer, zero's shards, or none. That strategy sees the schedule's backward
+// passes as the micro-batches of an accumulation window: only the window's last backward
+// synchronises (every one for a strategy that syncs each micro-batch: zero stages 2 and 3,
+// sync_each_batch), and the step, the checkpoint and the replicas' buffers are its own. So
+// pipeline x ddp and pipeline x zero 1/2/3 are the same code.
+//
+// Layout (layout.h): world = tensor x data x stage, stage outermost; the stage's neighbours and
+// its checkpoint folder (stage<s>/, the layout's ShardName) come from the layout.
 //
 // Loss weighting: micro-batch m of a batch of B rows is weighted by rows_m / B (and by `scale`,
 // 1 / accumulation steps), so the gradients equal one process on the whole batch even when the
@@ -22,7 +27,6 @@
 
 #include <chrono>
 #include <functional>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -33,53 +37,80 @@
 #include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/parallel/layout.h"
+#include "trainer_runtime/parallel/strategy.h"
 #include "trainer_runtime/util/env.h"
 #include "trainer_runtime/util/pipeline_schedule.h"
 
 namespace launch::trainer {
 
-class PipelineEngine {
+class PipelineEngine : public ParallelStrategy {
  public:
   using ForwardFn = std::function<torch::Tensor(const torch::Tensor&)>;
-  using LossFn = std::function<torch::Tensor(const torch::Tensor&, const torch::Tensor&)>;
 
-  // Joins the stage's data-parallel group (CreateAxisGroup) when there is more than one
-  // replica. `pg` is the world (null for one process); `layout` was built from `cfg` (its
-  // validation covers the pipeline's rules: stages divide the world, 1F1B micro-batches >=
-  // stages, batch_size >= micro-batches, no Local SGD).
+  // This rank's stage of `cfg`'s pipeline: `model` is the stage's parameter view, `forward`
+  // runs it, `data` is the data strategy over the stage's data group (CreateStrategy), which
+  // the engine owns. `world` is the job's group (null for one process): send/recv between
+  // stages. Joins the stage group (CreateAxisGroup: COLLECTIVE over the world) for the norm.
+  // REQUIRES: `layout` was built from `cfg` (its validation covers the pipeline's rules).
   static StatusOr<std::unique_ptr<PipelineEngine>> Create(
       const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
-      c10::intrusive_ptr<CountingProcessGroup> pg, std::chrono::milliseconds timeout);
+      c10::intrusive_ptr<CountingProcessGroup> world, std::shared_ptr<Model> model,
+      ForwardFn forward, std::unique_ptr<ParallelStrategy> data, std::chrono::milliseconds timeout);
 
-  // This rank's stage: `model` is its parameter view, `forward` runs it. With pipeline
-  // replicas, replica 0's parameters and buffers of this stage become every replica's (as DDP's
-  // Prepare broadcasts rank 0's). COLLECTIVE over the stage's replicas.
-  void SetStage(std::shared_ptr<Model> model, ForwardFn forward);
+  const char* Name() const override { return "pipeline"; }
+  // The data strategy's name ("ddp", "zero", "none").
+  const char* DataStrategyName() const { return data_->Name(); }
 
-  int stages() const { return stages_; }
-  int stage() const { return stage_; }
-  int replicas() const { return replicas_; }
-  int replica() const { return replica_; }
-  bool first() const { return stage_ == 0; }
-  bool last() const { return stage_ == stages_ - 1; }
+  int stages() const { return layout_.degree(Axis::kStage); }
+  int stage() const { return layout_.coordinate(Axis::kStage); }
+  int replicas() const { return layout_.degree(Axis::kData); }
+  int replica() const { return layout_.coordinate(Axis::kData); }
+  bool first() const { return stage() == 0; }
+  bool last() const { return stage() == stages() - 1; }
   const std::vector<PipeOp>& schedule() const { return ops_; }
 
-  // One pass of the schedule over `x` (first stage) / `y` (last stage) with `rows` rows: every
-  // micro-batch forward and backward. Returns the batch's mean loss on the last stage, 0
-  // elsewhere. With pipeline replicas, a pass that follows a gradient all-reduce first makes
-  // replica 0's buffers this stage's (SyncBuffers), as DDP's broadcast_buffers does. Throws
-  // c10::Error naming train.parallel.microbatches when `rows` < microbatches (CheckRowsFor).
-  double ForwardBackward(const torch::Tensor& x, const torch::Tensor& y, int64_t rows,
-                         const LossFn& loss_fn, double scale);
-  // Averages this stage's gradients over the pipeline replicas (one flat all-reduce per dtype;
-  // a gradient no replica produced stays undefined) and `loss` along with them; returns the
-  // replicas' mean loss.
-  double AllReduceGradients(double loss);
-  // This stage's buffers (running statistics) become replica 0's. COLLECTIVE over the stage's
-  // replicas; nothing with one replica.
-  void SyncBuffers();
-  // Clips by the norm over every stage's gradients; returns the norm. COLLECTIVE (world).
-  double ClipGradNorm(double max_norm);
+  // --- The seam (strategy.h): the data strategy's, but for forward and backward ---------------
+  void Setup() override { data_->Setup(); }
+  bool SyncGradients(bool window_closes) const override {
+    return data_->SyncGradients(window_closes);
+  }
+  void BeforeForward(bool sync) override;
+  void BeforeBackward(const torch::Tensor&, bool) override {}  // ForwardBackward runs them
+  void AfterBackward(bool) override {}
+  void AfterOptimizerStep(int64_t steps_done) override { data_->AfterOptimizerStep(steps_done); }
+  void Finish(int64_t steps_done) override { data_->Finish(steps_done); }
+  void SyncBuffers() override { data_->SyncBuffers(); }
+  // Clips by the norm over every stage's gradients; returns the norm. COLLECTIVE (the stage
+  // group, and the data group where the data strategy shards).
+  double ClipGradNorm(double max_norm) override;
+  double GradNormSquared() override;
+  void ScaleGradients(double coef) override { data_->ScaleGradients(coef); }
+  void Step(torch::optim::Optimizer& optimizer) override { data_->Step(optimizer); }
+  StateBytes MemoryBytes(const torch::optim::Optimizer& optimizer) const override {
+    return data_->MemoryBytes(optimizer);
+  }
+  bool ReplicasEqual() const override { return data_->ReplicasEqual(); }
+  // The data strategy's files, in the stage's folder of the checkpoint (layout ShardName).
+  Status SaveModelState(const std::string& dir, torch::optim::Optimizer& optimizer) override;
+  Status LoadModelState(const std::string& dir, torch::optim::Optimizer& optimizer,
+                        int64_t written_by) override;
+  void BeginSnapshot() override { data_->BeginSnapshot(); }
+  void EndSnapshot() override { data_->EndSnapshot(); }
+  int64_t num_buckets() const override { return data_->num_buckets(); }
+  bool AveragesGradients() const override { return data_->AveragesGradients(); }
+  bool ReplicasBitEqual() const override { return data_->ReplicasBitEqual(); }
+  bool HoldsLoss() const override { return last(); }
+  StepCommStats TakeStepStats() override;
+
+  bool RunsForwardBackward() const override { return true; }
+  // One pass of the schedule over `x` (read on the first stage) and `y` (on the last): every
+  // micro-batch forward and backward, `criterion(output, target)` the loss on the last stage
+  // (`chunk_loss` is not used: a stage sees activations, not the model). Returns the batch's
+  // mean loss on the last stage, 0 elsewhere. Throws c10::Error naming
+  // train.parallel.microbatches when the batch has fewer rows than micro-batches.
+  torch::Tensor ForwardBackward(const torch::Tensor& x, const torch::Tensor& y,
+                                const ChunkLossFn& chunk_loss, const CriterionFn& criterion,
+                                double scale) override;
   // Inference through the pipeline: the last stage's output for `inputs` (read on the first
   // stage), undefined elsewhere. COLLECTIVE within the pipeline.
   torch::Tensor Forward(const torch::Tensor& inputs);
@@ -91,20 +122,17 @@ class PipelineEngine {
   // Forget the first step's timings (allocations, lazy initialisation) but keep peak counts.
   void ResetTimings();
   int peak_live() const { return totals_.peak_live; }
-  double last_comm_ms() const { return comm_ms_; }
-  int64_t stage_allreduces() const { return stage_pg_ ? stage_pg_->allreduce_count() : 0; }
 
  private:
-  bool bf16() const { return cfg_.mixed_precision == "bf16"; }
+  PipelineEngine(const config::TrainConfig& cfg, const ParallelLayout& layout,
+                 c10::intrusive_ptr<CountingProcessGroup> world);
   // forward_ under autocast when mixed precision is bf16, the output back in float32.
   torch::Tensor StageForward(const torch::Tensor& input);
-  PipelineEngine(const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
-                 c10::intrusive_ptr<CountingProcessGroup> pg);
   void SendActivation(const torch::Tensor& t);
   torch::Tensor RecvActivation();
   void WaitSends();
-  int Prev() const { return env_.rank - 1; }
-  int Next() const { return env_.rank + 1; }
+  int Prev() const { return layout_.Neighbour(Axis::kStage, -1); }
+  int Next() const { return layout_.Neighbour(Axis::kStage, +1); }
 
   struct Totals {
     double busy_s = 0;    // forward + backward compute (no waiting)
@@ -113,17 +141,19 @@ class PipelineEngine {
     int64_t peak_boundary_bytes = 0;  // bytes of the stage inputs/outputs kept alive
   };
 
-  config::TrainConfig cfg_;
-  DistEnv env_;
-  int stages_ = 1, stage_ = 0, replicas_ = 1, replica_ = 0;
-  c10::intrusive_ptr<CountingProcessGroup> pg_;        // the world: p2p between stages
-  c10::intrusive_ptr<CountingProcessGroup> stage_pg_;  // this stage across replicas (D > 1)
-  bool gradients_synced_ = true;  // the last pass ended in AllReduceGradients (or none ran)
-  std::shared_ptr<Model> model_;
+  const ParallelLayout layout_;
+  const int microbatches_;
+  const bool bf16_;
+  c10::intrusive_ptr<CountingProcessGroup> world_;     // p2p between stages
+  c10::intrusive_ptr<CountingProcessGroup> stage_pg_;  // this replica's stages (the norm)
+  std::unique_ptr<ParallelStrategy> data_;             // over the stage's data group
+  bool sync_ = true;  // the current pass closes a window the data strategy synchronises
+  std::shared_ptr<Model> stage_model_;  // model_ (strategy.h) points at it
   ForwardFn forward_;
   std::vector<PipeOp> ops_;
+  size_t last_backward_ = 0;  // index in ops_ of the pass' last backward
   Totals totals_;
-  double comm_ms_ = 0;
+  double clip_ms_ = 0;  // the last ClipGradNorm's communication
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;
   std::vector<torch::Tensor> pending_tensors_;  // kept alive until their sends complete
 };

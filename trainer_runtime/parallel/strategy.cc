@@ -25,6 +25,19 @@ double ParallelStrategy::ClipGradNorm(double max_norm) {
   return torch::nn::utils::clip_grad_norm_(model_->Parameters(), max_norm);
 }
 
+double ParallelStrategy::GradNormSquared() {
+  double squares = 0;
+  for (const auto& p : model_->Parameters())
+    if (p.grad().defined()) squares += p.grad().pow(2).sum().item<double>();
+  return squares;
+}
+
+void ParallelStrategy::ScaleGradients(double coef) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model_->Parameters())
+    if (p.grad().defined()) p.mutable_grad().mul_(coef);
+}
+
 void ParallelStrategy::Step(torch::optim::Optimizer& optimizer) {
   optimizer.step();
   for (auto& p : model_->Parameters())

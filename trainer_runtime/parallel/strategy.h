@@ -14,10 +14,18 @@
 //   dp        replicas of the model on threads in this process (dp.h);
 //   zero      data parallel with optimizer state (stage 1), gradients (2) and parameters (3)
 //             sharded over the ranks (zero.h).
+//   pipeline  (pipeline_engine.h) a step engine: this rank is one stage of a pipeline; it runs
+//             the stage's schedule of micro-batches itself (RunsForwardBackward) and hands every
+//             other point to the data strategy above, which it wraps, over the stage's data
+//             group: pipeline x ddp, pipeline x zero, pipeline x none.
 // Besides the points of a micro-batch, a strategy owns the optimizer step (Step, ClipGradNorm:
 // ZeRO steps only this rank's shard and needs a global norm) and where its state goes in a
-// checkpoint (SaveModelState, LoadModelState). Pipeline stages are not a strategy yet:
-// PipelineEngine (pipeline_engine.h) runs their schedule and the Accelerator its step.
+// checkpoint (SaveModelState, LoadModelState). The Accelerator asks its traits
+// (AveragesGradients, ReplicasBitEqual, HoldsLoss) instead of its name.
+//
+// Every strategy communicates over the group it is given, which the layout (layout.h) chose
+// for its use: the data strategies get this rank's gradient group (Use::kGradient, the data
+// axis), never the world unless the data axis is the world.
 //
 // Internal to trainer_runtime (includes LibTorch). Not thread-safe; one loop drives it. Methods
 // may throw c10::Error (a peer died, a collective timed out): the loop converts it to Status.
@@ -85,6 +93,12 @@ class ParallelStrategy {
   // the model's parameters: every rank holds whole gradients, equal after synchronisation.
   // COLLECTIVE where gradients are sharded (zero).
   virtual double ClipGradNorm(double max_norm);
+  // The parts of ClipGradNorm, for an engine that takes the norm over more than this group
+  // (the pipeline sums it over its stages): the squared 2-norm of the model's gradients as this
+  // group holds them (the default sums this rank's whole gradients, equal on every replica;
+  // zero sums the shards over the group: COLLECTIVE there), and scaling them all by `coef`.
+  virtual double GradNormSquared();
+  virtual void ScaleGradients(double coef);
   // Runs `optimizer`'s step, then zeroes the gradients in place (not set to undefined: DDP's
   // gradients are views into its buckets, and memory stays put across steps). The default
   // steps `optimizer` over every parameter; zero steps this rank's shard with its own optimizer
@@ -121,6 +135,16 @@ class ParallelStrategy {
   // Number of gradient buckets (ddp), 0 otherwise.
   virtual int64_t num_buckets() const { return 0; }
 
+  // --- Traits the Accelerator asks -----------------------------------------------------------
+  // Whether Backward must average the gradients for the replicas to stay equal (ddp, zero): a
+  // plain loss.backward() in the loop is then a bug Step names.
+  virtual bool AveragesGradients() const { return false; }
+  // Whether every replica along the data axis holds bit-identical parameters between steps
+  // (ddp, Local SGD after its final average): Finish checks it.
+  virtual bool ReplicasBitEqual() const { return false; }
+  // Whether this rank computes the loss (a pipeline: its last stage only).
+  virtual bool HoldsLoss() const { return true; }
+
   // --- In-place recovery (accelerator.h) -----------------------------------------------------
   // Whether the strategy can go on over a new group after a peer was lost and replaced: what it
   // keeps between steps is the same on every rank and comes whole from one live peer (ddp).
@@ -149,7 +173,8 @@ class ParallelStrategy {
     TORCH_CHECK(false, Name(), " does not run forward/backward itself");
   }
 
-  StepCommStats TakeStepStats();
+  // Communication since the last call (a pipeline: its data strategy's).
+  virtual StepCommStats TakeStepStats();
 
   // This rank and the world (0 and 1 for one process).
   int rank() const { return rank_; }

@@ -33,11 +33,9 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
     c10::intrusive_ptr<CountingProcessGroup> pg) {
   using config::ParallelMode;
-  const ParallelMode mode = cfg.parallel.mode;
+  // A pipeline's stages each take this strategy over their data group (pipeline_engine.h).
+  const ParallelMode mode = cfg.parallel.data_mode();
   if (mode == ParallelMode::kDp) return CreateDpStrategy(cfg, model);
-  if (mode == ParallelMode::kPipeline)
-    return Status::InvalidConfig(
-        "train.parallel.mode: pipeline runs on PipelineEngine, not a strategy");
   if (cfg.local_sgd_steps > 0) return CreateLocalSgdStrategy(cfg, model, std::move(pg));
   if (mode == ParallelMode::kNone || !pg) {
     auto none =

@@ -16,11 +16,13 @@
 
 namespace launch::trainer {
 
-// Builds the strategy for `cfg` (parallel.mode and local_sgd_steps). `pg` may be null only
-// for a single process. `model` and `optimizer` (the one the loop steps; zero copies its type
-// and options onto the shards) must outlive the strategy.
+// Builds the data strategy for `cfg` (parallel.mode, pipeline read as ddp, and
+// local_sgd_steps) over `pg`, this rank's gradient group (ParallelLayout's Use::kGradient; null
+// when the data axis has one rank: then nothing is communicated). `model` and `optimizer` (the
+// one the loop steps; zero copies its type and options onto the shards) must outlive the
+// strategy. A pipeline (pipeline_engine.h) wraps the one built for its stage.
 // REQUIRES: `cfg` passed its rules at this world size (ParallelLayout::Create checks them).
-// InvalidConfig for pipeline (not a strategy) and what a strategy refuses (zero.h).
+// InvalidConfig for what a strategy refuses (zero.h).
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
     c10::intrusive_ptr<CountingProcessGroup> pg);

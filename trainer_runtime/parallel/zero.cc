@@ -195,17 +195,26 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
     stats_.blocking_comm_ms += MsSince(start);
   }
 
+  bool AveragesGradients() const override { return true; }
+
   double ClipGradNorm(double max_norm) override {
+    const double norm = std::sqrt(GradNormSquared());
+    const double coef = max_norm / (norm + 1e-6);
+    if (coef < 1) ScaleGradients(coef);
+    return norm;
+  }
+
+  double GradNormSquared() override {
     // Every element of every gradient is in exactly one rank's shard (padding is zero), so the
     // squares summed over the shards and the ranks are the whole gradient's.
     auto squares = torch::zeros({1}, torch::kDouble);
     for (auto& u : units_) squares += u.shard_grad.to(torch::kDouble).pow(2).sum();
     AllReduceSum(pg_, squares);
-    const double norm = std::sqrt(squares.item<double>());
-    const double coef = max_norm / (norm + 1e-6);
-    if (coef < 1)
-      for (auto& u : units_) u.shard_grad.mul_(coef);
-    return norm;
+    return squares.item<double>();
+  }
+
+  void ScaleGradients(double coef) override {
+    for (auto& u : units_) u.shard_grad.mul_(coef);
   }
 
   void Step(Optimizer& user) override {

@@ -24,6 +24,7 @@
 #include "base/files.h"
 #include "base/strings.h"
 #include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/api/accelerator_internal.h"
 #include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/data/data.h"
@@ -119,7 +120,8 @@ class Trainer {
   // "rank 0, signal poll after step 11" for the work between two steps.
   std::string Phase() const {
     std::string where = "rank " + std::to_string(accel_ ? accel_->rank() : 0) + ", ";
-    if (pipeline_) where += "stage " + std::to_string(accel_->stage_index()) + ", ";
+    if (accel_ && accel_->num_stages() > 1)
+      where += "stage " + std::to_string(accel_->stage_index()) + ", ";
     const int64_t done = accel_ ? accel_->step() : 0;
     if (between_steps_.load()) return where + phase_.load() + " after step " + std::to_string(done);
     return where + phase_.load() + " at step " + std::to_string(done + 1);
@@ -177,7 +179,7 @@ class Trainer {
   config::TrainConfig cfg_;
   TrainerOptions opts_;
   std::unique_ptr<Accelerator> accel_;
-  bool pipeline_ = false;
+  AcceleratorInternals internals() const { return AcceleratorInternals(*accel_); }
   bool tty_ = false;
   Dataset data_;
   Criterion criterion_;
@@ -206,8 +208,13 @@ class Trainer {
 };
 
 Status Trainer::Prepare() {
-  pipeline_ = cfg_.parallel.mode == ParallelMode::kPipeline;
-  if (pipeline_ && cfg_.model.type != config::ModelType::kTorchScript) {
+  if (cfg_.parallel.tensor > 1)
+    return Status::InvalidConfig(
+        "train.parallel.tensor: " + std::to_string(cfg_.parallel.tensor) +
+        ": the built-in models have no tensor-parallel layers yet (the layout has the axis, "
+        "and a program of its own can use it through Accelerator::layout()); use 1");
+  const bool pipelined = cfg_.parallel.pipelined();
+  if (pipelined && cfg_.model.type != config::ModelType::kTorchScript) {
     // Before joining anything: a bad partition fails at once with its key named.
     LAUNCH_ASSIGN_OR_RETURN(
         partition_,
@@ -226,7 +233,7 @@ Status Trainer::Prepare() {
   // The pipeline's send/recv use shared memory exactly when the all-reduce does (one decision
   // per group, process_group.h).
   if (accel_->world_size() > 1)
-    accel_->Print(std::string(pipeline_ ? "train: pipeline send/recv over "
+    accel_->Print(std::string(pipelined ? "train: pipeline send/recv over "
                                         : "train: gradient all-reduce over ") +
                   accel_->allreduce_transport());
   if (accel_->bf16())
@@ -244,7 +251,7 @@ Status Trainer::Prepare() {
         "train.batch_size " + std::to_string(cfg_.batch_size) + " is larger than the " +
         std::to_string(data_.train_indices.size() / accel_->data_parallel_size()) +
         " training samples each of " + std::to_string(accel_->data_parallel_size()) +
-        (pipeline_ ? " pipeline replicas" : " ranks") + " gets; lower it or add data");
+        (pipelined ? " pipeline replicas" : " ranks") + " gets; lower it or add data");
   total_steps_ = RunSteps(per_epoch);
   // The schedule is as long as the run is in the world it started in, whatever world resumes
   // it: a checkpoint names that world (origin_data_world).
@@ -270,7 +277,13 @@ Status Trainer::Prepare() {
   }
 
   SetPhase("building the model");
-  LAUNCH_RETURN_IF_ERROR(pipeline_ ? PreparePipelineStage() : PrepareReplica());
+  // The loss of an output: the engines that compute it themselves (dp's gather, a pipeline's
+  // last stage) call it.
+  const Criterion criterion = criterion_;
+  accel_->SetCriterion([criterion](const torch::Tensor& logits, const torch::Tensor& y) {
+    return criterion(logits, y);
+  });
+  LAUNCH_RETURN_IF_ERROR(pipelined ? PreparePipelineStage() : PrepareReplica());
   const config::SchedulerConfig sched = cfg_.scheduler;
   const double base_lr = cfg_.optimizer.lr;
   accel_->SetLrSchedule([this, sched, base_lr](int64_t step) {
@@ -298,10 +311,10 @@ Status Trainer::Prepare() {
   int64_t num_params = 0;
   for (auto& p : accel_->parameters()) num_params += p.numel();
   const int world = accel_->world_size();
-  if (pipeline_) {
+  if (const PipelineEngine* engine = internals().pipeline()) {
     std::vector<std::string> parts;
     for (int64_t v : partition_) parts.push_back(std::to_string(v));
-    const PipelineEngine& pe = *accel_->pipeline();
+    const PipelineEngine& pe = *engine;
     std::printf(
         "train: pipeline stage %d/%d of replica %d/%d: %lld parameters%s; schedule %s: %s\n",
         pe.stage(), pe.stages(), pe.replica(), pe.replicas(), static_cast<long long>(num_params),
@@ -310,7 +323,11 @@ Status Trainer::Prepare() {
     std::fflush(stdout);
     accel_->Print("train: " + std::to_string(world) + " process(es), pipeline " +
                   std::to_string(pe.stages()) + " stages x " + std::to_string(pe.replicas()) +
-                  " replicas, " + std::to_string(cfg_.parallel.microbatches) + " micro-batches, " +
+                  " replicas (" + pe.DataStrategyName() +
+                  (cfg_.parallel.data_mode() == ParallelMode::kZero
+                       ? " stage " + std::to_string(cfg_.parallel.zero_stage)
+                       : std::string()) +
+                  "), " + std::to_string(cfg_.parallel.microbatches) + " micro-batches, " +
                   config::ToString(cfg_.parallel.schedule) + "; " + data_.description + "; batch " +
                   std::to_string(cfg_.batch_size) + " per replica x " +
                   std::to_string(cfg_.gradient_accumulation_steps) + " accumulation; " +
@@ -395,10 +412,6 @@ Status Trainer::PrepareReplica() {
   auto optimizer = std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, *model));
   // Different dropout masks per rank, reproducible per (seed, rank).
   torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
-  const Criterion criterion = criterion_;
-  accel_->SetDpCriterion([criterion](const torch::Tensor& logits, const torch::Tensor& y) {
-    return criterion(logits, y);
-  });
   SetPhase("broadcasting parameters");
   return accel_->Prepare(model->shared_module(), optimizer);
 }
@@ -491,29 +504,22 @@ void Trainer::TrainStep() {
     SetPhase("forward");
     accel_->Accumulate();
     MaybeDie(accel_->step() + 1, "forward");
-    if (pipeline_) {
-      // The schedule interleaves the micro-batches' forwards and backwards.
-      SetPhase("pipeline forward/backward");
-      torch::Tensor loss = accel_->PipelineForwardBackward(
-          batch,
-          [this](const torch::Tensor& out, const torch::Tensor& y) { return criterion_(out, y); });
-      if (loss.defined()) loss_sum += loss.item<double>();
-    } else {
-      torch::Tensor loss = accel_->ForwardBackward(
-          batch, [this](torch::nn::Module& m, const torch::data::Example<>& b) {
-            SetPhase("forward");
-            ForwardOutput out = RunForward(m, b, cfg_.model);
-            torch::Tensor loss = out.loss.defined() ? out.loss : criterion_(out.logits, b.target);
-            if (!die_at_.empty() && loss.requires_grad())
-              loss.register_hook([this, step = accel_->step() + 1](torch::Tensor grad) {
-                MaybeDie(step, "backward");
-                return grad;
-              });
-            SetPhase("backward");  // what ForwardBackward runs next with this loss
-            return loss;
-          });
-      loss_sum += loss.item<double>();
-    }
+    // A pipeline's engine runs the schedule of micro-batches and calls the criterion on its last
+    // stage (its loss is 0 elsewhere); every other mode runs `fn` on the batch.
+    torch::Tensor loss = accel_->ForwardBackward(
+        batch, [this](torch::nn::Module& m, const torch::data::Example<>& b) {
+          SetPhase("forward");
+          ForwardOutput out = RunForward(m, b, cfg_.model);
+          torch::Tensor loss = out.loss.defined() ? out.loss : criterion_(out.logits, b.target);
+          if (!die_at_.empty() && loss.requires_grad())
+            loss.register_hook([this, step = accel_->step() + 1](torch::Tensor grad) {
+              MaybeDie(step, "backward");
+              return grad;
+            });
+          SetPhase("backward");  // what ForwardBackward runs next with this loss
+          return loss;
+        });
+    loss_sum += loss.item<double>();
     ++micro;
     SetPhase("optimizer step");
     const bool stepped = accel_->Step();
@@ -523,13 +529,13 @@ void Trainer::TrainStep() {
     }
     if (stepped) break;
   } while (true);
-  last_loss_ = pipeline_ ? accel_->pipeline_loss() : loss_sum / static_cast<double>(micro);
+  last_loss_ = loss_sum / static_cast<double>(micro);
 }
 
 void Trainer::Evaluate(double* loss, double* accuracy) {
   SetPhase("evaluation", /*between_steps=*/true);
   torch::NoGradGuard no_grad;
-  Model* model = accel_->model();
+  Model* model = internals().model();
   model->SetTraining(false);
   double loss_sum = 0, weight = 0, correct = 0, predictions = 0;
   const size_t data_rank = static_cast<size_t>(accel_->data_parallel_rank());
@@ -542,11 +548,11 @@ void Trainer::Evaluate(double* loss, double* accuracy) {
     std::vector<int64_t> rows(
         mine.begin() + static_cast<std::ptrdiff_t>(start),
         mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), start + chunk)));
-    const bool first = !pipeline_ || accel_->pipeline()->first();
+    PipelineEngine* engine = internals().pipeline();
     ForwardOutput out;
     torch::Tensor y = accel_->ToDevice(data_.Targets(rows));
-    if (pipeline_) {
-      out.logits = accel_->PipelineForward(first ? data_.Inputs(rows) : torch::Tensor());
+    if (engine) {
+      out.logits = engine->Forward(engine->first() ? data_.Inputs(rows) : torch::Tensor());
       if (!out.logits.defined()) continue;  // a pipeline stage before the last
     } else {
       auto amp = accel_->Autocast();
@@ -593,7 +599,8 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
   }
   line["micro_batches"] = accel_->micro_batches_last_step();
   line["buckets_launched_before_grads_done"] = comm.launched_before_grads_done;
-  if (pipeline_) line["peak_live_microbatches"] = accel_->pipeline()->peak_live();
+  if (const PipelineEngine* engine = internals().pipeline())
+    line["peak_live_microbatches"] = engine->peak_live();
   line["epoch"] = accel_->epoch();
   errno = 0;
   metrics_ << JsonText(line, -1);
@@ -642,9 +649,10 @@ void Trainer::Report(double loss, double samples_per_s, double comm_ms) {
 Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc, double wall_s) {
   const uint64_t mine = ParameterChecksum(accel_->parameters());
   std::vector<double> stats;
-  if (pipeline_) stats = accel_->GatherPipelineStats(mine);  // collective: before the return
+  const bool pipelined = internals().pipeline() != nullptr;
+  if (pipelined) stats = internals().GatherPipelineStats(mine);  // collective: before the return
   // Every rank's state bytes, rank by rank (collective too).
-  const std::vector<int64_t> own = accel_->StateBytes();
+  const std::vector<int64_t> own = internals().StateBytes();
   const torch::Tensor all = accel_->Gather(torch::tensor(own, torch::kLong));
   if (!accel_->IsMainProcess()) return Status::Ok();
   ordered_json state_bytes = ordered_json::object();
@@ -656,7 +664,7 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   }
   std::string checksum = Hex64(mine);
   ordered_json pipeline;
-  if (pipeline_) {
+  if (pipelined) {
     constexpr int kFields = PipelineEngine::kStatFields;
     const int stages = accel_->num_stages();
     // Field `field` of every stage's stats: counts as integers, the rest as they are.
@@ -705,10 +713,10 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
                           {"world_size", accel_->world_size()},
                           {"strategy", accel_->mode_name()},
                           {"buckets", accel_->num_buckets()},
-                          {"allreduces_total", accel_->allreduces_total()},
-                          {"pair_exchanges_total", accel_->pair_exchanges_total()},
-                          {"reduce_scatters_total", accel_->reduce_scatters_total()},
-                          {"allgathers_total", accel_->allgathers_total()},
+                          {"allreduces_total", internals().allreduces_total()},
+                          {"pair_exchanges_total", internals().pair_exchanges_total()},
+                          {"reduce_scatters_total", internals().reduce_scatters_total()},
+                          {"allgathers_total", internals().allgathers_total()},
                           {"state_bytes", std::move(state_bytes)},
                           {"checkpoints", accel_->checkpoints_saved()},
                           {"checkpoint_blocking_ms", accel_->checkpoint_blocking_ms()},
@@ -719,9 +727,9 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
                           {"loop_s", loop_s_}};
   // In-place recovery: the recoveries rank 0 (the main process) took part in.
   if (accel_->recovers_in_place()) summary["recoveries"] = accel_->recoveries();
-  if (pipeline_) summary["pipeline"] = std::move(pipeline);
+  if (pipelined) summary["pipeline"] = std::move(pipeline);
   // Hierarchical collectives: what rank 0, host 0's leader, ran across hosts (hierarchical.h).
-  if (CountingProcessGroup* pg = accel_->process_group(); pg && pg->hierarchical())
+  if (CountingProcessGroup* pg = internals().process_group(); pg && pg->hierarchical())
     summary["cross_host"] = {{"transport", accel_->allreduce_transport()},
                              {"operations_rank0", pg->cross_host_count()},
                              {"bytes_rank0", pg->cross_host_bytes()}};
@@ -743,10 +751,10 @@ Status Trainer::DumpParams() {
 // first replica writes model_stage<S>.pt. COLLECTIVE (ddp: rank 0's buffers first).
 Status Trainer::SaveModel() {
   std::string name = "model.pt";
-  if (pipeline_) {
-    if (accel_->pipeline()->replica() != 0) return Status::Ok();
-    name = "model_stage" + std::to_string(accel_->pipeline()->stage()) + ".pt";
-    return SaveForPython(*accel_->model(), cfg_.output_dir + "/" + name);
+  if (const PipelineEngine* engine = internals().pipeline()) {
+    if (engine->replica() != 0) return Status::Ok();
+    name = "model_stage" + std::to_string(engine->stage()) + ".pt";
+    return SaveForPython(*internals().model(), cfg_.output_dir + "/" + name);
   }
   return accel_->SaveForPython(cfg_.output_dir + "/" + name);
 }
@@ -763,7 +771,7 @@ Status Trainer::Run() {
     if (!metrics_) return Status::IoError("cannot write " + metrics_path);
     metrics_ << kept;
   }
-  accel_->model()->SetTraining(true);
+  internals().model()->SetTraining(true);
   accel_->TakeCommStats();
   train_start_ = Clock::now();
   while (accel_->step() < total_steps_) {
@@ -771,10 +779,10 @@ Status Trainer::Run() {
     const int64_t samples_before = accel_->samples_seen();
     TrainStep();
     const double step_s = std::max(1e-9, Seconds(Clock::now() - step_start));
-    if (++steps_this_run_ == 1 && pipeline_) {
+    if (PipelineEngine* engine = internals().pipeline(); ++steps_this_run_ == 1 && engine) {
       // The first step pays for allocations and lazy initialisation: leave it out of the
       // idle-fraction figures (peak live counts keep it).
-      accel_->pipeline()->ResetTimings();
+      engine->ResetTimings();
     }
     Accelerator::CommStats comm = accel_->TakeCommStats();
     const int64_t samples =
@@ -821,12 +829,9 @@ Status Trainer::Run() {
   LAUNCH_RETURN_IF_ERROR(accel_->Finish());
   double eval_loss = 0, eval_acc = 0;
   Evaluate(&eval_loss, &eval_acc);
-  double train_loss = last_loss_;
-  if (!pipeline_) {
-    // The final train loss: the last step's loss averaged over ranks.
-    train_loss = std::isnan(last_loss_) ? last_loss_
-                                        : accel_->Mean(std::isnan(last_loss_) ? 0.0 : last_loss_);
-  }
+  // The final train loss: the last step's loss averaged over the ranks that compute it.
+  const double mean_loss = accel_->MeanLoss(std::isnan(last_loss_) ? 0.0 : last_loss_);
+  const double train_loss = std::isnan(last_loss_) ? last_loss_ : mean_loss;
   LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
   if (cfg_.save_model != config::SaveModel::kNever) LAUNCH_RETURN_IF_ERROR(SaveModel());
   if (opts_.dump_params) LAUNCH_RETURN_IF_ERROR(DumpParams());

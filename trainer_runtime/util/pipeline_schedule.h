@@ -34,8 +34,13 @@ struct PipeOp {
   enum class Kind { kForward, kBackward };
   Kind kind = Kind::kForward;
   int micro = 0;  // micro-batch index in 0..M-1
+  // Which of this rank's model chunks runs the op: 0 while every rank holds one chunk (GPipe,
+  // 1F1B); interleaved schedules give each rank several (Megatron's virtual stages).
+  int chunk = 0;
 
-  bool operator==(const PipeOp& o) const { return kind == o.kind && micro == o.micro; }
+  bool operator==(const PipeOp& o) const {
+    return kind == o.kind && micro == o.micro && chunk == o.chunk;
+  }
 };
 
 // Operations of `stage` (0-based) for one optimizer step of `microbatches` micro-batches.

@@ -1,0 +1,182 @@
+#include "trainer_runtime/api/accelerator.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "base/environment.h"
+#include "base/exit_status.h"
+#include "base/files.h"
+#include "base/strings.h"
+#include "config/train_keys.h"
+#include "trainer_runtime/api/accelerator_internal.h"
+#include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/comm/recovery.h"
+#include "trainer_runtime/compat/torch_compat.h"
+#include "trainer_runtime/model/model.h"
+#include "trainer_runtime/parallel/layout.h"
+#include "trainer_runtime/parallel/pipeline_engine.h"
+#include "trainer_runtime/parallel/strategy.h"
+#include "trainer_runtime/parallel/strategy_factory.h"
+#include "trainer_runtime/state/checkpoint.h"
+#include "trainer_runtime/util/loop_util.h"
+#include "trainer_runtime/util/timeline.h"
+
+namespace launch::trainer {
+
+// --- In-place recovery -----------------------------------------------------------------------
+
+void Accelerator::MarkBoundary() {
+  if (!recover_) return;
+  boundary_.has_cursor = cursor_ != nullptr;
+  if (cursor_) boundary_.cursor = *cursor_;
+  boundary_.samples_seen = samples_seen_;
+  boundary_.samples_seen_global = samples_seen_global_;
+  // The buffers as they are now: a redone forward must not count its batch twice in running
+  // statistics. Copied into the same tensors every step (no allocation).
+  const auto buffers = model_->NamedBuffers();
+  if (boundary_.buffers.size() != buffers.size()) {
+    boundary_.buffers.clear();
+    for (const auto& [name, b] : buffers) boundary_.buffers.push_back(b.detach().clone());
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < buffers.size(); ++i) boundary_.buffers[i].copy_(buffers[i].second);
+}
+
+TrainState Accelerator::BoundaryTrainState() const {
+  TrainState state = CurrentTrainState();
+  if (boundary_.has_cursor) {
+    const LoaderCursor& c = boundary_.cursor;
+    state.epoch = c.epoch;
+    state.batch_in_epoch = c.batch;
+    state.epoch_start = c.start;
+    state.epoch_offset = c.offset();
+  }
+  state.samples_seen = boundary_.samples_seen;
+  state.samples_seen_global = boundary_.samples_seen_global;
+  return state;
+}
+
+Status Accelerator::ExchangeState() {
+  const int world = world_size();
+  // Who holds the run's state and how far along: slot r is rank r's steps done + 1, or 0 for a
+  // replacement. A survivor may be a step ahead of the others: the dead rank's part of the last
+  // all-reduce reached it before the others gave up. Its state is then the complete one.
+  auto slots = torch::zeros({world}, torch::kDouble);
+  if (prepared_) slots[rank()] = static_cast<double>(step_ + 1);
+  SumInPlace(slots);
+  const auto seen = slots.accessor<double, 1>();
+  int src = 0;
+  for (int r = 1; r < world; ++r)
+    if (seen[r] > seen[src]) src = r;
+  if (seen[src] == 0)
+    return Status::PeerLost("no live rank holds the run's state (every rank is a replacement)");
+  recovered_from_ = src;
+  std::string bytes;
+  if (rank() == src) {
+    LAUNCH_ASSIGN_OR_RETURN(bytes,
+                            SerializeReplicaState(*model_, *optimizer_, BoundaryTrainState()));
+  }
+  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong);
+  c10d::BroadcastOptions from_src;
+  from_src.rootRank = src;
+  std::vector<at::Tensor> v = {size};
+  pg_->broadcast(v, from_src)->wait();
+  const int64_t n = size.item<int64_t>();
+  at::Tensor payload = torch::empty({n}, torch::kByte);
+  if (rank() == src) std::memcpy(payload.data_ptr<uint8_t>(), bytes.data(), bytes.size());
+  v = {payload};
+  pg_->broadcast(v, from_src)->wait();
+  if (rank() != src) {
+    bytes.assign(reinterpret_cast<const char*>(payload.data_ptr<uint8_t>()),
+                 static_cast<size_t>(n));
+    // A replacement takes the buffers too; a survivor keeps its own (below).
+    LAUNCH_ASSIGN_OR_RETURN(TrainState state,
+                            RestoreReplicaState(bytes, *model_, *optimizer_, !prepared_));
+    LoadTrainState(state);
+  } else {
+    LoadTrainState(BoundaryTrainState());
+  }
+  torch::NoGradGuard no_grad;
+  if (prepared_) {
+    // Each survivor's buffers of its last boundary: rank 0's become everyone's at the next
+    // forward (broadcast_buffers), as in the undisturbed run.
+    const auto buffers = model_->NamedBuffers();
+    for (size_t i = 0; i < buffers.size() && i < boundary_.buffers.size(); ++i)
+      buffers[i].second.detach().copy_(boundary_.buffers[i]);
+  }
+  // Nothing of the abandoned step's gradients survives.
+  for (auto& p : model_->Parameters())
+    if (p.grad().defined()) p.mutable_grad().zero_();
+  ApplyRestoredCursor();
+  return Status::Ok();
+}
+
+Status Accelerator::Recover() {
+  const int64_t step = step_ + 1;
+  // Across machines a replacement may be a whole new node: the agent sizes this wait from the
+  // rendezvous' own deadlines (LAUNCH_RECOVER_WAIT_S).
+  const std::chrono::milliseconds wait =
+      env_.recover_wait_s > 0 ? std::chrono::milliseconds(env_.recover_wait_s * 1000LL) : timeout_;
+  std::fprintf(stderr,
+               "train: rank %d (pid %d): lost a peer during step %lld (%s); waiting up to %lld s "
+               "for its replacement\n",
+               rank(), static_cast<int>(::getpid()), static_cast<long long>(step),
+               lost_what_.c_str(), static_cast<long long>(wait.count() / 1000));
+  try {
+    // A new client: when rank 0 was the one lost, the store went with it and its replacement
+    // hosts a new one at the same address. A rank 0 that survived keeps hosting its own.
+    if (rank() != 0 || env_.use_agent_store) {
+      LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
+    }
+    LAUNCH_ASSIGN_OR_RETURN(const int generation, WaitForGeneration(*store_, generation_, wait, [] {
+                              return StopRequested();
+                            }));
+    generation_ = generation;
+    LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
+                                                 world_size(), env_, timeout_));
+    LAUNCH_RETURN_IF_ERROR(ExchangeState());
+    // In-place recovery runs where the data axis is the world (ddp): its group is the new one.
+    data_pg_ = pg_;
+    // The broken group goes with the old reducer here.
+    strategy_->Reform(pg_);
+  } catch (const std::exception& e) {
+    return Status::PeerLost(std::string("recovering from a lost peer: ") + e.what());
+  }
+  peer_lost_ = false;
+  in_micro_ = false;
+  micro_open_ = false;
+  micro_in_window_ = 0;
+  window_closes_ = false;
+  ++recoveries_;
+  report_cost_since_ = lost_at_;
+  MarkBoundary();
+  std::fprintf(stderr,
+               "train: rank %d: recovered %.2f s after the failure: group generation %d with the "
+               "replacement, state of step %lld from rank %d; redoing step %lld\n",
+               rank(), Seconds(std::chrono::steady_clock::now() - lost_at_), generation_,
+               static_cast<long long>(step_), recovered_from_, static_cast<long long>(step_ + 1));
+  return Status::Ok();
+}
+
+uint64_t MicroBatchSeed(uint64_t seed, int rank, int64_t step, int64_t micro) {
+  return NewRankSeed(seed ^ 0xA5A5F00DC0FFEE11ull, rank, step * 1000003 + micro);
+}
+
+}  // namespace launch::trainer

@@ -1,0 +1,142 @@
+#include "trainer_runtime/parallel/layout.h"
+
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "config/train_keys.h"
+
+namespace launch::trainer {
+namespace {
+
+ParallelLayout Make(int world, int rank, int stages, int tensor) {
+  StatusOr<ParallelLayout> layout = ParallelLayout::FromDegrees(world, rank, stages, tensor);
+  REQUIRE_MESSAGE(layout.ok(), layout.status().ToString());
+  return *layout;
+}
+
+using Groups = std::vector<std::vector<int>>;
+
+TEST_CASE("LayoutGroupsAreMegatronsForSixteenRanksTensorTwoStagesFour") {
+  // megatron/core/parallel_state.py's docstring: 16 GPUs, tensor 2, pipeline 4 (data 2).
+  const ParallelLayout l = Make(16, 0, /*stages=*/4, /*tensor=*/2);
+  CHECK(l.degree(Axis::kTensor) == 2);
+  CHECK(l.degree(Axis::kData) == 2);
+  CHECK(l.degree(Axis::kStage) == 4);
+  CHECK(l.AllGroups(Axis::kTensor) ==
+        Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}});
+  CHECK(l.AllGroups(Axis::kData) ==
+        Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}});
+  CHECK(l.AllGroups(Axis::kStage) ==
+        Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}});
+}
+
+TEST_CASE("LayoutCoordinatesRankAtAndGroupsAgreeOnEveryRankOfThreeAxes") {
+  // 24 ranks: tensor 2 x data 3 x stage 4.
+  for (int rank = 0; rank < 24; ++rank) {
+    const ParallelLayout l = Make(24, rank, /*stages=*/4, /*tensor=*/2);
+    const int t = l.coordinate(Axis::kTensor), d = l.coordinate(Axis::kData),
+              s = l.coordinate(Axis::kStage);
+    CHECK(t == rank % 2);
+    CHECK(d == rank / 2 % 3);
+    CHECK(s == rank / 6);
+    CHECK(l.RankAt(t, d, s) == rank);
+    for (Axis axis : {Axis::kTensor, Axis::kData, Axis::kStage}) {
+      const std::vector<int> group = l.GroupRanks(axis);
+      CHECK(static_cast<int>(group.size()) == l.degree(axis));
+      CHECK(group[static_cast<size_t>(l.coordinate(axis))] == rank);
+      // Along one axis only the coordinate of that axis changes.
+      for (int i = 0; i < l.degree(axis); ++i) {
+        const int r = group[static_cast<size_t>(i)];
+        CHECK(l.CoordinateOf(r, axis) == i);
+        for (Axis other : {Axis::kTensor, Axis::kData, Axis::kStage})
+          if (other != axis) CHECK(l.CoordinateOf(r, other) == l.coordinate(other));
+      }
+      // The group's index names it uniquely and alike on its ranks.
+      const Groups all = l.AllGroups(axis);
+      CHECK(all[static_cast<size_t>(l.GroupIndex(axis))] == group);
+    }
+  }
+  // Each axis' groups partition the world.
+  const ParallelLayout l = Make(24, 0, 4, 2);
+  for (Axis axis : {Axis::kTensor, Axis::kData, Axis::kStage}) {
+    std::set<int> seen;
+    for (const auto& group : l.AllGroups(axis))
+      for (int r : group) CHECK(seen.insert(r).second);
+    CHECK(seen.size() == 24);
+  }
+}
+
+TEST_CASE("LayoutNeighboursAlongTheStageAxisStopAtTheEnds") {
+  // world 8 = tensor 1 x data 2 x stage 4: rank 3 is stage 1 of replica 1.
+  const ParallelLayout l = Make(8, 3, 4, 1);
+  CHECK(l.coordinate(Axis::kStage) == 1);
+  CHECK(l.coordinate(Axis::kData) == 1);
+  CHECK(l.Neighbour(Axis::kStage, -1) == 1);
+  CHECK(l.Neighbour(Axis::kStage, +1) == 5);
+  CHECK(Make(8, 1, 4, 1).Neighbour(Axis::kStage, -1) == -1);
+  CHECK(Make(8, 7, 4, 1).Neighbour(Axis::kStage, +1) == -1);
+  CHECK(l.Neighbour(Axis::kData, -1) == 2);
+  CHECK(l.Neighbour(Axis::kTensor, +1) == -1);  // tensor degree 1
+}
+
+TEST_CASE("LayoutMainRankIsTheLastStageOfTheFirstReplicaAndUsesNameTheirAxes") {
+  CHECK(Make(8, 0, 4, 1).main_rank() == 6);
+  CHECK(Make(8, 0, 2, 2).main_rank() == 4);
+  CHECK(Make(4, 0, 1, 1).main_rank() == 0);
+  CHECK(AxisOf(Use::kGradient) == Axis::kData);
+  CHECK(AxisOf(Use::kBatch) == Axis::kTensor);
+  CHECK(AxisOf(Use::kStage) == Axis::kStage);
+  CHECK(AxisOf(Use::kTensor) == Axis::kTensor);
+}
+
+TEST_CASE("LayoutShardNamesAndDescriptionNameOnlyTheAxesThatSplit") {
+  CHECK(Make(4, 3, 1, 1).ShardName().empty());
+  CHECK(Make(4, 3, 2, 1).ShardName() == "stage1");
+  CHECK(Make(8, 5, 2, 2).ShardName() == "stage1_tensor1");
+  CHECK(Make(8, 5, 2, 2).Describe() == "tensor 2 x data 2 x stage 2");
+  CHECK(Make(4, 0, 2, 1).Describe() == "data 2 x stage 2");
+  CHECK(Make(1, 0, 1, 1).Describe() == "1 process");
+}
+
+TEST_CASE("LayoutRefusesDegreesThatDoNotDivideTheWorldNamingTheKeys") {
+  StatusOr<ParallelLayout> bad = ParallelLayout::FromDegrees(6, 0, 4, 1);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("train.parallel.stages") != std::string::npos);
+  CHECK(bad.status().message().find("world size 6") != std::string::npos);
+  bad = ParallelLayout::FromDegrees(6, 0, 1, 4);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("train.parallel.tensor") != std::string::npos);
+  CHECK_FALSE(ParallelLayout::FromDegrees(4, 0, 0, 1).ok());
+  CHECK_FALSE(ParallelLayout::FromDegrees(4, 4, 1, 1).ok());
+
+  // Through the config's rules, as Accelerator::Create builds it.
+  config::TrainConfig cfg;
+  cfg.parallel.stages = 2;
+  cfg.parallel.tensor = 2;
+  cfg.parallel.microbatches = 2;
+  DistEnv env;
+  env.world_size = 6;
+  StatusOr<ParallelLayout> from_config = ParallelLayout::Create(cfg, env);
+  REQUIRE_FALSE(from_config.ok());
+  CHECK(from_config.status().message().find("train.parallel.tensor") != std::string::npos);
+  env.world_size = 8;
+  from_config = ParallelLayout::Create(cfg, env);
+  REQUIRE(from_config.ok());
+  CHECK(from_config->degree(Axis::kData) == 2);
+}
+
+TEST_CASE("ModePipelineIsDdpOverPipelineReplicasAndStagesComposeWithZero") {
+  config::ParallelConfig p;
+  p.mode = config::ParallelMode::kPipeline;
+  CHECK(p.pipelined());
+  CHECK(p.data_mode() == config::ParallelMode::kDdp);
+  p.mode = config::ParallelMode::kZero;
+  CHECK_FALSE(p.pipelined());
+  p.stages = 2;
+  CHECK(p.pipelined());
+  CHECK(p.data_mode() == config::ParallelMode::kZero);
+}
+
+}  // namespace
+}  // namespace launch::trainer
