@@ -189,6 +189,38 @@ TEST_CASE("TrainSectionDefaultsAndValues") {
   CHECK(ts.train.model.torchscript_path == "m.pt");
 }
 
+TEST_CASE("StagesAndTensorAreLayoutDegreesThatComposeWithEveryDataStrategy") {
+  // `mode` is the data axis' strategy; stages above 1 make every replica a pipeline.
+  LaunchConfig zero;
+  REQUIRE(Load("train:\n"
+               "  parallel: {mode: zero, zero_stage: 3, stages: 2, tensor: 2, microbatches: 2}\n",
+               &zero)
+              .ok());
+  CHECK(zero.train.parallel.pipelined());
+  CHECK(zero.train.parallel.data_mode() == ParallelMode::kZero);
+  CHECK(zero.train.parallel.tensor == 2);
+  CHECK(ValidateTrain(&zero, 8).ok());
+  // stages x tensor must divide the world: the message names the keys and where they are.
+  const std::string message = ValidateTrain(&zero, 6).message();
+  CHECK(message.find("train.yaml:2") != std::string::npos);
+  CHECK(message.find("train.parallel.tensor: stages x tensor (2 x 2) does not divide the world "
+                     "size 6") != std::string::npos);
+  // `mode: pipeline` keeps its meaning: ddp over pipeline replicas.
+  LaunchConfig pipeline;
+  REQUIRE(Load("train:\n  parallel: {mode: pipeline, stages: 2, microbatches: 2}\n", &pipeline)
+              .ok());
+  CHECK(pipeline.train.parallel.data_mode() == ParallelMode::kDdp);
+  CHECK(ValidateTrain(&pipeline, 4).ok());
+  // dp drives replicas inside one process: no other axis.
+  LaunchConfig dp;
+  REQUIRE(Load("train:\n  parallel: {mode: dp, stages: 2}\n", &dp).ok());
+  CHECK(ValidateTrain(&dp, 1).message().find("train.parallel.mode: dp runs its replicas in one "
+                                             "process") != std::string::npos);
+  LaunchConfig range;
+  CHECK(Load("train:\n  parallel: {tensor: 0}\n", &range).message().find("parallel.tensor") !=
+        std::string::npos);
+}
+
 TEST_CASE("ImageDataCnnLossAndOutputKeys") {
   LaunchConfig cfg;
   REQUIRE(Load("train:\n"
