@@ -207,15 +207,15 @@ TEST_CASE("StagesAndTensorAreLayoutDegreesThatComposeWithEveryDataStrategy") {
                      "size 6") != std::string::npos);
   // `mode: pipeline` keeps its meaning: ddp over pipeline replicas.
   LaunchConfig pipeline;
-  REQUIRE(Load("train:\n  parallel: {mode: pipeline, stages: 2, microbatches: 2}\n", &pipeline)
-              .ok());
+  REQUIRE(
+      Load("train:\n  parallel: {mode: pipeline, stages: 2, microbatches: 2}\n", &pipeline).ok());
   CHECK(pipeline.train.parallel.data_mode() == ParallelMode::kDdp);
   CHECK(ValidateTrain(&pipeline, 4).ok());
   // dp drives replicas inside one process: no other axis.
   LaunchConfig dp;
   REQUIRE(Load("train:\n  parallel: {mode: dp, stages: 2}\n", &dp).ok());
-  CHECK(ValidateTrain(&dp, 1).message().find("train.parallel.mode: dp runs its replicas in one "
-                                             "process") != std::string::npos);
+  CHECK(ValidateTrain(&dp).message().find("train.parallel.mode: dp runs its replicas in one "
+                                          "process") != std::string::npos);
   LaunchConfig range;
   CHECK(Load("train:\n  parallel: {tensor: 0}\n", &range).message().find("parallel.tensor") !=
         std::string::npos);
