@@ -646,6 +646,33 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
                                              : std::string("default")) +
         ") would start that many per task: drop it, or run one task per node "
         "(srun --ntasks-per-node=1) for several workers per launch");
+  if (plan.device_kind == "gpu" && plan.nproc_per_node > gpus) {
+    // One GPU per worker: the workers past the last GPU would run on the CPU beside the GPU
+    // ranks (the trainer and accelerate fall back to it silently) and the first collective
+    // between them would hang. Refused before anything starts.
+    // Where the count was given: num_processes when nproc_per_node was derived from it.
+    auto origin = cfg.origins.find("nproc_per_node");
+    if (origin != cfg.origins.end() && origin->second.kind == Origin::Kind::kDerived &&
+        cfg.origins.count("num_processes"))
+      origin = cfg.origins.find("num_processes");
+    const char* visible = getenv("CUDA_VISIBLE_DEVICES");
+    // num_processes counts every machine's; an elastic job's total varies.
+    const std::string g = std::to_string(gpus);
+    const std::string way_out =
+        cfg.min_nodes != cfg.max_nodes ? "--nproc_per_node " + g
+        : cfg.max_nodes > 1
+            ? "--num_processes " + std::to_string(gpus * cfg.max_nodes) + " (" + g + " per machine)"
+            : "--num_processes " + g;
+    return Status::InvalidConfig(
+        (origin == cfg.origins.end() ? std::string("nproc_per_node") : origin->second.ToString()) +
+        ": " + std::to_string(plan.nproc_per_node) + " processes per machine, but " +
+        std::to_string(gpus) + (gpus == 1 ? " GPU is" : " GPUs are") + " visible here (" +
+        (visible ? "CUDA_VISIBLE_DEVICES='" + std::string(visible) + "'"
+                 : std::string("CUDA_VISIBLE_DEVICES is unset")) +
+        (cfg.gpu_ids != "all" ? ", gpu_ids '" + cfg.gpu_ids + "'" : std::string()) +
+        ") and a GPU job runs one process per GPU; give " + way_out +
+        ", or --cpu for CPU processes");
+  }
   if (config::WantsGpus(cfg.distributed_type) && gpus == 0)
     Warn(std::string("distributed_type is ") + config::ToString(cfg.distributed_type) +
          " but no GPU was found; running CPU workers");
@@ -870,7 +897,14 @@ int Main(int argc, char** argv) {
   StatusOr<Plan> plan = MakePlan(cfg, bin_dir, host, env);
   if (self_test && plan.ok() && plan->nproc_per_node < 2 && !multi_node) {
     cfg.nproc_per_node = "2";  // a collective check needs company
+    const bool gpu = plan->device_kind == "gpu";
     plan = MakePlan(cfg, bin_dir, host, env);
+    // The checks run on CPUs (Gloo, shared memory): on a machine with one GPU, where a GPU job
+    // of two processes is refused, they run as a CPU job.
+    if (!plan.ok() && gpu) {
+      cfg.distributed_type = config::DistributedType::kMultiCpu;
+      plan = MakePlan(cfg, bin_dir, host, env);
+    }
   }
   if (print_config) {
     std::cout << config::FormatConfig(cfg) << PlanSummary(plan, multi_node);

@@ -116,6 +116,60 @@ TEST_CASE("PlanCountsWorkersFromHostFactsAndTheEnvironment") {
   CHECK(PlanFor({"--nproc_per_node", "1"}, kCpuHost)->extra_env.count("OMP_NUM_THREADS") == 0);
 }
 
+TEST_CASE("PlanRefusesMoreGpuWorkersThanVisibleGpus") {
+  const HostFacts one_gpu{/*cpu_slots=*/8, /*gpus=*/1};
+  const HostFacts two_gpus{/*cpu_slots=*/8, /*gpus=*/2};
+  // accelerate's `--multi_gpu --num_processes 2` on one GPU: the second worker would land on
+  // the CPU and hang the first collective.
+  StatusOr<Plan> refused = PlanFor({"--multi_gpu", "--num_processes", "2"}, one_gpu);
+  CHECK(refused.status().code() == Status::Code::kInvalidConfig);
+  CHECK(refused.status().message() ==
+        "flag --num_processes: 2 processes per machine, but 1 GPU is visible here "
+        "(CUDA_VISIBLE_DEVICES is unset) and a GPU job runs one process per GPU; give "
+        "--num_processes 1, or --cpu for CPU processes");
+  // torchrun's spelling, without --multi_gpu: the workers are GPU workers all the same.
+  CHECK(PlanFor({"--nproc_per_node", "3"}, two_gpus)
+            .status()
+            .message()
+            .find("flag --nproc_per_node: 3 processes per machine, but 2 GPUs are visible here") ==
+        0);
+  // As many workers as GPUs is fine.
+  StatusOr<Plan> fits = PlanFor({"--multi_gpu", "--num_processes", "2"}, two_gpus);
+  REQUIRE(fits.ok());
+  CHECK(fits->nproc_per_node == 2);
+  CHECK(fits->device_kind == "gpu");
+  // CUDA_VISIBLE_DEVICES narrows what counts, and the message names it.
+  CHECK(PlanFor({"--nproc_per_node", "2"}, two_gpus, {{"CUDA_VISIBLE_DEVICES", "1"}})
+            .status()
+            .message()
+            .find("but 1 GPU is visible here (CUDA_VISIBLE_DEVICES='1')") != std::string::npos);
+  CHECK(PlanFor({"--gpu_ids", "0", "--nproc_per_node", "2"}, two_gpus)
+            .status()
+            .message()
+            .find("(CUDA_VISIBLE_DEVICES is unset, gpu_ids '0')") != std::string::npos);
+  // Several machines: num_processes counts all of them.
+  CHECK(PlanFor({"--num_machines", "2", "--machine_rank", "0", "--num_processes", "4"}, one_gpu)
+            .status()
+            .message()
+            .find("give --num_processes 2 (1 per machine), or --cpu") != std::string::npos);
+  // CUDA_VISIBLE_DEVICES="" hides every GPU: CPU workers, as on a machine without any.
+  StatusOr<Plan> hidden =
+      PlanFor({"--multi_gpu", "--num_processes", "2"}, two_gpus, {{"CUDA_VISIBLE_DEVICES", ""}});
+  REQUIRE(hidden.ok());
+  CHECK(hidden->device_kind == "cpu");
+  CHECK(hidden->nproc_per_node == 2);
+  // --cpu asks for CPU workers, whatever the GPUs.
+  StatusOr<Plan> cpu = PlanFor({"--cpu", "--num_processes", "2"}, one_gpu);
+  REQUIRE(cpu.ok());
+  CHECK(cpu->device_kind == "cpu");
+  CHECK(cpu->nproc_per_node == 2);
+  // No GPU at all: CPU workers, as many as asked, as before.
+  StatusOr<Plan> none = PlanFor({"--multi_gpu", "--num_processes", "4"}, kCpuHost);
+  REQUIRE(none.ok());
+  CHECK(none->device_kind == "cpu");
+  CHECK(none->nproc_per_node == 4);
+}
+
 TEST_CASE("PlanResolvesPythonScriptsAndWorkerCount") {
   Parsed p = Parse({"--nproc_per_node", "3", "--python", "/bin/sh", "x.py", "arg"});
   REQUIRE(p.status.ok());
