@@ -29,7 +29,7 @@
 #include "base/strings.h"
 #include "config/loader.h"
 #include "config/train_keys.h"
-#include "launcher/subcommands.h"
+#include "launcher/subcommand_args.h"
 #include "launcher/terminal.h"
 
 namespace launch::launcher {
