@@ -5,7 +5,7 @@
 
 #include "base/files.h"
 #include "base/strings.h"
-#include "config/launch_config.h"
+#include "config/limits.h"
 
 namespace launch::config {
 namespace {

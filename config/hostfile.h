@@ -11,7 +11,7 @@
 // Host list (Horovod's -H): "h1:2,h2:2"; a host without ":N" has 1 slot, as in Horovod.
 //
 // Refused, naming file:line (or the list's entry): a line that is not `HOST slots=N`, slots not
-// an integer from 1 to kMaxWorkersPerNode, a host given twice, no host at all.
+// an integer from 1 to kMaxWorkersPerNode (limits.h), a host given twice, no host at all.
 
 #include <string>
 #include <vector>

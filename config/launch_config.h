@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/hostfile.h"
+#include "config/limits.h"
 #include "config/train_config.h"
 
 namespace launch::config {
@@ -48,19 +49,6 @@ struct StreamSpec {
     return it == per_rank.end() ? all : it->second;
   }
 };
-
-// Limits the rendezvous protocol enforces on a JOIN (rendezvous/protocol.cc), checked when the
-// configuration is validated too, so that a bad value is named (file:line, flag or variable) at
-// once instead of surfacing on another node as a lost server.
-inline constexpr size_t kMaxRunIdBytes = 1024;
-inline constexpr double kMinRendezvousTimeoutS = 0.05;
-inline constexpr int kMaxNodes = 65536;
-inline constexpr int kMaxRestarts = 1 << 20;
-// A config file larger than this is refused (a real one is a few KiB; yaml-cpp would need
-// tens of times its size in memory).
-inline constexpr size_t kMaxConfigBytes = 16u << 20;
-// Workers one launch starts (nproc_per_node, and num_processes / num_machines).
-inline constexpr int kMaxWorkersPerNode = 4096;
 
 struct RdzvConf {
   double join_timeout_s = 600;     // how long agents wait for the minimum number of nodes

@@ -1,7 +1,5 @@
 #include "launcher/accelerate_env.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <tuple>
@@ -37,7 +35,9 @@ std::string PyBool(bool v) { return v ? "True" : "False"; }
 }  // namespace
 
 StatusOr<std::map<std::string, std::string>> AccelerateEnv(const config::LaunchConfig& cfg,
-                                                           bool cpu_workers) {
+                                                           bool cpu_workers,
+                                                           const std::string& pythonpath,
+                                                           const std::string& cwd) {
   using config::DistributedType;
   const Settings& a = cfg.accelerate;
   std::map<std::string, std::string> env;
@@ -121,10 +121,7 @@ StatusOr<std::map<std::string, std::string>> AccelerateEnv(const config::LaunchC
       if (!v.empty()) env[var] = lower ? ToLower(v) : v;
     }
     // accelerate puts the working directory on PYTHONPATH for DeepSpeed's own imports.
-    const char* pp = std::getenv("PYTHONPATH");
-    char cwd[4096];
-    if (::getcwd(cwd, sizeof(cwd)) != nullptr)
-      env["PYTHONPATH"] = (pp && *pp ? std::string(pp) + ":" : std::string()) + cwd;
+    if (!cwd.empty()) env["PYTHONPATH"] = (pythonpath.empty() ? "" : pythonpath + ":") + cwd;
   }
 
   if (megatron) {

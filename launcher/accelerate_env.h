@@ -21,8 +21,12 @@
 namespace launch::launcher {
 
 // KEY -> VALUE to add to every worker's environment. `cpu_workers`: the plan runs CPU workers
-// (accelerate's ACCELERATE_USE_CPU).
+// (accelerate's ACCELERATE_USE_CPU). `pythonpath`, the PYTHONPATH the workers inherit ("" for
+// none), and `cwd`, the working directory ("" when unknown): accelerate puts the working
+// directory on DeepSpeed workers' PYTHONPATH. Reads nothing else: no environment, no files.
 StatusOr<std::map<std::string, std::string>> AccelerateEnv(const config::LaunchConfig& cfg,
-                                                           bool cpu_workers);
+                                                           bool cpu_workers,
+                                                           const std::string& pythonpath,
+                                                           const std::string& cwd);
 
 }  // namespace launch::launcher

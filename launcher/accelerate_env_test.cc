@@ -22,7 +22,7 @@ TEST_CASE("FsdpAndDynamoSectionsBecomeAcceleratesVariables") {
       "fsdp_config: {fsdp_sharding_strategy: SHARD_GRAD_OP, offload_params: True,\n"
       "              transformer_layer_cls_to_wrap: Block}\n"
       "dynamo_config: {dynamo_backend: inductor, use_fullgraph: true}\n");
-  auto env = AccelerateEnv(cfg, false);
+  auto env = AccelerateEnv(cfg, false, "", "/work");
   REQUIRE(env.ok());
   CHECK(env->at("ACCELERATE_MIXED_PRECISION") == "bf16");
   CHECK(env->at("ACCELERATE_USE_CPU") == "False");
@@ -46,7 +46,7 @@ TEST_CASE("DeepSpeedSetsItsOwnVariablesAndNoDynamo") {
       "distributed_type: DEEPSPEED\nmixed_precision: fp16\n"
       "deepspeed_config: {zero_stage: 3, offload_optimizer_device: CPU, zero3_init_flag: True,\n"
       "                   gradient_accumulation_steps: 4}\n");
-  auto env = AccelerateEnv(cfg, false);
+  auto env = AccelerateEnv(cfg, false, "", "/work");
   REQUIRE(env.ok());
   CHECK(env->at("ACCELERATE_USE_DEEPSPEED") == "true");
   CHECK(env->at("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3");
@@ -57,6 +57,10 @@ TEST_CASE("DeepSpeedSetsItsOwnVariablesAndNoDynamo") {
         "zero_stage,offload_optimizer_device,zero3_init_flag,gradient_accumulation_steps,"
         "mixed_precision");
   CHECK(env->count("ACCELERATE_DYNAMO_BACKEND") == 0);
+  // The working directory goes after the inherited PYTHONPATH, as accelerate puts it there.
+  CHECK(env->at("PYTHONPATH") == "/work");
+  CHECK(AccelerateEnv(cfg, false, "/mine", "/work")->at("PYTHONPATH") == "/mine:/work");
+  CHECK(AccelerateEnv(cfg, false, "/mine", "")->count("PYTHONPATH") == 0);
 }
 
 TEST_CASE("FlagsOverrideTheFileAndRefusedCombinationsAreErrors") {
@@ -68,7 +72,7 @@ TEST_CASE("FlagsOverrideTheFileAndRefusedCombinationsAreErrors") {
   REQUIRE(config::ApplySetting("debug", "true",
                                config::Origin{config::Origin::Kind::kFlag, "--debug"}, &cfg)
               .ok());
-  auto env = AccelerateEnv(cfg, true);
+  auto env = AccelerateEnv(cfg, true, "", "/work");
   REQUIRE(env.ok());
   CHECK(env->at("ACCELERATE_DYNAMO_BACKEND") == "INDUCTOR");
   CHECK(env->at("ACCELERATE_DEBUG_MODE") == "true");
@@ -77,7 +81,7 @@ TEST_CASE("FlagsOverrideTheFileAndRefusedCombinationsAreErrors") {
   LaunchConfig bad = Load(
       "distributed_type: FSDP\n"
       "fsdp_config: {cpu_ram_efficient_loading: true, sync_module_states: false}\n");
-  CHECK(AccelerateEnv(bad, false).status().message().find("fsdp_sync_module_states") !=
+  CHECK(AccelerateEnv(bad, false, "", "/work").status().message().find("fsdp_sync_module_states") !=
         std::string::npos);
 }
 

@@ -32,7 +32,7 @@
 #include "base/strings.h"
 #include "config/loader.h"
 #include "launcher/scheduler_env.h"
-#include "launcher/subcommands.h"
+#include "launcher/subcommand_args.h"
 #include "launcher/wizard.h"
 
 #ifndef LAUNCH_VERSION

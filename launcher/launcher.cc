@@ -1,7 +1,6 @@
 #include "launcher/launcher.h"
 
 #include <sys/random.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -9,16 +8,13 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <iostream>
 
 #include "agent/agent.h"
 #include "agent/cgroup.h"
 #include "agent/elastic_agent.h"
-#include "agent/ports.h"
 #include "agent/subprocess.h"
-#include "base/elf.h"
 #include "base/environment.h"
 #include "base/files.h"
 #include "base/host.h"
@@ -28,6 +24,7 @@
 #include "config/train_cli.h"
 #include "launcher/accelerate_env.h"
 #include "launcher/env_report.h"
+#include "launcher/plan_system.h"
 #include "launcher/scheduler_env.h"
 #include "launcher/ssh_head.h"
 #include "launcher/subcommands.h"
@@ -78,15 +75,6 @@ bool IsYamlPath(const std::string& s) {
   return EndsWith(l, ".yaml") || EndsWith(l, ".yml");
 }
 
-std::string MakeRunId() {
-  std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  localtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", &tm);
-  return std::string(buf) + "-" + std::to_string(getpid());
-}
-
 // The built-in trainer's settings that every rank must share (TrajectorySettings, output_dir):
 // not the top-level keys, which legitimately differ per machine (machine_rank in the wizard's
 // per-machine files). Empty when the job runs a program of its own.
@@ -102,7 +90,7 @@ std::string TrainerIdentity(const config::LaunchConfig& cfg) {
 // (not as resolved: install paths may differ between machines) with the content of each
 // argument that names a small file here (the script: two projects' `python train.py` differ
 // there, not in the command), and for the trainer its settings (above).
-std::string JobIdentityHash(const config::LaunchConfig& cfg) {
+std::string JobIdentityHash(const config::LaunchConfig& cfg, PlanSystem& sys) {
   uint64_t h = kFnv1aInit;
   auto add = [&h](const std::string& part) {
     h = Fnv1a64(std::string_view(part.c_str(), part.size() + 1), h);
@@ -112,7 +100,7 @@ std::string JobIdentityHash(const config::LaunchConfig& cfg) {
   for (const std::string& arg : cfg.program) {
     add(arg);
     // Not a file, or a larger one (a data set given as an argument): the name alone.
-    StatusOr<std::string> content = ReadRegularFile(arg, 1 << 20);
+    StatusOr<std::string> content = sys.ReadRegularFile(arg, 1 << 20);
     if (content.ok()) add(*content);
   }
   for (const std::string& arg : cfg.extra_args) add(arg);
@@ -125,9 +113,9 @@ std::string JobIdentityHash(const config::LaunchConfig& cfg) {
 // as a node or a spare. Hence a hash of what the nodes of one job share: the node count,
 // max_restarts and the job's identity (above). Not the endpoint: it is the same for both jobs
 // anyway, and the machines of one job may spell it differently (a name here, an address there).
-std::string DerivedRunId(const config::LaunchConfig& cfg) {
+std::string DerivedRunId(const config::LaunchConfig& cfg, PlanSystem& sys) {
   std::string parts = std::to_string(cfg.min_nodes) + ":" + std::to_string(cfg.max_nodes) + " " +
-                      std::to_string(cfg.max_restarts) + " " + JobIdentityHash(cfg);
+                      std::to_string(cfg.max_restarts) + " " + JobIdentityHash(cfg, sys);
   return "job-" + Hex64(Fnv1a64(parts)).substr(0, 12);
 }
 
@@ -135,14 +123,11 @@ void Warn(const std::string& msg) { log::Warn(msg); }
 
 // Where the trainer's effective configuration goes: beside the run's outputs, for the user to
 // read. The nodes of a job may share output_dir, so there each node writes its own.
-std::string EffectiveConfigPath(const config::LaunchConfig& cfg) {
+std::string EffectiveConfigPath(const config::LaunchConfig& cfg, PlanSystem& sys) {
   std::string name = "effective_config";
-  if (cfg.max_nodes > 1) {
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    name += cfg.machine_rank >= 0 ? ".node" + std::to_string(cfg.machine_rank)
-                                  : "." + std::string(host);
-  }
+  if (cfg.max_nodes > 1)
+    name +=
+        cfg.machine_rank >= 0 ? ".node" + std::to_string(cfg.machine_rank) : "." + sys.HostName();
   return cfg.train.output_dir + "/" + name + ".yaml";
 }
 
@@ -153,11 +138,10 @@ Status WriteEffectiveConfig(const config::LaunchConfig& cfg, const std::string& 
 // What runs under the interpreter without --no_python: a .py file, or (torchrun runs every
 // program under Python) a file that exists but is not executable. An executable (an ELF binary,
 // a script with #!) runs as itself.
-bool IsPythonScript(const std::string& program) {
+bool IsPythonScript(const std::string& program, PlanSystem& sys) {
   if (EndsWith(ToLower(program), ".py")) return true;
-  struct stat st;
-  return ::stat(program.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-         ::access(program.c_str(), X_OK) != 0;
+  FileFacts facts = sys.Inspect(program);
+  return facts.regular && !facts.executable;
 }
 
 // The multi-node options from the merged config and the single-node template `local` (which
@@ -333,7 +317,8 @@ int RunAsHead(LaunchConfig& cfg, const std::vector<std::string>& args, bool self
   }
   job.port = cfg.main_process_port > 0 ? cfg.main_process_port : 29500;
   cfg.min_nodes = cfg.max_nodes = static_cast<int>(cfg.hosts.size());
-  job.run_id = cfg.run_id.empty() ? DerivedRunId(cfg) : cfg.run_id;
+  RealPlanSystem sys;
+  job.run_id = cfg.run_id.empty() ? DerivedRunId(cfg, sys) : cfg.run_id;
   job.stop_grace_s = cfg.stop_grace_s;
   if (print_config) {
     std::cout << config::FormatConfig(cfg);
@@ -599,8 +584,8 @@ StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
 }
 
 StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, const HostFacts& host,
-                        const std::map<std::string, std::string>& env) {
-  auto getenv = [&env](const char* name) -> const char* {
+                        const std::map<std::string, std::string>& env, PlanSystem& sys) {
+  auto inherited = [&env](const char* name) -> const char* {
     auto it = env.find(name);
     return it == env.end() ? nullptr : it->second.c_str();
   };
@@ -613,7 +598,7 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
   if (spec == "gpu" && gpus == 0) {
     // torchrun refuses too: one worker per GPU of none is not a CPU job.
     auto origin = cfg.origins.find("nproc_per_node");
-    const char* visible = getenv("CUDA_VISIBLE_DEVICES");
+    const char* visible = inherited("CUDA_VISIBLE_DEVICES");
     return Status::InvalidConfig(
         (origin == cfg.origins.end() ? std::string("nproc_per_node") : origin->second.ToString()) +
         ": nproc_per_node gpu: no GPU is visible" +
@@ -646,6 +631,33 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
                                              : std::string("default")) +
         ") would start that many per task: drop it, or run one task per node "
         "(srun --ntasks-per-node=1) for several workers per launch");
+  if (plan.device_kind == "gpu" && plan.nproc_per_node > gpus) {
+    // One GPU per worker: the workers past the last GPU would run on the CPU beside the GPU
+    // ranks (the trainer and accelerate fall back to it silently) and the first collective
+    // between them would hang. Refused before anything starts.
+    // Where the count was given: num_processes when nproc_per_node was derived from it.
+    auto origin = cfg.origins.find("nproc_per_node");
+    if (origin != cfg.origins.end() && origin->second.kind == Origin::Kind::kDerived &&
+        cfg.origins.count("num_processes"))
+      origin = cfg.origins.find("num_processes");
+    const char* visible = inherited("CUDA_VISIBLE_DEVICES");
+    // num_processes counts every machine's; an elastic job's total varies.
+    const std::string g = std::to_string(gpus);
+    const std::string way_out =
+        cfg.min_nodes != cfg.max_nodes ? "--nproc_per_node " + g
+        : cfg.max_nodes > 1
+            ? "--num_processes " + std::to_string(gpus * cfg.max_nodes) + " (" + g + " per machine)"
+            : "--num_processes " + g;
+    return Status::InvalidConfig(
+        (origin == cfg.origins.end() ? std::string("nproc_per_node") : origin->second.ToString()) +
+        ": " + std::to_string(plan.nproc_per_node) + " processes per machine, but " +
+        std::to_string(gpus) + (gpus == 1 ? " GPU is" : " GPUs are") + " visible here (" +
+        (visible ? "CUDA_VISIBLE_DEVICES='" + std::string(visible) + "'"
+                 : std::string("CUDA_VISIBLE_DEVICES is unset")) +
+        (cfg.gpu_ids != "all" ? ", gpu_ids '" + cfg.gpu_ids + "'" : std::string()) +
+        ") and a GPU job runs one process per GPU; give " + way_out +
+        ", or --cpu for CPU processes");
+  }
   if (config::WantsGpus(cfg.distributed_type) && gpus == 0)
     Warn(std::string("distributed_type is ") + config::ToString(cfg.distributed_type) +
          " but no GPU was found; running CPU workers");
@@ -659,7 +671,7 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
     if (cfg.run_module) {
       argv = {cfg.python, "-u", "-m"};
       argv.insert(argv.end(), cfg.program.begin(), cfg.program.end());
-    } else if (!cfg.no_python && (cfg.run_path || IsPythonScript(prog))) {
+    } else if (!cfg.no_python && (cfg.run_path || IsPythonScript(prog, sys))) {
       argv = {cfg.python, "-u"};
       argv.insert(argv.end(), cfg.program.begin(), cfg.program.end());
     } else {
@@ -668,7 +680,7 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
   } else if (cfg.train.present) {
     // The workers train on the configuration resolved here (Main writes it before they
     // start), not on the YAML file again: flags and environment reach every rank.
-    plan.effective_config = EffectiveConfigPath(cfg);
+    plan.effective_config = EffectiveConfigPath(cfg, sys);
     argv = {bin_dir + "/train", "--effective_config", plan.effective_config};
     argv.insert(argv.end(), cfg.extra_args.begin(), cfg.extra_args.end());
   } else {
@@ -680,7 +692,7 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
                   "program, or add a train: section");
   }
   const bool under_python = !cfg.program.empty() && argv[0] == cfg.python;
-  StatusOr<std::string> resolved = agent::ResolveProgram(argv[0]);
+  StatusOr<std::string> resolved = sys.ResolveProgram(argv[0]);
   if (!resolved.ok()) {
     if (argv[0] == bin_dir + "/train")
       return Status::InvalidConfig("the trainer binary is missing (" + argv[0] +
@@ -713,15 +725,15 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
   plan.master_addr = cfg.main_process_ip;
   plan.master_port = cfg.main_process_port;
   if (plan.master_port <= 0) {
-    StatusOr<int> port = agent::PickFreePort(plan.master_addr);
+    StatusOr<int> port = sys.PickFreePort(plan.master_addr);
     if (!port.ok())
       return Status::InvalidConfig("main_process_ip " + plan.master_addr + ": " +
                                    port.status().message());
     plan.master_port = *port;
   }
   plan.run_id = !cfg.run_id.empty() ? cfg.run_id
-                : cfg.max_nodes > 1 ? DerivedRunId(cfg)
-                                    : MakeRunId();
+                : cfg.max_nodes > 1 ? DerivedRunId(cfg, sys)
+                                    : sys.NewRunId();
 
   // Output routing, torchrun semantics: --redirects sends streams to files only, --tee to both.
   // A log_dir without either means "tee everything".
@@ -732,7 +744,7 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
   if (!cfg.log_dir.empty()) {
     plan.log_root = cfg.log_dir + "/" + plan.run_id;
   } else if (any_spec) {
-    const char* tmp = getenv("TMPDIR");
+    const char* tmp = inherited("TMPDIR");
     plan.private_log_parent = std::string(tmp && *tmp ? tmp : "/tmp") + "/launch-logs-XXXXXX";
   }
   for (int lr = 0; lr < plan.nproc_per_node; ++lr) {
@@ -750,14 +762,14 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
   }
 
   // Environment beyond the rank contract.
-  const char* omp = getenv("OMP_NUM_THREADS");
+  const char* omp = inherited("OMP_NUM_THREADS");
   if (plan.nproc_per_node > 1 && (omp == nullptr || *omp == '\0'))
     plan.extra_env["OMP_NUM_THREADS"] = "1";  // N workers x all cores each would thrash
   if (cfg.gpu_ids != "all") plan.extra_env["CUDA_VISIBLE_DEVICES"] = cfg.gpu_ids;
   // As torchrun: NCCL errors abort the process group instead of hanging it (the default from
   // torch 2.2 on; torch 1.13 reads the older name).
-  if (plan.device_kind == "gpu" && getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr &&
-      getenv("NCCL_ASYNC_ERROR_HANDLING") == nullptr) {
+  if (plan.device_kind == "gpu" && inherited("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr &&
+      inherited("NCCL_ASYNC_ERROR_HANDLING") == nullptr) {
     plan.extra_env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
     plan.extra_env["NCCL_ASYNC_ERROR_HANDLING"] = "1";
   }
@@ -767,15 +779,15 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
   // script starts) unless the user chose; other programs get stdout line-buffered by a
   // preloaded library, as coreutils' stdbuf -oL does (agent/linebuf.c).
   if (cfg.line_buffered) {
-    if (!getenv("PYTHONUNBUFFERED")) plan.extra_env["PYTHONUNBUFFERED"] = "1";
+    if (!inherited("PYTHONUNBUFFERED")) plan.extra_env["PYTHONUNBUFFERED"] = "1";
     const std::string linebuf = bin_dir + "/" + LAUNCH_LINEBUF_FROM_BIN;
-    const char* preload = getenv("LD_PRELOAD");
+    const char* preload = inherited("LD_PRELOAD");
     std::string current = preload ? preload : "";
     // A program built with GCC's AddressSanitizer or ThreadSanitizer (a shared runtime) aborts
     // when another library is preloaded before its runtime: it keeps its own buffering. Read
     // last, only for a program that would get the preload.
     auto sanitized = [&] {
-      for (const std::string& lib : ElfNeededLibraries(plan.argv[0]))
+      for (const std::string& lib : sys.ElfNeededLibraries(plan.argv[0]))
         if (StartsWith(lib, "libasan") || StartsWith(lib, "libtsan") ||
             StartsWith(lib, "libhwasan"))
           return true;
@@ -783,15 +795,16 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
     };
     // LD_PRELOAD separates entries by spaces and colons: a path with either cannot be listed.
     if (plan.python.empty() && linebuf.find_first_of(" :") == std::string::npos &&
-        ::access(linebuf.c_str(), R_OK) == 0 && current.find(linebuf) == std::string::npos &&
-        !sanitized())
+        sys.Inspect(linebuf).readable && current.find(linebuf) == std::string::npos && !sanitized())
       plan.extra_env["LD_PRELOAD"] = current.empty() ? linebuf : current + " " + linebuf;
   }
   if (force_cpu && cfg.origins.count("distributed_type") + cfg.origins.count("use_cpu") > 0)
     plan.extra_env["CUDA_VISIBLE_DEVICES"] = "";
   // What `accelerate launch` exports for these settings, so a script's Accelerator() sees
   // the configured choices as it would under accelerate.
-  StatusOr<std::map<std::string, std::string>> acc = AccelerateEnv(cfg, plan.device_kind != "gpu");
+  const char* pythonpath = inherited("PYTHONPATH");
+  StatusOr<std::map<std::string, std::string>> acc =
+      AccelerateEnv(cfg, plan.device_kind != "gpu", pythonpath ? pythonpath : "", sys.CurrentDir());
   if (!acc.ok()) return acc.status();
   for (const auto& [k, v] : *acc) plan.extra_env[k] = v;
   // Python workers get the shim (agent/python_shim/sitecustomize.py) first on PYTHONPATH: it
@@ -803,12 +816,10 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
     // Without "bin/..": the entry shows in every worker's environment.
     const std::string shim =
         std::filesystem::path(bin_dir + "/" + LAUNCH_PYTHON_SHIM_FROM_BIN).lexically_normal();
-    if (shim.find(':') == std::string::npos &&
-        ::access((shim + "/sitecustomize.py").c_str(), R_OK) == 0) {
+    if (shim.find(':') == std::string::npos && sys.Inspect(shim + "/sitecustomize.py").readable) {
       auto set = plan.extra_env.find("PYTHONPATH");  // accelerate's, which already holds ours
-      const char* inherited = getenv("PYTHONPATH");
       const std::string rest = set != plan.extra_env.end() ? set->second
-                               : inherited != nullptr      ? inherited
+                               : pythonpath != nullptr     ? pythonpath
                                                            : "";
       plan.extra_env["PYTHONPATH"] = rest.empty() ? shim : shim + ":" + rest;
     }
@@ -867,10 +878,18 @@ int Main(int argc, char** argv) {
   std::string bin_dir = ExecutableDir();
   const HostFacts host = ProbeHost();
   const std::map<std::string, std::string> env = CurrentEnvironment();
-  StatusOr<Plan> plan = MakePlan(cfg, bin_dir, host, env);
+  RealPlanSystem sys;
+  StatusOr<Plan> plan = MakePlan(cfg, bin_dir, host, env, sys);
   if (self_test && plan.ok() && plan->nproc_per_node < 2 && !multi_node) {
     cfg.nproc_per_node = "2";  // a collective check needs company
-    plan = MakePlan(cfg, bin_dir, host, env);
+    const bool gpu = plan->device_kind == "gpu";
+    plan = MakePlan(cfg, bin_dir, host, env, sys);
+    // The checks run on CPUs (Gloo, shared memory): on a machine with one GPU, where a GPU job
+    // of two processes is refused, they run as a CPU job.
+    if (!plan.ok() && gpu) {
+      cfg.distributed_type = config::DistributedType::kMultiCpu;
+      plan = MakePlan(cfg, bin_dir, host, env, sys);
+    }
   }
   if (print_config) {
     std::cout << config::FormatConfig(cfg) << PlanSummary(plan, multi_node);

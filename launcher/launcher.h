@@ -11,6 +11,7 @@
 #include "base/host.h"
 #include "base/status.h"
 #include "config/launch_config.h"
+#include "launcher/plan_system.h"
 
 namespace launch::launcher {
 
@@ -57,11 +58,16 @@ struct CommandLine {
 StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args);
 
 // Resolves worker count, program, ports and log layout for a single node, from the merged
-// config, this machine's facts (base/host.h) and the environment the workers will inherit
-// (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, TMPDIR, the NCCL error-handling variables): no
-// probe and no getenv inside, so tests plan for machines they are not.
+// config, this machine's facts (base/host.h), the environment the workers will inherit
+// (CUDA_VISIBLE_DEVICES, OMP_NUM_THREADS, TMPDIR, PYTHONPATH, LD_PRELOAD, the NCCL
+// error-handling variables) and what `sys` (plan_system.h) answers: the program's path, a free
+// port, what the installed files and the program's files are (and contain), the working
+// directory, the host name and a fresh run id. No probe and no getenv inside: everything it
+// knows of the machine comes from `host`, `env` and `sys`, so tests plan for machines they are
+// not. Its one effect is a warning logged when a GPU job finds no GPU.
 StatusOr<Plan> MakePlan(const config::LaunchConfig& cfg, const std::string& bin_dir,
-                        const HostFacts& host, const std::map<std::string, std::string>& env);
+                        const HostFacts& host, const std::map<std::string, std::string>& env,
+                        PlanSystem& sys);
 
 // Entry point of the `launch` binary; returns the process exit code.
 int Main(int argc, char** argv);

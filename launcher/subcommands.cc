@@ -10,6 +10,7 @@
 #include "base/files.h"
 #include "base/strings.h"
 #include "launcher/env_report.h"
+#include "launcher/subcommand_args.h"
 #include "launcher/wizard.h"
 #include "rendezvous/server.h"
 
@@ -28,27 +29,6 @@ const Subcommand* FindSubcommand(const std::string& name) {
   for (const Subcommand& s : Subcommands())
     if (name == s.name) return &s;
   return nullptr;
-}
-
-int ParseSubcommandArgs(CLI::App& app, const std::string& name,
-                        const std::vector<std::string>& args) {
-  app.allow_extras();
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
-  try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    std::cout << app.help();
-    return kExitOk;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "launch " << name << ": " << e.what() << " (see launch " << name << " --help)\n";
-    return kExitUsage;
-  }
-  if (!app.remaining().empty()) {
-    std::cerr << "launch " << name << ": unknown argument '" << app.remaining().front()
-              << "' (see launch " << name << " --help)\n";
-    return kExitUsage;
-  }
-  return -1;
 }
 
 int RunRendezvousServerCommand(const std::vector<std::string>& args) {

@@ -8,10 +8,6 @@
 #include <string>
 #include <vector>
 
-namespace CLI {
-class App;
-}
-
 namespace launch::launcher {
 
 struct Subcommand {
@@ -23,12 +19,6 @@ struct Subcommand {
 // config, env, rdzv-server (test is the launch itself: launcher.cc).
 const std::vector<Subcommand>& Subcommands();
 const Subcommand* FindSubcommand(const std::string& name);
-
-// The subcommands' command lines, all through CLI11 with one wording of errors: parses `args`
-// into `app`; returns -1 to go on, else the exit code to return (0 after printing --help, 2
-// after "launch NAME: unknown argument 'X'" or CLI11's error, with a pointer to --help).
-int ParseSubcommandArgs(CLI::App& app, const std::string& name,
-                        const std::vector<std::string>& args);
 
 // `launch rdzv-server --port PORT [--host ADDRESS] [--token SECRET] [--quiet]`: a standalone
 // rendezvous server, for jobs where no node should host it. The token may also come from the

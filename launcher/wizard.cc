@@ -6,6 +6,7 @@
 #include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -19,9 +20,12 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <sstream>
+#include <utility>
 
+#include "base/check.h"
 #include "base/environment.h"
 #include "base/exit_code.h"
 #include "base/files.h"
@@ -29,7 +33,7 @@
 #include "base/strings.h"
 #include "config/loader.h"
 #include "config/train_keys.h"
-#include "launcher/subcommands.h"
+#include "launcher/subcommand_args.h"
 #include "launcher/terminal.h"
 
 namespace launch::launcher {
@@ -53,36 +57,72 @@ std::string AbsolutePath(const std::string& path) {
   return path;
 }
 
-// Scalars that YAML would read as something else (or that hold ':' or '#') are single-quoted.
-std::string YamlString(const std::string& s) {
-  bool plain = !s.empty();
-  for (char c : s) {
-    bool ok =
-        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '/';
-    if (!ok) plain = false;
-  }
+// A scalar for YAML::Emitter, and how it is written: as YAML text of its own type (42, 1.0,
+// true, auto, MULTI_GPU), or as a string that must read back as one.
+struct Scalar {
+  std::string text;
+  enum class Style { kRaw, kText, kQuoted } style = Style::kRaw;
+};
+Scalar Raw(const std::string& yaml) { return {yaml, Scalar::Style::kRaw}; }
+Scalar Raw(long long n) { return {std::to_string(n), Scalar::Style::kRaw}; }
+// Single-quoted where YAML would read it as something else (a number, a bool, null) or it holds
+// more than letters, digits and "._-/"; plain otherwise.
+Scalar Text(const std::string& s) { return {s, Scalar::Style::kText}; }
+// Always single-quoted (mixed_precision: 'no' is not the bool no).
+Scalar Quoted(const std::string& s) { return {s, Scalar::Style::kQuoted}; }
+
+bool NeedsQuotes(const std::string& s) {
+  if (s.empty()) return true;
+  for (char c : s)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-' &&
+        c != '/')
+      return true;
   std::string l = ToLower(s);
   if (l == "no" || l == "yes" || l == "on" || l == "off" || l == "true" || l == "false" ||
       l == "null" || l == "~")
-    plain = false;
+    return true;
   long long ignored = 0;
-  if (ParseInt64(s, &ignored)) plain = false;
-  if (plain) return s;
-  std::string out = "'";
-  for (char c : s) {
-    if (c == '\'') out += '\'';
-    out += c;
-  }
-  return out + "'";
+  return ParseInt64(s, &ignored);
 }
 
-// "key: value" padded so the comments line up.
-std::string Line(const std::string& indent, const std::string& key, const std::string& value,
-                 const std::string& comment) {
-  std::string lhs = indent + key + ": " + value;
-  if (comment.empty()) return lhs + "\n";
-  if (lhs.size() < 36) lhs.resize(36, ' ');
-  return lhs + "  # " + comment + "\n";
+YAML::Emitter& operator<<(YAML::Emitter& y, const Scalar& v) {
+  if (v.style == Scalar::Style::kQuoted || (v.style == Scalar::Style::kText && NeedsQuotes(v.text)))
+    y << YAML::SingleQuoted;
+  return y << v.text;
+}
+
+// A comment after the current line's value: at column 38, so that the comments line up, or two
+// spaces after a longer line.
+void Trailing(YAML::Emitter& y, const std::string& comment) {
+  if (comment.empty()) return;
+  const std::string text = y.c_str();
+  const size_t newline = text.rfind('\n');
+  const size_t column = newline == std::string::npos ? text.size() : text.size() - newline - 1;
+  y.SetPreCommentIndent(column < 36 ? 38 - column : 2);
+  y << YAML::Comment(comment);
+}
+
+// A comment on lines of its own (a setting left out, what comes next).
+void OwnLine(YAML::Emitter& y, const std::string& comment) {
+  y << YAML::Newline << YAML::Comment(comment);
+}
+
+// "key: value  # comment" in the current block map.
+void Entry(YAML::Emitter& y, const std::string& key, const Scalar& value,
+           const std::string& comment) {
+  y << YAML::Key << key << YAML::Value << value;
+  Trailing(y, comment);
+}
+
+// key: value pairs in the current flow map ({type: cnn, ...}).
+void FlowEntries(YAML::Emitter& y, std::initializer_list<std::pair<const char*, Scalar>> entries) {
+  for (const auto& [key, value] : entries) y << YAML::Key << key << YAML::Value << value;
+}
+
+// The emitter's text, ending with a newline as a file does; a broken emitter is a bug here.
+std::string Finish(const YAML::Emitter& y) {
+  LAUNCH_CHECK(y.good(), "YAML::Emitter: " + y.GetLastError());
+  return std::string(y.c_str()) + "\n";
 }
 
 std::string Today() {
@@ -666,27 +706,29 @@ StatusOr<ConfigAnswers> LoadAnswers(const std::string& path) {
 }
 
 std::string RenderConfigYaml(const ConfigAnswers& a) {
-  std::ostringstream y;
-  y << "# launch configuration, written by `launch config` on " << Today() << ".\n"
-    << "# Keys carry accelerate's names where accelerate has one; nproc_per_node, max_restarts,\n"
-    << "# rdzv_token and train: are launch's own, so `accelerate launch` (which refuses unknown\n"
-    << "# keys) does not read this file. launch reads accelerate's default_config.yaml when it "
-       "has\n"
-    << "# no file of its own.\n"
-    << "# When launching: command-line flag > environment (SLURM, MPI, LAUNCH_*) > this file.\n"
-    << "# `launch --print_config` shows every value in effect and where it came from.\n\n";
+  YAML::Emitter y;
+  y << YAML::Comment(
+      "launch configuration, written by `launch config` on " + Today() +
+      ".\n"
+      "Keys carry accelerate's names where accelerate has one; nproc_per_node, max_restarts,\n"
+      "rdzv_token and train: are launch's own, so `accelerate launch` (which refuses unknown\n"
+      "keys) does not read this file. launch reads accelerate's default_config.yaml when it has\n"
+      "no file of its own.\n"
+      "When launching: command-line flag > environment (SLURM, MPI, LAUNCH_*) > this file.\n"
+      "`launch --print_config` shows every value in effect and where it came from.");
+  y << YAML::Newline << YAML::BeginMap;
   // The script's sharding only: the trainer's is train.parallel, written below.
   const std::string sharding = a.use_gpu && !a.train ? a.sharding : "none";
   if (sharding == "fsdp") {
-    y << Line("", "distributed_type", "FSDP",
-              "one process per GPU; the script's Accelerator shards with FSDP");
+    Entry(y, "distributed_type", Raw("FSDP"),
+          "one process per GPU; the script's Accelerator shards with FSDP");
   } else if (sharding == "deepspeed") {
-    y << Line("", "distributed_type", "DEEPSPEED",
-              "one process per GPU; the script's Accelerator shards with DeepSpeed");
+    Entry(y, "distributed_type", Raw("DEEPSPEED"),
+          "one process per GPU; the script's Accelerator shards with DeepSpeed");
   } else {
-    y << Line("", "distributed_type", a.use_gpu ? "MULTI_GPU" : "MULTI_CPU",
-              a.use_gpu ? "one process per GPU, NCCL (MULTI_CPU: Gloo on CPUs)"
-                        : "processes on CPUs, Gloo (MULTI_GPU: NCCL on GPUs)");
+    Entry(y, "distributed_type", Raw(a.use_gpu ? "MULTI_GPU" : "MULTI_CPU"),
+          a.use_gpu ? "one process per GPU, NCCL (MULTI_CPU: Gloo on CPUs)"
+                    : "processes on CPUs, Gloo (MULTI_GPU: NCCL on GPUs)");
   }
   // dp drives all its replicas from one process (train_rules.cc refuses it across processes).
   const bool dp = a.train && a.parallel_mode == "dp";
@@ -694,129 +736,156 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   bool fixed_ppn = dp || ParseInt64(a.nproc_per_node, &ppn);
   switch (a.where) {
     case Where::kThisMachine:
-      y << Line("", "num_machines", "1", "machines (nodes) in the job");
-      y << Line("", "machine_rank", "0", "this machine's rank; 0 is the main machine");
-      y << Line("", "main_process_ip", "127.0.0.1", "the rendezvous runs on this machine");
-      y << "# main_process_port: 29500            # unset: a free port is picked for each run\n";
+      Entry(y, "num_machines", Raw(1), "machines (nodes) in the job");
+      Entry(y, "machine_rank", Raw(0), "this machine's rank; 0 is the main machine");
+      Entry(y, "main_process_ip", Raw("127.0.0.1"), "the rendezvous runs on this machine");
+      OwnLine(y, "main_process_port: 29500            # unset: a free port is picked for each run");
       break;
     case Where::kCluster:
-      y << Line("", "num_machines", std::to_string(a.num_machines),
-                "machines (nodes) in the job; one launch runs on each");
-      y << Line("", "machine_rank", std::to_string(a.machine_rank),
-                "this machine's rank (0 = main); --machine_rank R on the others");
-      y << Line("", "main_process_ip", YamlString(a.main_process_ip),
-                "the main machine (rank 0): the rendezvous endpoint");
-      y << Line("", "main_process_port", std::to_string(a.main_process_port),
-                "rendezvous port on the main machine (must be reachable)");
+      Entry(y, "num_machines", Raw(a.num_machines),
+            "machines (nodes) in the job; one launch runs on each");
+      Entry(y, "machine_rank", Raw(a.machine_rank),
+            "this machine's rank (0 = main); --machine_rank R on the others");
+      Entry(y, "main_process_ip", Text(a.main_process_ip),
+            "the main machine (rank 0): the rendezvous endpoint");
+      Entry(y, "main_process_port", Raw(a.main_process_port),
+            "rendezvous port on the main machine (must be reachable)");
       break;
     case Where::kSlurm:
-      y << "# num_machines, machine_rank, main_process_ip: from SLURM under srun (SLURM_NNODES,\n"
-        << "# SLURM_PROCID, the first host of SLURM_JOB_NODELIST); flags still win.\n";
-      y << Line("", "main_process_port", std::to_string(a.main_process_port),
-                "rendezvous port on the first node of the allocation");
+      OwnLine(y,
+              "num_machines, machine_rank, main_process_ip: from SLURM under srun (SLURM_NNODES,\n"
+              "SLURM_PROCID, the first host of SLURM_JOB_NODELIST); flags still win.");
+      Entry(y, "main_process_port", Raw(a.main_process_port),
+            "rendezvous port on the first node of the allocation");
       break;
   }
   if (fixed_ppn && a.where != Where::kSlurm) {
-    y << Line("", "num_processes", std::to_string(ppn * a.num_machines),
-              dp ? std::string("parallel.mode dp: one process drives every replica")
-                 : "total over all machines (accelerate's meaning): " + std::to_string(ppn) +
-                       " per machine");
+    Entry(y, "num_processes", Raw(ppn * a.num_machines),
+          dp ? std::string("parallel.mode dp: one process drives every replica")
+             : "total over all machines (accelerate's meaning): " + std::to_string(ppn) +
+                   " per machine");
   } else {
-    y << Line("", "nproc_per_node", a.nproc_per_node,
-              a.nproc_per_node == "auto" ? "per machine: one per GPU, else one per CPU core"
-                                         : "processes per machine");
+    Entry(y, "nproc_per_node", Raw(a.nproc_per_node),
+          a.nproc_per_node == "auto" ? "per machine: one per GPU, else one per CPU core"
+                                     : "processes per machine");
   }
   if (a.use_gpu)
-    y << Line("", "gpu_ids", YamlString(a.gpu_ids),
-              "CUDA_VISIBLE_DEVICES for the workers, in this order ('all': as is)");
-  y << Line("", "mixed_precision", "'" + a.mixed_precision + "'", "no | bf16 | fp16 (GPU)");
-  y << Line("", "max_restarts", std::to_string(a.max_restarts),
-            "restarts of the whole group after a failure");
+    Entry(y, "gpu_ids", Text(a.gpu_ids),
+          "CUDA_VISIBLE_DEVICES for the workers, in this order ('all': as is)");
+  Entry(y, "mixed_precision", Quoted(a.mixed_precision), "no | bf16 | fp16 (GPU)");
+  Entry(y, "max_restarts", Raw(a.max_restarts), "restarts of the whole group after a failure");
   if (!a.rdzv_token.empty())
-    y << Line("", "rdzv_token", YamlString(a.rdzv_token),
-              "shared secret of the rendezvous (keep this file private)");
+    Entry(y, "rdzv_token", Text(a.rdzv_token),
+          "shared secret of the rendezvous (keep this file private)");
   else if (a.where != Where::kThisMachine)
-    y << "# rdzv_token: SECRET                  # or LAUNCH_RDZV_TOKEN in the environment\n";
+    OwnLine(y, "rdzv_token: SECRET                  # or LAUNCH_RDZV_TOKEN in the environment");
 
   if (sharding == "fsdp") {
-    y << "fsdp_config:\n";
-    y << Line("  ", "fsdp_sharding_strategy", a.fsdp_strategy,
-              "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2");
+    y << YAML::Key << "fsdp_config" << YAML::Value << YAML::BeginMap;
+    Entry(y, "fsdp_sharding_strategy", Raw(a.fsdp_strategy),
+          "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2");
+    y << YAML::EndMap;
   } else if (sharding == "deepspeed") {
-    y << "deepspeed_config:\n";
-    y << Line("  ", "zero_stage", std::to_string(a.deepspeed_zero_stage),
-              "0 none | 1 optimizer state | 2 also gradients | 3 also parameters");
+    y << YAML::Key << "deepspeed_config" << YAML::Value << YAML::BeginMap;
+    Entry(y, "zero_stage", Raw(a.deepspeed_zero_stage),
+          "0 none | 1 optimizer state | 2 also gradients | 3 also parameters");
+    y << YAML::EndMap;
   }
 
   if (!a.train) {
-    y << "\n# No `train:` section: run your script with `launch train.py ARGS`.\n";
-    return y.str();
+    y << YAML::Newline;
+    OwnLine(y, "No `train:` section: run your script with `launch train.py ARGS`.");
+    y << YAML::EndMap;
+    return Finish(y);
   }
-  y << "\n# The built-in trainer (`launch` runs it when no program is given after `--`).\n";
-  y << "train:\n";
-  y << Line("  ", "seed", config::TrainDefault("seed"), "");
-  y << Line("  ", "output_dir", YamlString(a.output_dir), config::TrainDoc("output_dir"));
+  y << YAML::Newline;
+  OwnLine(y, "The built-in trainer (`launch` runs it when no program is given after `--`).");
+  y << YAML::Key << "train" << YAML::Value << YAML::BeginMap;
+  Entry(y, "seed", Raw(config::TrainDefault("seed")), "");
+  Entry(y, "output_dir", Text(a.output_dir), config::TrainDoc("output_dir"));
+  y << YAML::Key << "model" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  std::string model_comment;
   if (a.model == "transformer") {
-    y << "  model: {type: transformer, vocab: bytes, d_model: 128, layers: 4, heads: 4, "
-         "context: 128}\n";
+    FlowEntries(y, {{"type", Raw("transformer")},
+                    {"vocab", Raw("bytes")},
+                    {"d_model", Raw(128)},
+                    {"layers", Raw(4)},
+                    {"heads", Raw(4)},
+                    {"context", Raw(128)}});
   } else if (a.model == "cnn") {
-    y << "  model: {type: cnn, channels: [16, 32], hidden: 128, dropout: 0.25}   # conv/BN/pool "
-         "blocks, classifier\n";
+    y << YAML::Key << "type" << YAML::Value << "cnn" << YAML::Key << "channels" << YAML::Value
+      << YAML::Flow << YAML::BeginSeq << 16 << 32 << YAML::EndSeq;
+    FlowEntries(y, {{"hidden", Raw(128)}, {"dropout", Raw("0.25")}});
+    model_comment = "conv/BN/pool blocks, classifier";
   } else if (a.model == "torchscript") {
-    y << "  model: {torchscript: " << YamlString(a.torchscript_path) << "}\n";
+    FlowEntries(y, {{"torchscript", Text(a.torchscript_path)}});
   } else {
     int inputs = 32, outputs = 10;
     if (a.data == "csv") CsvShape(a.data_path, a.label_column, &inputs, &outputs);
-    y << "  model: {type: mlp, layers: [" << inputs << ", 256, 256, " << outputs
-      << "]}   # widths: input first, output last\n";
+    y << YAML::Key << "type" << YAML::Value << "mlp" << YAML::Key << "layers" << YAML::Value
+      << YAML::Flow << YAML::BeginSeq << inputs << 256 << 256 << outputs << YAML::EndSeq;
+    model_comment = "widths: input first, output last";
   }
+  y << YAML::EndMap;
+  Trailing(y, model_comment);
+  y << YAML::Key << "data" << YAML::Value << YAML::Flow << YAML::BeginMap;
   if (a.data == "synthetic") {
-    y << "  data: {type: synthetic, samples: 20000}   # a fixed teacher network: known loss "
-         "floor\n";
+    FlowEntries(y, {{"type", Raw("synthetic")}, {"samples", Raw(20000)}});
+    y << YAML::EndMap;
+    Trailing(y, "a fixed teacher network: known loss floor");
   } else if (a.data == "idx") {
-    y << "  data: {type: idx, path: " << YamlString(a.data_path)
-      << "}   # t10k-* files: the evaluation set\n";
+    FlowEntries(y, {{"type", Raw("idx")}, {"path", Text(a.data_path)}});
+    y << YAML::EndMap;
+    Trailing(y, "t10k-* files: the evaluation set");
   } else if (a.data == "csv") {
-    y << "  data: {type: csv, path: " << YamlString(a.data_path)
-      << ", label_column: " << YamlString(a.label_column) << "}\n";
+    FlowEntries(y, {{"type", Raw("csv")},
+                    {"path", Text(a.data_path)},
+                    {"label_column", Text(a.label_column)}});
+    y << YAML::EndMap;
   } else {
-    y << "  data: {type: text, path: " << YamlString(a.data_path) << ", context: 128}\n";
+    FlowEntries(y, {{"type", Raw("text")}, {"path", Text(a.data_path)}, {"context", Raw(128)}});
+    y << YAML::EndMap;
   }
-  y << Line("  ", "eval_fraction", config::TrainDefault("eval_fraction"),
-            "held-out share of the data");
-  y << Line("  ", "batch_size", std::to_string(a.batch_size), "per process, per micro-batch");
-  y << Line("  ", "max_steps", std::to_string(a.max_steps), "optimizer steps");
-  y << "  optimizer: {type: " << config::TrainDefault("optimizer.type")
-    << ", lr: " << config::TrainDefault("optimizer.lr") << ", weight_decay: 0.01}   # "
-    << config::TrainChoices("optimizer.type") << "\n";
-  y << "  scheduler: {type: cosine, warmup_steps: " << std::min(20, a.max_steps / 10)
-    << "}              # " << config::TrainChoices("scheduler.type") << "\n";
-  y << Line("  ", "max_grad_norm", "1.0", "gradient clipping; 0 = none");
-  y << "  parallel:\n";
-  y << Line("    ", "mode", a.parallel_mode, config::TrainChoices("parallel.mode"));
+  Entry(y, "eval_fraction", Raw(config::TrainDefault("eval_fraction")),
+        "held-out share of the data");
+  Entry(y, "batch_size", Raw(a.batch_size), "per process, per micro-batch");
+  Entry(y, "max_steps", Raw(a.max_steps), "optimizer steps");
+  y << YAML::Key << "optimizer" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  FlowEntries(y, {{"type", Raw(config::TrainDefault("optimizer.type"))},
+                  {"lr", Raw(config::TrainDefault("optimizer.lr"))},
+                  {"weight_decay", Raw("0.01")}});
+  y << YAML::EndMap;
+  Trailing(y, config::TrainChoices("optimizer.type"));
+  y << YAML::Key << "scheduler" << YAML::Value << YAML::Flow << YAML::BeginMap;
+  FlowEntries(y, {{"type", Raw("cosine")}, {"warmup_steps", Raw(std::min(20, a.max_steps / 10))}});
+  y << YAML::EndMap;
+  Trailing(y, config::TrainChoices("scheduler.type"));
+  Entry(y, "max_grad_norm", Raw("1.0"), "gradient clipping; 0 = none");
+  y << YAML::Key << "parallel" << YAML::Value << YAML::BeginMap;
+  Entry(y, "mode", Raw(a.parallel_mode), config::TrainChoices("parallel.mode"));
   if (a.parallel_mode == "ddp" && a.local_sgd_steps == 0)
-    y << Line("    ", "bucket_cap_mb", config::TrainDefault("parallel.bucket_cap_mb"),
-              "gradient bucket size");
+    Entry(y, "bucket_cap_mb", Raw(config::TrainDefault("parallel.bucket_cap_mb")),
+          "gradient bucket size");
   if (a.parallel_mode == "zero")
-    y << Line("    ", "zero_stage", std::to_string(a.zero_stage),
-              config::TrainDoc("parallel.zero_stage"));
+    Entry(y, "zero_stage", Raw(a.zero_stage), config::TrainDoc("parallel.zero_stage"));
   if (dp)
-    y << Line("    ", "replicas", config::TrainDefault("parallel.replicas"),
-              config::TrainDoc("parallel.replicas"));
+    Entry(y, "replicas", Raw(config::TrainDefault("parallel.replicas")),
+          config::TrainDoc("parallel.replicas"));
   if (a.parallel_mode == "pipeline") {
-    y << Line("    ", "stages", std::to_string(a.stages), "processes per pipeline");
-    y << Line("    ", "microbatches", std::to_string(a.microbatches), "per optimizer step");
-    y << Line("    ", "schedule", config::TrainDefault("parallel.schedule"),
-              config::TrainChoices("parallel.schedule"));
+    Entry(y, "stages", Raw(a.stages), "processes per pipeline");
+    Entry(y, "microbatches", Raw(a.microbatches), "per optimizer step");
+    Entry(y, "schedule", Raw(config::TrainDefault("parallel.schedule")),
+          config::TrainChoices("parallel.schedule"));
   }
-  y << Line("  ", "gradient_accumulation_steps", std::to_string(a.gradient_accumulation_steps),
-            "micro-batches per optimizer step");
+  y << YAML::EndMap;
+  Entry(y, "gradient_accumulation_steps", Raw(a.gradient_accumulation_steps),
+        "micro-batches per optimizer step");
   if (a.local_sgd_steps > 0)
-    y << Line("  ", "local_sgd_steps", std::to_string(a.local_sgd_steps),
-              config::TrainDoc("local_sgd_steps"));
+    Entry(y, "local_sgd_steps", Raw(a.local_sgd_steps), config::TrainDoc("local_sgd_steps"));
   for (const char* key : {"sync_each_batch", "checkpoint_every", "resume"})
-    y << Line("  ", key, config::TrainDefault(key), config::TrainDoc(key));
-  return y.str();
+    Entry(y, key, Raw(config::TrainDefault(key)), config::TrainDoc(key));
+  y << YAML::EndMap << YAML::EndMap;
+  return Finish(y);
 }
 
 int RunConfigCommand(const std::vector<std::string>& args) {

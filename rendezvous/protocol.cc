@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "base/strings.h"
-#include "config/launch_config.h"
+#include "config/limits.h"
 
 namespace launch::rendezvous {
 namespace {

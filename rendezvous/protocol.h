@@ -60,7 +60,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "config/launch_config.h"
+#include "config/limits.h"
 
 namespace launch::rendezvous {
 

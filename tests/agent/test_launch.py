@@ -199,6 +199,31 @@ class EnvironmentContract(unittest.TestCase):
             self.assertEqual(r.returncode, 2, r.stdout)
             self.assertIn("--nproc_per_node: nproc_per_node gpu: no GPU is visible", r.stderr)
 
+    def test_more_gpu_workers_than_visible_gpus_is_refused_before_any_starts(self):
+        fake = os.path.abspath(os.path.join(os.path.dirname(LAUNCH), "..", "fake_nvml"))
+        if not os.path.exists(os.path.join(fake, "libnvidia-ml.so.1")):
+            self.skipTest(harness.needs_setup("the fake libnvidia-ml.so.1 (two GPUs) is not built"))
+        base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        base["LD_LIBRARY_PATH"] = fake
+        cmd = ["--", "/bin/sh", "-c", "echo worker $LOCAL_RANK"]
+        for flags, env, want in (
+                (["--multi_gpu", "--num_processes", "3"], base,
+                 "3 processes per machine, but 2 GPUs are visible here "
+                 "(CUDA_VISIBLE_DEVICES is unset)"),
+                (["--nproc_per_node", "2"], dict(base, CUDA_VISIBLE_DEVICES="1"),
+                 "2 processes per machine, but 1 GPU is visible here "
+                 "(CUDA_VISIBLE_DEVICES='1')")):
+            r = launch(*flags, *cmd, env=env)
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn(want, r.stderr)
+            self.assertIn("or --cpu for CPU processes", r.stderr)
+            self.assertNotIn("worker ", r.stdout)
+        # As many as the GPUs, or --cpu: the workers run.
+        for flags in (["--multi_gpu", "--num_processes", "2"], ["--cpu", "--num_processes", "3"]):
+            r = launch(*flags, *cmd, env=base)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout.count("worker "), int(flags[-1]), r.stdout)
+
 
     def test_accelerate_default_config_is_found_and_named(self):
         # What `accelerate config` writes, where accelerate keeps it: used when no config is
