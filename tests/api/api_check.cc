@@ -188,7 +188,7 @@ int Distributed(const Flags& f) {
   options.parallel.zero_stage = f.zero_stage;
   options.parallel.bucket_cap_mb = f.mode == "zero" ? 0.0005 : options.parallel.bucket_cap_mb;
   options.parallel.replicas = 2;
-  options.parallel.stages = 2;
+  options.parallel.stages = f.mode == "pipeline" ? 2 : 1;  // stages > 1: every replica a pipeline
   options.parallel.microbatches = 4;
   options.parallel.schedule = f.schedule == "gpipe" ? launch::config::PipelineSchedule::kGPipe
                                                     : launch::config::PipelineSchedule::k1F1B;

@@ -88,8 +88,9 @@ class AcceleratorMatchesSingleProcessTest(unittest.TestCase):
         self.run_case(2, ["--mode", "pipeline", "--schedule", "gpipe"], stage_files=[0, 1])
 
     def test_pipeline_1f1b_two_stages_times_two_replicas_with_accumulation(self):
+        # The stage axis is outermost (layout.h): replica 0's stages are ranks 0 and 2.
         self.run_case(4, ["--mode", "pipeline", "--schedule", "1f1b", "--accum", "2"],
-                      stage_files=[0, 1])
+                      stage_files=[0, 2])
 
 
 

@@ -298,15 +298,19 @@ Status Accelerator::CheckReplicasAgree() {
   const uint64_t mine = ParameterChecksum(model_->Parameters());
   const torch::Tensor all = Gather(torch::tensor({static_cast<int64_t>(mine)}, torch::kLong));
   std::vector<std::string> differ;
+  bool against_zero = true;  // every reference is rank 0 (the data axis is the world)
   for (int r = 0; r < world_size(); ++r) {
     const int reference = layout_->GroupRanksOf(r, Axis::kData).front();
+    against_zero = against_zero && reference == 0;
     if (all[r].item<int64_t>() != all[reference].item<int64_t>())
-      differ.push_back(std::to_string(r) + " (against " + std::to_string(reference) + ")");
+      differ.push_back(std::to_string(r) +
+                       (reference == 0 ? "" : " (against rank " + std::to_string(reference) + ")"));
   }
   if (differ.empty()) return Status::Ok();
   return Status::Internal(
       "Finish: the replicas disagree: the parameters of rank(s) " + Join(differ, ", ") +
-      " differ from their first replica's (" + std::string(strategy_->Name()) +
+      (against_zero ? " differ from rank 0's (" : " differ from their first replica's (") +
+      std::string(strategy_->Name()) +
       " keeps them bit-identical; were gradients computed outside Backward, or parameters "
       "changed outside Step?)");
 }

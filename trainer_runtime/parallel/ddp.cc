@@ -295,8 +295,6 @@ class DdpStrategy : public ParallelStrategy {
     }
   }
 
-  void AfterOptimizerStep(int64_t) override {}
-  void Finish(int64_t) override {}
   int64_t num_buckets() const override { return num_buckets_; }
 
  private:

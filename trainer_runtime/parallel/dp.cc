@@ -168,8 +168,6 @@ class DpStrategy : public ParallelStrategy {
   void BeforeForward(bool) override {}
   void BeforeBackward(const torch::Tensor&, bool) override {}
   void AfterBackward(bool) override {}
-  void AfterOptimizerStep(int64_t) override {}
-  void Finish(int64_t) override {}
   bool RunsForwardBackward() const override { return true; }
 
   torch::Tensor ForwardBackward(const torch::Tensor& x, const torch::Tensor& y,

@@ -75,8 +75,7 @@ class PipelineEngine : public ParallelStrategy {
     return data_->SyncGradients(window_closes);
   }
   void BeforeForward(bool sync) override;
-  void BeforeBackward(const torch::Tensor&, bool) override {}  // ForwardBackward runs them
-  void AfterBackward(bool) override {}
+  // (BeforeBackward and AfterBackward: ForwardBackward calls the data strategy's itself.)
   void AfterOptimizerStep(int64_t steps_done) override { data_->AfterOptimizerStep(steps_done); }
   void Finish(int64_t steps_done) override { data_->Finish(steps_done); }
   void SyncBuffers() override { data_->SyncBuffers(); }

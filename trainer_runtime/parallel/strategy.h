@@ -67,22 +67,24 @@ class ParallelStrategy {
   virtual ~ParallelStrategy() = default;
   virtual const char* Name() const = 0;
 
+  // The points of a micro-batch. The defaults do nothing: a strategy overrides where it
+  // communicates (none overrides nothing).
   // Makes every replica start from rank 0's parameters and buffers. Call once, after the
   // model (and any checkpoint) is loaded and before the first forward.
-  virtual void Setup() = 0;
+  virtual void Setup() {}
   // Whether the micro-batch that does (window_closes) or does not close the accumulation
-  // window synchronises gradients.
-  virtual bool SyncGradients(bool window_closes) const = 0;
+  // window synchronises gradients (default: never; nothing is communicated).
+  virtual bool SyncGradients(bool window_closes) const { return false; }
   // Before the forward pass of a micro-batch.
-  virtual void BeforeForward(bool sync) = 0;
+  virtual void BeforeForward(bool sync) {}
   // Between forward and backward (DDP arms its reducer here when sync).
-  virtual void BeforeBackward(const torch::Tensor& loss, bool sync) = 0;
-  // After backward returned; when sync, gradients are averaged over the world on return.
-  virtual void AfterBackward(bool sync) = 0;
+  virtual void BeforeBackward(const torch::Tensor& loss, bool sync) {}
+  // After backward returned; when sync, gradients are averaged over the group on return.
+  virtual void AfterBackward(bool sync) {}
   // After the optimizer step that brought the count of steps done to `steps_done`.
-  virtual void AfterOptimizerStep(int64_t steps_done) = 0;
+  virtual void AfterOptimizerStep(int64_t steps_done) {}
   // After the last step (Local SGD's final average).
-  virtual void Finish(int64_t steps_done) = 0;
+  virtual void Finish(int64_t steps_done) {}
   // ddp: makes rank 0's buffers every rank's (before evaluating or saving, as a forward
   // through PyTorch's DDP would). COLLECTIVE in ddp; nothing in other strategies.
   virtual void SyncBuffers() {}

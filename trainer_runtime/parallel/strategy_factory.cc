@@ -18,13 +18,6 @@ class NoneStrategy : public ParallelStrategy {
     world_ = world;
   }
   const char* Name() const override { return "none"; }
-  void Setup() override {}
-  bool SyncGradients(bool) const override { return false; }
-  void BeforeForward(bool) override {}
-  void BeforeBackward(const torch::Tensor&, bool) override {}
-  void AfterBackward(bool) override {}
-  void AfterOptimizerStep(int64_t) override {}
-  void Finish(int64_t) override {}
 };
 
 }  // namespace

@@ -244,7 +244,6 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
     stats_.blocking_comm_ms += MsSince(start);
   }
 
-  void AfterOptimizerStep(int64_t) override {}
   void Finish(int64_t) override {
     // Training is over: the model is whole again for whatever reads it next (the final model
     // file, an evaluation, the program's own use), as FSDP's summon_full_params.
