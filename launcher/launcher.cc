@@ -20,6 +20,7 @@
 #include "agent/subprocess.h"
 #include "base/elf.h"
 #include "base/environment.h"
+#include "base/exit_code.h"
 #include "base/files.h"
 #include "base/host.h"
 #include "base/log.h"

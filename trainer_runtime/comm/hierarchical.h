@@ -103,8 +103,7 @@ class HierarchicalAllReduce {
   // "hierarchical: shared memory within 2 hosts + Gloo across", for logs.
   std::string Describe() const;
   int host_count() const { return host_count_; }
-  // This rank's host (0 = rank 0's), its place there, and whether it is the host's leader.
-  int host_index() const { return host_; }
+  // This rank's place on its host, and whether it is the host's leader.
   int local_rank() const { return local_rank_; }
   bool leader() const { return local_rank_ == 0; }
   // Operations this rank ran through the leaders' Gloo group, and the bytes it handed to them

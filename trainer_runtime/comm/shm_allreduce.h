@@ -205,8 +205,6 @@ class ShmAllReduce {
   int world_size() const { return world_; }
   // Each rank's pid, as the ranks published them at setup (for ShmPointToPoint's liveness checks).
   const std::vector<int>& pids() const { return pids_; }
-  // The segment's size in bytes (header + (W + 1) chunks).
-  size_t segment_bytes() const { return size_; }
 
  private:
   struct Header;
