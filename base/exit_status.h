@@ -5,8 +5,6 @@
 
 #include <string>
 
-#include "base/exit_code.h"
-
 namespace launch {
 
 struct ExitStatus {
@@ -16,8 +14,6 @@ struct ExitStatus {
 
   static ExitStatus FromWaitStatus(int wait_status);
   bool success() const { return !signaled && code == 0; }
-  // The shell convention: the exit code, or 128 + signal number.
-  int ShellCode() const { return signaled ? ExitCodeForSignal(signal) : code; }
   // "exited with code 3", "killed by SIGSEGV (signal 11)".
   std::string ToString() const;
 };

@@ -16,16 +16,24 @@ class CAPABILITY("mutex") Mutex {
  public:
   void Lock() ACQUIRE() { mu_.lock(); }
   void Unlock() RELEASE() { mu_.unlock(); }
+  // Takes the mutex if no one holds it; returns whether it did.
+  bool TryLock() TRY_ACQUIRE(true) { return mu_.try_lock(); }
 
  private:
   friend class CondVar;
   std::mutex mu_;
 };
 
+// Tag for MutexLock's constructor that takes over a mutex the caller already holds.
+struct AdoptLock {};
+
 // Holds `mu` for its scope; Unlock()/Lock() let go of it in between (around a blocking call).
 class SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->Lock(); }
+  // Takes over `mu`, locked by the caller (after a successful TryLock()), and releases it at the
+  // end of the scope. REQUIRES: `mu` is held.
+  MutexLock(Mutex* mu, AdoptLock) REQUIRES(mu) : mu_(mu) {}
   ~MutexLock() RELEASE() {
     if (held_) mu_->Unlock();
   }

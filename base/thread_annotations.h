@@ -20,5 +20,6 @@
 #define EXCLUDES(...) LAUNCH_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 #define ACQUIRE(...) LAUNCH_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) LAUNCH_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+#define TRY_ACQUIRE(...) LAUNCH_THREAD_ANNOTATION(try_acquire_capability(__VA_ARGS__))
 #define ASSERT_CAPABILITY(x) LAUNCH_THREAD_ANNOTATION(assert_capability(x))
 #define NO_THREAD_SAFETY_ANALYSIS LAUNCH_THREAD_ANNOTATION(no_thread_safety_analysis)

@@ -16,6 +16,7 @@
 #include "agent/elastic_agent.h"
 #include "agent/subprocess.h"
 #include "base/environment.h"
+#include "base/exit_code.h"
 #include "base/files.h"
 #include "base/host.h"
 #include "base/log.h"

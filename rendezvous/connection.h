@@ -88,8 +88,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed() const { return closed_; }
   // The peer's address as we see it ("10.0.0.2", "fe80::1"; IPv4-mapped IPv6 shown as IPv4).
   const std::string& remote_address() const { return remote_address_; }
-  // Queued bytes not yet written.
-  size_t pending_bytes() const { return pending_bytes_; }
 
   // Outgoing bytes beyond this close the connection (a peer that does not read).
   static constexpr size_t kMaxPendingBytes = kMaxPayloadSize + (16u << 20);

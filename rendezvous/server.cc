@@ -572,8 +572,7 @@ void RendezvousServer::Apply(Effects effects, int64_t now_us, bool stranger_logs
         heartbeat_timer_.cancel();  // re-armed at the job's own pace
         ArmHeartbeat();
         break;
-      case Effect::Kind::kIdle:
-        if (on_idle_) on_idle_();
+      case Effect::Kind::kIdle:  // the machine forgot the job; the server holds nothing of it
         break;
     }
   }

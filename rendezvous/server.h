@@ -152,8 +152,6 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   size_t connection_count() const { return sessions_.size() + waiting_.size(); }
   // Connections in the handshake (strangers: not joined yet) now.
   size_t handshake_count() const { return handshakes_; }
-  // Called each time a finished job's last connection has closed (the job was forgotten).
-  void SetIdleCallback(std::function<void()> on_idle) { on_idle_ = std::move(on_idle); }
 
  private:
   struct Session;
@@ -210,7 +208,6 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   bool failing_ = false;         // FailAndStop: the sessions drain, nothing else happens
   bool accepting_ = false;       // an async_accept is pending
   bool accept_failing_ = false;  // the last accept failed (logged once per episode)
-  std::function<void()> on_idle_;
 
   std::map<uint64_t, std::unique_ptr<Session>> sessions_;
   uint64_t next_session_id_ = 1;

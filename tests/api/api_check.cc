@@ -264,43 +264,28 @@ int Distributed(const Flags& f) {
 
 int main(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--mode")
-      f.mode = next();
-    else if (a == "--schedule")
-      f.schedule = next();
-    else if (a == "--out")
-      f.out = next();
-    else if (a == "--accum")
-      f.accum = std::stoi(next());
-    else if (a == "--zero_stage")
-      f.zero_stage = std::stoi(next());
-    else if (a == "--local_sgd")
-      f.local_sgd = std::stoi(next());
-    else if (a == "--steps")
-      f.steps = std::stoi(next());
-    else if (a == "--world")
-      f.world = std::stoi(next());
-    else if (a == "--sync_each_batch")
-      f.sync_each_batch = true;
-    else if (a == "--die") {
-      const std::string v = next();
-      f.die_rank = std::stoi(v.substr(0, v.find(':')));
-      f.die_step = std::stoll(v.substr(v.find(':') + 1));
-    } else if (a == "--skew_init")
-      f.skew_init = true;
-    else if (a == "--loader_batch")
-      f.loader_batch = std::stoll(next());
-    else if (a == "--own_backward")
-      f.own_backward = true;
-    else if (a == "--reference")
-      f.reference = true;
-    else {
-      std::fprintf(stderr, "api_check: unknown flag %s\n", a.c_str());
-      return 2;
-    }
+  std::string die;
+  CLI::App app{"api_check: a user's program on the public trainer API (tests/api/test_api.py)",
+               "api_check"};
+  launch::trainer::check::UseLastValue(app);
+  app.add_option("--mode", f.mode, "ddp|zero|local_sgd|dp|pipeline|none");
+  app.add_option("--schedule", f.schedule, "gpipe|1f1b (--mode pipeline)");
+  app.add_option("--out", f.out, "the final parameters, raw float32 (rank R appends .R)");
+  app.add_option("--accum", f.accum, "gradient accumulation steps");
+  app.add_option("--zero_stage", f.zero_stage, "1|2|3 (--mode zero)");
+  app.add_option("--local_sgd", f.local_sgd, "steps between averages (--mode local_sgd)");
+  app.add_option("--steps", f.steps, "optimizer steps");
+  app.add_option("--world", f.world, "ranks to emulate (--reference)");
+  app.add_flag("--sync_each_batch", f.sync_each_batch, "synchronise every micro-batch");
+  app.add_option("--die", die, "RANK:STEP: that rank SIGKILLs itself before step STEP");
+  app.add_flag("--skew_init", f.skew_init, "every rank starts from different parameters");
+  app.add_option("--loader_batch", f.loader_batch, "the loader's batch size");
+  app.add_flag("--own_backward", f.own_backward, "a forward of its own, then Backward(loss)");
+  app.add_flag("--reference", f.reference, "plain LibTorch in one process");
+  if (int code = launch::trainer::check::ParseFlags(app, argc, argv); code >= 0) return code;
+  if (!die.empty()) {
+    f.die_rank = std::stoi(die.substr(0, die.find(':')));
+    f.die_step = std::stoll(die.substr(die.find(':') + 1));
   }
   return f.reference ? Reference(f) : Distributed(f);
 }

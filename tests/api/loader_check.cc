@@ -326,28 +326,21 @@ int Lines(const Flags& f) {
 
 int main(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--case") {
-      f.test_case = next();
-    } else if (a == "--ckpt") {
-      f.ckpt = next();
-    } else if (a == "--out") {
-      f.out = next();
-    } else if (a == "--wait") {
-      f.wait = next();
-    } else if (a == "--mode") {
-      g_mode = next();
-    } else if (a == "--zero_grad") {
-      f.zero_grad = next();
-    } else if (a == "--eval_with") {
-      f.eval_with = next();
-    } else {
-      std::fprintf(stderr, "loader_check: unknown flag %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{
+      "loader_check: several loaders and the evaluation collectives "
+      "(tests/api/test_loaders.py)",
+      "loader_check"};
+  launch::trainer::check::UseLastValue(app);
+  app.add_option(
+      "--case", f.test_case,
+      "windows|save|resume|gather|collectives|unsynced|disagree|lines|zero_grad|workers");
+  app.add_option("--ckpt", f.ckpt, "the checkpoint directory (save, resume)");
+  app.add_option("--out", f.out, "the output file (gather, zero_grad)");
+  app.add_option("--wait", f.wait, "the file to wait for (lines)");
+  app.add_option("--mode", g_mode, "ddp|zero1|zero2|zero3|local_sgd (zero_grad)");
+  app.add_option("--zero_grad", f.zero_grad, "keep|zero|none (zero_grad)");
+  app.add_option("--eval_with", f.eval_with, "prepare|eval (windows)");
+  if (int code = launch::trainer::check::ParseFlags(app, argc, argv); code >= 0) return code;
   if (f.test_case == "windows") return Windows(f);
   if (f.test_case == "save") return Save(f);
   if (f.test_case == "resume") return Resume(f);

@@ -352,30 +352,19 @@ int Order(const Flags& f) {
 
 int main(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--mode")
-      f.mode = next();
-    else if (a == "--out")
-      f.out = next();
-    else if (a == "--ckpt")
-      f.ckpt = next();
-    else if (a == "--log")
-      f.log = next();
-    else if (a == "--steps")
-      f.steps = std::stoi(next());
-    else if (a == "--world")
-      f.world = std::stoi(next());
-    else if (a == "--die_at")
-      f.die_at = std::stoi(next());
-    else if (a == "--reference")
-      f.reference = true;
-    else {
-      std::fprintf(stderr, "models_check: unknown flag %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{"models_check: several models on the public trainer API (tests/api/test_models.py)",
+               "models_check"};
+  launch::trainer::check::UseLastValue(app);
+  app.add_option("--mode", f.mode, "gan|gan_no_accumulate|nosync|resume|loadstep|order");
+  app.add_option("--out", f.out, "the final parameters, raw float32 (rank R appends .R)");
+  app.add_option("--ckpt", f.ckpt, "the checkpoint directory (resume, loadstep)");
+  app.add_option("--log", f.log, "the log file (order)");
+  app.add_option("--steps", f.steps, "optimizer steps");
+  app.add_option("--world", f.world, "ranks to emulate (--reference)");
+  app.add_option("--die_at", f.die_at,
+                 "rank 1 SIGKILLs itself after the save of this step (resume)");
+  app.add_flag("--reference", f.reference, "plain LibTorch in one process");
+  if (int code = launch::trainer::check::ParseFlags(app, argc, argv); code >= 0) return code;
   if (f.mode == "gan") return f.reference ? GanReference(f) : Gan(f, /*accumulate=*/true);
   if (f.mode == "gan_no_accumulate") return Gan(f, /*accumulate=*/false);
   if (f.mode == "nosync") return f.reference ? NoSyncReference(f) : NoSync(f);

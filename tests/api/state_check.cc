@@ -253,26 +253,18 @@ int SyncBn(const Flags& f) {
 
 int main(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--case")
-      f.which = next();
-    else if (a == "--mode")
-      f.mode = next();
-    else if (a == "--out")
-      f.out = next();
-    else if (a == "--world")
-      f.world = std::stoi(next());
-    else if (a == "--reference")
-      f.reference = true;
-    else if (a == "--plain_bn")
-      f.plain_bn = true;
-    else {
-      std::fprintf(stderr, "state_check: unknown flag %s\n", a.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{
+      "state_check: the state the Accelerator keeps besides the gradients "
+      "(tests/api/test_state.py)",
+      "state_check"};
+  launch::trainer::check::UseLastValue(app);
+  app.add_option("--case", f.which, "lr_lambda|short_window|sync_bn");
+  app.add_option("--mode", f.mode, "ddp|dp (sync_bn)");
+  app.add_option("--out", f.out, "the output file, raw float32 (rank R appends .R)");
+  app.add_option("--world", f.world, "ranks to emulate (--reference)");
+  app.add_flag("--reference", f.reference, "plain BatchNorm in one process (sync_bn)");
+  app.add_flag("--plain_bn", f.plain_bn, "leave the BatchNorm as it is, option off (sync_bn)");
+  if (int code = launch::trainer::check::ParseFlags(app, argc, argv); code >= 0) return code;
   if (f.which == "lr_lambda") return LrLambda(f);
   if (f.which == "short_window") return ShortWindow();
   if (f.which == "sync_bn") return f.reference ? SyncBnReference(f) : SyncBn(f);

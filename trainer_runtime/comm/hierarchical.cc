@@ -142,10 +142,10 @@ HierarchicalAllReduce::HierarchicalAllReduce(int host, int host_count, int local
 
 HierarchicalAllReduce::~HierarchicalAllReduce() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (worker_.joinable()) worker_.join();
   for (Op& op : queue_)
     op.future->setError(
@@ -165,14 +165,14 @@ c10::intrusive_ptr<c10d::Work> HierarchicalAllReduce::Enqueue(Op op, c10d::OpTyp
   c10::intrusive_ptr<c10d::Work> work = c10::make_intrusive<shm::FutureWork>(future, type);
   op.future = future;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) {
       future->setError(compat::ErrorPtr("hierarchical all-reduce used after shut down"));
       return work;
     }
     queue_.push_back(std::move(op));
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return work;
 }
 
@@ -186,18 +186,18 @@ c10::intrusive_ptr<c10d::Work> HierarchicalAllReduce::BroadcastFromRank0Async(
 }
 
 void HierarchicalAllReduce::WorkerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    while (!stop_ && queue_.empty()) cv_.Wait();
     if (stop_) return;
     Op op = std::move(queue_.front());
     queue_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     const Status status = Execute(op);
     // Outside mu_: a completion callback may issue the next operation.
     shm::Complete(*op.future, status, op.tensor);
     op = Op();
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -33,12 +33,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,7 +44,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "base/mutex.h"
 #include "base/status.h"
+#include "base/thread_annotations.h"
 #include "trainer_runtime/comm/shm_allreduce.h"
 
 namespace launch::trainer {
@@ -103,8 +103,7 @@ class HierarchicalAllReduce {
   // "hierarchical: shared memory within 2 hosts + Gloo across", for logs.
   std::string Describe() const;
   int host_count() const { return host_count_; }
-  // This rank's host (0 = rank 0's), its place there, and whether it is the host's leader.
-  int host_index() const { return host_; }
+  // This rank's place on its host, and whether it is the host's leader.
   int local_rank() const { return local_rank_; }
   bool leader() const { return local_rank_ == 0; }
   // Operations this rank ran through the leaders' Gloo group, and the bytes it handed to them
@@ -138,10 +137,10 @@ class HierarchicalAllReduce {
   std::atomic<int64_t> cross_host_bytes_{0};
   Status failed_;  // the first error; only the worker thread
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op> queue_;  // guarded by mu_
-  bool stop_ = false;     // guarded by mu_
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  std::deque<Op> queue_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread worker_;
 };
 

@@ -172,7 +172,7 @@ void CheckFlatArguments(const char* what, const at::Tensor& whole, const at::Ten
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                                const c10d::AllreduceOptions& opts) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++allreduce_count_;
     for (const at::Tensor& t : tensors) allreduce_bytes_ += t.numel() * t.element_size();
     launch_times_.push_back(Clock::now());
@@ -197,7 +197,7 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::ReduceScatterFlat(const at:
   CheckFlatArguments("ReduceScatterFlat", input, output, getSize());
   const int64_t bytes = input.numel() * input.element_size();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++reduce_scatter_count_;
     reduce_scatter_bytes_ += bytes;
     launch_times_.push_back(Clock::now());
@@ -237,7 +237,7 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllGatherFlat(const at::Ten
   CheckFlatArguments("AllGatherFlat", output, input, getSize());
   const int64_t bytes = output.numel() * output.element_size();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++allgather_count_;
     allgather_bytes_ += bytes;
     allgather_launch_times_.push_back(Clock::now());
@@ -279,7 +279,7 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::_reduce_scatter_base(
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::allreduce_coalesced(
     std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++allreduce_count_;
     for (const at::Tensor& t : tensors) allreduce_bytes_ += t.numel() * t.element_size();
     launch_times_.push_back(Clock::now());
@@ -322,7 +322,7 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::recv(std::vector<at::Tensor
 }
 
 void CountingProcessGroup::RecordAllreduce(int64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   ++allreduce_count_;
   ++recorded_count_;
   allreduce_bytes_ += bytes;
@@ -330,37 +330,37 @@ void CountingProcessGroup::RecordAllreduce(int64_t bytes) {
 }
 
 int64_t CountingProcessGroup::recorded_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return recorded_count_;
 }
 
 int64_t CountingProcessGroup::allreduce_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return allreduce_count_;
 }
 
 int64_t CountingProcessGroup::allreduce_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return allreduce_bytes_;
 }
 
 int64_t CountingProcessGroup::reduce_scatter_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return reduce_scatter_count_;
 }
 
 int64_t CountingProcessGroup::reduce_scatter_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return reduce_scatter_bytes_;
 }
 
 int64_t CountingProcessGroup::allgather_count() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return allgather_count_;
 }
 
 int64_t CountingProcessGroup::allgather_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return allgather_bytes_;
 }
 
@@ -373,7 +373,7 @@ int64_t CountingProcessGroup::cross_host_bytes() const {
 }
 
 std::vector<CountingProcessGroup::Clock::time_point> CountingProcessGroup::TakeLaunchTimes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<Clock::time_point> out;
   out.swap(launch_times_);
   return out;
@@ -381,7 +381,7 @@ std::vector<CountingProcessGroup::Clock::time_point> CountingProcessGroup::TakeL
 
 std::vector<CountingProcessGroup::Clock::time_point>
 CountingProcessGroup::TakeAllgatherLaunchTimes() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<Clock::time_point> out;
   out.swap(allgather_launch_times_);
   return out;

@@ -31,14 +31,15 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "base/collective_ring.h"
+#include "base/mutex.h"
 #include "base/status.h"
+#include "base/thread_annotations.h"
 #include "trainer_runtime/comm/hierarchical.h"
 #include "trainer_runtime/comm/shm_allreduce.h"
 #include "trainer_runtime/comm/shm_p2p.h"
@@ -173,16 +174,16 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> Tracked(c10::intrusive_ptr<c10d::Work> work, uint64_t token);
   CollectiveRing* ring_ = nullptr;  // not owned (CollectiveRing::ForProcess lives forever)
   int ring_group_ = -1;
-  mutable std::mutex mu_;
-  int64_t allreduce_count_ = 0;
-  int64_t allreduce_bytes_ = 0;
-  int64_t recorded_count_ = 0;
-  int64_t reduce_scatter_count_ = 0;
-  int64_t reduce_scatter_bytes_ = 0;
-  int64_t allgather_count_ = 0;
-  int64_t allgather_bytes_ = 0;
-  std::vector<Clock::time_point> launch_times_;
-  std::vector<Clock::time_point> allgather_launch_times_;
+  mutable Mutex mu_;
+  int64_t allreduce_count_ GUARDED_BY(mu_) = 0;
+  int64_t allreduce_bytes_ GUARDED_BY(mu_) = 0;
+  int64_t recorded_count_ GUARDED_BY(mu_) = 0;
+  int64_t reduce_scatter_count_ GUARDED_BY(mu_) = 0;
+  int64_t reduce_scatter_bytes_ GUARDED_BY(mu_) = 0;
+  int64_t allgather_count_ GUARDED_BY(mu_) = 0;
+  int64_t allgather_bytes_ GUARDED_BY(mu_) = 0;
+  std::vector<Clock::time_point> launch_times_ GUARDED_BY(mu_);
+  std::vector<Clock::time_point> allgather_launch_times_ GUARDED_BY(mu_);
 };
 
 // Where a worker's Gloo device listens: what its peers are told to connect to.

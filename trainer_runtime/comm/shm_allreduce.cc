@@ -343,11 +343,11 @@ ShmAllReduce::ShmAllReduce(int rank, int world, const ShmAllReduceOptions& optio
 
 ShmAllReduce::~ShmAllReduce() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   stopping_.store(true);
-  cv_.notify_all();
+  cv_.NotifyAll();
   // Wake an operation sleeping on the futex so it sees stopping_ (the peers wake spuriously).
   header()->wake_seq.fetch_add(1);
   FutexWakeAll(&header()->wake_seq);
@@ -367,14 +367,14 @@ c10::intrusive_ptr<c10d::Work> ShmAllReduce::Enqueue(Op op, c10d::OpType type) {
   c10::intrusive_ptr<c10d::Work> work = c10::make_intrusive<shm::FutureWork>(future, type);
   op.future = future;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) {
       future->setError(compat::ErrorPtr("shared-memory all-reduce used after shut down"));
       return work;
     }
     queue_.push_back(std::move(op));
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return work;
 }
 
@@ -435,40 +435,40 @@ Status ShmAllReduce::AllGatherNow(const at::Tensor& input, const at::Tensor& out
 
 Status ShmAllReduce::RunInline(const Op& op) {
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return stop_ || (queue_.empty() && !busy_); });
+    MutexLock lock(&mu_);
+    while (!stop_ && (!queue_.empty() || busy_)) cv_.Wait();
     if (stop_) return Status::Interrupted("shared-memory all-reduce shut down");
     busy_ = true;
   }
   Status status = Execute(op);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     busy_ = false;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return status;
 }
 
 void ShmAllReduce::WorkerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });
+    while (!stop_ && (queue_.empty() || busy_)) cv_.Wait();
     if (stop_) return;
     Op op = std::move(queue_.front());
     queue_.pop_front();
     busy_ = true;
-    lock.unlock();
+    lock.Unlock();
     const Status status = Execute(op);
-    lock.lock();
+    lock.Lock();
     busy_ = false;
-    lock.unlock();
-    cv_.notify_all();
+    lock.Unlock();
+    cv_.NotifyAll();
     // Completing runs the future's callbacks on this thread, outside mu_ and after busy_ is
     // cleared: a callback may issue the next operation, or wait for a lock held by a thread
     // that is in AllReduceNow (which may then run as soon as this operation's data is done).
     shm::Complete(*op.future, status, op.output);
     op = Op();
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -637,18 +637,18 @@ c10::intrusive_ptr<c10d::Work> ShmAllReduce::BroadcastFromRank0(const at::Tensor
   auto future = shm::TensorListFuture();
   Status status;
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return stop_ || (queue_.empty() && !busy_); });
+    MutexLock lock(&mu_);
+    while (!stop_ && (!queue_.empty() || busy_)) cv_.Wait();
     if (stop_) status = Status::Interrupted("shared-memory all-reduce shut down");
     busy_ = status.ok();
   }
   if (status.ok()) {
     status = Execute(Op{Kind::kBroadcast, tensor, tensor, {}});
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       busy_ = false;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   shm::Complete(*future, status, tensor);
   return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::ALLREDUCE);

@@ -65,12 +65,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,7 +77,9 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "base/mutex.h"
 #include "base/status.h"
+#include "base/thread_annotations.h"
 
 namespace launch::trainer {
 
@@ -205,8 +205,6 @@ class ShmAllReduce {
   int world_size() const { return world_; }
   // Each rank's pid, as the ranks published them at setup (for ShmPointToPoint's liveness checks).
   const std::vector<int>& pids() const { return pids_; }
-  // The segment's size in bytes (header + (W + 1) chunks).
-  size_t segment_bytes() const { return size_; }
 
  private:
   struct Header;
@@ -267,11 +265,11 @@ class ShmAllReduce {
   uint64_t slot_read_by_ = 0;  // every rank passing this phase frees our slot; executing thread
   Status failed_;              // the first error; only the executing thread
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Op> queue_;  // guarded by mu_
-  bool busy_ = false;     // an operation is executing (worker or AllReduceNow); guarded by mu_
-  bool stop_ = false;     // guarded by mu_
+  Mutex mu_;
+  CondVar cv_{&mu_};
+  std::deque<Op> queue_ GUARDED_BY(mu_);
+  bool busy_ GUARDED_BY(mu_) = false;  // an operation is executing (worker or AllReduceNow)
+  bool stop_ GUARDED_BY(mu_) = false;
   std::atomic<bool> stopping_{false};  // read by a waiting operation
   std::thread worker_;
 };

@@ -162,10 +162,10 @@ struct ShmPointToPoint::Outgoing : Channel {
     c10::intrusive_ptr<c10::ivalue::Future> future;
   };
   int memfd = -1;  // until the receiver has opened the segment
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<Op> queue;  // the front is being streamed by `thread`
-  bool stop = false;
+  Mutex mu;
+  CondVar cv{&mu};
+  std::deque<Op> queue GUARDED_BY(mu);  // the front is being streamed by `thread`
+  bool stop GUARDED_BY(mu) = false;
   std::thread thread;
 
   ~Outgoing() {
@@ -247,8 +247,8 @@ struct ShmPointToPoint::Incoming : Channel {
     int tag = 0;
     c10::intrusive_ptr<c10::ivalue::Future> future;
   };
-  std::mutex mu;
-  std::deque<Op> posted;
+  Mutex mu;
+  std::deque<Op> posted GUARDED_BY(mu);
 
   // Receives the front message into op.target. block = false: only when the whole message is
   // already in the ring; otherwise sets *not_yet and consumes nothing.
@@ -333,11 +333,11 @@ ShmPointToPoint::~ShmPointToPoint() {
   const Status shut = Status::Interrupted("shared-memory send/recv shut down");
   for (auto& [dst, out] : outgoing_) {
     {
-      std::lock_guard<std::mutex> lock(out->mu);
+      MutexLock lock(&out->mu);
       out->stop = true;
     }
     out->stopping.store(true);
-    out->cv.notify_all();
+    out->cv.NotifyAll();
     if (out->base) out->Wake();  // a streaming send sleeping on the futex sees `stopping`
     if (out->thread.joinable()) out->thread.join();
     for (auto& op : out->queue) shm::Complete(*op.future, shut, op.tensor);
@@ -350,7 +350,7 @@ ShmPointToPoint::~ShmPointToPoint() {
     // A receive waiting on another thread (it holds the channel's mutex) gives up at its next
     // wake-up, within liveness_interval.
     in->stopping.store(true);
-    std::lock_guard<std::mutex> lock(in->mu);
+    MutexLock lock(&in->mu);
     for (auto& op : in->posted) shm::Complete(*op.future, shut, op.user);
     in->posted.clear();
     in->Fail(shut);
@@ -364,7 +364,7 @@ bool ShmPointToPoint::Supports(const std::vector<at::Tensor>& tensors) {
 }
 
 StatusOr<ShmPointToPoint::Outgoing*> ShmPointToPoint::GetOutgoing(int dst) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = outgoing_.find(dst);
   if (it != outgoing_.end()) return it->second.get();
   auto out = std::make_unique<Outgoing>();
@@ -408,7 +408,7 @@ StatusOr<ShmPointToPoint::Outgoing*> ShmPointToPoint::GetOutgoing(int dst) {
 }
 
 StatusOr<ShmPointToPoint::Incoming*> ShmPointToPoint::GetIncoming(int src) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = incoming_.find(src);
   if (it != incoming_.end()) return it->second.get();
   auto in = std::make_unique<Incoming>();
@@ -432,15 +432,15 @@ c10::intrusive_ptr<c10d::Work> ShmPointToPoint::Send(const at::Tensor& tensor, i
   Outgoing* out = *got;
   Outgoing::Op op{tensor.contiguous(), tag, future};
   {
-    std::unique_lock<std::mutex> lock(out->mu);
+    MutexLock lock(&out->mu);
     if (!out->failed.ok()) return fail(out->failed);
     if (out->stop) return fail(Status::Interrupted("shared-memory send/recv shut down"));
     out->CloseFdOnceOpened();
     if (!out->queue.empty() || !out->TryWriteWhole(op)) {
       out->queue.push_back(std::move(op));
       if (!out->thread.joinable()) out->thread = std::thread([this, out] { SenderLoop(out); });
-      lock.unlock();
-      out->cv.notify_all();
+      lock.Unlock();
+      out->cv.NotifyAll();
       return c10::make_intrusive<shm::FutureWork>(future, c10d::OpType::SEND);
     }
   }
@@ -449,25 +449,25 @@ c10::intrusive_ptr<c10d::Work> ShmPointToPoint::Send(const at::Tensor& tensor, i
 }
 
 void ShmPointToPoint::SenderLoop(Outgoing* out) {
-  std::unique_lock<std::mutex> lock(out->mu);
+  MutexLock lock(&out->mu);
   while (true) {
-    out->cv.wait(lock, [&] { return out->stop || !out->queue.empty(); });
+    while (!out->stop && out->queue.empty()) out->cv.Wait();
     if (out->stop) return;
     Outgoing::Op op = out->queue.front();  // stays queued: Send() must not write meanwhile
     Status status = out->failed;
-    lock.unlock();
+    lock.Unlock();
     if (status.ok()) status = out->Stream(op, options_);
-    lock.lock();
+    lock.Lock();
     if (!status.ok()) {
       out->Fail(status);
     } else {
       ++out->seq;
     }
     out->queue.pop_front();
-    lock.unlock();
+    lock.Unlock();
     shm::Complete(*op.future, status, op.tensor);
     op = Outgoing::Op();
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -485,7 +485,7 @@ c10::intrusive_ptr<c10d::Work> ShmPointToPoint::Recv(const at::Tensor& tensor, i
   op.tag = tag;
   op.future = future;
   {
-    std::lock_guard<std::mutex> lock(in->mu);
+    MutexLock lock(&in->mu);
     in->posted.push_back(std::move(op));
   }
   return c10::make_intrusive<RecvWork>(this, in, future);
@@ -561,12 +561,12 @@ Status ShmPointToPoint::OpenIncoming(Incoming* in, bool block, bool* not_yet) {
 
 void ShmPointToPoint::Progress(Incoming* in, const c10::ivalue::Future* until) {
   const bool block = until != nullptr;
-  std::unique_lock<std::mutex> lock(in->mu, std::defer_lock);
   if (block) {
-    lock.lock();
-  } else if (!lock.try_lock()) {
+    in->mu.Lock();
+  } else if (!in->mu.TryLock()) {
     return;  // another thread is receiving
   }
+  MutexLock lock(&in->mu, AdoptLock{});
   std::vector<std::pair<Incoming::Op, Status>> done;
   while (!in->posted.empty()) {
     Incoming::Op& op = in->posted.front();
@@ -587,7 +587,7 @@ void ShmPointToPoint::Progress(Incoming* in, const c10::ivalue::Future* until) {
     in->posted.pop_front();
     if (last) break;
   }
-  lock.unlock();
+  lock.Unlock();
   for (auto& [op, status] : done) {
     if (status.ok() && !op.target.is_same(op.user)) op.user.copy_(op.target);
     shm::Complete(*op.future, status, op.user);

@@ -47,11 +47,9 @@
 // Thread-safe. Internal to trainer_runtime (includes LibTorch).
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,7 +57,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "base/mutex.h"
 #include "base/status.h"
+#include "base/thread_annotations.h"
 
 namespace launch::trainer {
 
@@ -130,9 +130,9 @@ class ShmPointToPoint {
   const std::vector<int> pids_;
   const ShmPointToPointOptions options_;
 
-  std::mutex mu_;  // guards the maps (channels are created once, never removed before ~)
-  std::map<int, std::unique_ptr<Outgoing>> outgoing_;
-  std::map<int, std::unique_ptr<Incoming>> incoming_;
+  Mutex mu_;  // channels are created once, never removed before ~
+  std::map<int, std::unique_ptr<Outgoing>> outgoing_ GUARDED_BY(mu_);
+  std::map<int, std::unique_ptr<Incoming>> incoming_ GUARDED_BY(mu_);
 };
 
 }  // namespace launch::trainer

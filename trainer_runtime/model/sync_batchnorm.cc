@@ -2,9 +2,10 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <condition_variable>
-#include <mutex>
 #include <stdexcept>
+
+#include "base/mutex.h"
+#include "base/thread_annotations.h"
 
 namespace launch::trainer {
 namespace {
@@ -142,14 +143,14 @@ c10::intrusive_ptr<BatchNormGroup> ProcessBatchNormGroup(
 // a result is never overwritten while someone still needs it. A replica that fails breaks the
 // rendezvous (Break), so the others throw instead of waiting for it forever.
 struct ThreadBatchNormGroup::Rendezvous {
-  std::mutex mu;
-  std::condition_variable cv;
-  int active = 0;
-  int arrived = 0;
-  uint64_t round = 0;
-  bool broken = false;
-  std::vector<torch::Tensor> slots;
-  torch::Tensor result;
+  Mutex mu;
+  CondVar cv{&mu};
+  int active GUARDED_BY(mu) = 0;
+  int arrived GUARDED_BY(mu) = 0;
+  uint64_t round GUARDED_BY(mu) = 0;
+  bool broken GUARDED_BY(mu) = false;
+  std::vector<torch::Tensor> slots GUARDED_BY(mu);
+  torch::Tensor result GUARDED_BY(mu);
 
   [[noreturn]] static void ThrowBroken() {
     throw std::runtime_error(
@@ -157,7 +158,7 @@ struct ThreadBatchNormGroup::Rendezvous {
   }
 
   void AllReduceSum(int member, torch::Tensor& values) {
-    std::unique_lock<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (broken) ThrowBroken();
     slots[static_cast<size_t>(member)] = values;
     if (++arrived == active) {
@@ -166,10 +167,10 @@ struct ThreadBatchNormGroup::Rendezvous {
       result = sum;
       arrived = 0;
       ++round;
-      cv.notify_all();
+      cv.NotifyAll();
     } else {
       const uint64_t mine = round;
-      cv.wait(lock, [&] { return round != mine || broken; });
+      while (round == mine && !broken) cv.Wait();
       if (round == mine) ThrowBroken();
     }
     values.copy_(result);
@@ -204,7 +205,7 @@ c10::intrusive_ptr<BatchNormGroup> ThreadBatchNormGroup::member(int k) const {
 }
 
 void ThreadBatchNormGroup::SetActive(int n) {
-  std::lock_guard<std::mutex> lock(rendezvous_->mu);
+  MutexLock lock(&rendezvous_->mu);
   rendezvous_->active = n;
   rendezvous_->arrived = 0;
   rendezvous_->broken = false;
@@ -212,10 +213,10 @@ void ThreadBatchNormGroup::SetActive(int n) {
 
 void ThreadBatchNormGroup::Break() {
   {
-    std::lock_guard<std::mutex> lock(rendezvous_->mu);
+    MutexLock lock(&rendezvous_->mu);
     rendezvous_->broken = true;
   }
-  rendezvous_->cv.notify_all();
+  rendezvous_->cv.NotifyAll();
 }
 
 // --- The module ------------------------------------------------------------------------------

@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "base/mutex.h"
 #include "base/strings.h"
+#include "base/thread_annotations.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/timeline.h"
 
@@ -239,7 +240,7 @@ class DdpStrategy : public ParallelStrategy {
     hooked_ = true;
     for (auto& p : params_) {
       p.register_hook([this](const at::Tensor& grad) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         last_grad_time_ = Clock::now();
         return grad;
       });
@@ -283,7 +284,7 @@ class DdpStrategy : public ParallelStrategy {
     auto backward_end = Clock::now();
     Clock::time_point last_grad;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       last_grad = last_grad_time_;
     }
     if (!sync) return;
@@ -327,8 +328,8 @@ class DdpStrategy : public ParallelStrategy {
   std::vector<at::Tensor> params_;
   std::unique_ptr<c10d::Reducer> reducer_;
   int64_t num_buckets_ = 0;
-  std::mutex mu_;  // the autograd engine may run hooks on its own thread
-  Clock::time_point last_grad_time_;
+  Mutex mu_;  // the autograd engine may run hooks on its own thread
+  Clock::time_point last_grad_time_ GUARDED_BY(mu_);
 };
 
 }  // namespace

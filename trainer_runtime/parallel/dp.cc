@@ -3,15 +3,16 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <dlfcn.h>
 
-#include <condition_variable>
 #include <cstdlib>
 #include <exception>
 #include <functional>
-#include <mutex>
+#include <mutex>  // LibTorch's generator lock
 #include <optional>
 #include <thread>
 
+#include "base/mutex.h"
 #include "base/strings.h"
+#include "base/thread_annotations.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/model/sync_batchnorm.h"
@@ -46,25 +47,25 @@ class ReplicaPool {
   }
   ~ReplicaPool() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
+    cv_.NotifyAll();
     for (auto& t : threads_) t.join();
   }
 
   // Runs task(k) on worker k for every k, in parallel.
   void Run(const std::function<void(int)>& task) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       task_ = &task;
       pending_ = static_cast<int>(threads_.size());
       error_ = nullptr;
       ++generation_;
     }
-    cv_.notify_all();
-    std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [this] { return pending_ == 0; });
+    cv_.NotifyAll();
+    MutexLock lock(&mu_);
+    while (pending_ != 0) done_cv_.Wait();
     task_ = nullptr;
     if (error_) std::rethrow_exception(error_);
   }
@@ -75,8 +76,8 @@ class ReplicaPool {
     while (true) {
       const std::function<void(int)>* task = nullptr;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        MutexLock lock(&mu_);
+        while (!stop_ && generation_ == seen) cv_.Wait();
         if (stop_) return;
         seen = generation_;
         task = task_;
@@ -87,20 +88,20 @@ class ReplicaPool {
       } catch (...) {
         error = std::current_exception();
       }
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (error && !error_) error_ = error;
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (--pending_ == 0) done_cv_.NotifyOne();
     }
   }
 
   std::vector<std::thread> threads_;
-  std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
-  const std::function<void(int)>* task_ = nullptr;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
+  Mutex mu_;
+  CondVar cv_{&mu_}, done_cv_{&mu_};
+  const std::function<void(int)>* task_ GUARDED_BY(mu_) = nullptr;
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
+  int pending_ GUARDED_BY(mu_) = 0;
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::exception_ptr error_ GUARDED_BY(mu_);
 };
 
 // Random numbers for replicas on threads. LibTorch has one CPU generator per process, and
@@ -128,7 +129,7 @@ class ReplicaRandom {
   // Held by replica k around its forward pass (and the loss).
   class ForwardScope {
    public:
-    ForwardScope(ReplicaRandom* r, int k) : lock_(r->mu_) {
+    ForwardScope(ReplicaRandom* r, int k) : lock_(&r->mu_) {
       at::Generator gen = at::detail::getDefaultCPUGenerator();
       std::lock_guard<std::mutex> g(gen.mutex());
       gen.set_current_seed((r->base_ ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(k + 1))) *
@@ -136,11 +137,11 @@ class ReplicaRandom {
     }
 
    private:
-    std::lock_guard<std::mutex> lock_;
+    MutexLock lock_;
   };
 
  private:
-  std::mutex mu_;
+  Mutex mu_;  // one forward pass at a time (ForwardScope); base_ is set before they start
   uint64_t base_ = 0;
   at::Tensor after_draw_;
 };
