@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <functional>
 
-#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -16,6 +15,7 @@
 #include "base/interfaces.h"
 #include "base/strings.h"
 #include "trainer_runtime/comm/shm_common.h"
+#include "trainer_runtime/compat/platform.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/timeline.h"
 
@@ -496,9 +496,8 @@ StatusOr<GlooBinding> ChooseGlooBinding(const std::string& master_addr) {
 }
 
 int CudaDeviceOf(const DistEnv& env) {
-  if (!compat::HasNccl() || env.use_cpu) return -1;
-  const int count = static_cast<int>(torch::cuda::device_count());
-  return env.local_rank < count ? env.local_rank : -1;
+  StatusOr<Platform> platform = Platform::Create(env, "no", PlatformFacts::Read());
+  return platform.ok() ? platform->cuda_device() : -1;
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
