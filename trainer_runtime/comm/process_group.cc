@@ -389,17 +389,6 @@ CountingProcessGroup::TakeAllgatherLaunchTimes() {
 
 namespace {
 
-// Gloo worker threads per group: 2 (PyTorch's choice), or LAUNCH_GLOO_THREADS.
-int GlooThreads() {
-  // Gloo's worker threads run the collectives. PyTorch uses 2; LAUNCH_GLOO_THREADS overrides
-  // (on a 2-core machine with 2 ranks, fewer threads can mean fewer context switches).
-  if (const char* t = std::getenv("LAUNCH_GLOO_THREADS")) {
-    long long n = 0;
-    if (ParseInt64(t, &n) && n >= 1 && n <= 64) return static_cast<int>(n);
-  }
-  return 2;
-}
-
 std::shared_ptr<::gloo::transport::Device> GlooDevice(const GlooBinding& binding) {
   if (binding.from_environment)
     return c10d::ProcessGroupGloo::createDeviceForInterface(binding.interface);
@@ -507,7 +496,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::S
   compat::GroupOptions options;
   options.timeout = timeout;
   options.gloo_device = GlooDevice(binding);
-  options.gloo_threads = GlooThreads();
+  // Gloo's worker threads run the collectives: 2 as PyTorch, or LAUNCH_GLOO_THREADS.
+  options.gloo_threads = env.tuning.gloo_threads;
   options.cuda_device = CudaDeviceOf(env);
   return compat::NewProcessGroup(store, rank, size, options);
 }
@@ -577,9 +567,9 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   auto shm_store = c10::make_intrusive<c10d::PrefixStore>("launch_shm" + tag, store);
   ShmAllReduceOptions shm_options;
   shm_options.timeout = timeout;
-  LAUNCH_ASSIGN_OR_RETURN(ShmSetup shm,
-                          ShmAllReduce::Create(*shm_store, rank, size,
-                                               ShmAllReduce::EnabledByEnvironment(), shm_options));
+  LAUNCH_ASSIGN_OR_RETURN(
+      ShmSetup shm,
+      ShmAllReduce::Create(*shm_store, rank, size, env.tuning.shm_allreduce, shm_options));
   std::unique_ptr<ShmPointToPoint> p2p;
   if (shm.shm) {
     ShmPointToPointOptions p2p_options;

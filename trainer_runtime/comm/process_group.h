@@ -213,8 +213,8 @@ int CudaDeviceOf(const DistEnv& env);
 
 // A process group of `size` ranks over `store` (Gloo for CPU tensors; NCCL for CUDA tensors when
 // LibTorch has it and this rank has a GPU: torch_compat.h). Gloo's transport device is
-// `binding` (ChooseGlooBinding); its worker threads GlooThreads(). Every group a worker builds
-// (the job's, a pipeline stage's) is made here, alike. Blocks until all ranks joined; throws
+// `binding` (ChooseGlooBinding); its worker threads env.tuning.gloo_threads. Every group a worker
+// builds (the job's, a pipeline stage's) is made here, alike. Blocks until all ranks joined; throws
 // what the backend throws when they do not (at once when a peer's address refuses).
 c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int size, const DistEnv& env,
