@@ -1,5 +1,6 @@
 #include "trainer_runtime/parallel/strategy_factory.h"
 
+#include "base/environment.h"
 #include "trainer_runtime/model/sync_batchnorm.h"
 #include "trainer_runtime/parallel/ddp.h"
 #include "trainer_runtime/parallel/dp.h"
@@ -27,14 +28,17 @@ class NoneStrategy : public ParallelStrategy {
   void Finish(int64_t) override {}
 };
 
+// none runs anywhere: it communicates nothing.
+Status NoneSupports(const Platform& platform) { return platform.CheckAutocast(); }
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
-    c10::intrusive_ptr<CountingProcessGroup> pg) {
+    c10::intrusive_ptr<CountingProcessGroup> pg, const Tuning& tuning) {
   using config::ParallelMode;
   const ParallelMode mode = cfg.parallel.mode;
-  if (mode == ParallelMode::kDp) return CreateDpStrategy(cfg, model);
+  if (mode == ParallelMode::kDp) return CreateDpStrategy(cfg, model, tuning);
   if (mode == ParallelMode::kPipeline)
     return Status::InvalidConfig(
         "train.parallel.mode: pipeline runs on PipelineEngine, not a strategy");
@@ -49,7 +53,26 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     // The statistics share DDP's group, as PyTorch's SyncBatchNorm (one process: none needed).
     LAUNCH_RETURN_IF_ERROR(AttachBatchNormGroup(model->module(), ProcessBatchNormGroup(pg)));
   }
-  return CreateDdpStrategy(cfg, model, std::move(pg));
+  return CreateDdpStrategy(cfg, model, std::move(pg), tuning);
+}
+
+StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
+    const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
+    c10::intrusive_ptr<CountingProcessGroup> pg) {
+  LAUNCH_ASSIGN_OR_RETURN(const Tuning tuning, ParseTuning(CurrentEnvironment()));
+  return CreateStrategy(cfg, model, optimizer, std::move(pg), tuning);
+}
+
+Status CheckPlatformSupport(const config::TrainConfig& cfg, const Platform& platform) {
+  // The same order as CreateStrategy's.
+  using config::ParallelMode;
+  const ParallelMode mode = cfg.parallel.mode;
+  if (mode == ParallelMode::kDp) return DpSupports(platform);
+  if (mode == ParallelMode::kPipeline) return DdpSupports(platform);
+  if (cfg.local_sgd_steps > 0) return LocalSgdSupports(platform);
+  if (mode == ParallelMode::kNone) return NoneSupports(platform);
+  if (mode == ParallelMode::kZero) return ZeroSupports(platform);
+  return DdpSupports(platform);
 }
 
 }  // namespace launch::trainer
