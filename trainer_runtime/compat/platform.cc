@@ -19,7 +19,7 @@ std::string CudaVisibleDevices(const DistEnv& env) {
 
 // Why `env` on `facts` computes on the CPU, or "" when it uses CUDA.
 std::string WhyCpu(const DistEnv& env, const PlatformFacts& facts) {
-  if (env.use_cpu) return "launch --cpu (ACCELERATE_USE_CPU)";
+  if (env.use_cpu) return "launch --cpu: ACCELERATE_USE_CPU";
   if (!facts.libtorch_cuda) return "no CUDA in this LibTorch";
   if (!facts.nccl) return "this LibTorch has CUDA but no NCCL";
   if (facts.cuda_device_count <= 0) return "no CUDA device visible";

@@ -114,7 +114,7 @@ class Platform {
   bool shared_memory_transports() const { return !device_.is_cuda(); }
   // The facts it was decided on.
   const PlatformFacts& facts() const { return facts_; }
-  // Why the CPU was chosen ("launch --cpu (ACCELERATE_USE_CPU)", "no CUDA device visible", ...),
+  // Why the CPU was chosen ("launch --cpu: ACCELERATE_USE_CPU", "no CUDA device visible", ...),
   // or "" on CUDA.
   const std::string& why_cpu() const { return why_cpu_; }
 
@@ -123,8 +123,9 @@ class Platform {
   // Strategies call it from their Supports functions.
   Status CheckAutocast() const;
 
-  // One line for logs: "cuda:1, NCCL, autocast bf16 on cuda (LibTorch with CUDA and NCCL, 2
-  // CUDA devices visible)", "cpu (launch --cpu), Gloo, shared memory, no autocast (...)".
+  // One line for logs: "cuda:1, NCCL, no autocast (LibTorch with CUDA and NCCL, 2 CUDA devices
+  // visible)", "cpu (launch --cpu: ACCELERATE_USE_CPU), Gloo or shared memory, autocast bf16 on
+  // cpu (CPU-only LibTorch)".
   std::string Describe() const;
 
  private:
