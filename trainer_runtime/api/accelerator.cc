@@ -25,8 +25,10 @@
 #include "base/strings.h"
 #include "config/train_keys.h"
 #include "trainer_runtime/api/accelerator_internal.h"
+#include "trainer_runtime/comm/device_agreement.h"
 #include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/comm/recovery.h"
+#include "trainer_runtime/compat/platform.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/parallel/layout.h"
@@ -38,11 +40,6 @@
 #include "trainer_runtime/util/timeline.h"
 
 namespace launch::trainer {
-namespace {
-
-using config::ParallelMode;
-
-}  // namespace
 
 Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
     : options_(options), env_(env), run_settings_(config::TrajectorySettings(options)) {
@@ -104,25 +101,16 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   // The configuration's own rules (config/train_keys.h), for options built in code: what
   // launch and train checked with the keys' places, here with the real world size.
   LAUNCH_ASSIGN_OR_RETURN(const ParallelLayout layout, ParallelLayout::Create(options, env));
-  if (options.mixed_precision != "no" && options.mixed_precision != "bf16")
-    return Status::InvalidConfig(
-        "mixed_precision: '" + options.mixed_precision +
-        "' needs a GPU (CUDA autocast) and this LibTorch is CPU-only; use bf16 (CPU autocast) "
-        "or no");
+  // The device path (compat/platform.h): refuses more processes on this node than CUDA devices
+  // it sees; then each strategy, and the pipeline engine, says whether it runs there.
+  LAUNCH_ASSIGN_OR_RETURN(const Platform platform,
+                          Platform::Create(env, options.mixed_precision, PlatformFacts::Read()));
+  LAUNCH_RETURN_IF_ERROR(platform.CheckAutocast());
+  LAUNCH_RETURN_IF_ERROR(CheckPlatformSupport(options, platform));
   std::unique_ptr<Accelerator> accel(new Accelerator(options, env));
   accel->SetLayout(layout);
-  if (const int cuda = CudaDeviceOf(env); cuda >= 0) {
-    // The GPU path is DDP over NCCL (and one process); the other modes move tensors between
-    // threads, stages and replicas on the CPU.
-    if (options.parallel.mode != ParallelMode::kNone && options.parallel.mode != ParallelMode::kDdp)
-      return Status::InvalidConfig(std::string("train.parallel.mode: ") + accel->mode_name() +
-                                   " runs on the CPU only; on GPUs use ddp or none, or run "
-                                   "launch --cpu");
-    if (accel->bf16_)
-      return Status::InvalidConfig(
-          "mixed_precision: bf16 is CPU autocast here; on GPUs use no, or run launch --cpu");
-    accel->device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(cuda));
-  }
+  accel->platform_ = std::make_unique<Platform>(platform);
+  accel->device_ = platform.device();
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(init_timeout_s * 1000));
   accel->timeout_ = timeout;
   if (env.distributed() && env.recover_in_place) {
@@ -147,6 +135,10 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   } else if (env.distributed()) {
     LAUNCH_ASSIGN_OR_RETURN(accel->pg_, CreateProcessGroup(env, timeout));
   }
+  // Every rank on the same kind of device, or every rank says which ranks are where (a
+  // replacement joins survivors that are past this point: it checked nothing they would meet).
+  if (accel->pg_ && env.recover_generation == 0)
+    LAUNCH_RETURN_IF_ERROR(CheckDeviceKindsAgree(accel->pg_->inner(), platform));
   // The strategies communicate over this rank's gradient group (the world itself unless other
   // axes split it: no second group then).
   LAUNCH_ASSIGN_OR_RETURN(
@@ -201,8 +193,8 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
         "LibTorch's Gloo cannot do; it needs shared memory on every host (the shared-memory "
         "or hierarchical transport), here: " +
         pg_->allreduce_transport());
-  LAUNCH_ASSIGN_OR_RETURN(strategy_,
-                          CreateStrategy(options_, model_.get(), optimizer_.get(), data_pg_));
+  LAUNCH_ASSIGN_OR_RETURN(
+      strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), data_pg_, env_.tuning));
   // Recovery re-forms the world group, which the strategy must communicate over.
   recover_ =
       env_.recover_in_place && pg_ && strategy_->SupportsInPlaceRecovery() && data_pg_ == pg_;
@@ -247,8 +239,9 @@ Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
   model_ = std::make_shared<Model>(module_);
   optimizer_ = std::move(optimizer);
   // The stage's own data strategy over its data group, inside the engine.
-  LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<ParallelStrategy> data,
-                          CreateStrategy(options_, model_.get(), optimizer_.get(), data_pg_));
+  LAUNCH_ASSIGN_OR_RETURN(
+      std::unique_ptr<ParallelStrategy> data,
+      CreateStrategy(options_, model_.get(), optimizer_.get(), data_pg_, env_.tuning));
   LAUNCH_ASSIGN_OR_RETURN(
       std::unique_ptr<PipelineEngine> engine,
       PipelineEngine::Create(

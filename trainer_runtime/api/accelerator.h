@@ -119,6 +119,7 @@ class CountingProcessGroup;
 class Model;
 class ParallelLayout;
 class ParallelStrategy;
+class Platform;
 struct TrainState;
 
 // What the ranks agreed on at a step boundary (Accelerator::PollSignals).
@@ -322,8 +323,7 @@ class Accelerator {
   // How gradient all-reduces travel: "shared memory" (every rank on this host), "Gloo (why
   // not shared memory)", or "" with one process.
   std::string allreduce_transport() const;
-  // Whether options().mixed_precision is bf16.
-  bool bf16() const { return bf16_; }
+  bool bf16() const { return bf16_; }  // options().mixed_precision is bf16
   // Autocast for a forward pass and loss run by the caller (see the top of this file); a
   // no-op scope when mixed precision is off.
   AutocastScope Autocast() const { return AutocastScope(bf16_); }

@@ -65,8 +65,8 @@ Status Accelerator::PrepareAnother(std::shared_ptr<torch::nn::Module> module,
   if (pair.model->NamedParameters().empty())
     return Status::InvalidConfig("Prepare: model " + std::to_string(pairs_.size()) +
                                  " has no parameters that require grad");
-  LAUNCH_ASSIGN_OR_RETURN(
-      pair.owned, CreateStrategy(options_, pair.model.get(), pair.optimizer.get(), data_pg_));
+  LAUNCH_ASSIGN_OR_RETURN(pair.owned, CreateStrategy(options_, pair.model.get(),
+                                                     pair.optimizer.get(), data_pg_, env_.tuning));
   pair.strategy = pair.owned.get();
   pair.strategy->Setup();  // its own broadcast and reducer
   pair.strategy->TakeStepStats();

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <functional>
 
-#include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -16,6 +15,7 @@
 #include "base/interfaces.h"
 #include "base/strings.h"
 #include "trainer_runtime/comm/shm_common.h"
+#include "trainer_runtime/compat/platform.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/timeline.h"
 
@@ -389,17 +389,6 @@ CountingProcessGroup::TakeAllgatherLaunchTimes() {
 
 namespace {
 
-// Gloo worker threads per group: 2 (PyTorch's choice), or LAUNCH_GLOO_THREADS.
-int GlooThreads() {
-  // Gloo's worker threads run the collectives. PyTorch uses 2; LAUNCH_GLOO_THREADS overrides
-  // (on a 2-core machine with 2 ranks, fewer threads can mean fewer context switches).
-  if (const char* t = std::getenv("LAUNCH_GLOO_THREADS")) {
-    long long n = 0;
-    if (ParseInt64(t, &n) && n >= 1 && n <= 64) return static_cast<int>(n);
-  }
-  return 2;
-}
-
 std::shared_ptr<::gloo::transport::Device> GlooDevice(const GlooBinding& binding) {
   if (binding.from_environment)
     return c10d::ProcessGroupGloo::createDeviceForInterface(binding.interface);
@@ -496,9 +485,8 @@ StatusOr<GlooBinding> ChooseGlooBinding(const std::string& master_addr) {
 }
 
 int CudaDeviceOf(const DistEnv& env) {
-  if (!compat::HasNccl() || env.use_cpu) return -1;
-  const int count = static_cast<int>(torch::cuda::device_count());
-  return env.local_rank < count ? env.local_rank : -1;
+  StatusOr<Platform> platform = Platform::Create(env, "no", PlatformFacts::Read());
+  return platform.ok() ? platform->cuda_device() : -1;
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
@@ -508,7 +496,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::S
   compat::GroupOptions options;
   options.timeout = timeout;
   options.gloo_device = GlooDevice(binding);
-  options.gloo_threads = GlooThreads();
+  // Gloo's worker threads run the collectives: 2 as PyTorch, or LAUNCH_GLOO_THREADS.
+  options.gloo_threads = env.tuning.gloo_threads;
   options.cuda_device = CudaDeviceOf(env);
   return compat::NewProcessGroup(store, rank, size, options);
 }
@@ -578,9 +567,9 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   auto shm_store = c10::make_intrusive<c10d::PrefixStore>("launch_shm" + tag, store);
   ShmAllReduceOptions shm_options;
   shm_options.timeout = timeout;
-  LAUNCH_ASSIGN_OR_RETURN(ShmSetup shm,
-                          ShmAllReduce::Create(*shm_store, rank, size,
-                                               ShmAllReduce::EnabledByEnvironment(), shm_options));
+  LAUNCH_ASSIGN_OR_RETURN(
+      ShmSetup shm,
+      ShmAllReduce::Create(*shm_store, rank, size, env.tuning.shm_allreduce, shm_options));
   std::unique_ptr<ShmPointToPoint> p2p;
   if (shm.shm) {
     ShmPointToPointOptions p2p_options;

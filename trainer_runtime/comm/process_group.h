@@ -207,15 +207,15 @@ struct GlooBinding {
 //      default, loopback on stock Debian hosts); IoError when there is no route.
 StatusOr<GlooBinding> ChooseGlooBinding(const std::string& master_addr);
 
-// The CUDA device this worker uses: its LOCAL_RANK among the visible GPUs (torchrun's
-// contract), or -1 when LibTorch has no CUDA/NCCL, the machine has no such GPU, or the job
-// asked for the CPU (DistEnv::use_cpu).
+// The CUDA device this worker uses: Platform::Create's (compat/platform.h) with this process's
+// facts, cuda_device(); -1 on the CPU, and where Platform::Create refuses the job (more processes
+// on the node than devices). For callers that hold no Platform yet; NewGroup uses it.
 int CudaDeviceOf(const DistEnv& env);
 
 // A process group of `size` ranks over `store` (Gloo for CPU tensors; NCCL for CUDA tensors when
 // LibTorch has it and this rank has a GPU: torch_compat.h). Gloo's transport device is
-// `binding` (ChooseGlooBinding); its worker threads GlooThreads(). Every group a worker builds
-// (the job's, a pipeline stage's) is made here, alike. Blocks until all ranks joined; throws
+// `binding` (ChooseGlooBinding); its worker threads env.tuning.gloo_threads. Every group a worker
+// builds (the job's, a pipeline stage's) is made here, alike. Blocks until all ranks joined; throws
 // what the backend throws when they do not (at once when a peer's address refuses).
 c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int size, const DistEnv& env,

@@ -178,13 +178,6 @@ char* ShmAllReduce::slot(int r) const {
 }
 char* ShmAllReduce::result() const { return slot(world_); }
 
-bool ShmAllReduce::EnabledByEnvironment() {
-  const char* v = std::getenv("LAUNCH_SHM_ALLREDUCE");
-  if (!v) return true;
-  const std::string s = v;
-  return !(s == "0" || s == "false" || s == "off");
-}
-
 bool ShmAllReduce::Supports(const std::vector<at::Tensor>& tensors,
                             const c10d::AllreduceOptions& opts) {
   if (tensors.size() != 1 || opts.reduceOp != c10d::ReduceOp::SUM) return false;

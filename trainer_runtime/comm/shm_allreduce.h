@@ -116,16 +116,14 @@ class ShmAllReduce {
  public:
   // Builds the transport for rank `rank` of `world_size`. COLLECTIVE: every rank of the group
   // calls it with the same world size and a store (a prefix of the group's, fresh per group)
-  // shared by them; `enabled` may differ between ranks (any rank's false disables it for all).
+  // shared by them; `enabled` (DistEnv::tuning.shm_allreduce, LAUNCH_SHM_ALLREDUCE) may differ
+  // between ranks (any rank's false disables it for all).
   // Returns {nullptr, reason} (not an error) when the ranks are not all on this host and in
   // one pid namespace, when world_size < 2, when any rank passed enabled = false or could not
   // map the segment: all ranks get the same answer. Errors: the store failed or timed out
   // (Timeout/IoError), the segment could not be created (IoError).
   static StatusOr<ShmSetup> Create(c10d::Store& store, int rank, int world_size, bool enabled,
                                    const ShmAllReduceOptions& options = {});
-
-  // False when LAUNCH_SHM_ALLREDUCE is "0", "false" or "off"; true otherwise (the default).
-  static bool EnabledByEnvironment();
 
   // Whether this transport can carry allreduce(tensors, opts): one dense, contiguous CPU tensor
   // of float, double or bfloat16, ReduceOp SUM. Anything else stays on Gloo.

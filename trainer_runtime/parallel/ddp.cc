@@ -141,26 +141,17 @@ class Bf16CompressHook : public c10d::CommHookInterface {
   c10::intrusive_ptr<CountingProcessGroup> pg_;
 };
 
-// A last bucket up to this size takes the two-rank exchange; LAUNCH_DDP_EXCHANGE_MAX_KB overrides
-// (0 = always Gloo's all-reduce, for comparisons).
-size_t ExchangeMaxBytes() {
-  size_t bytes = 512u << 10;
-  if (const char* v = std::getenv("LAUNCH_DDP_EXCHANGE_MAX_KB")) {
-    long long kb = 0;
-    if (ParseInt64(v, &kb) && kb >= 0) bytes = static_cast<size_t>(kb) << 10;
-  }
-  return bytes;
-}
-
 // --- ddp ---------------------------------------------------------------------------------------
 class DdpStrategy : public ParallelStrategy {
  public:
   DdpStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, double bucket_cap_mb,
-              bool sync_each_batch, bool find_unused_parameters, bool bf16_buckets)
+              bool sync_each_batch, bool find_unused_parameters, bool bf16_buckets,
+              size_t exchange_max_bytes)
       : bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
         sync_each_batch_(sync_each_batch),
         find_unused_(find_unused_parameters),
-        bf16_buckets_(bf16_buckets) {
+        bf16_buckets_(bf16_buckets),
+        exchange_max_bytes_(exchange_max_bytes) {
     model_ = model;
     SetGroup(std::move(pg));
   }
@@ -232,7 +223,7 @@ class DdpStrategy : public ParallelStrategy {
     if (bf16_buckets_)
       reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
     else
-      reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, ExchangeMaxBytes()));
+      reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, exchange_max_bytes_));
     // Tensor hooks on every parameter record when backward produced its gradient; the last
     // one marks the end of gradient computation, against which bucket launch times are
     // compared to measure overlap. Once: they outlive reducers (Reform).
@@ -330,15 +321,22 @@ class DdpStrategy : public ParallelStrategy {
   int64_t num_buckets_ = 0;
   Mutex mu_;  // the autograd engine may run hooks on its own thread
   Clock::time_point last_grad_time_ GUARDED_BY(mu_);
+  // A last bucket up to this size takes the two-rank exchange (Tuning::ddp_exchange_max_bytes,
+  // LAUNCH_DDP_EXCHANGE_MAX_KB; 0 = always the group's all-reduce, for comparisons).
+  size_t exchange_max_bytes_;
 };
 
 }  // namespace
 
 std::unique_ptr<ParallelStrategy> CreateDdpStrategy(const config::TrainConfig& cfg, Model* model,
-                                                    c10::intrusive_ptr<CountingProcessGroup> pg) {
+                                                    c10::intrusive_ptr<CountingProcessGroup> pg,
+                                                    const Tuning& tuning) {
   return std::make_unique<DdpStrategy>(model, std::move(pg), cfg.parallel.bucket_cap_mb,
                                        cfg.sync_each_batch, cfg.parallel.find_unused_parameters,
-                                       cfg.parallel.comm_hook == config::CommHook::kBf16);
+                                       cfg.parallel.comm_hook == config::CommHook::kBf16,
+                                       tuning.ddp_exchange_max_bytes);
 }
+
+Status DdpSupports(const Platform& platform) { return platform.CheckAutocast(); }
 
 }  // namespace launch::trainer

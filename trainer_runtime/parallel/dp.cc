@@ -294,7 +294,7 @@ class DpStrategy : public ParallelStrategy {
 }  // namespace
 
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::TrainConfig& cfg,
-                                                             Model* model) {
+                                                             Model* model, const Tuning& tuning) {
   const int k = cfg.parallel.replicas;
   if (k < 1)
     return Status::InvalidConfig("train.parallel.replicas must be at least 1, got " +
@@ -338,14 +338,20 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::Train
     for (int i = 1; i < k; ++i)
       SetBatchNormGroup(extra[static_cast<size_t>(i - 1)]->module(), bn_group->member(i));
   }
-  int threads = std::max(1, at::get_num_threads() / k);
-  if (const char* v = std::getenv("LAUNCH_DP_THREADS_PER_REPLICA")) {
-    long long n = 0;
-    if (ParseInt64(v, &n) && n >= 1 && n <= 256) threads = static_cast<int>(n);
-  }
+  const int threads = tuning.dp_threads_per_replica > 0 ? tuning.dp_threads_per_replica
+                                                        : std::max(1, at::get_num_threads() / k);
   return std::unique_ptr<ParallelStrategy>(std::make_unique<DpStrategy>(
       model, std::move(extra), cfg.parallel.loss_in_replica, threads,
       cfg.parallel.dp_seeded_replicas, cfg.mixed_precision == "bf16", std::move(bn_group)));
+}
+
+Status DpSupports(const Platform& platform) {
+  // The replicas are threads of one process that hand tensors to each other on the CPU.
+  if (platform.is_cuda())
+    return Status::InvalidConfig(
+        "train.parallel.mode: dp runs on the CPU only; on GPUs use ddp or none, or run launch "
+        "--cpu");
+  return platform.CheckAutocast();
 }
 
 }  // namespace launch::trainer

@@ -23,8 +23,8 @@
 //
 // Threads: K workers, created once. Each worker sets its own OpenMP thread budget
 // (omp_set_num_threads is per calling thread, unlike at::set_num_threads' global intent):
-// max(1, at::get_num_threads() / K), or LAUNCH_DP_THREADS_PER_REPLICA when set. The loop's own
-// thread keeps its setting.
+// max(1, at::get_num_threads() / K), or Tuning::dp_threads_per_replica
+// (LAUNCH_DP_THREADS_PER_REPLICA) when set. The loop's own thread keeps its setting.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
@@ -32,15 +32,23 @@
 
 #include "base/status.h"
 #include "config/train_config.h"
+#include "trainer_runtime/compat/platform.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/parallel/strategy.h"
+#include "trainer_runtime/util/env.h"
 
 namespace launch::trainer {
 
 // Builds the DP strategy around `model` (replica 0; must outlive the strategy). The other K-1
-// replicas are model->module().clone() (the global torch RNG is left as it was).
+// replicas are model->module().clone() (the global torch RNG is left as it was); each replica's
+// thread gets tuning.dp_threads_per_replica OpenMP threads (0: the split above).
 // InvalidConfig when replicas < 1 or the module cannot be cloned (not a torch::nn::Cloneable).
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::TrainConfig& cfg,
-                                                             Model* model);
+                                                             Model* model, const Tuning& tuning);
+
+// Whether dp runs on `platform`: on the CPU only (its replicas are threads that hand tensors to
+// each other there), with the autocast Platform::CheckAutocast allows. InvalidConfig naming
+// train.parallel.mode (or mixed_precision) otherwise.
+Status DpSupports(const Platform& platform);
 
 }  // namespace launch::trainer

@@ -194,4 +194,6 @@ std::unique_ptr<ParallelStrategy> CreateLocalSgdStrategy(
   return std::make_unique<LocalSgdStrategy>(model, std::move(pg), cfg);
 }
 
+Status LocalSgdSupports(const Platform& platform) { return platform.CheckAutocast(); }
+
 }  // namespace launch::trainer

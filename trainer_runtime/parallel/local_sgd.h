@@ -19,8 +19,10 @@
 
 #include <memory>
 
+#include "base/status.h"
 #include "config/train_config.h"
 #include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/compat/platform.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/parallel/strategy.h"
 
@@ -39,5 +41,10 @@ void OuterNesterovStep(const std::vector<torch::Tensor>& params, std::vector<tor
 
 std::unique_ptr<ParallelStrategy> CreateLocalSgdStrategy(
     const config::TrainConfig& cfg, Model* model, c10::intrusive_ptr<CountingProcessGroup> pg);
+
+// Whether Local SGD (train.local_sgd_steps > 0) runs on `platform`: on the CPU and on CUDA (its
+// averages are flat all-reduces of the parameters, on whatever device they live), with the
+// autocast Platform::CheckAutocast allows. InvalidConfig naming the key otherwise.
+Status LocalSgdSupports(const Platform& platform);
 
 }  // namespace launch::trainer

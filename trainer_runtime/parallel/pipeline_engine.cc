@@ -59,6 +59,13 @@ StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
   return engine;
 }
 
+Status PipelineSupports(const Platform& platform) {
+  if (!platform.is_cuda()) return Status::Ok();
+  return Status::InvalidConfig(
+      "train.parallel.stages: the pipeline engine runs on the CPU only; on GPUs use "
+      "parallel.stages 1 (ddp or none), or run launch --cpu");
+}
+
 void PipelineEngine::BeforeForward(bool sync) {
   sync_ = sync;
   // Once per pass, as once per micro-batch of an accumulation window outside a pipeline: ddp's

@@ -35,6 +35,7 @@
 #include "base/status.h"
 #include "config/train_config.h"
 #include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/compat/platform.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/parallel/layout.h"
 #include "trainer_runtime/parallel/strategy.h"
@@ -42,6 +43,11 @@
 #include "trainer_runtime/util/pipeline_schedule.h"
 
 namespace launch::trainer {
+
+// Whether the pipeline engine runs on `platform`: the CPU only for now (its send/recv headers
+// and stage boundaries are CPU tensors, and its shared-memory rings carry CPU memory).
+// InvalidConfig naming train.parallel.stages and the way out on CUDA.
+Status PipelineSupports(const Platform& platform);
 
 class PipelineEngine : public ParallelStrategy {
  public:

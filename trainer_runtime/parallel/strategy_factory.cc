@@ -1,9 +1,11 @@
 #include "trainer_runtime/parallel/strategy_factory.h"
 
+#include "base/environment.h"
 #include "trainer_runtime/model/sync_batchnorm.h"
 #include "trainer_runtime/parallel/ddp.h"
 #include "trainer_runtime/parallel/dp.h"
 #include "trainer_runtime/parallel/local_sgd.h"
+#include "trainer_runtime/parallel/pipeline_engine.h"
 #include "trainer_runtime/parallel/zero.h"
 
 namespace launch::trainer {
@@ -20,15 +22,18 @@ class NoneStrategy : public ParallelStrategy {
   const char* Name() const override { return "none"; }
 };
 
+// none runs anywhere: it communicates nothing.
+Status NoneSupports(const Platform& platform) { return platform.CheckAutocast(); }
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
-    c10::intrusive_ptr<CountingProcessGroup> pg) {
+    c10::intrusive_ptr<CountingProcessGroup> pg, const Tuning& tuning) {
   using config::ParallelMode;
   // A pipeline's stages each take this strategy over their data group (pipeline_engine.h).
   const ParallelMode mode = cfg.parallel.data_mode();
-  if (mode == ParallelMode::kDp) return CreateDpStrategy(cfg, model);
+  if (mode == ParallelMode::kDp) return CreateDpStrategy(cfg, model, tuning);
   if (cfg.local_sgd_steps > 0) return CreateLocalSgdStrategy(cfg, model, std::move(pg));
   if (mode == ParallelMode::kNone || !pg) {
     auto none =
@@ -40,7 +45,19 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
     // The statistics share DDP's group, as PyTorch's SyncBatchNorm (one process: none needed).
     LAUNCH_RETURN_IF_ERROR(AttachBatchNormGroup(model->module(), ProcessBatchNormGroup(pg)));
   }
-  return CreateDdpStrategy(cfg, model, std::move(pg));
+  return CreateDdpStrategy(cfg, model, std::move(pg), tuning);
+}
+
+Status CheckPlatformSupport(const config::TrainConfig& cfg, const Platform& platform) {
+  // The same order as CreateStrategy's.
+  using config::ParallelMode;
+  if (cfg.parallel.pipelined()) LAUNCH_RETURN_IF_ERROR(PipelineSupports(platform));
+  const ParallelMode mode = cfg.parallel.data_mode();
+  if (mode == ParallelMode::kDp) return DpSupports(platform);
+  if (cfg.local_sgd_steps > 0) return LocalSgdSupports(platform);
+  if (mode == ParallelMode::kNone) return NoneSupports(platform);
+  if (mode == ParallelMode::kZero) return ZeroSupports(platform);
+  return DdpSupports(platform);
 }
 
 }  // namespace launch::trainer

@@ -798,4 +798,12 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateZeroStrategy(
   return std::unique_ptr<ParallelStrategy>(std::move(zero));
 }
 
+Status ZeroSupports(const Platform& platform) {
+  if (platform.is_cuda())
+    return Status::InvalidConfig(
+        "train.parallel.mode: zero runs on the CPU only; on GPUs use ddp or none, or run launch "
+        "--cpu");
+  return platform.CheckAutocast();
+}
+
 }  // namespace launch::trainer

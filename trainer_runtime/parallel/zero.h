@@ -54,6 +54,7 @@
 #include "base/status.h"
 #include "config/train_config.h"
 #include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/compat/platform.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/parallel/strategy.h"
 
@@ -68,5 +69,10 @@ namespace launch::trainer {
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateZeroStrategy(
     const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
     c10::intrusive_ptr<CountingProcessGroup> pg);
+
+// Whether zero runs on `platform`: on the CPU only (its flat buffers and shards are CPU tensors,
+// reduced through shared memory or Gloo), with the autocast Platform::CheckAutocast allows.
+// InvalidConfig naming train.parallel.mode (or mixed_precision) otherwise.
+Status ZeroSupports(const Platform& platform);
 
 }  // namespace launch::trainer

@@ -162,7 +162,7 @@ Status RunSelfTest(const SelfTestOptions& options) {
     auto x = torch::randn({per_rank * world, 16});
     auto y = torch::randint(0, 4, {per_rank * world});
     LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<ParallelStrategy> ddp,
-                            CreateStrategy(cfg, ddp_model.get(), nullptr, pg));
+                            CreateStrategy(cfg, ddp_model.get(), nullptr, pg, env.tuning));
     ddp->Setup();
     const double lr = 0.1;
     auto shard_x = x.narrow(0, rank * per_rank, per_rank);

@@ -18,6 +18,20 @@ std::string Find(const std::map<std::string, std::string>& env,
   return "";
 }
 
+// Reads `name` into `out` when set, as an integer in [min_value, max_value].
+Status ReadBounded(const std::map<std::string, std::string>& env, const char* name,
+                   long long min_value, long long max_value, long long* out) {
+  std::string text;
+  if (Find(env, {name}, &text).empty()) return Status::Ok();
+  long long v = 0;
+  if (!ParseInt64(Trim(text), &v) || v < min_value || v > max_value)
+    return Status::InvalidConfig(std::string("environment ") + name +
+                                 ": expected an integer from " + std::to_string(min_value) +
+                                 " to " + std::to_string(max_value) + ", got '" + text + "'");
+  *out = v;
+  return Status::Ok();
+}
+
 Status ReadInt(const std::map<std::string, std::string>& env,
                std::initializer_list<const char*> names, int min_value, int* out,
                bool* found = nullptr) {
@@ -40,8 +54,39 @@ std::string DistEnv::Describe() const {
          std::to_string(local_rank) + ") store " + master_addr + ":" + std::to_string(master_port);
 }
 
+StatusOr<Tuning> ParseTuning(const std::map<std::string, std::string>& env) {
+  Tuning t;
+  long long v = t.gloo_threads;
+  LAUNCH_RETURN_IF_ERROR(ReadBounded(env, "LAUNCH_GLOO_THREADS", 1, 64, &v));
+  t.gloo_threads = static_cast<int>(v);
+  std::string text;
+  if (!Find(env, {"LAUNCH_SHM_ALLREDUCE"}, &text).empty()) {
+    const std::string s = ToLower(Trim(text));
+    if (s == "0" || s == "false" || s == "off")
+      t.shm_allreduce = false;
+    else if (s == "1" || s == "true" || s == "on")
+      t.shm_allreduce = true;
+    else
+      return Status::InvalidConfig(
+          "environment LAUNCH_SHM_ALLREDUCE: expected 0, false, off (shared memory off) or 1, "
+          "true, on, got '" +
+          text + "'");
+  }
+  // At most 1 TiB, so that the shift below cannot overflow.
+  v = static_cast<long long>(t.ddp_exchange_max_bytes >> 10);
+  LAUNCH_RETURN_IF_ERROR(ReadBounded(env, "LAUNCH_DDP_EXCHANGE_MAX_KB", 0, 1LL << 30, &v));
+  t.ddp_exchange_max_bytes = static_cast<size_t>(v) << 10;
+  v = t.dp_threads_per_replica;  // 0 (unset) stays 0: the default split
+  LAUNCH_RETURN_IF_ERROR(ReadBounded(env, "LAUNCH_DP_THREADS_PER_REPLICA", 1, 256, &v));
+  t.dp_threads_per_replica = static_cast<int>(v);
+  return t;
+}
+
 StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
   DistEnv d;
+  LAUNCH_ASSIGN_OR_RETURN(d.tuning, ParseTuning(env));
+  if (auto it = env.find("CUDA_VISIBLE_DEVICES"); it != env.end())
+    d.cuda_visible_devices = it->second;
   bool has_rank = false, has_world = false;
   LAUNCH_RETURN_IF_ERROR(ReadInt(env, {"RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"},
                                  0, &d.rank, &has_rank));

@@ -4,13 +4,37 @@
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
 // TORCHELASTIC_RESTART_COUNT), then OpenMPI's and SLURM's spellings as fallbacks, so `train`
 // runs unchanged under `launch`, torchrun, mpirun and srun. No LibTorch here.
+//
+// Beside it, Tuning: the LAUNCH_* variables that tune the transports and strategies, read here
+// once (as leveldb's Options carries its Env) and handed to where they are used, which read no
+// environment themselves.
 
+#include <cstddef>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "base/status.h"
 
 namespace launch::trainer {
+
+// Performance knobs: none changes a result's meaning, only how it is computed. Each field's
+// default is what an unset (or empty) variable means.
+struct Tuning {
+  // LAUNCH_GLOO_THREADS, 1-64. Default 2 (PyTorch's): Gloo worker threads per process group
+  // (comm/process_group.h). On a 2-core machine with 2 ranks, fewer can mean fewer switches.
+  int gloo_threads = 2;
+  // LAUNCH_SHM_ALLREDUCE: 0, false or off turns the shared-memory all-reduce, send/recv and the
+  // hierarchical all-reduce off for every group this rank joins (then for all its peers too:
+  // comm/shm_allreduce.h); 1, true, on or unset: on. Default true.
+  bool shm_allreduce = true;
+  // LAUNCH_DDP_EXCHANGE_MAX_KB, >= 0 KiB. Default 512 KiB: ddp's last gradient bucket up to
+  // this size takes the direct two-rank path (parallel/ddp.cc); 0: always the group's all-reduce.
+  size_t ddp_exchange_max_bytes = 512u << 10;
+  // LAUNCH_DP_THREADS_PER_REPLICA, 1-256. Default 0: each dp replica's thread gets
+  // max(1, at::get_num_threads() / replicas) OpenMP threads (parallel/dp.h).
+  int dp_threads_per_replica = 0;
+};
 
 struct DistEnv {
   int rank = 0;              // global rank; RANK (or OMPI_COMM_WORLD_RANK, SLURM_PROCID)
@@ -38,6 +62,11 @@ struct DistEnv {
   // seconds; 0 (unset): the init timeout. The multi-node agent sets it to cover the rendezvous'
   // detection of a lost node and its wait for a replacement (join_timeout).
   int recover_wait_s = 0;
+  // CUDA_VISIBLE_DEVICES as given ("" included: no device visible); nullopt when unset. Named
+  // in errors about devices (compat/platform.h); LibTorch itself applies it.
+  std::optional<std::string> cuda_visible_devices;
+  // The LAUNCH_* performance knobs above.
+  Tuning tuning;
 
   bool distributed() const { return world_size > 1; }
   // "rank 1/2 (local 1) store 127.0.0.1:29500"
@@ -46,7 +75,12 @@ struct DistEnv {
 
 // Parses `env` (variable -> value). Missing variables mean a single process (rank 0 of 1).
 // Errors (Status::InvalidConfig) name the variable: "environment RANK: expected an integer,
-// got 'x'", and inconsistent values (RANK >= WORLD_SIZE).
+// got 'x'", and inconsistent values (RANK >= WORLD_SIZE). Reads Tuning with ParseTuning.
 StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env);
+
+// Parses Tuning's variables from `env` (variable -> value); unset or empty ones keep their
+// defaults. InvalidConfig naming the variable for a value out of its range or not a number:
+// "environment LAUNCH_GLOO_THREADS: expected an integer from 1 to 64, got 'x'".
+StatusOr<Tuning> ParseTuning(const std::map<std::string, std::string>& env);
 
 }  // namespace launch::trainer

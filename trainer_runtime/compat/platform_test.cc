@@ -1,0 +1,155 @@
+// platform.h: the device path decided from the job (DistEnv), mixed_precision and stand-in facts,
+// so that a CUDA machine is described on this CPU-only build.
+
+#include "trainer_runtime/compat/platform.h"
+
+#include <string>
+
+#include "trainer_runtime/compat/torch_compat.h"
+#include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
+
+namespace launch::trainer {
+namespace {
+
+PlatformFacts CudaFacts(int devices) {
+  PlatformFacts f;
+  f.libtorch_cuda = true;
+  f.cuda_device_count = devices;
+  f.nccl = true;
+  return f;
+}
+
+DistEnv Node(int local_rank, int local_world_size) {
+  DistEnv env;
+  env.rank = local_rank;
+  env.world_size = local_world_size;
+  env.local_rank = local_rank;
+  env.local_world_size = local_world_size;
+  return env;
+}
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST_CASE("PlatformDefaultsToTheCpuWithGlooAndNoAutocast") {
+  auto p = Platform::Create(DistEnv(), "no", PlatformFacts());
+  REQUIRE(p.ok());
+  CHECK((p->device_kind() == DeviceKind::kCpu));
+  CHECK(p->device() == c10::Device(c10::DeviceType::CPU));
+  CHECK(p->cuda_device() == -1);
+  CHECK((p->backend() == CollectiveBackend::kGloo));
+  CHECK(p->shared_memory_transports());
+  CHECK_FALSE(p->autocast().enabled);
+  CHECK(p->CheckAutocast().ok());
+  CHECK(Has(p->Describe(), "cpu (no CUDA in this LibTorch), Gloo"));
+  // A default-constructed Platform is the same CPU.
+  CHECK((Platform().device_kind() == DeviceKind::kCpu));
+}
+
+TEST_CASE("PlatformReadsThisProcesssFacts") {
+  const PlatformFacts f = PlatformFacts::Read();
+  CHECK(f.nccl == compat::HasNccl());
+  if (!f.libtorch_cuda) CHECK(f.cuda_device_count == 0);
+}
+
+TEST_CASE("PlatformPutsEachLocalRankOnItsOwnCudaDeviceOverNccl") {
+  for (int local_rank : {0, 1}) {
+    auto p = Platform::Create(Node(local_rank, 2), "no", CudaFacts(2));
+    REQUIRE(p.ok());
+    CHECK(p->is_cuda());
+    CHECK(p->device() ==
+          c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank)));
+    CHECK(p->cuda_device() == local_rank);
+    CHECK((p->backend() == CollectiveBackend::kNccl));
+    CHECK_FALSE(p->shared_memory_transports());
+    CHECK(p->why_cpu().empty());
+  }
+  CHECK(Has(Platform::Create(Node(1, 2), "no", CudaFacts(2))->Describe(), "cuda:1, NCCL"));
+}
+
+TEST_CASE("PlatformRefusesMoreProcessesOnANodeThanVisibleCudaDevices") {
+  DistEnv env = Node(1, 2);
+  for (const bool visible_set : {false, true}) {
+    if (visible_set) env.cuda_visible_devices = "0";
+    auto p = Platform::Create(env, "no", CudaFacts(1));
+    REQUIRE_FALSE(p.ok());
+    CHECK((p.status().code() == Status::Code::kInvalidConfig));
+    const std::string& m = p.status().message();
+    INFO(m);
+    CHECK(Has(m, "LOCAL_WORLD_SIZE 2"));
+    CHECK(Has(m, "2 processes on this node"));
+    CHECK(Has(m, "sees 1 CUDA device"));
+    CHECK(Has(m, visible_set ? "CUDA_VISIBLE_DEVICES='0'" : "CUDA_VISIBLE_DEVICES unset"));
+    CHECK(Has(m, "--num_processes 1"));
+    CHECK(Has(m, "--cpu"));
+  }
+  // Rank 0 of the same node is refused too: it would wait for rank 1 forever.
+  CHECK_FALSE(Platform::Create(Node(0, 2), "no", CudaFacts(1)).ok());
+  // Two nodes of 2 processes on 1 device each: 2 processes in all.
+  DistEnv two_nodes = Node(1, 2);
+  two_nodes.rank = 3;
+  two_nodes.world_size = 4;
+  auto p = Platform::Create(two_nodes, "no", CudaFacts(1));
+  REQUIRE_FALSE(p.ok());
+  CHECK(Has(p.status().message(), "--num_processes 2"));
+}
+
+TEST_CASE("PlatformKeepsTheCpuWhenTheJobAsksForIt") {
+  DistEnv env = Node(1, 2);
+  env.use_cpu = true;  // launch --cpu: ACCELERATE_USE_CPU=true
+  auto p = Platform::Create(env, "no", CudaFacts(1));
+  REQUIRE(p.ok());  // more processes than devices is fine on the CPU
+  CHECK((p->device_kind() == DeviceKind::kCpu));
+  CHECK((p->backend() == CollectiveBackend::kGloo));
+  CHECK(Has(p->why_cpu(), "launch --cpu"));
+  // The environment launch --cpu sets reaches it through ParseDistEnv.
+  auto parsed = ParseDistEnv({{"ACCELERATE_USE_CPU", "true"}});
+  REQUIRE(parsed.ok());
+  CHECK_FALSE(Platform::Create(*parsed, "no", CudaFacts(4))->is_cuda());
+}
+
+TEST_CASE("PlatformStaysOnTheCpuWithoutNcclOrVisibleDevices") {
+  PlatformFacts no_nccl = CudaFacts(2);
+  no_nccl.nccl = false;  // LibTorch 1.13 with CUDA
+  auto p = Platform::Create(Node(0, 2), "no", no_nccl);
+  REQUIRE(p.ok());
+  CHECK_FALSE(p->is_cuda());
+  CHECK(Has(p->why_cpu(), "no NCCL"));
+  p = Platform::Create(Node(0, 2), "no", CudaFacts(0));
+  REQUIRE(p.ok());
+  CHECK_FALSE(p->is_cuda());
+  CHECK(p->why_cpu() == "no CUDA device visible");
+}
+
+TEST_CASE("PlatformAutocastFollowsTheDevice") {
+  auto cpu = Platform::Create(DistEnv(), "bf16", PlatformFacts());
+  REQUIRE(cpu.ok());
+  CHECK(cpu->autocast().enabled);
+  CHECK((cpu->autocast().device_type == c10::DeviceType::CPU));
+  CHECK((cpu->autocast().dtype == c10::ScalarType::BFloat16));
+  CHECK(cpu->CheckAutocast().ok());  // model/autocast.h
+
+  auto cuda = Platform::Create(Node(0, 1), "bf16", CudaFacts(1));
+  REQUIRE(cuda.ok());  // decided; whether it may run is the strategies' question
+  CHECK((cuda->autocast().device_type == c10::DeviceType::CUDA));
+  const Status refused = cuda->CheckAutocast();
+  CHECK((refused.code() == Status::Code::kInvalidConfig));
+  CHECK(refused.message() ==
+        "mixed_precision: bf16 is CPU autocast here; on GPUs use no, or run launch --cpu");
+
+  auto fp16 = Platform::Create(DistEnv(), "fp16", PlatformFacts());
+  REQUIRE(fp16.ok());
+  CHECK((fp16->autocast().dtype == c10::ScalarType::Half));
+  CHECK(Has(fp16->CheckAutocast().message(),
+            "'fp16' needs a GPU (CUDA autocast) and this "
+            "LibTorch is CPU-only"));
+  CHECK_FALSE(Platform::Create(DistEnv(), "fp8", CudaFacts(1))->CheckAutocast().ok());
+
+  auto bad = Platform::Create(DistEnv(), "fp32", PlatformFacts());
+  REQUIRE_FALSE(bad.ok());
+  CHECK(Has(bad.status().message(), "mixed_precision: expected no, bf16, fp16 or fp8, got 'fp32'"));
+}
+
+}  // namespace
+}  // namespace launch::trainer
