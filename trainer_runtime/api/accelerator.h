@@ -194,8 +194,7 @@ class Accelerator {
   Status PreparePipeline(torch::nn::AnyModule stage,
                          std::shared_ptr<torch::optim::Optimizer> optimizer);
   std::shared_ptr<torch::optim::Optimizer> optimizer() const { return optimizer_; }
-  // Stages per pipeline and this rank's stage (1 and 0 without stages); data-parallel ranks
-  // (replicas) and this rank's replica.
+  // Stages per pipeline, this rank's stage; data-parallel ranks (replicas), this rank's replica.
   int num_stages() const;
   int stage_index() const;
   int data_parallel_size() const;
@@ -670,6 +669,7 @@ class Accelerator {
   config::TrainConfig options_;
   DistEnv env_;
   std::unique_ptr<ParallelLayout> layout_;            // the authority on groups and coordinates
+  std::unique_ptr<Platform> platform_;                // the device path (compat/platform.h)
   c10::intrusive_ptr<CountingProcessGroup> pg_;       // the world (null for one process)
   c10::intrusive_ptr<CountingProcessGroup> data_pg_;  // the gradient group (pg_ when it spans
                                                       // the world; null when it has one rank)
