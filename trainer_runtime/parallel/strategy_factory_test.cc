@@ -7,6 +7,7 @@
 
 #include "trainer_runtime/parallel/ddp.h"
 #include "trainer_runtime/parallel/local_sgd.h"
+#include "trainer_runtime/parallel/pipeline_engine.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
 namespace launch::trainer {
@@ -52,8 +53,18 @@ TEST_CASE("OnCudaDdpNoneAndLocalSgdRunAndTheThreadAndShardStrategiesAreRefused")
   CHECK(CheckPlatformSupport(Mode(ParallelMode::kDdp), Cuda()).ok());
   CHECK(CheckPlatformSupport(Mode(ParallelMode::kNone), Cuda()).ok());
   CHECK(CheckPlatformSupport(Mode(ParallelMode::kDdp, 4), Cuda()).ok());
-  // Pipeline is ddp over pipeline replicas here; the engine checks its own part.
-  CHECK(CheckPlatformSupport(Mode(ParallelMode::kPipeline), Cuda()).ok());
+  // A pipeline (mode pipeline, or stages > 1 with any data strategy): the engine refuses CUDA
+  // first, naming train.parallel.stages.
+  for (ParallelMode mode : {ParallelMode::kPipeline, ParallelMode::kDdp, ParallelMode::kZero}) {
+    config::TrainConfig cfg = Mode(mode);
+    cfg.parallel.stages = 2;
+    const Status s = CheckPlatformSupport(cfg, Cuda());
+    CHECK((s.code() == Status::Code::kInvalidConfig));
+    CHECK(s.message().find("train.parallel.stages: the pipeline engine runs on the CPU only") == 0);
+    CHECK(CheckPlatformSupport(cfg, Cpu()).ok());
+  }
+  CHECK_FALSE(PipelineSupports(Cuda()).ok());
+  CHECK(PipelineSupports(Cpu()).ok());
   for (ParallelMode mode : {ParallelMode::kDp, ParallelMode::kZero}) {
     const Status s = CheckPlatformSupport(Mode(mode), Cuda());
     CHECK((s.code() == Status::Code::kInvalidConfig));
@@ -65,7 +76,7 @@ TEST_CASE("OnCudaDdpNoneAndLocalSgdRunAndTheThreadAndShardStrategiesAreRefused")
 }
 
 TEST_CASE("Bf16IsRefusedOnCudaByTheStrategyCheckAndFineOnTheCpu") {
-  for (ParallelMode mode : {ParallelMode::kNone, ParallelMode::kDdp, ParallelMode::kPipeline}) {
+  for (ParallelMode mode : {ParallelMode::kNone, ParallelMode::kDdp}) {
     INFO(config::ToString(mode));
     CHECK(CheckPlatformSupport(Mode(mode), Cpu("bf16")).ok());
     const Status s = CheckPlatformSupport(Mode(mode), Cuda("bf16"));
