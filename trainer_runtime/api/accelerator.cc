@@ -102,14 +102,13 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   // launch and train checked with the keys' places, here with the real world size.
   LAUNCH_ASSIGN_OR_RETURN(const ParallelLayout layout, ParallelLayout::Create(options, env));
   // The device path (compat/platform.h): refuses more processes on this node than CUDA devices
-  // it sees; then each strategy, and the pipeline engine, says whether it runs there.
+  // it sees; then each strategy, and the pipeline engine, says whether it runs there (autocast
+  // included: each answer ends with Platform::CheckAutocast).
   LAUNCH_ASSIGN_OR_RETURN(const Platform platform,
                           Platform::Create(env, options.mixed_precision, PlatformFacts::Read()));
-  LAUNCH_RETURN_IF_ERROR(platform.CheckAutocast());
   LAUNCH_RETURN_IF_ERROR(CheckPlatformSupport(options, platform));
   std::unique_ptr<Accelerator> accel(new Accelerator(options, env));
   accel->SetLayout(layout);
-  accel->platform_ = std::make_unique<Platform>(platform);
   accel->device_ = platform.device();
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(init_timeout_s * 1000));
   accel->timeout_ = timeout;

@@ -119,7 +119,6 @@ class CountingProcessGroup;
 class Model;
 class ParallelLayout;
 class ParallelStrategy;
-class Platform;
 struct TrainState;
 
 // What the ranks agreed on at a step boundary (Accelerator::PollSignals).
@@ -669,7 +668,6 @@ class Accelerator {
   config::TrainConfig options_;
   DistEnv env_;
   std::unique_ptr<ParallelLayout> layout_;            // the authority on groups and coordinates
-  std::unique_ptr<Platform> platform_;                // the device path (compat/platform.h)
   c10::intrusive_ptr<CountingProcessGroup> pg_;       // the world (null for one process)
   c10::intrusive_ptr<CountingProcessGroup> data_pg_;  // the gradient group (pg_ when it spans
                                                       // the world; null when it has one rank)

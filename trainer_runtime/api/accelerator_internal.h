@@ -10,7 +10,6 @@
 #include <string>
 
 #include "trainer_runtime/api/accelerator.h"
-#include "trainer_runtime/comm/recovery.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/loop_util.h"
 
