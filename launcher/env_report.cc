@@ -207,9 +207,35 @@ std::string TorchHeaderVersion(const std::string& include_dir) {
   return major + "." + minor + (patch.empty() ? "" : "." + patch);
 }
 
-std::string TorchSection() {
+// What `train --version` says of the trainer beside this launch: its version line and the
+// LibTorch library it loaded (its second line), "" where it is not built or says nothing.
+struct TrainerVersion {
+  std::string path;     // the binary, beside launch
+  std::string line;     // "train 0.1.0 (LibTorch 2.6.0, Gloo, NCCL no)"
+  std::string library;  // "/usr/lib/x86_64-linux-gnu/libtorch_cpu.so.2.6"
+};
+
+TrainerVersion AskTrainer(const std::string& self) {
+  TrainerVersion t;
+  t.path = Dirname(self) + "/train";
+  if (!Exists(t.path)) return t;
+  const std::string prefix = "LibTorch library: ";
+  for (const std::string& line :
+       Split(Capture({t.path, "--version"}, std::chrono::seconds(10)), '\n')) {
+    if (line.rfind(prefix, 0) == 0)
+      t.library = Trim(line.substr(prefix.size()));
+    else if (t.line.empty() && !Trim(line).empty())
+      t.line = Trim(line);
+  }
+  return t;
+}
+
+// The LibTorch the trainer runs on when it said (its RUNPATH may name a pip wheel's folder
+// that no search below covers), else the one the dynamic loader would find.
+std::string TorchSection(const TrainerVersion& trainer) {
   std::string out;
-  std::string lib = FindLibrary("libtorch_cpu.so");
+  std::string lib = trainer.library;
+  if (lib.empty() || !Exists(lib)) lib = FindLibrary("libtorch_cpu.so");
   if (lib.empty()) lib = FindLibrary("libtorch.so");
   if (lib.empty()) {
     return Row("LibTorch",
@@ -261,12 +287,10 @@ std::string TorchSection() {
   return out;
 }
 
-std::string TrainerSection(const std::string& self) {
-  std::string train = Dirname(self) + "/train";
-  if (!Exists(train)) return Row("trainer", "not built (no " + train + ")");
-  std::string version = Trim(Capture({train, "--version"}, std::chrono::seconds(10)));
-  if (version.empty()) return Row("trainer", train + " (`train --version` failed)");
-  return Row("trainer", version + ": " + train);
+std::string TrainerSection(const TrainerVersion& trainer) {
+  if (!Exists(trainer.path)) return Row("trainer", "not built (no " + trainer.path + ")");
+  if (trainer.line.empty()) return Row("trainer", trainer.path + " (`train --version` failed)");
+  return Row("trainer", trainer.line + ": " + trainer.path);
 }
 
 // What a Python worker would run under (the interpreter `launch` resolves for script.py, and
@@ -506,8 +530,9 @@ std::string EnvReport(const std::string& config_file) {
   std::string out = "# launch env: paste this into bug reports\n";
   out += Row("launch", std::string(LAUNCH_VERSION) + " (" + (self.empty() ? "?" : self) + ")");
   out += SystemSection();
-  out += TorchSection();
-  out += TrainerSection(self);
+  const TrainerVersion trainer = AskTrainer(self);
+  out += TorchSection(trainer);
+  out += TrainerSection(trainer);
   LoadedConfig loaded = LoadConfig(config_file, env);
   out += PythonSection(loaded.cfg);
   out += BlasSection();

@@ -41,10 +41,10 @@ TEST_CASE("AutocastScopeRunsLinearInBfloat16AndRestoresOnExit") {
       AutocastScope inner(true);  // nests
       CHECK((linear(x).scalar_type() == torch::kBFloat16));
     }
-    CHECK(compat::CpuAutocastEnabled());  // the inner scope left the outer one on
+    CHECK(compat::AutocastEnabled(at::kCPU));  // the inner scope left the outer one on
     loss = y.to(torch::kFloat).pow(2).mean();
   }
-  CHECK_FALSE(compat::CpuAutocastEnabled());
+  CHECK_FALSE(compat::AutocastEnabled(at::kCPU));
   CHECK((linear(x).scalar_type() == torch::kFloat));
   loss.backward();
   // Master weights and their gradients stay float32.

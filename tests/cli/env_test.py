@@ -123,6 +123,12 @@ class EnvReportTest(unittest.TestCase):
         if os.path.exists(harness.TRAIN):
             self.assertRegex(out, r"trainer:\s+train %s \(LibTorch \d+\.\d+" %
                              re.escape(project_version()))
+            # The LibTorch reported is the one the trainer loaded (`train --version` says).
+            version = subprocess.run([harness.TRAIN, "--version"], capture_output=True,
+                                     text=True, timeout=60).stdout
+            loaded = re.search(r"^LibTorch library: (.+)$", version, re.M)
+            self.assertIsNotNone(loaded, version)
+            self.assertRegex(out, r"\n  library:\s+" + re.escape(os.path.realpath(loaded.group(1))))
 
     def test_given_config_and_bad_config(self):
         good = os.path.join(self.dir, "job.yaml")

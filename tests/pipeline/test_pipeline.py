@@ -413,9 +413,9 @@ class PipelineConfigErrorsTest(unittest.TestCase):
             self.assertIn(e, r.stderr)
         return r.stderr
 
-    def test_fp16_needs_a_gpu(self):
-        self.fails("{mode: none}", 1, "mixed_precision: 'fp16' needs a GPU", "use bf16",
-                   precision="fp16")
+    def test_fp16_needs_loss_scaling(self):
+        self.fails("{mode: none}", 1, "mixed_precision: fp16 needs dynamic loss scaling",
+                   "use bf16", precision="fp16")
 
     def test_world_not_divisible_by_stages(self):
         self.fails("{mode: pipeline, stages: 2, microbatches: 2}", 3, "does not divide the world size 3")

@@ -43,7 +43,6 @@ namespace launch::trainer {
 
 Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
     : options_(options), env_(env), run_settings_(config::TrajectorySettings(options)) {
-  bf16_ = options_.mixed_precision == "bf16";
   Timeline::Get().Configure(env_.rank, options_.timeline.from_step, options_.timeline.steps);
 }
 
@@ -110,6 +109,7 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   std::unique_ptr<Accelerator> accel(new Accelerator(options, env));
   accel->SetLayout(layout);
   accel->device_ = platform.device();
+  accel->platform_ = std::make_unique<const Platform>(platform);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(init_timeout_s * 1000));
   accel->timeout_ = timeout;
   if (env.distributed() && env.recover_in_place) {
@@ -143,6 +143,14 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   LAUNCH_ASSIGN_OR_RETURN(
       accel->data_pg_, CreateAxisGroup(layout, AxisOf(Use::kGradient), env, accel->pg_, timeout));
   return accel;
+}
+
+bool Accelerator::bf16() const {
+  return platform_->autocast().dtype == c10::ScalarType::BFloat16;
+}
+
+AutocastScope Accelerator::Autocast() const {
+  return AutocastScope(platform_->autocast().device_type, platform_->autocast().dtype);
 }
 
 const char* Accelerator::mode_name() const {
@@ -235,6 +243,8 @@ Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
         "pipeline (got mode " +
         std::string(config::ToString(options_.parallel.mode)) + ", stages 1)");
   module_ = stage.ptr();
+  // In place, as Prepare does, so the optimizer's references hold.
+  if (!device_.is_cpu()) module_->to(device_);
   model_ = std::make_shared<Model>(module_);
   optimizer_ = std::move(optimizer);
   // The stage's own data strategy over its data group, inside the engine.
@@ -244,7 +254,7 @@ Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
   LAUNCH_ASSIGN_OR_RETURN(
       std::unique_ptr<PipelineEngine> engine,
       PipelineEngine::Create(
-          options_, env_, *layout_, pg_, model_,
+          options_, env_, *platform_, *layout_, pg_, model_,
           [stage](const torch::Tensor& x) mutable { return stage.forward<torch::Tensor>(x); },
           std::move(data), timeout_));
   strategy_ = std::move(engine);
@@ -428,7 +438,7 @@ torch::Tensor Accelerator::ForwardBackwardWith(const torch::data::Example<>& bat
     torch::Tensor loss;
     {
       Timeline::Scope span("train", "forward");
-      AutocastScope amp(bf16_);
+      AutocastScope amp = Autocast();
       loss = fn(*module_, batch);
     }
     Backward(loss);
@@ -439,7 +449,7 @@ torch::Tensor Accelerator::ForwardBackwardWith(const torch::data::Example<>& bat
   torch::Tensor loss = strategy_->ForwardBackward(
       batch.data, batch.target,
       [&fn, this](Model& replica, const torch::Tensor& x, const torch::Tensor& y) {
-        AutocastScope amp(bf16_);  // on the replica's own thread (dp)
+        AutocastScope amp = Autocast();  // on the replica's own thread (dp)
         return fn(replica.module(), torch::data::Example<>(x, y));
       },
       criterion, scale);

@@ -22,15 +22,15 @@
 // anyway, and under ddp and ZeRO stage 1 they are plain aliases of the buckets (not views), which
 // zero_grad can detach and zero in place.
 //
-// Mixed precision (options.mixed_precision, the top-level `mixed_precision` key): `bf16` is CPU
-// autocast to bfloat16, as torch.autocast("cpu", torch.bfloat16): matmuls and convolutions run
-// in bfloat16 while parameters, gradients, optimizer state and the loss stay float32, and
-// gradients are communicated as float32. ForwardBackward, PipelineForwardBackward and
+// Mixed precision (options.mixed_precision, the top-level `mixed_precision` key): `bf16` is
+// autocast to bfloat16 on the rank's device, as torch.autocast("cpu" or "cuda", torch.bfloat16):
+// matmuls and convolutions run in bfloat16 while parameters, gradients, optimizer state and the
+// loss stay float32, and gradients are communicated as float32. ForwardBackward, PipelineForwardBackward and
 // PipelineForward apply it themselves; a loop that calls its model directly puts the forward
 // pass and the loss inside an AutocastScope:
 //   { auto amp = accel->Autocast(); loss = criterion(model(batch.data), batch.target); }
 //   accel->Backward(loss);
-// `fp16` and `fp8` need a GPU (InvalidConfig on this CPU-only LibTorch).
+// `fp16` (it needs loss scaling) and `fp8` are refused (InvalidConfig).
 //
 // Where a worker sits comes from the environment (torchrun's contract: RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT; OpenMPI's and SLURM's spellings as fallbacks, see env.h), so the
@@ -119,6 +119,7 @@ class CountingProcessGroup;
 class Model;
 class ParallelLayout;
 class ParallelStrategy;
+class Platform;
 struct TrainState;
 
 // What the ranks agreed on at a step boundary (Accelerator::PollSignals).
@@ -321,10 +322,10 @@ class Accelerator {
   // How gradient all-reduces travel: "shared memory" (every rank on this host), "Gloo (why
   // not shared memory)", or "" with one process.
   std::string allreduce_transport() const;
-  bool bf16() const { return bf16_; }  // options().mixed_precision is bf16
-  // Autocast for a forward pass and loss run by the caller (see the top of this file); a
-  // no-op scope when mixed precision is off.
-  AutocastScope Autocast() const { return AutocastScope(bf16_); }
+  bool bf16() const;  // autocast to bfloat16 (mixed_precision bf16)
+  // Autocast for a forward pass and loss run by the caller (see the top of this file), on this
+  // rank's device type; a no-op scope when mixed precision is off.
+  AutocastScope Autocast() const;
   // Starts a micro-batch: decides whether it synchronises gradients (SyncGradients()), and
   // readies DDP (bucket rebuild, buffer broadcast on a synchronising micro-batch). Call after
   // taking the batch from the loader and before the forward pass. COLLECTIVE in ddp.
@@ -719,7 +720,7 @@ class Accelerator {
   std::function<double(int64_t)> lr_schedule_;
   bool lr_is_factor_ = false;  // lr_schedule_ is SetLrLambda's factor, not a rate
   bool prepared_ = false;
-  bool bf16_ = false;  // options_.mixed_precision == "bf16"
+  std::unique_ptr<const Platform> platform_;  // this rank's device path (compat/platform.h)
   torch::Device device_ = torch::kCPU;
   void EndMicroBatch();
   void WriteTimeline();  // Finish(): per-rank files, merged by rank 0

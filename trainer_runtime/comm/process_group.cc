@@ -31,6 +31,7 @@ CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup
       p2p_(std::move(p2p)),
       hierarchical_(std::move(hierarchical)) {
   TORCH_CHECK(!(shm_ && hierarchical_), "one all-reduce transport per group");
+  nccl_ = compat::CarriesOverNccl(*inner_, c10::DeviceType::CUDA);
   if (shm_) transport_ = "shared memory";
   if (hierarchical_) transport_ = hierarchical_->Describe();
 }
@@ -209,6 +210,11 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::ReduceScatterFlat(const at:
   c10::intrusive_ptr<c10d::Work> work;
   if (shm_ && shm_->SupportsReduceScatter(input, output)) {
     work = shm_->ReduceScatterAsync(input, output);
+  } else if (nccl_ && input.is_cuda()) {
+    // NCCL reduces into the output in place (output == input's own shard is its in-place form).
+    at::Tensor in = input.view({-1});
+    at::Tensor out = output.view({-1});
+    work = inner_->_reduce_scatter_base(out, in, c10d::ReduceScatterOptions());
   } else if (hierarchical_ && HierarchicalAllReduce::Supports({input}, c10d::AllreduceOptions())) {
     // An all-reduce of the whole input in two levels, then this rank's shard copied out: the
     // same bits as the all-reduce (ZeRO is compared bit for bit with DDP). `input` is summed in
@@ -248,6 +254,10 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllGatherFlat(const at::Ten
   c10::intrusive_ptr<c10d::Work> work;
   if (shm_ && shm_->SupportsAllGather(input, output)) {
     work = shm_->AllGatherAsync(input, output);
+  } else if (nccl_ && output.is_cuda()) {
+    at::Tensor in = input.view({-1});
+    at::Tensor out = output.view({-1});
+    work = inner_->_allgather_base(out, in, c10d::AllgatherOptions());
   } else {
     // Gloo writes straight into views of `output`; the wrapper only turns its future's value
     // (a list of tensor lists) into [output]. Gloo copies bytes but accepts only some dtypes
@@ -310,6 +320,12 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::send(std::vector<at::Tensor
   if (p2p_ && ShmPointToPoint::Supports(tensors) && dst_rank != getRank() && dst_rank >= 0 &&
       dst_rank < getSize())
     return p2p_->Send(tensors[0], dst_rank, tag);
+  if (!nccl_ && tensors.size() == 1 && tensors[0].is_cuda()) {
+    // Gloo's send/recv hand the tensor's pointer to its transport, which reads host memory: a
+    // CUDA tensor travels as a host copy (the Work keeps the copy alive until it is sent).
+    std::vector<at::Tensor> host = {tensors[0].cpu()};
+    return inner_->send(host, dst_rank, tag);
+  }
   return inner_->send(tensors, dst_rank, tag);
 }
 
@@ -318,6 +334,13 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::recv(std::vector<at::Tensor
   if (p2p_ && ShmPointToPoint::Supports(tensors) && src_rank != getRank() && src_rank >= 0 &&
       src_rank < getSize())
     return p2p_->Recv(tensors[0], src_rank, tag);
+  if (!nccl_ && tensors.size() == 1 && tensors[0].is_cuda()) {
+    // As in send: received into host memory, then copied to the device; complete on return.
+    std::vector<at::Tensor> host = {at::empty_like(tensors[0], tensors[0].options().device(at::kCPU))};
+    inner_->recv(host, src_rank, tag)->wait();
+    tensors[0].copy_(host[0]);
+    return Done(c10d::OpType::RECV, tensors[0]);
+  }
   return inner_->recv(tensors, src_rank, tag);
 }
 
@@ -484,10 +507,17 @@ StatusOr<GlooBinding> ChooseGlooBinding(const std::string& master_addr) {
   return b;
 }
 
-int CudaDeviceOf(const DistEnv& env) {
+namespace {
+
+// Where this rank's CUDA tensors travel, as its Platform decided (the CPU: none).
+void SetCudaTransport(const DistEnv& env, compat::GroupOptions* options) {
   StatusOr<Platform> platform = Platform::Create(env, "no", PlatformFacts::Read());
-  return platform.ok() ? platform->cuda_device() : -1;
+  if (!platform.ok() || !platform->is_cuda()) return;
+  options->cuda_device = platform->cuda_device();
+  options->cuda_over_gloo = platform->backend() == CollectiveBackend::kGloo;
 }
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                 int rank, int size, const DistEnv& env,
@@ -498,7 +528,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::S
   options.gloo_device = GlooDevice(binding);
   // Gloo's worker threads run the collectives: 2 as PyTorch, or LAUNCH_GLOO_THREADS.
   options.gloo_threads = env.tuning.gloo_threads;
-  options.cuda_device = CudaDeviceOf(env);
+  SetCudaTransport(env, &options);
   return compat::NewProcessGroup(store, rank, size, options);
 }
 

@@ -24,7 +24,9 @@
 // sees the same subsequence of operations on every rank, so the two never need ordering between
 // them. In the same case send() and recv() of a CPU tensor go through shared-memory rings
 // (shm_p2p.h: the pipeline's activations and gradients): all of them, so messages between two ranks
-// never straddle two transports.
+// never straddle two transports. CUDA tensors go to NCCL where the group has it for them; over
+// Gloo (ranks sharing a GPU in tests, compat/platform.h) send() and recv() move a host copy, as
+// Gloo's point-to-point reads host memory only.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
@@ -88,8 +90,9 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // input[rank * S, (rank + 1) * S), S = output.numel(), asynchronously (the Work's future
   // completes with [output] once it is written; wait() rethrows a failure as c10::Error).
   // Through shared memory when the group has it and ShmAllReduce::SupportsReduceScatter: sums in
-  // rank order, bit-identical to allreduce() through shared memory, `input` unchanged. Through
-  // Gloo otherwise: an all-reduce of `input` in place, then this rank's shard copied out
+  // rank order, bit-identical to allreduce() through shared memory, `input` unchanged. CUDA
+  // tensors where the group carries them over NCCL: NCCL's reduce-scatter (in place when
+  // `output` is input's own shard). Through Gloo otherwise: an all-reduce of `input` in place, then this rank's shard copied out
   // (bit-identical to allreduce() through Gloo; bfloat16, which LibTorch 1.13's Gloo cannot
   // add, is summed in float and rounded once). So `input`'s contents are unspecified
   // afterwards. COLLECTIVE: every rank, same sizes and dtype, same point in its sequence.
@@ -101,8 +104,8 @@ class CountingProcessGroup : public c10d::ProcessGroup {
                                                    const at::Tensor& output);
   // ZeRO's parameter gather: `output` = every rank's `input` concatenated in rank order, any
   // dtype, asynchronously (as above). Through shared memory when the group has it and
-  // ShmAllReduce::SupportsAllGather, through Gloo's allgather into views of `output`
-  // otherwise. COLLECTIVE, as above. REQUIRES (checked: c10::Error): contiguous, one dtype,
+  // ShmAllReduce::SupportsAllGather, NCCL's all-gather for CUDA tensors where the group carries
+  // them over NCCL, Gloo's allgather into views of `output` otherwise. COLLECTIVE, as above. REQUIRES (checked: c10::Error): contiguous, one dtype,
   // output.numel() == getSize() * input.numel(); input is output's own part or does not
   // overlap it. Counted as an all-gather of output's bytes.
   c10::intrusive_ptr<c10d::Work> AllGatherFlat(const at::Tensor& input, const at::Tensor& output);
@@ -170,6 +173,9 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   std::unique_ptr<ShmPointToPoint> p2p_;
   std::unique_ptr<HierarchicalAllReduce> hierarchical_;
   std::string transport_ = "Gloo";
+  // CUDA tensors travel over NCCL (the flat collectives then use its reduce-scatter and
+  // all-gather, in place).
+  bool nccl_ = false;
   // Marks the ring entry `token` done when `work` completes; returns `work`.
   c10::intrusive_ptr<c10d::Work> Tracked(c10::intrusive_ptr<c10d::Work> work, uint64_t token);
   CollectiveRing* ring_ = nullptr;  // not owned (CollectiveRing::ForProcess lives forever)
@@ -206,11 +212,6 @@ struct GlooBinding {
 //      the address the other hosts reach, whatever this host's own name resolves to (Gloo's
 //      default, loopback on stock Debian hosts); IoError when there is no route.
 StatusOr<GlooBinding> ChooseGlooBinding(const std::string& master_addr);
-
-// The CUDA device this worker uses: Platform::Create's (compat/platform.h) with this process's
-// facts, cuda_device(); -1 on the CPU, and where Platform::Create refuses the job (more processes
-// on the node than devices). For callers that hold no Platform yet; NewGroup uses it.
-int CudaDeviceOf(const DistEnv& env);
 
 // A process group of `size` ranks over `store` (Gloo for CPU tensors; NCCL for CUDA tensors when
 // LibTorch has it and this rank has a GPU: torch_compat.h). Gloo's transport device is

@@ -58,7 +58,13 @@ StatusOr<Platform> Platform::Create(const DistEnv& env, std::string_view mixed_p
     // devices used to fall back to the CPU on its own and wait forever in its first collective
     // with the ranks on NCCL.
     const int count = facts.cuda_device_count;
-    if (env.local_world_size > count || env.local_rank >= count) {
+    if (env.test_share_gpu) {
+      // Tests only (util/env.h): ranks share the devices, and Gloo, which allows that, carries
+      // their CUDA tensors.
+      p.device_ = c10::Device(c10::DeviceType::CUDA,
+                              static_cast<c10::DeviceIndex>(env.local_rank % count));
+      p.backend_ = CollectiveBackend::kGloo;
+    } else if (env.local_world_size > count || env.local_rank >= count) {
       const int nodes = env.local_world_size > 0 && env.world_size % env.local_world_size == 0
                             ? env.world_size / env.local_world_size
                             : 1;
@@ -70,9 +76,11 @@ StatusOr<Platform> Platform::Create(const DistEnv& env, std::string_view mixed_p
           std::to_string(env.local_rank) + "); each process needs its own device: run at most " +
           std::to_string(count) + " per node (launch --num_processes " +
           std::to_string(count * nodes) + "), or launch --cpu to train on the CPU");
+    } else {
+      p.device_ =
+          c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+      p.backend_ = CollectiveBackend::kNccl;
     }
-    p.device_ = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank));
-    p.backend_ = CollectiveBackend::kNccl;
   }
   Autocast& a = p.autocast_;
   a.mode = std::string(mixed_precision);
@@ -91,30 +99,25 @@ StatusOr<Platform> Platform::Create(const DistEnv& env, std::string_view mixed_p
 
 Status Platform::CheckAutocast() const {
   const Autocast& a = autocast_;
-  if (!a.enabled) return Status::Ok();
-  if (!is_cuda()) {
-    if (a.mode == "bf16") return Status::Ok();  // model/autocast.h
-    if (!facts_.libtorch_cuda)
-      return Status::InvalidConfig("mixed_precision: '" + a.mode +
-                                   "' needs a GPU (CUDA autocast) and this LibTorch is CPU-only; "
-                                   "use bf16 (CPU autocast) or no");
-    return Status::InvalidConfig("mixed_precision: '" + a.mode +
-                                 "' needs a GPU (CUDA autocast) and this rank runs on the CPU (" +
-                                 why_cpu_ + "); use bf16 (CPU autocast) or no");
-  }
-  if (a.mode == "bf16")
+  if (!a.enabled || a.mode == "bf16") return Status::Ok();  // model/autocast.h, CPU or CUDA
+  if (a.mode == "fp16")
     return Status::InvalidConfig(
-        "mixed_precision: bf16 is CPU autocast here; on GPUs use no, or run launch --cpu");
+        "mixed_precision: fp16 needs dynamic loss scaling, which this trainer does not "
+        "implement yet; use bf16 (autocast on " +
+        std::string(is_cuda() ? "CUDA" : "the CPU") + ") or no");
   return Status::InvalidConfig("mixed_precision: '" + a.mode +
-                               "' needs CUDA autocast, which this trainer does not implement "
-                               "yet; on GPUs use no, or run launch --cpu with bf16");
+                               "' needs Transformer Engine, which this trainer does not use; "
+                               "use bf16 or no");
 }
 
 std::string Platform::Describe() const {
   std::string line = device_.str();
   if (!is_cuda()) line += " (" + why_cpu_ + ")";
   // Shared memory serves CPU tensors only, where every rank of a group shares the host.
-  line += is_cuda() ? ", NCCL" : ", Gloo or shared memory";
+  if (!is_cuda())
+    line += ", Gloo or shared memory";
+  else
+    line += backend_ == CollectiveBackend::kNccl ? ", NCCL" : ", Gloo (LAUNCH_TEST_SHARE_GPU)";
   if (autocast_.enabled)
     line +=
         ", autocast " + autocast_.mode + " on " + c10::DeviceTypeName(autocast_.device_type, true);

@@ -19,8 +19,10 @@
 //   - With CUDA, rank LOCAL_RANK computes on cuda:LOCAL_RANK (of the visible devices) and its
 //     CUDA tensors travel over NCCL; a node with more processes (LOCAL_WORLD_SIZE) than visible
 //     devices is refused (PyTorch's own scripts fail there with "invalid device ordinal").
+//     Tests on a machine with fewer GPUs than ranks set LAUNCH_TEST_SHARE_GPU=1
+//     (DistEnv::test_share_gpu): ranks share the devices and Gloo carries their CUDA tensors.
 //   - Autocast runs on the device's type, in bfloat16 (bf16) or float16 (fp16); this trainer
-//     implements CPU bf16 only (model/autocast.h). Whether a configuration may run on what was
+//     implements bf16, on the CPU and on CUDA (model/autocast.h). Whether a configuration may run on what was
 //     decided is the strategies' question (parallel/strategy_factory.h CheckPlatformSupport),
 //     which CheckAutocast answers for the autocast part.
 //
@@ -118,8 +120,9 @@ class Platform {
   // or "" on CUDA.
   const std::string& why_cpu() const { return why_cpu_; }
 
-  // Whether this trainer implements the autocast asked for on this device: off, or bf16 on the
-  // CPU (model/autocast.h). InvalidConfig naming mixed_precision and the way out otherwise.
+  // Whether this trainer implements the autocast asked for on this device: off, or bf16 (CPU
+  // or CUDA autocast, model/autocast.h). InvalidConfig naming mixed_precision and the way out
+  // otherwise (fp16 needs loss scaling, fp8 Transformer Engine).
   // Strategies call it from their Supports functions.
   Status CheckAutocast() const;
 

@@ -131,24 +131,48 @@ TEST_CASE("PlatformAutocastFollowsTheDevice") {
   CHECK(cpu->CheckAutocast().ok());  // model/autocast.h
 
   auto cuda = Platform::Create(Node(0, 1), "bf16", CudaFacts(1));
-  REQUIRE(cuda.ok());  // decided; whether it may run is the strategies' question
+  REQUIRE(cuda.ok());
   CHECK((cuda->autocast().device_type == c10::DeviceType::CUDA));
-  const Status refused = cuda->CheckAutocast();
-  CHECK((refused.code() == Status::Code::kInvalidConfig));
-  CHECK(refused.message() ==
-        "mixed_precision: bf16 is CPU autocast here; on GPUs use no, or run launch --cpu");
+  CHECK((cuda->autocast().dtype == c10::ScalarType::BFloat16));
+  CHECK(cuda->CheckAutocast().ok());  // torch.autocast("cuda", torch.bfloat16)
+  CHECK(Has(cuda->Describe(), "cuda:0, NCCL, autocast bf16 on cuda"));
 
-  auto fp16 = Platform::Create(DistEnv(), "fp16", PlatformFacts());
-  REQUIRE(fp16.ok());
-  CHECK((fp16->autocast().dtype == c10::ScalarType::Half));
-  CHECK(Has(fp16->CheckAutocast().message(),
-            "'fp16' needs a GPU (CUDA autocast) and this "
-            "LibTorch is CPU-only"));
-  CHECK_FALSE(Platform::Create(DistEnv(), "fp8", CudaFacts(1))->CheckAutocast().ok());
+  // fp16 needs loss scaling, on either device; fp8 Transformer Engine.
+  for (const PlatformFacts& facts : {PlatformFacts(), CudaFacts(1)}) {
+    auto fp16 = Platform::Create(Node(0, 1), "fp16", facts);
+    REQUIRE(fp16.ok());
+    CHECK((fp16->autocast().dtype == c10::ScalarType::Half));
+    const Status refused = fp16->CheckAutocast();
+    CHECK((refused.code() == Status::Code::kInvalidConfig));
+    CHECK(Has(refused.message(), "mixed_precision: fp16 needs dynamic loss scaling"));
+    CHECK(Has(refused.message(), facts.libtorch_cuda ? "autocast on CUDA" : "the CPU"));
+    CHECK(Has(Platform::Create(Node(0, 1), "fp8", facts)->CheckAutocast().message(),
+              "mixed_precision: 'fp8' needs Transformer Engine"));
+  }
 
   auto bad = Platform::Create(DistEnv(), "fp32", PlatformFacts());
   REQUIRE_FALSE(bad.ok());
   CHECK(Has(bad.status().message(), "mixed_precision: expected no, bf16, fp16 or fp8, got 'fp32'"));
+}
+
+TEST_CASE("PlatformLetsTestRanksShareOneGpuOverGloo") {
+  for (int local_rank : {0, 1, 2}) {
+    DistEnv env = Node(local_rank, 3);
+    auto refused = Platform::Create(env, "no", CudaFacts(2));
+    if (local_rank == 0) CHECK_FALSE(refused.ok());  // three processes, two devices
+    env.test_share_gpu = true;
+    auto p = Platform::Create(env, "no", CudaFacts(2));
+    REQUIRE(p.ok());
+    CHECK(p->cuda_device() == local_rank % 2);
+    CHECK((p->backend() == CollectiveBackend::kGloo));
+    CHECK(Has(p->Describe(), ", Gloo (LAUNCH_TEST_SHARE_GPU)"));
+  }
+  // Without CUDA the switch changes nothing.
+  DistEnv env = Node(1, 2);
+  env.test_share_gpu = true;
+  auto cpu = Platform::Create(env, "no", PlatformFacts());
+  REQUIRE(cpu.ok());
+  CHECK_FALSE(cpu->is_cuda());
 }
 
 }  // namespace

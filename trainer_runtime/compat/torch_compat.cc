@@ -1,5 +1,7 @@
 #include "trainer_runtime/compat/torch_compat.h"
 
+#include <dlfcn.h>
+
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -16,6 +18,15 @@
 namespace launch::trainer::compat {
 
 std::string LibTorchVersion() { return TORCH_VERSION; }
+
+std::string LoadedLibTorchPath() {
+  // at::globalContext is defined in libtorch_cpu (not inline): the object holding it is the
+  // library this process runs on, wherever RUNPATH or LD_LIBRARY_PATH found it.
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&at::globalContext), &info) == 0 || !info.dli_fname)
+    return "";
+  return info.dli_fname;
+}
 
 c10::Error MakeError(std::string message) {
 #if TORCH_VERSION_MAJOR >= 2
@@ -38,18 +49,32 @@ c10::intrusive_ptr<c10d::TCPStore> NewTcpStore(const std::string& host,
 }
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-bool CpuAutocastEnabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
-at::ScalarType CpuAutocastDtype() { return at::autocast::get_autocast_dtype(at::kCPU); }
-void SetCpuAutocast(bool enabled, at::ScalarType dtype) {
-  at::autocast::set_autocast_enabled(at::kCPU, enabled);
-  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+bool AutocastEnabled(c10::DeviceType device) { return at::autocast::is_autocast_enabled(device); }
+at::ScalarType AutocastDtype(c10::DeviceType device) {
+  return at::autocast::get_autocast_dtype(device);
+}
+void SetAutocast(c10::DeviceType device, bool enabled, at::ScalarType dtype) {
+  at::autocast::set_autocast_enabled(device, enabled);
+  at::autocast::set_autocast_dtype(device, dtype);
 }
 #else
-bool CpuAutocastEnabled() { return at::autocast::is_cpu_enabled(); }
-at::ScalarType CpuAutocastDtype() { return at::autocast::get_autocast_cpu_dtype(); }
-void SetCpuAutocast(bool enabled, at::ScalarType dtype) {
-  at::autocast::set_cpu_enabled(enabled);
-  at::autocast::set_autocast_cpu_dtype(dtype);
+// Before 2.4 each device type had its own calls; CUDA's are the "gpu" ones.
+bool AutocastEnabled(c10::DeviceType device) {
+  return device == c10::DeviceType::CUDA ? at::autocast::is_enabled()
+                                         : at::autocast::is_cpu_enabled();
+}
+at::ScalarType AutocastDtype(c10::DeviceType device) {
+  return device == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype()
+                                         : at::autocast::get_autocast_cpu_dtype();
+}
+void SetAutocast(c10::DeviceType device, bool enabled, at::ScalarType dtype) {
+  if (device == c10::DeviceType::CUDA) {
+    at::autocast::set_enabled(enabled);
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_cpu_enabled(enabled);
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
 }
 #endif
 
@@ -112,6 +137,19 @@ bool HasNccl() {
 #endif
 }
 
+bool CarriesOverNccl(c10d::ProcessGroup& group, c10::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  try {
+    return group.getBackend(device)->getBackendName() == "nccl";
+  } catch (const c10::Error&) {
+    return false;  // no backend registered for that device type
+  }
+#else
+  (void)device;
+  return group.getBackendName() == "nccl";
+#endif
+}
+
 c10::intrusive_ptr<c10d::ProcessGroup> NewProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                        int rank, int size,
                                                        const GroupOptions& options) {
@@ -125,8 +163,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewProcessGroup(const c10::intrusive_ptr<
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
   group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  if (options.cuda_device >= 0 && (options.cuda_over_gloo || !HasNccl()))
+    group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
 #if defined(USE_C10D_NCCL)
-  if (options.cuda_device >= 0) {
+  if (options.cuda_device >= 0 && !options.cuda_over_gloo) {
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
     nccl_options->timeout = options.timeout;
     // NCCL keys its own rendezvous off the store too; a prefix keeps it apart from Gloo's.

@@ -50,6 +50,9 @@ namespace launch::trainer::compat {
 
 // The LibTorch the trainer was compiled against, e.g. "2.6.0".
 std::string LibTorchVersion();
+// The file of the LibTorch library this process loaded (libtorch_cpu.so's path, as the dynamic
+// loader resolved it), or "" when the loader cannot say.
+std::string LoadedLibTorchPath();
 
 // A c10::Error whose msg() is `message` and whose what() is `message` with no backtrace or
 // source location (1.13 appends a newline).
@@ -69,26 +72,34 @@ std::unique_ptr<c10d::Reducer> NewReducer(
     int64_t bucket_bytes_cap, bool find_unused_parameters, bool gradient_as_bucket_view,
     std::unordered_map<size_t, std::string> param_names, int64_t first_bucket_bytes_cap);
 
-// This thread's CPU autocast state (torch.autocast("cpu")).
-bool CpuAutocastEnabled();
-at::ScalarType CpuAutocastDtype();
-void SetCpuAutocast(bool enabled, at::ScalarType dtype);
+// This thread's autocast state for one device type, CPU or CUDA (torch.autocast(device_type)).
+// Setting CUDA's on a CPU-only LibTorch only records it: no CUDA operator runs there.
+bool AutocastEnabled(c10::DeviceType device);
+at::ScalarType AutocastDtype(c10::DeviceType device);
+void SetAutocast(c10::DeviceType device, bool enabled, at::ScalarType dtype);
 
 // True when this LibTorch was built with ProcessGroupNCCL (a CUDA LibTorch); NewProcessGroup
 // then also serves CUDA tensors through NCCL.
 bool HasNccl();
 
+// Whether `group` carries tensors of `device` type over NCCL (false where no backend serves it).
+bool CarriesOverNccl(c10d::ProcessGroup& group, c10::DeviceType device);
+
 struct GroupOptions {
   std::chrono::milliseconds timeout{300000};
   std::shared_ptr<::gloo::transport::Device> gloo_device;
   int gloo_threads = 2;
-  // The CUDA device this rank uses for NCCL (its local rank); ignored without NCCL.
+  // The CUDA device this rank computes on (Platform::cuda_device), or -1 on the CPU.
   int cuda_device = -1;
+  // With cuda_device >= 0: CUDA tensors travel over Gloo instead of NCCL (Platform's backend:
+  // ranks sharing one GPU, which NCCL refuses).
+  bool cuda_over_gloo = false;
 };
 
 // A process group of `size` ranks over `store`: Gloo for CPU tensors and, where HasNccl() and
-// `options.cuda_device` >= 0, NCCL for CUDA tensors. Blocks until every rank has joined (Gloo's
-// rendezvous through the store); throws what the backend throws when they do not.
+// `options.cuda_device` >= 0, NCCL for CUDA tensors (Gloo for them with cuda_over_gloo; Gloo
+// carries CUDA tensors on LibTorch 1.13, which has no NCCL here). Blocks until every rank has
+// joined (Gloo's rendezvous through the store); throws what the backend throws when they do not.
 c10::intrusive_ptr<c10d::ProcessGroup> NewProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                        int rank, int size,
                                                        const GroupOptions& options);

@@ -103,18 +103,18 @@ TEST_CASE("CompatProcessGroupRunsGlooCollectivesOnCpuTensors") {
 }
 
 TEST_CASE("CompatCpuAutocastSetsAndRestoresThisThreadsState") {
-  const bool was_enabled = compat::CpuAutocastEnabled();
-  const at::ScalarType was_dtype = compat::CpuAutocastDtype();
-  compat::SetCpuAutocast(true, at::kBFloat16);
-  CHECK(compat::CpuAutocastEnabled());
-  CHECK((compat::CpuAutocastDtype() == at::kBFloat16));
+  const bool was_enabled = compat::AutocastEnabled(at::kCPU);
+  const at::ScalarType was_dtype = compat::AutocastDtype(at::kCPU);
+  compat::SetAutocast(at::kCPU, true, at::kBFloat16);
+  CHECK(compat::AutocastEnabled(at::kCPU));
+  CHECK((compat::AutocastDtype(at::kCPU) == at::kBFloat16));
   // Another thread's state is its own.
   bool other_enabled = true;
-  std::thread([&] { other_enabled = compat::CpuAutocastEnabled(); }).join();
+  std::thread([&] { other_enabled = compat::AutocastEnabled(at::kCPU); }).join();
   CHECK_FALSE(other_enabled);
-  compat::SetCpuAutocast(was_enabled, was_dtype);
-  CHECK(compat::CpuAutocastEnabled() == was_enabled);
-  CHECK((compat::CpuAutocastDtype() == was_dtype));
+  compat::SetAutocast(at::kCPU, was_enabled, was_dtype);
+  CHECK(compat::AutocastEnabled(at::kCPU) == was_enabled);
+  CHECK((compat::AutocastDtype(at::kCPU) == was_dtype));
 }
 
 TEST_CASE("CompatHasNcclOnlyWhereLibTorchHasCuda") {

@@ -1,6 +1,7 @@
 #include "trainer_runtime/model/activation_checkpoint.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
@@ -19,44 +20,55 @@ thread_local int g_recomputing = 0;
 // What backward needs to run the block again as it ran in forward.
 struct CheckpointState : torch::CustomClassHolder {
   std::function<torch::Tensor(const torch::Tensor&)> fn;
-  torch::Tensor rng;  // the CPU generator's state before the block's forward
+  // The device the block ran on: its generator and its autocast are the ones restored.
+  c10::Device device{c10::DeviceType::CPU};
+  torch::Tensor rng;  // that device's default generator's state before the block's forward
   bool autocast = false;
   at::ScalarType autocast_dtype = at::kBFloat16;
   bool input_requires_grad = false;
   torch::Tensor output;  // handed from CheckpointedForward to Function::forward, then dropped
 };
 
-torch::Tensor GetRngState() {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
+// The default generator of `device` (the CPU's, or one CUDA device's: dropout there draws
+// from it), through ATen's context so that no CUDA header is needed.
+at::Generator DefaultGenerator(c10::Device device) {
+  return device.is_cpu() ? at::detail::getDefaultCPUGenerator()
+                         : at::globalContext().defaultGenerator(device);
+}
+
+torch::Tensor GetRngState(c10::Device device) {
+  at::Generator gen = DefaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   return gen.get_state();
 }
 
-void SetRngState(const torch::Tensor& state) {
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
+void SetRngState(c10::Device device, const torch::Tensor& state) {
+  at::Generator gen = DefaultGenerator(device);
   std::lock_guard<std::mutex> lock(gen.mutex());
   gen.set_state(state);
 }
 
-// This thread's CPU autocast as it was in the block's forward, for the recomputation.
+// This thread's autocast for `device` as it was in the block's forward, for the recomputation.
 class AutocastAs {
  public:
-  AutocastAs(bool enabled, at::ScalarType dtype)
-      : enabled_(enabled),
-        previous_enabled_(compat::CpuAutocastEnabled()),
-        previous_dtype_(compat::CpuAutocastDtype()) {
-    compat::SetCpuAutocast(enabled, enabled ? dtype : previous_dtype_);
+  AutocastAs(c10::DeviceType device, bool enabled, at::ScalarType dtype)
+      : device_(device),
+        enabled_(enabled),
+        previous_enabled_(compat::AutocastEnabled(device)),
+        previous_dtype_(compat::AutocastDtype(device)) {
+    compat::SetAutocast(device_, enabled, enabled ? dtype : previous_dtype_);
     if (enabled_) at::autocast::increment_nesting();
   }
   ~AutocastAs() {
     // Outermost scope: drop the cached low-precision weight copies, as AutocastScope does.
     if (enabled_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    compat::SetCpuAutocast(previous_enabled_, previous_dtype_);
+    compat::SetAutocast(device_, previous_enabled_, previous_dtype_);
   }
   AutocastAs(const AutocastAs&) = delete;
   AutocastAs& operator=(const AutocastAs&) = delete;
 
  private:
+  c10::DeviceType device_;
   bool enabled_;
   bool previous_enabled_;
   at::ScalarType previous_dtype_;
@@ -108,20 +120,20 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     torch::Tensor output;
     {
       // The same dropout masks as in forward; the stream afterwards as if nothing ran here.
-      const torch::Tensor now = GetRngState();
-      SetRngState(state->rng);
+      const torch::Tensor now = GetRngState(state->device);
+      SetRngState(state->device, state->rng);
       ++g_recomputing;
       try {
         torch::AutoGradMode grad(true);
-        AutocastAs amp(state->autocast, state->autocast_dtype);
+        AutocastAs amp(state->device.type(), state->autocast, state->autocast_dtype);
         output = state->fn(x);
       } catch (...) {
         --g_recomputing;
-        SetRngState(now);
+        SetRngState(state->device, now);
         throw;
       }
       --g_recomputing;
-      SetRngState(now);
+      SetRngState(state->device, now);
     }
     // Gradients for the Function's inputs: the block's input and the parameters it used
     // (saved[1..], the same tensors the recomputed graph reaches). torch::autograd::grad
@@ -151,9 +163,10 @@ torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tenso
   TORCH_CHECK(input.defined(), "CheckpointedForward: undefined input");
   if (!torch::GradMode::is_enabled()) return fn(input);
   auto state = c10::make_intrusive<CheckpointState>();
-  state->rng = GetRngState();
-  state->autocast = compat::CpuAutocastEnabled();
-  state->autocast_dtype = compat::CpuAutocastDtype();
+  state->device = input.device();
+  state->rng = GetRngState(state->device);
+  state->autocast = compat::AutocastEnabled(state->device.type());
+  state->autocast_dtype = compat::AutocastDtype(state->device.type());
   state->input_requires_grad = input.requires_grad();
   // Recorded once to find the parameters (activation_checkpoint.h); the graph and its
   // activations go at the end of this scope.

@@ -14,9 +14,9 @@
 // the CNN's conv blocks); a user's module calls CheckpointedForward itself.
 //
 // What the recomputation reproduces exactly, so gradients equal those of a plain forward bit for
-// bit: the input (saved), the default CPU generator's state (dropout masks: saved before the
-// block ran, set for the recomputation, then put back so later draws are unaffected), and this
-// thread's CPU autocast state (bf16). What it does not undo: other side effects of `fn`. A
+// bit: the input (saved), the default generator's state of the input's device (the CPU's or that
+// CUDA device's: dropout masks; saved before the block ran, set for the recomputation, then put
+// back so later draws are unaffected), and this thread's autocast state for that device type. What it does not undo: other side effects of `fn`. A
 // module that updates state in forward (BatchNorm's running statistics) would update it twice;
 // it asks RecomputingForCheckpoint() and skips the update then (the built-in CNN does).
 //
@@ -43,7 +43,7 @@ namespace launch::trainer {
 // Returns fn(input), computed without recording the graph inside `fn`; in backward, fn runs
 // again on the saved input with grad enabled and its gradients flow to `input` and to the
 // parameters `fn` uses. With grad mode off (evaluation) it is plain fn(input). `fn` must be a
-// pure function of `input`, the parameters and the CPU generator, and must stay callable until
+// pure function of `input`, the parameters and its device's generator, and must stay callable until
 // backward ran (capture modules by shared pointer or `this` of a module that outlives the step).
 // REQUIRES: input is defined.
 torch::Tensor CheckpointedForward(std::function<torch::Tensor(const torch::Tensor&)> fn,

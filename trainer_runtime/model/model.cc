@@ -211,10 +211,12 @@ class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public Ten
   torch::Tensor forward(const torch::Tensor& tokens) {
     const int64_t t = tokens.size(1);
     TORCH_CHECK(t <= context_, "sequence length ", t, " exceeds the model context ", context_);
-    auto positions = torch::arange(t, torch::kLong);
+    // On the tokens' device: the model may be on a GPU.
+    const auto on = torch::TensorOptions().device(tokens.device());
+    auto positions = torch::arange(t, on.dtype(torch::kLong));
     auto x = tok_->forward(tokens) + pos_->forward(positions);
     // True above the diagonal: position i may not look at j > i.
-    auto mask = torch::ones({t, t}, torch::kBool).triu(1);
+    auto mask = torch::ones({t, t}, on.dtype(torch::kBool)).triu(1);
     for (auto& block : blocks_) x = block->forward(x, mask);
     return head_->forward(ln_->forward(x));
   }

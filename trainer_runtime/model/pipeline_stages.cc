@@ -72,9 +72,11 @@ class TransformerStageImpl : public torch::nn::Module, public TensorForward {
     const int64_t t = x.size(1);
     if (has_embedding_) {
       TORCH_CHECK(t <= context_, "sequence length ", t, " exceeds the model context ", context_);
-      x = tok_->forward(x) + pos_->forward(torch::arange(t, torch::kLong));
+      x = tok_->forward(x) +
+          pos_->forward(torch::arange(t, torch::TensorOptions(torch::kLong).device(x.device())));
     }
-    auto mask = torch::ones({t, t}, torch::kBool).triu(1);
+    auto mask =
+        torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
     for (auto& block : blocks_) x = block->forward(x, mask);
     if (has_head_) x = head_->forward(ln_->forward(x));
     return x;

@@ -34,11 +34,13 @@ double PeakRssMb() {
 
 }  // namespace
 
-PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const ParallelLayout& layout,
+PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const Platform& platform,
+                               const ParallelLayout& layout,
                                c10::intrusive_ptr<CountingProcessGroup> world)
     : layout_(layout),
       microbatches_(cfg.parallel.microbatches),
-      bf16_(cfg.mixed_precision == "bf16"),
+      device_(platform.device()),
+      autocast_dtype_(platform.autocast().dtype),
       world_(std::move(world)) {
   ops_ = BuildPipelineSchedule(cfg.parallel.schedule, stages(), stage(), microbatches_);
   for (size_t i = 0; i < ops_.size(); ++i)
@@ -46,10 +48,11 @@ PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const ParallelLay
 }
 
 StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
-    const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
-    c10::intrusive_ptr<CountingProcessGroup> world, std::shared_ptr<Model> model, ForwardFn forward,
-    std::unique_ptr<ParallelStrategy> data, std::chrono::milliseconds timeout) {
-  std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, layout, world));
+    const config::TrainConfig& cfg, const DistEnv& env, const Platform& platform,
+    const ParallelLayout& layout, c10::intrusive_ptr<CountingProcessGroup> world,
+    std::shared_ptr<Model> model, ForwardFn forward, std::unique_ptr<ParallelStrategy> data,
+    std::chrono::milliseconds timeout) {
+  std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, platform, layout, world));
   LAUNCH_ASSIGN_OR_RETURN(engine->stage_pg_,
                           CreateAxisGroup(layout, Axis::kStage, env, world, timeout));
   engine->stage_model_ = std::move(model);
@@ -60,10 +63,9 @@ StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
 }
 
 Status PipelineSupports(const Platform& platform) {
-  if (!platform.is_cuda()) return Status::Ok();
-  return Status::InvalidConfig(
-      "train.parallel.stages: the pipeline engine runs on the CPU only; on GPUs use "
-      "parallel.stages 1 (ddp or none), or run launch --cpu");
+  // Activations and gradients travel as the device's tensors (NCCL or Gloo send/recv; shared
+  // memory between CPU ranks), their shape headers as CPU tensors over Gloo.
+  return platform.CheckAutocast();
 }
 
 void PipelineEngine::BeforeForward(bool sync) {
@@ -123,8 +125,9 @@ torch::Tensor PipelineEngine::RecvActivation() {
   TORCH_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "corrupt activation header from rank ", Prev());
   std::vector<int64_t> sizes;
   for (int64_t i = 0; i < h[0]; ++i) sizes.push_back(h[1 + i]);
-  auto body = torch::empty(
-      sizes, torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[kHeaderLen - 1])));
+  auto body = torch::empty(sizes, torch::TensorOptions()
+                                      .dtype(static_cast<c10::ScalarType>(h[kHeaderLen - 1]))
+                                      .device(device_));
   std::vector<at::Tensor> bv = {body};
   world_->recv(bv, Prev(), kActivationTag)->wait();
   return body;
@@ -173,7 +176,7 @@ torch::Tensor PipelineEngine::ForwardBackward(const torch::Tensor& x, const torc
       if (last()) {
         torch::Tensor loss;
         {
-          AutocastScope amp(bf16_);
+          AutocastScope amp(device_.type(), autocast_dtype_);
           loss = criterion(out, y.narrow(0, offset, rows));
         }
         loss_sum += loss.item<double>() * static_cast<double>(rows) / static_cast<double>(batch);
@@ -244,10 +247,10 @@ double PipelineEngine::ClipGradNorm(double max_norm) {
 }
 
 torch::Tensor PipelineEngine::StageForward(const torch::Tensor& input) {
-  if (!bf16_) return forward_(input);
+  if (autocast_dtype_ == c10::ScalarType::Undefined) return forward_(input);
   torch::Tensor out;
   {
-    AutocastScope amp(true);
+    AutocastScope amp(device_.type(), autocast_dtype_);
     out = forward_(input);
   }
   // Activations cross stage boundaries as float32: the receiving stage's buffers, its input

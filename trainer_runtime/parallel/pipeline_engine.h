@@ -57,11 +57,13 @@ class PipelineEngine : public ParallelStrategy {
   // runs it, `data` is the data strategy over the stage's data group (CreateStrategy), which
   // the engine owns. `world` is the job's group (null for one process): send/recv between
   // stages. Joins the stage group (CreateAxisGroup: COLLECTIVE over the world) for the norm.
+  // The stage computes on `platform`'s device (the model is already there) under its autocast.
   // REQUIRES: `layout` was built from `cfg` (its validation covers the pipeline's rules).
   static StatusOr<std::unique_ptr<PipelineEngine>> Create(
-      const config::TrainConfig& cfg, const DistEnv& env, const ParallelLayout& layout,
-      c10::intrusive_ptr<CountingProcessGroup> world, std::shared_ptr<Model> model,
-      ForwardFn forward, std::unique_ptr<ParallelStrategy> data, std::chrono::milliseconds timeout);
+      const config::TrainConfig& cfg, const DistEnv& env, const Platform& platform,
+      const ParallelLayout& layout, c10::intrusive_ptr<CountingProcessGroup> world,
+      std::shared_ptr<Model> model, ForwardFn forward, std::unique_ptr<ParallelStrategy> data,
+      std::chrono::milliseconds timeout);
 
   const char* Name() const override { return "pipeline"; }
   // The data strategy's name ("ddp", "zero", "none").
@@ -129,8 +131,8 @@ class PipelineEngine : public ParallelStrategy {
   int peak_live() const { return totals_.peak_live; }
 
  private:
-  PipelineEngine(const config::TrainConfig& cfg, const ParallelLayout& layout,
-                 c10::intrusive_ptr<CountingProcessGroup> world);
+  PipelineEngine(const config::TrainConfig& cfg, const Platform& platform,
+                 const ParallelLayout& layout, c10::intrusive_ptr<CountingProcessGroup> world);
   // forward_ under autocast when mixed precision is bf16, the output back in float32.
   torch::Tensor StageForward(const torch::Tensor& input);
   void SendActivation(const torch::Tensor& t);
@@ -148,7 +150,8 @@ class PipelineEngine : public ParallelStrategy {
 
   const ParallelLayout layout_;
   const int microbatches_;
-  const bool bf16_;
+  const c10::Device device_;              // where the stage computes and receives
+  const c10::ScalarType autocast_dtype_;  // on device_'s type; Undefined: no autocast
   c10::intrusive_ptr<CountingProcessGroup> world_;     // p2p between stages
   c10::intrusive_ptr<CountingProcessGroup> stage_pg_;  // this replica's stages (the norm)
   std::unique_ptr<ParallelStrategy> data_;             // over the stage's data group

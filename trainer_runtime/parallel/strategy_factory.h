@@ -37,8 +37,7 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateStrategy(
 // With stages above 1 (or mode pipeline, ddp over pipeline replicas) the pipeline engine's
 // PipelineSupports first, then the data strategy's. OK, or InvalidConfig naming the train.* key (or
 // mixed_precision) and the way out: "train.parallel.mode: dp runs on the CPU only; on GPUs use ddp
-// or none, or run launch
-// --cpu", "mixed_precision: bf16 is CPU autocast here; on GPUs use no, or run launch --cpu".
+// or none, or run launch --cpu", "mixed_precision: fp16 needs dynamic loss scaling, ...".
 // Call before building anything on the platform (Accelerator::Create).
 Status CheckPlatformSupport(const config::TrainConfig& cfg, const Platform& platform);
 

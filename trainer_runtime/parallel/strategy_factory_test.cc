@@ -8,6 +8,7 @@
 #include "trainer_runtime/parallel/ddp.h"
 #include "trainer_runtime/parallel/local_sgd.h"
 #include "trainer_runtime/parallel/pipeline_engine.h"
+#include "trainer_runtime/parallel/zero.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
 namespace launch::trainer {
@@ -49,58 +50,44 @@ TEST_CASE("EveryStrategyRunsOnTheCpu") {
   CHECK(CheckPlatformSupport(Mode(ParallelMode::kDdp, 4), Cpu()).ok());
 }
 
-TEST_CASE("OnCudaDdpNoneAndLocalSgdRunAndTheThreadAndShardStrategiesAreRefused") {
-  CHECK(CheckPlatformSupport(Mode(ParallelMode::kDdp), Cuda()).ok());
-  CHECK(CheckPlatformSupport(Mode(ParallelMode::kNone), Cuda()).ok());
+TEST_CASE("OnCudaEveryStrategyButDpRunsAndDpIsRefused") {
+  for (ParallelMode mode : {ParallelMode::kNone, ParallelMode::kDdp, ParallelMode::kZero,
+                            ParallelMode::kPipeline}) {
+    INFO(config::ToString(mode));
+    CHECK(CheckPlatformSupport(Mode(mode), Cuda()).ok());
+    CHECK(CheckPlatformSupport(Mode(mode), Cuda("bf16")).ok());  // CUDA autocast
+  }
   CHECK(CheckPlatformSupport(Mode(ParallelMode::kDdp, 4), Cuda()).ok());
-  // A pipeline (mode pipeline, or stages > 1 with any data strategy): the engine refuses CUDA
-  // first, naming train.parallel.stages.
+  // A pipeline of stages with any data strategy.
   for (ParallelMode mode : {ParallelMode::kPipeline, ParallelMode::kDdp, ParallelMode::kZero}) {
     config::TrainConfig cfg = Mode(mode);
     cfg.parallel.stages = 2;
-    const Status s = CheckPlatformSupport(cfg, Cuda());
-    CHECK((s.code() == Status::Code::kInvalidConfig));
-    CHECK(s.message().find("train.parallel.stages: the pipeline engine runs on the CPU only") == 0);
-    CHECK(CheckPlatformSupport(cfg, Cpu()).ok());
+    CHECK(CheckPlatformSupport(cfg, Cuda("bf16")).ok());
   }
-  CHECK_FALSE(PipelineSupports(Cuda()).ok());
-  CHECK(PipelineSupports(Cpu()).ok());
-  for (ParallelMode mode : {ParallelMode::kDp, ParallelMode::kZero}) {
-    const Status s = CheckPlatformSupport(Mode(mode), Cuda());
-    CHECK((s.code() == Status::Code::kInvalidConfig));
-    CHECK(s.message() == std::string("train.parallel.mode: ") + config::ToString(mode) +
-                             " runs on the CPU only; on GPUs use ddp or none, or run launch --cpu");
-  }
+  CHECK(PipelineSupports(Cuda()).ok());
+  CHECK(ZeroSupports(Cuda("bf16")).ok());
+  CHECK(LocalSgdSupports(Cuda("bf16")).ok());
+  const Status s = CheckPlatformSupport(Mode(ParallelMode::kDp), Cuda());
+  CHECK((s.code() == Status::Code::kInvalidConfig));
+  CHECK(s.message() ==
+        "train.parallel.mode: dp runs on the CPU only; on GPUs use ddp or none, or run launch "
+        "--cpu");
   // dp is asked before local_sgd_steps, as CreateStrategy builds dp first.
   CHECK_FALSE(CheckPlatformSupport(Mode(ParallelMode::kDp, 4), Cuda()).ok());
 }
 
-TEST_CASE("Bf16IsRefusedOnCudaByTheStrategyCheckAndFineOnTheCpu") {
-  for (ParallelMode mode : {ParallelMode::kNone, ParallelMode::kDdp}) {
+TEST_CASE("Fp16AndFp8AreRefusedByEveryStrategyOnEitherDevice") {
+  for (ParallelMode mode : {ParallelMode::kNone, ParallelMode::kDdp, ParallelMode::kZero,
+                            ParallelMode::kPipeline}) {
     INFO(config::ToString(mode));
-    CHECK(CheckPlatformSupport(Mode(mode), Cpu("bf16")).ok());
-    const Status s = CheckPlatformSupport(Mode(mode), Cuda("bf16"));
-    CHECK((s.code() == Status::Code::kInvalidConfig));
-    CHECK(s.message() ==
-          "mixed_precision: bf16 is CPU autocast here; on GPUs use no, or run launch --cpu");
+    for (const Platform& platform : {Cpu("fp16"), Cuda("fp16")}) {
+      const Status s = CheckPlatformSupport(Mode(mode), platform);
+      CHECK((s.code() == Status::Code::kInvalidConfig));
+      CHECK(s.message().find("mixed_precision: fp16 needs dynamic loss scaling") == 0);
+    }
+    CHECK_FALSE(CheckPlatformSupport(Mode(mode), Cuda("fp8")).ok());
   }
-  CHECK_FALSE(CheckPlatformSupport(Mode(ParallelMode::kDdp, 4), Cuda("bf16")).ok());
-  CHECK(DdpSupports(Cpu("bf16")).ok());
-  CHECK_FALSE(DdpSupports(Cuda("bf16")).ok());
-  CHECK(LocalSgdSupports(Cpu("bf16")).ok());
-  CHECK_FALSE(LocalSgdSupports(Cuda("bf16")).ok());
-}
-
-TEST_CASE("Fp16IsRefusedByEveryStrategyOnACpuOnlyLibTorch") {
-  for (ParallelMode mode : {ParallelMode::kNone, ParallelMode::kDdp, ParallelMode::kDp,
-                            ParallelMode::kZero, ParallelMode::kPipeline}) {
-    INFO(config::ToString(mode));
-    const Status s = CheckPlatformSupport(Mode(mode), Cpu("fp16"));
-    CHECK((s.code() == Status::Code::kInvalidConfig));
-    CHECK(s.message() ==
-          "mixed_precision: 'fp16' needs a GPU (CUDA autocast) and this LibTorch is CPU-only; use "
-          "bf16 (CPU autocast) or no");
-  }
+  CHECK_FALSE(CheckPlatformSupport(Mode(ParallelMode::kDp), Cpu("fp16")).ok());
 }
 
 }  // namespace

@@ -95,8 +95,11 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
   Status Check() const {
     const auto params = model_->Parameters();
     for (const auto& p : params) {
-      if (!p.device().is_cpu())
-        return Status::InvalidConfig("train.parallel.mode zero runs on the CPU");
+      if (p.device() != params.front().device())
+        return Status::InvalidConfig(
+            "train.parallel.mode zero needs every trained parameter on one device; the model "
+            "has parameters on " +
+            params.front().device().str() + " and " + p.device().str());
       if (p.scalar_type() != params.front().scalar_type())
         return Status::InvalidConfig(
             "train.parallel.mode zero needs every trained parameter of one dtype; the model "
@@ -207,7 +210,7 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
   double GradNormSquared() override {
     // Every element of every gradient is in exactly one rank's shard (padding is zero), so the
     // squares summed over the shards and the ranks are the whole gradient's.
-    auto squares = torch::zeros({1}, torch::kDouble);
+    auto squares = torch::zeros({1}, params_.front().options().dtype(torch::kDouble));
     for (auto& u : units_) squares += u.shard_grad.to(torch::kDouble).pow(2).sum();
     AllReduceSum(pg_, squares);
     return squares.item<double>();
@@ -582,6 +585,7 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
     }
     if (groups.empty()) {
       // This rank's slices hold only padding: an optimizer over nothing still steps.
+      unit_pad_ = torch::zeros({1}, params_.front().options());
       groups.emplace_back(std::vector<at::Tensor>{unit_pad_},
                           user_groups.front().options().clone());
       group_of_shard_group_.push_back(0);
@@ -771,7 +775,7 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
   std::unique_ptr<Optimizer> shard_optimizer_;
   std::vector<ParamPiece> pieces_;  // its parameters: where in the model each segment lies
   std::vector<size_t> group_of_shard_group_;  // shard group -> the user's group it copies
-  at::Tensor unit_pad_ = torch::zeros({1});
+  at::Tensor unit_pad_;  // the stand-in parameter of a shard optimizer over padding only
   bool sync_ = true;
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as ddp's does
   std::mutex mu_;                        // the autograd engine may run the hooks on its own thread
@@ -799,10 +803,8 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateZeroStrategy(
 }
 
 Status ZeroSupports(const Platform& platform) {
-  if (platform.is_cuda())
-    return Status::InvalidConfig(
-        "train.parallel.mode: zero runs on the CPU only; on GPUs use ddp or none, or run launch "
-        "--cpu");
+  // Shards, buckets and gathers live on the parameters' device; on CUDA they travel over NCCL
+  // (reduce-scatter, all-gather) or Gloo (CountingProcessGroup's flat collectives).
   return platform.CheckAutocast();
 }
 

@@ -64,15 +64,15 @@ namespace launch::trainer {
 // (the user's: its type, groups and options are copied onto the shards; it is not stepped).
 // InvalidConfig when the optimizer is not one of torch::optim's SGD, Adam, AdamW, RMSprop or
 // Adagrad, holds a tensor twice or one that is not a trained parameter, or when parameters mix
-// dtypes or are not on the CPU.
+// dtypes or devices.
 // REQUIRES: `pg` is not null.
 StatusOr<std::unique_ptr<ParallelStrategy>> CreateZeroStrategy(
     const config::TrainConfig& cfg, Model* model, torch::optim::Optimizer* optimizer,
     c10::intrusive_ptr<CountingProcessGroup> pg);
 
-// Whether zero runs on `platform`: on the CPU only (its flat buffers and shards are CPU tensors,
-// reduced through shared memory or Gloo), with the autocast Platform::CheckAutocast allows.
-// InvalidConfig naming train.parallel.mode (or mixed_precision) otherwise.
+// Whether zero runs on `platform`: on the CPU and on CUDA (flat buffers and shards live on the
+// parameters' device: shared memory or Gloo between CPU ranks, NCCL between GPUs), with the
+// autocast Platform::CheckAutocast allows. InvalidConfig naming mixed_precision otherwise.
 Status ZeroSupports(const Platform& platform);
 
 }  // namespace launch::trainer

@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
   }
   if (cl->version) {
     std::printf("train %s (%s)\n", LAUNCH_VERSION, launch::trainer::BuildDescription().c_str());
+    // `launch env` reports this LibTorch: the one the trainer runs on, not a guess.
+    const std::string library = launch::trainer::LibTorchLibrary();
+    if (!library.empty()) std::printf("LibTorch library: %s\n", library.c_str());
     return 0;
   }
   if (cl->self_test) {

@@ -238,8 +238,8 @@ Status Trainer::Prepare() {
                   accel_->allreduce_transport());
   if (accel_->bf16())
     accel_->Print(
-        "train: mixed precision bf16 (CPU autocast; weights, gradients and optimizer state in "
-        "float32)");
+        std::string("train: mixed precision bf16 (") + (accel_->device().is_cuda() ? "CUDA" : "CPU") +
+        " autocast; weights, gradients and optimizer state in float32)");
 
   SetPhase("loading data");
   LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
@@ -870,5 +870,7 @@ std::string BuildDescription() {
   return "LibTorch " + compat::LibTorchVersion() + ", Gloo, NCCL " +
          (compat::HasNccl() ? "yes" : "no");
 }
+
+std::string LibTorchLibrary() { return compat::LoadedLibTorchPath(); }
 
 }  // namespace launch::trainer

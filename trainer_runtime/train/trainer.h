@@ -34,5 +34,8 @@ Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& option
 // What `train --version` prints after its own version: the LibTorch it was built with and the
 // collectives it can use ("LibTorch 2.6.0, Gloo, NCCL no").
 std::string BuildDescription();
+// The LibTorch library file this process loaded ("" when the loader cannot say): the second line
+// of `train --version`, "LibTorch library: PATH", which `launch env` reports.
+std::string LibTorchLibrary();
 
 }  // namespace launch::trainer

@@ -52,6 +52,10 @@ struct DistEnv {
   // ACCELERATE_USE_CPU=True (launch --cpu, accelerate's use_cpu): compute on the CPU even where
   // LibTorch and the machine have a GPU.
   bool use_cpu = false;
+  // LAUNCH_TEST_SHARE_GPU=1, for tests on a machine with fewer GPUs than ranks (NCCL refuses
+  // two ranks on one device): every local rank computes on CUDA device LOCAL_RANK modulo the
+  // visible devices, and CUDA tensors travel over Gloo (compat/platform.h). Never for training.
+  bool test_share_gpu = false;
   // LAUNCH_RECOVER=in_place (launch --recover in_place): the agent replaces a dead worker alone
   // and the others wait for it (accelerator.h, "In-place recovery"); "restart" or unset: off.
   bool recover_in_place = false;
