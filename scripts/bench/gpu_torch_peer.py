@@ -206,7 +206,8 @@ def main():
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        wrap = lambda m: DDP(m, device_ids=[device.index] if device.type == "cuda" else None)  # noqa
+        ids = [device.index] if device.type == "cuda" else None
+        wrap = lambda m: DDP(m, device_ids=ids)  # noqa: E731
 
     if a.workload == "cnn":
         result = run_cnn(a, device, wrap)
