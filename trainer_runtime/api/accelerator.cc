@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -110,6 +111,13 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   accel->SetLayout(layout);
   accel->device_ = platform.device();
   accel->platform_ = std::make_unique<const Platform>(platform);
+  // Which GPU each rank took, and over what its tensors travel (a CPU run says nothing new).
+  // That GPU becomes the current device, as torch.cuda.set_device(LOCAL_RANK) in a script: what
+  // allocates without naming a device (NCCL's communicators, raw allocations) lands there.
+  if (platform.is_cuda()) {
+    c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(platform.device());
+    std::fprintf(stderr, "train: rank %d: %s\n", env.rank, platform.Describe().c_str());
+  }
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(init_timeout_s * 1000));
   accel->timeout_ = timeout;
   if (env.distributed() && env.recover_in_place) {

@@ -1,5 +1,6 @@
 #include "trainer_runtime/parallel/zero.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -754,6 +755,8 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
   static void AllocateStorage(const at::Tensor& flat) {
     c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
     const size_t bytes = static_cast<size_t>(flat.numel()) * flat.element_size();
+    // A CUDA allocator allocates on the current device: make it the buffer's.
+    const c10::DeviceGuard on(flat.device());
     storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
     storage->set_nbytes(bytes);
   }
