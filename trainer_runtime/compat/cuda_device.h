@@ -23,7 +23,9 @@ bool BuiltWithCudaDeviceQueries();
 std::string CudaDeviceName(int index);
 
 // The caching allocator's peak of allocated bytes on CUDA device `index` since the process
-// started (torch.cuda.max_memory_allocated(index)), or -1 when unknown.
+// started (torch.cuda.max_memory_allocated(index)), or -1 when unknown: a bad index, no CUDA,
+// or before this process's first allocation on the device (LibTorch 2.11's allocator answers
+// only once it is initialised: seen on an H200).
 int64_t CudaPeakAllocatedBytes(int index);
 
 }  // namespace launch::trainer::compat
