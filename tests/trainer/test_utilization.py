@@ -9,6 +9,7 @@ import subprocess
 import unittest
 
 from trainer_helpers import TRAIN, final, metrics, run_ranks, write_config, write_split
+from test_models import SCRIPT_MODULE, write_csv  # a 6-32-3 TorchScript module, its CSV data
 import harness
 
 # Training FLOPs per sample (3 x forward, a multiply-add = 2), counted by hand:
@@ -21,19 +22,6 @@ CNN_FLOPS = 3 * (4608 + 9216 + 1024 + 128)
 # matmul weights; per token 6N + 12*L*d*T = 196608 + 12*2*32*16.
 LM_FLOPS_PER_TOKEN = 6 * 32768 + 12 * 2 * 32 * 16
 LM_FLOPS = 16 * LM_FLOPS_PER_TOKEN
-
-SCRIPT_MODULE = r"""
-import sys, torch
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(4, 8)
-        self.b = torch.nn.Linear(8, 2)
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-torch.manual_seed(0)
-torch.jit.script(Net()).save(sys.argv[1])
-"""
 
 
 def positive(x):
@@ -134,11 +122,7 @@ train:
         exporter = write_config(self.tmp, SCRIPT_MODULE, "export.py")
         subprocess.run([harness.SYSTEM_PYTHON, exporter, pt], check=True, timeout=120)
         csv = os.path.join(self.tmp, "d.csv")
-        with open(csv, "w") as fh:
-            fh.write("a,b,c,d,label\n")
-            for i in range(200):
-                x = [((i * 7 + k * 3) % 11) / 5.0 - 1 for k in range(4)]
-                fh.write(",".join(f"{v:.3f}" for v in x) + f",{int(x[0] + x[1] > 0)}\n")
+        write_csv(csv, rows=300)
         out, stdout = self.run_job("ts", f"""
   model: {{torchscript: {pt}}}
   data: {{type: csv, path: {csv}, label_column: label}}
