@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,6 +60,12 @@ int VisibleGpus(int gpus, const std::map<std::string, std::string>& env) {
     ++listed;
   }
   return std::min(gpus, listed);
+}
+
+double PeakRssMb() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux counts kilobytes
 }
 
 }  // namespace launch

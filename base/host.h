@@ -23,4 +23,8 @@ HostFacts ProbeHost();
 // and "-1" hide every GPU), as torch.cuda.device_count() counts under torchrun.
 int VisibleGpus(int gpus, const std::map<std::string, std::string>& env);
 
+// This process's peak resident set size so far (getrusage's ru_maxrss), in MiB: what the
+// trainer reports as each rank's peak host memory.
+double PeakRssMb();
+
 }  // namespace launch

@@ -1,6 +1,5 @@
 #include "trainer_runtime/parallel/pipeline_engine.h"
 
-#include <sys/resource.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -9,6 +8,7 @@
 #include <map>
 
 #include "base/files.h"
+#include "base/host.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/autocast.h"
 #include "trainer_runtime/parallel/strategy.h"
@@ -25,12 +25,6 @@ constexpr int kHeaderLen = 8;
 constexpr int kMaxDims = kHeaderLen - 2;
 constexpr int kActivationTag = 0;
 constexpr int kGradientTag = 1;
-
-double PeakRssMb() {
-  struct rusage usage {};
-  ::getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;
-}
 
 }  // namespace
 

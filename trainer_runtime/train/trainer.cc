@@ -22,12 +22,16 @@
 #include <nlohmann/json.hpp>
 
 #include "base/files.h"
+#include "base/host.h"
 #include "base/strings.h"
 #include "trainer_runtime/api/accelerator.h"
 #include "trainer_runtime/api/accelerator_internal.h"
 #include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/compat/cuda_device.h"
+#include "trainer_runtime/compat/peak_flops.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/data/data.h"
+#include "trainer_runtime/model/flops.h"
 #include "trainer_runtime/model/model.h"
 #include "trainer_runtime/model/pipeline_stages.h"
 #include "trainer_runtime/parallel/pipeline_engine.h"
@@ -132,6 +136,21 @@ class Trainer {
   Status PrepareReplica();
   Status PreparePipelineStage();
   Status MaybeResume();
+  // The model's FLOPs per sample and this rank's peak FLOP/s (measured on the CPU: every rank
+  // measures its own, at the same time as the others, as it will train), announced in one line.
+  void PrepareUtilization();
+  // This rank's share of the model FLOPs of `samples` samples of the whole job: the whole
+  // model's training FLOPs spread evenly over the world. Data-parallel ranks each train their
+  // own samples; pipeline stages and ZeRO shards split one replica's work between them, and
+  // an even split is what MFU compares against the per-rank peak. NaN without a count.
+  double RankFlops(double samples) const {
+    if (!flops_) return std::nan("");
+    return static_cast<double>(flops_->train_per_sample) * samples / accel_->world_size();
+  }
+  // Achieved over peak, or NaN when either is unknown.
+  double Mfu(double flops_per_s) const {
+    return peak_.known() ? flops_per_s / peak_.flops_per_s : std::nan("");
+  }
   // Optimizer steps of the configured run when each rank has `batches_per_epoch` batches an
   // epoch: max_steps, or `epochs` of them.
   int64_t RunSteps(int64_t batches_per_epoch) const;
@@ -204,6 +223,10 @@ class Trainer {
   double window_loss_sum_ = 0;  // plain log lines: loss summed since the last line
   int64_t window_steps_ = 0;
   double loop_s_ = 0;          // the training loop alone (no setup, no final eval): for benchmarks
+  std::optional<ModelFlops> flops_;  // none for a TorchScript model
+  PeakFlops peak_;                   // this rank's
+  double run_rank_flops_ = 0;        // RankFlops of this run's steps so far
+  double run_step_s_ = 0;            // and their time
   std::vector<DieAt> die_at_;  // LAUNCH_TEST_SIGKILL_AT (first workers only)
 };
 
@@ -356,6 +379,22 @@ Status Trainer::Prepare() {
       std::to_string(world) + " ranks; " + std::to_string(total_steps_) + " steps; output " +
       cfg_.output_dir);
   return Status::Ok();
+}
+
+void Trainer::PrepareUtilization() {
+  flops_ = CountModelFlops(cfg_);
+  peak_ = DevicePeak(accel_->device(), cfg_.mixed_precision);
+  std::string model = "model FLOPs unknown (a TorchScript model has no count)";
+  if (flops_) {
+    model = Fixed(static_cast<double>(flops_->train_per_sample) / 1e6, 3) +
+            " MFLOP per training sample";
+    if (flops_->tokens_per_sample > 0)
+      model += " (" + std::to_string(flops_->tokens_per_sample) + " tokens)";
+  }
+  accel_->Print("train: " + model + "; peak " +
+                (peak_.known() ? Fixed(peak_.flops_per_s / 1e12, 3) + " TFLOP/s per rank"
+                               : std::string("unknown")) +
+                " (" + peak_.source + ")");
 }
 
 int64_t Trainer::RunSteps(int64_t batches_per_epoch) const {
@@ -589,6 +628,8 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
                        {"loss", loss},
                        {"lr", accel_->learning_rate()},
                        {"samples_per_s", static_cast<double>(samples) / step_s},
+                       {"tflops", RankFlops(samples) / step_s / 1e12},
+                       {"mfu", Mfu(RankFlops(samples) / step_s)},
                        {"comm_ms", comm_ms},
                        {"compute_ms", step_ms - comm_ms},
                        {"step_ms", step_ms},
@@ -641,8 +682,10 @@ void Trainer::Report(double loss, double samples_per_s, double comm_ms) {
   std::ostringstream line;
   line << "step " << done << "/" << total_steps_ << " loss " << Fixed(mean_loss, 4) << " lr "
        << std::scientific << std::setprecision(2) << accel_->learning_rate() << std::fixed
-       << " samples/s " << Fixed(samples_per_s, 0) << " comm_ms " << Fixed(comm_ms, 2) << " eta "
-       << Eta(eta);
+       << " samples/s " << Fixed(samples_per_s, 0);
+  if (const double mfu = Mfu(RankFlops(samples_per_s)); std::isfinite(mfu))
+    line << " mfu " << Fixed(100 * mfu, 1) << "%";
+  line << " comm_ms " << Fixed(comm_ms, 2) << " eta " << Eta(eta);
   accel_->Print(line.str());
 }
 
@@ -651,16 +694,29 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   std::vector<double> stats;
   const bool pipelined = internals().pipeline() != nullptr;
   if (pipelined) stats = internals().GatherPipelineStats(mine);  // collective: before the return
-  // Every rank's state bytes, rank by rank (collective too).
-  const std::vector<int64_t> own = internals().StateBytes();
+  // Every rank's state bytes, peak RSS (KiB) and peak CUDA allocation (bytes, -1 on the CPU),
+  // rank by rank (collective too).
+  std::vector<int64_t> own = internals().StateBytes();
+  own.push_back(std::llround(PeakRssMb() * 1024));
+  const bool cuda = accel_->device().is_cuda();
+  own.push_back(cuda ? compat::CudaPeakAllocatedBytes(accel_->device().index()) : -1);
+  constexpr int kPerRank = 5;
   const torch::Tensor all = accel_->Gather(torch::tensor(own, torch::kLong));
   if (!accel_->IsMainProcess()) return Status::Ok();
+  const int world = accel_->world_size();
   ordered_json state_bytes = ordered_json::object();
   const char* kinds[] = {"parameters", "gradients", "optimizer"};
   for (int k = 0; k < 3; ++k) {
     ordered_json& per_rank = state_bytes[kinds[k]] = ordered_json::array();
-    for (int r = 0; r < accel_->world_size(); ++r)
-      per_rank.push_back(all[r * 3 + k].item<int64_t>());
+    for (int r = 0; r < world; ++r) per_rank.push_back(all[r * kPerRank + k].item<int64_t>());
+  }
+  ordered_json rss_mb = ordered_json::array(), device_mb = ordered_json::array();
+  for (int r = 0; r < world; ++r) {
+    rss_mb.push_back(static_cast<double>(all[r * kPerRank + 3].item<int64_t>()) / 1024);
+    const int64_t device_bytes = all[r * kPerRank + 4].item<int64_t>();
+    device_mb.push_back(device_bytes < 0 ? ordered_json(nullptr)
+                                         : ordered_json(static_cast<double>(device_bytes) /
+                                                        (1024.0 * 1024.0)));
   }
   std::string checksum = Hex64(mine);
   ordered_json pipeline;
@@ -725,6 +781,19 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
                           {"steps_this_run", steps_this_run_},
                           {"wall_s", wall_s},
                           {"loop_s", loop_s_}};
+  // Utilization (model/flops.h, compat/peak_flops.h): this rank's, over this run's steps.
+  const double tflops = run_step_s_ > 0 ? run_rank_flops_ / run_step_s_ / 1e12 : std::nan("");
+  summary["flops_per_sample"] =
+      flops_ ? ordered_json(flops_->train_per_sample) : ordered_json(nullptr);
+  if (flops_ && flops_->tokens_per_sample > 0)
+    summary["flops_per_token"] = flops_->train_per_sample / flops_->tokens_per_sample;
+  summary["tflops"] = tflops;
+  summary["mfu"] = Mfu(tflops * 1e12);
+  summary["peak_tflops"] =
+      peak_.known() ? ordered_json(peak_.flops_per_s / 1e12) : ordered_json(nullptr);
+  summary["peak_source"] = peak_.source;
+  summary["peak_rss_mb"] = std::move(rss_mb);
+  if (cuda) summary["peak_device_memory_mb"] = std::move(device_mb);
   // In-place recovery: the recoveries rank 0 (the main process) took part in.
   if (accel_->recovers_in_place()) summary["recoveries"] = accel_->recoveries();
   if (pipelined) summary["pipeline"] = std::move(pipeline);
@@ -762,6 +831,7 @@ Status Trainer::SaveModel() {
 Status Trainer::Run() {
   const auto wall_start = Clock::now();
   LAUNCH_RETURN_IF_ERROR(Prepare());
+  PrepareUtilization();
   LAUNCH_RETURN_IF_ERROR(MakeDirs(cfg_.output_dir));
   if (accel_->IsMainProcess()) {
     // Keep the history of the steps this run continues from; drop lines of redone steps.
@@ -788,6 +858,8 @@ Status Trainer::Run() {
     const int64_t samples =
         (accel_->samples_seen() - samples_before) * accel_->data_parallel_size();
     const double sps = samples / step_s;
+    run_rank_flops_ += RankFlops(static_cast<double>(samples));
+    run_step_s_ += step_s;
     ema_samples_per_s_ = ema_samples_per_s_ == 0 ? sps : 0.9 * ema_samples_per_s_ + 0.1 * sps;
     LAUNCH_RETURN_IF_ERROR(WriteMetricsLine(comm, last_loss_, step_s, samples));
     Report(last_loss_, ema_samples_per_s_, comm.blocking_comm_ms);
