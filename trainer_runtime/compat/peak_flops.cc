@@ -112,7 +112,6 @@ PeakFlops MeasureCpuPeak(c10::ScalarType dtype, double seconds) {
   using Clock = std::chrono::steady_clock;
   const int threads = at::get_num_threads();
   const int64_t n = threads >= 8 ? 1024 : 512;
-  at::NoGradGuard no_grad;
   // Operands without the random generator: drawing from it would move the training's random
   // stream (dropout masks) and change the run. A dense GEMM's speed does not depend on values.
   const at::Tensor a = at::linspace(-1.0, 1.0, n * n).reshape({n, n}).to(dtype);
