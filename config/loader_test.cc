@@ -787,6 +787,53 @@ TEST_CASE("SyncBatchNormAppliesToDdpAndDpOnly") {
             .find("model.activation_checkpointing") != std::string::npos);
 }
 
+TEST_CASE("OptimizerImplementationIsAutoByDefaultAndRefusesBadValuesAndSgdKernels") {
+  CHECK(TrainConfig().optimizer.implementation == OptimizerImplementation::kAuto);
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, OptimizerImplementation>>{
+           {"auto", OptimizerImplementation::kAuto},
+           {"for_loop", OptimizerImplementation::kForLoop},
+           {"foreach", OptimizerImplementation::kForeach},
+           {"fused", OptimizerImplementation::kFused}}) {
+    LaunchConfig cfg;
+    REQUIRE(LoadValid("train:\n  optimizer:\n    type: adam\n    implementation: " + name + "\n",
+                      &cfg)
+                .ok());
+    CHECK(cfg.train.optimizer.implementation == value);
+    CHECK(std::string(ToString(value)) == name);
+  }
+  LaunchConfig bad;
+  CHECK(Load("train:\n  optimizer:\n    implementation: fussed\n", &bad).message() ==
+        "train.yaml:3: train.optimizer.implementation: 'fussed' is not one of auto, for_loop, "
+        "foreach, fused (did you mean 'fused'?)");
+  LaunchConfig list;
+  CHECK(Load("train:\n  optimizer: {implementation: [foreach]}\n", &list).message() ==
+        "train.yaml:2: train.optimizer.implementation: expected a single value");
+  // SGD has no multi-tensor or fused kernel here: refused at the key, whichever comes first.
+  LaunchConfig sgd;
+  CHECK(LoadValid("train:\n  optimizer:\n    type: sgd\n    implementation: foreach\n", &sgd)
+            .message() ==
+        "train.yaml:4: train.optimizer.implementation: foreach is an Adam and AdamW "
+        "implementation; sgd takes auto or for_loop");
+  LaunchConfig sgd_loop;
+  CHECK(LoadValid("train:\n  optimizer: {type: sgd, implementation: for_loop}\n", &sgd_loop).ok());
+  // Not part of the run identity: a checkpoint resumes under any implementation.
+  LaunchConfig fused;
+  REQUIRE(LoadValid("train:\n  optimizer: {implementation: fused}\n", &fused).ok());
+  for (const auto& [key, value] : TrajectorySettings(fused.train))
+    CHECK(key != "train.optimizer.implementation");
+  // A flag sets it too (one key table).
+  REQUIRE(ApplyTrainSetting("optimizer.implementation", TrainValue::Scalar("foreach"),
+                            Origin{Origin::Kind::kFlag, "--optimizer.implementation"},
+                            "--optimizer.implementation", &fused)
+              .ok());
+  CHECK(fused.train.optimizer.implementation == OptimizerImplementation::kForeach);
+  TrainConfig t;
+  t.optimizer.type = OptimizerType::kSgd;
+  t.optimizer.implementation = OptimizerImplementation::kFused;
+  CHECK(CheckTrainRulesStatus(t, 1).message().find("train.optimizer.implementation: fused") == 0);
+}
+
 TEST_CASE("PrintConfigShowsTheZeroKeysAndWhereTheyCameFrom") {
   StatusOr<LaunchConfig> cfg =
       Resolve("distributed_type: DEEPSPEED\ndeepspeed_config: {zero_stage: 2}\n");

@@ -79,6 +79,11 @@ const EnumTable<SaveModel> kSaveModel = {{"end", SaveModel::kEnd},
                                          {"never", SaveModel::kNever}};
 const EnumTable<OptimizerType> kOptimizers = {
     {"sgd", OptimizerType::kSgd}, {"adam", OptimizerType::kAdam}, {"adamw", OptimizerType::kAdamW}};
+const EnumTable<OptimizerImplementation> kOptimizerImplementations = {
+    {"auto", OptimizerImplementation::kAuto},
+    {"for_loop", OptimizerImplementation::kForLoop},
+    {"foreach", OptimizerImplementation::kForeach},
+    {"fused", OptimizerImplementation::kFused}};
 const EnumTable<SchedulerType> kSchedulers = {{"constant", SchedulerType::kConstant},
                                               {"linear", SchedulerType::kLinear},
                                               {"cosine", SchedulerType::kCosine}};
@@ -230,6 +235,7 @@ const char* ToString(DataType v) { return NameOf(kDataTypes, v); }
 const char* ToString(LossType v) { return NameOf(kLossTypes, v); }
 const char* ToString(SaveModel v) { return NameOf(kSaveModel, v); }
 const char* ToString(OptimizerType v) { return NameOf(kOptimizers, v); }
+const char* ToString(OptimizerImplementation v) { return NameOf(kOptimizerImplementations, v); }
 const char* ToString(SchedulerType v) { return NameOf(kSchedulers, v); }
 const char* ToString(ParallelMode v) { return NameOf(kParallelModes, v); }
 const char* ToString(PipelineSchedule v) { return NameOf(kSchedules, v); }

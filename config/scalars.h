@@ -54,6 +54,7 @@ extern const EnumTable<DataType> kDataTypes;
 extern const EnumTable<LossType> kLossTypes;
 extern const EnumTable<SaveModel> kSaveModel;
 extern const EnumTable<OptimizerType> kOptimizers;
+extern const EnumTable<OptimizerImplementation> kOptimizerImplementations;
 extern const EnumTable<SchedulerType> kSchedulers;
 extern const EnumTable<ParallelMode> kParallelModes;
 extern const EnumTable<PipelineSchedule> kSchedules;

@@ -23,6 +23,11 @@ enum class DataType { kSynthetic, kCsv, kText, kIdx };
 enum class LossType { kAuto, kCrossEntropy, kMse, kBceWithLogits };
 enum class SaveModel { kEnd, kCheckpoints, kNever };
 enum class OptimizerType { kSgd, kAdam, kAdamW };
+// How Adam and AdamW update their parameters (PyTorch's foreach= and fused= arguments): one
+// tensor at a time (LibTorch's torch::optim), with the multi-tensor _foreach_* ops, or with the
+// fused _fused_adam_/_fused_adamw_ kernels. auto: foreach when every parameter of a group is a
+// CUDA tensor, else the for loop (PyTorch's default, _default_to_fused_or_foreach).
+enum class OptimizerImplementation { kAuto, kForLoop, kForeach, kFused };
 enum class SchedulerType { kConstant, kLinear, kCosine };
 enum class ParallelMode { kNone, kDp, kDdp, kPipeline, kZero };
 enum class PipelineSchedule { kGPipe, k1F1B };
@@ -115,6 +120,10 @@ struct OptimizerConfig {
   double beta1 = 0.9;         // adam, adamw: decay of the first-moment estimate
   double beta2 = 0.999;       // adam, adamw: decay of the second-moment estimate
   double eps = 1e-8;          // adam, adamw: added to the denominator
+  // adam, adamw: auto | for_loop | foreach | fused (see OptimizerImplementation); sgd takes
+  // auto and for_loop only. The state and checkpoints are the same with every choice. Default
+  // auto.
+  OptimizerImplementation implementation = OptimizerImplementation::kAuto;
   // Parameters left out of weight decay: those whose name contains one of these strings; the
   // entry `norm` also takes every parameter of a normalisation layer (BatchNorm, LayerNorm,
   // GroupNorm, InstanceNorm), whatever its name. The default leaves out biases and
@@ -232,6 +241,7 @@ const char* ToString(DataType v);
 const char* ToString(LossType v);
 const char* ToString(SaveModel v);
 const char* ToString(OptimizerType v);
+const char* ToString(OptimizerImplementation v);
 const char* ToString(SchedulerType v);
 const char* ToString(ParallelMode v);
 const char* ToString(PipelineSchedule v);

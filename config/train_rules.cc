@@ -99,6 +99,14 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                                            "cross_entropy options, not ") +
                                    ToString(l.type));
 
+  const OptimizerConfig& o = t.optimizer;
+  if (o.type == OptimizerType::kSgd && (o.implementation == OptimizerImplementation::kForeach ||
+                                        o.implementation == OptimizerImplementation::kFused))
+    return Broken("optimizer.implementation",
+                  std::string(ToString(o.implementation)) +
+                      " is an Adam and AdamW implementation; sgd takes auto or for_loop",
+                  {"optimizer.implementation", "optimizer.type"});
+
   const ParallelConfig& p = t.parallel;
   // The layout: world = tensor x data x stages (trainer_runtime/parallel/layout.h).
   if (world_size > 0 && world_size % (p.stages * p.tensor) != 0)

@@ -409,7 +409,9 @@ TEST_CASE("NoDecayLeavesOutBiasesAndNormalisationLayers") {
   // The groups reach the optimizer: decay first, weight_decay 0 for the rest.
   opt = config::OptimizerConfig();
   opt.weight_decay = 0.05;
-  auto optimizer = MakeOptimizer(opt, **model);
+  auto made = MakeOptimizer(opt, **model);
+  REQUIRE(made.ok());
+  const auto& optimizer = *made;
   REQUIRE(optimizer->param_groups().size() == 2);
   CHECK(optimizer->param_groups()[0].params().size() == 4);  // conv1, conv2, fc, head weights
   CHECK(static_cast<torch::optim::AdamWOptions&>(optimizer->param_groups()[1].options())

@@ -6,7 +6,9 @@
 #include <type_traits>
 #include <utility>
 
+#include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -210,6 +212,38 @@ torch::optim::OptimizerParamState* FindParamState(torch::optim::Optimizer& optim
 void SetParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                    std::unique_ptr<torch::optim::OptimizerParamState> state) {
   optimizer.state()[StateKey<StateMap::key_type>(param)] = std::move(state);
+}
+
+bool HasFusedAdam(c10::DeviceType device) {
+#if TORCH_VERSION_MAJOR >= 2
+  const c10::DispatchKey key = c10::computeDispatchKey(c10::nullopt, c10::nullopt, device);
+  for (const char* name : {"aten::_fused_adam_", "aten::_fused_adamw_"}) {
+    auto op = c10::Dispatcher::singleton().findSchema({name, ""});
+    if (!op || !op->hasKernelForDispatchKey(key)) return false;
+  }
+  return true;
+#else
+  (void)device;
+  return false;  // no _fused_adamw_ at all; 1.13's _fused_adam_ is a CUDA-only prototype
+#endif
+}
+
+void FusedAdamStep(bool decoupled_weight_decay, at::TensorList params, at::TensorList grads,
+                   at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                   at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr,
+                   double beta1, double beta2, double weight_decay, double eps, bool amsgrad) {
+#if TORCH_VERSION_MAJOR >= 2
+  // grad_scale and found_inf unset: the gradients arrive as torch::optim's step takes them.
+  if (decoupled_weight_decay) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
+                      beta1, beta2, weight_decay, eps, amsgrad, /*maximize=*/false);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
+                     beta1, beta2, weight_decay, eps, amsgrad, /*maximize=*/false);
+  }
+#else
+  throw MakeError("fused Adam kernels need LibTorch 2.0 or later; this is " + LibTorchVersion());
+#endif
 }
 
 }  // namespace launch::trainer::compat

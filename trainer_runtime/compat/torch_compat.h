@@ -22,6 +22,10 @@
 //     as a string in 1.13 (c10::guts::to_string, gone since) and by the address itself in 2.x.
 //     FindParamState and SetParamState build the key this LibTorch's map has, chosen by its
 //     key type, not by version number.
+//   - The fused Adam and AdamW kernels (at::_fused_adam_, at::_fused_adamw_): 1.13 declares only
+//     a CUDA _fused_adam_ prototype and no AdamW; 2.0 has both for CUDA, 2.4 adds CPU kernels.
+//     FusedAdamStep is compiled where both are declared (2.x); HasFusedAdam asks the
+//     dispatcher whether both have a kernel for a device type, not the version number.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
@@ -112,5 +116,19 @@ torch::optim::OptimizerParamState* FindParamState(torch::optim::Optimizer& optim
 // OptimizerParamState subclass, or its step casts fail).
 void SetParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                    std::unique_ptr<torch::optim::OptimizerParamState> state);
+
+// Whether this LibTorch steps Adam and AdamW with fused kernels for tensors of `device` (both
+// at::_fused_adam_ and at::_fused_adamw_ declared and registered for it).
+bool HasFusedAdam(c10::DeviceType device);
+
+// One fused Adam (`decoupled_weight_decay` false: weight_decay * param joins the gradient) or
+// AdamW (true: the parameter shrinks by lr * weight_decay) step, elementwise over parallel
+// lists; `max_exp_avg_sqs` is empty unless `amsgrad`; `state_steps` are float32 scalars on the
+// tensors' device holding each tensor's step count after this step (the kernels read them).
+// REQUIRES: HasFusedAdam for the tensors' device; one device and dtype in all lists.
+void FusedAdamStep(bool decoupled_weight_decay, at::TensorList params, at::TensorList grads,
+                   at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                   at::TensorList max_exp_avg_sqs, at::TensorList state_steps, double lr,
+                   double beta1, double beta2, double weight_decay, double eps, bool amsgrad);
 
 }  // namespace launch::trainer::compat

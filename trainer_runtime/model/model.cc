@@ -14,9 +14,11 @@
 #include <string_view>
 #include <unordered_set>
 
+#include "base/check.h"
 #include "base/files.h"
 #include "base/strings.h"
 #include "trainer_runtime/model/activation_checkpoint.h"
+#include "trainer_runtime/model/fused_adam.h"
 #include "trainer_runtime/model/layers.h"
 #include "trainer_runtime/model/sync_batchnorm.h"
 
@@ -389,12 +391,12 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg) {
 
 namespace {
 
-// One optimizer over two groups: `decay` with the options as configured, `plain` with
+// The two groups of one optimizer: `decay` with the options as configured, `plain` with
 // weight_decay 0 (PyTorch's param_groups, in that order; an empty group is left out).
-template <typename Opt, typename Options>
-std::unique_ptr<torch::optim::Optimizer> Build(std::vector<torch::Tensor> decay,
-                                               std::vector<torch::Tensor> plain,
-                                               const Options& options) {
+template <typename Options>
+std::vector<torch::optim::OptimizerParamGroup> Groups(std::vector<torch::Tensor> decay,
+                                                      std::vector<torch::Tensor> plain,
+                                                      const Options& options) {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   if (!decay.empty()) groups.emplace_back(std::move(decay), std::make_unique<Options>(options));
   if (!plain.empty()) {
@@ -402,39 +404,47 @@ std::unique_ptr<torch::optim::Optimizer> Build(std::vector<torch::Tensor> decay,
     no_decay->weight_decay(0.0);
     groups.emplace_back(std::move(plain), std::move(no_decay));
   }
-  return std::make_unique<Opt>(std::move(groups), options);
+  return groups;
 }
 
-std::unique_ptr<torch::optim::Optimizer> BuildGroups(const config::OptimizerConfig& c,
-                                                     std::vector<torch::Tensor> decay,
-                                                     std::vector<torch::Tensor> plain) {
+StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildGroups(const config::OptimizerConfig& c,
+                                                               std::vector<torch::Tensor> decay,
+                                                               std::vector<torch::Tensor> plain) {
+  using config::OptimizerImplementation;
   using config::OptimizerType;
   namespace optim = torch::optim;
   switch (c.type) {
-    case OptimizerType::kSgd:
-      return Build<optim::SGD>(
-          std::move(decay), std::move(plain),
-          optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay));
-    case OptimizerType::kAdam:
-      return Build<optim::Adam>(std::move(decay), std::move(plain),
-                                optim::AdamOptions(c.lr)
-                                    .betas({c.beta1, c.beta2})
-                                    .eps(c.eps)
-                                    .weight_decay(c.weight_decay));
-    case OptimizerType::kAdamW:
-      return Build<optim::AdamW>(std::move(decay), std::move(plain),
-                                 optim::AdamWOptions(c.lr)
-                                     .betas({c.beta1, c.beta2})
-                                     .eps(c.eps)
-                                     .weight_decay(c.weight_decay));
+    case OptimizerType::kSgd: {
+      LAUNCH_CHECK(c.implementation == OptimizerImplementation::kAuto ||
+                       c.implementation == OptimizerImplementation::kForLoop,
+                   "CheckTrainRules lets sgd have auto or for_loop only");
+      const auto options =
+          optim::SGDOptions(c.lr).momentum(c.momentum).weight_decay(c.weight_decay);
+      return std::unique_ptr<optim::Optimizer>(std::make_unique<optim::SGD>(
+          Groups(std::move(decay), std::move(plain), options), options));
+    }
+    case OptimizerType::kAdam: {
+      const auto options =
+          optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
+      return NewAdam(Groups(std::move(decay), std::move(plain), options), options,
+                     c.implementation);
+    }
+    case OptimizerType::kAdamW: {
+      const auto options = optim::AdamWOptions(c.lr)
+                               .betas({c.beta1, c.beta2})
+                               .eps(c.eps)
+                               .weight_decay(c.weight_decay);
+      return NewAdam(Groups(std::move(decay), std::move(plain), options), options,
+                     c.implementation);
+    }
   }
-  return nullptr;
+  return Status::Internal("unknown optimizer type");
 }
 
 }  // namespace
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
-                                                       std::vector<torch::Tensor> params) {
+StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
+    const config::OptimizerConfig& c, std::vector<torch::Tensor> params) {
   return BuildGroups(c, std::move(params), {});
 }
 
@@ -472,8 +482,8 @@ std::vector<std::string> NoDecayParameters(const config::OptimizerConfig& c, con
   return out;
 }
 
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
-                                                       const Model& model) {
+StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
+    const config::OptimizerConfig& c, const Model& model) {
   const std::vector<std::string> excluded = NoDecayParameters(c, model);
   const std::unordered_set<std::string> plain_names(excluded.begin(), excluded.end());
   std::vector<torch::Tensor> decay, plain;

@@ -86,14 +86,17 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg);
 StatusOr<torch::nn::AnyModule> LoadScriptModule(const std::string& path, const std::string& key);
 
 // The configured optimizer (sgd | adam | adamw) over `params`; shared by the data-parallel loop
-// and the pipeline stages so both train with exactly the same update rule.
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
-                                                       std::vector<torch::Tensor> params);
+// and the pipeline stages so both train with exactly the same update rule. Adam and AdamW step
+// as c.implementation says (fused_adam.h); InvalidConfig naming
+// train.optimizer.implementation where this LibTorch cannot (fused without fused kernels).
+// REQUIRES: c passed CheckTrainRules (sgd's implementation is auto or for_loop).
+StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
+    const config::OptimizerConfig& c, std::vector<torch::Tensor> params);
 // The same over the model's trained parameters in two groups: weight_decay for most, 0 for
 // those c.no_decay leaves out (a name containing a pattern; `norm` also takes normalisation
 // layers' parameters). The first group decays; an empty group is left out.
-std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const config::OptimizerConfig& c,
-                                                       const Model& model);
+StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
+    const config::OptimizerConfig& c, const Model& model);
 // Bytes of the per-parameter state `optimizer` holds (Adam's and AdamW's moments, SGD's and
 // RMSprop's momentum, RMSprop's averages, Adagrad's sums); 0 before its first step.
 int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer);

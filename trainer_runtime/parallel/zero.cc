@@ -14,6 +14,7 @@
 
 #include "base/files.h"
 #include "trainer_runtime/model/activation_checkpoint.h"
+#include "trainer_runtime/model/fused_adam.h"
 #include "trainer_runtime/model/shard_unit.h"
 #include "trainer_runtime/state/checkpoint.h"
 #include "trainer_runtime/util/timeline.h"
@@ -28,12 +29,8 @@ using torch::optim::OptimizerParamGroup;
 StatusOr<std::unique_ptr<Optimizer>> OptimizerLike(const Optimizer& like,
                                                    std::vector<OptimizerParamGroup> groups) {
   namespace o = torch::optim;
-  if (dynamic_cast<const o::AdamW*>(&like))
-    return std::unique_ptr<Optimizer>(std::make_unique<o::AdamW>(
-        std::move(groups), static_cast<const o::AdamWOptions&>(like.defaults())));
-  if (dynamic_cast<const o::Adam*>(&like))
-    return std::unique_ptr<Optimizer>(std::make_unique<o::Adam>(
-        std::move(groups), static_cast<const o::AdamOptions&>(like.defaults())));
+  // Adam and AdamW also keep the implementation they step with (for loop, foreach, fused).
+  if (AdamImplementationOf(like)) return AdamLike(like, std::move(groups));
   if (dynamic_cast<const o::SGD*>(&like))
     return std::unique_ptr<Optimizer>(std::make_unique<o::SGD>(
         std::move(groups), static_cast<const o::SGDOptions&>(like.defaults())));

@@ -61,7 +61,8 @@
 namespace launch::trainer {
 
 // The ZeRO strategy of cfg.parallel.zero_stage around `model` (must outlive it) and `optimizer`
-// (the user's: its type, groups and options are copied onto the shards; it is not stepped).
+// (the user's: its type, groups and options, and Adam's and AdamW's implementation, are copied
+// onto the shards; it is not stepped).
 // InvalidConfig when the optimizer is not one of torch::optim's SGD, Adam, AdamW, RMSprop or
 // Adagrad, holds a tensor twice or one that is not a trained parameter, or when parameters mix
 // dtypes or devices.

@@ -448,7 +448,9 @@ Status Trainer::PrepareReplica() {
   // Same seed on every rank: identical initial weights even before the broadcast.
   torch::manual_seed(cfg_.seed);
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(cfg_.model));
-  auto optimizer = std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, *model));
+  LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> made,
+                          MakeOptimizer(cfg_.optimizer, *model));
+  auto optimizer = std::shared_ptr<torch::optim::Optimizer>(std::move(made));
   // Different dropout masks per rank, reproducible per (seed, rank).
   torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
   SetPhase("broadcasting parameters");
@@ -459,7 +461,9 @@ Status Trainer::PreparePipelineStage() {
   LAUNCH_ASSIGN_OR_RETURN(torch::nn::AnyModule stage,
                           BuildStage(cfg_, accel_->stage_index(), partition_));
   Model view(stage.ptr());
-  auto optimizer = std::shared_ptr<torch::optim::Optimizer>(MakeOptimizer(cfg_.optimizer, view));
+  LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> made,
+                          MakeOptimizer(cfg_.optimizer, view));
+  auto optimizer = std::shared_ptr<torch::optim::Optimizer>(std::move(made));
   torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
   return accel_->PreparePipeline(stage, optimizer);
 }
