@@ -19,7 +19,7 @@
 //   - kForLoop: torch::optim's own step (NewAdam returns the plain class).
 //   - kForeach: the _foreach_* ops over each group's tensors of one device and dtype: on CUDA a
 //     few multi-tensor kernels per group, on the CPU the same per-tensor kernels as the for loop.
-//     Equal to the for loop up to float rounding (on the CPU, bit for bit in practice).
+//     Equal to the for loop up to float rounding.
 //   - kFused: at::_fused_adam_ / at::_fused_adamw_, one kernel per device and dtype. The kernels
 //     keep the step count as a float32 tensor; here it stays the state's int64 step, copied into
 //     one such tensor per distinct count for each step.
