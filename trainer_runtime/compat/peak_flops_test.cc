@@ -6,6 +6,8 @@
 #include <cmath>
 #include <string>
 
+#include <ATen/ATen.h>
+
 #include "trainer_runtime/compat/cuda_device.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
