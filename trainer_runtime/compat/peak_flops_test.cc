@@ -7,6 +7,7 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "trainer_runtime/compat/cuda_device.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
