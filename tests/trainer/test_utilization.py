@@ -44,7 +44,8 @@ train:
   save_model: never
 {body}""", f"{name}.yaml")
         results = run_ranks(cfg, world, timeout=180)
-        return out, results[0][1]
+        # Every rank's output: the main process (which logs steps) is a pipeline's last stage.
+        return out, "".join(stdout for _, stdout, _ in results)
 
     def check_counted(self, out, stdout, flops_per_sample, world=2, source="measured: "):
         f = final(out)

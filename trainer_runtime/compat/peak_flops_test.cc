@@ -3,6 +3,9 @@
 
 #include "trainer_runtime/compat/peak_flops.h"
 
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
 #include <cmath>
 #include <string>
 
@@ -56,12 +59,12 @@ TEST_CASE("TablePeakSaysWhereTheFigureComesFrom") {
 }
 
 TEST_CASE("CpuPeakIsAMeasuredGemmRateAtThisThreadCount") {
-  at::manual_seed(7);
-  const int64_t expected = at::randint(1 << 30, {1}).item<int64_t>();
-  at::manual_seed(7);
+  torch::manual_seed(7);
+  const int64_t expected = torch::randint(1 << 30, {1}).item<int64_t>();
+  torch::manual_seed(7);
   const PeakFlops peak = DevicePeak(c10::Device(c10::DeviceType::CPU), "no", 0.05);
   // The measurement leaves the random stream alone (the run's dropout masks stay the same).
-  CHECK(at::randint(1 << 30, {1}).item<int64_t>() == expected);
+  CHECK(torch::randint(1 << 30, {1}).item<int64_t>() == expected);
   CHECK(peak.known());
   CHECK(std::isfinite(peak.flops_per_s));
   const std::string threads = std::to_string(at::get_num_threads());

@@ -223,11 +223,13 @@ class Trainer {
   double window_loss_sum_ = 0;  // plain log lines: loss summed since the last line
   int64_t window_steps_ = 0;
   double loop_s_ = 0;          // the training loop alone (no setup, no final eval): for benchmarks
+  std::vector<DieAt> die_at_;  // LAUNCH_TEST_SIGKILL_AT (first workers only)
+
+  // Utilization (PrepareUtilization).
   std::optional<ModelFlops> flops_;  // none for a TorchScript model
   PeakFlops peak_;                   // this rank's
   double run_rank_flops_ = 0;        // RankFlops of this run's steps so far
   double run_step_s_ = 0;            // and their time
-  std::vector<DieAt> die_at_;  // LAUNCH_TEST_SIGKILL_AT (first workers only)
 };
 
 Status Trainer::Prepare() {
@@ -718,9 +720,9 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   for (int r = 0; r < world; ++r) {
     rss_mb.push_back(static_cast<double>(all[r * kPerRank + 3].item<int64_t>()) / 1024);
     const int64_t device_bytes = all[r * kPerRank + 4].item<int64_t>();
-    device_mb.push_back(device_bytes < 0 ? ordered_json(nullptr)
-                                         : ordered_json(static_cast<double>(device_bytes) /
-                                                        (1024.0 * 1024.0)));
+    device_mb.push_back(device_bytes < 0
+                            ? ordered_json(nullptr)
+                            : ordered_json(static_cast<double>(device_bytes) / (1024.0 * 1024.0)));
   }
   std::string checksum = Hex64(mine);
   ordered_json pipeline;
