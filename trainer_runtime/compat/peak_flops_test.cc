@@ -9,9 +9,6 @@
 #include <cmath>
 #include <string>
 
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-
 #include "trainer_runtime/compat/cuda_device.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
