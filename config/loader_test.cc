@@ -789,16 +789,15 @@ TEST_CASE("SyncBatchNormAppliesToDdpAndDpOnly") {
 
 TEST_CASE("OptimizerImplementationIsAutoByDefaultAndRefusesBadValuesAndSgdKernels") {
   CHECK(TrainConfig().optimizer.implementation == OptimizerImplementation::kAuto);
-  for (const auto& [name, value] :
-       std::vector<std::pair<std::string, OptimizerImplementation>>{
+  for (const auto& [name, value] : std::vector<std::pair<std::string, OptimizerImplementation>>{
            {"auto", OptimizerImplementation::kAuto},
            {"for_loop", OptimizerImplementation::kForLoop},
            {"foreach", OptimizerImplementation::kForeach},
            {"fused", OptimizerImplementation::kFused}}) {
     LaunchConfig cfg;
-    REQUIRE(LoadValid("train:\n  optimizer:\n    type: adam\n    implementation: " + name + "\n",
-                      &cfg)
-                .ok());
+    REQUIRE(
+        LoadValid("train:\n  optimizer:\n    type: adam\n    implementation: " + name + "\n", &cfg)
+            .ok());
     CHECK(cfg.train.optimizer.implementation == value);
     CHECK(std::string(ToString(value)) == name);
   }

@@ -341,8 +341,7 @@ std::vector<TrainKey> BuildTable() {
           .Identity(not_sgd),
       // Not in the identity: every implementation keeps the same state (a checkpoint resumes
       // with any), and their results differ only by rounding.
-      Enum("optimizer.implementation", FIELD(optimizer.implementation),
-           kOptimizerImplementations,
+      Enum("optimizer.implementation", FIELD(optimizer.implementation), kOptimizerImplementations,
            "adam/adamw: auto (foreach on CUDA), for_loop, foreach or fused kernels"),
       List("optimizer.no_decay", FIELD(optimizer.no_decay), std::string(),
            "no weight decay where the name contains one (`norm`: every norm layer)")

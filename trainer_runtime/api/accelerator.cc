@@ -153,9 +153,7 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   return accel;
 }
 
-bool Accelerator::bf16() const {
-  return platform_->autocast().dtype == c10::ScalarType::BFloat16;
-}
+bool Accelerator::bf16() const { return platform_->autocast().dtype == c10::ScalarType::BFloat16; }
 
 AutocastScope Accelerator::Autocast() const {
   return AutocastScope(platform_->autocast().device_type, platform_->autocast().dtype);

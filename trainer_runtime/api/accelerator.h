@@ -25,9 +25,9 @@
 // Mixed precision (options.mixed_precision, the top-level `mixed_precision` key): `bf16` is
 // autocast to bfloat16 on the rank's device, as torch.autocast("cpu" or "cuda", torch.bfloat16):
 // matmuls and convolutions run in bfloat16 while parameters, gradients, optimizer state and the
-// loss stay float32, and gradients are communicated as float32. ForwardBackward, PipelineForwardBackward and
-// PipelineForward apply it themselves; a loop that calls its model directly puts the forward
-// pass and the loss inside an AutocastScope:
+// loss stay float32, and gradients are communicated as float32. ForwardBackward,
+// PipelineForwardBackward and PipelineForward apply it themselves; a loop that calls its model
+// directly puts the forward pass and the loss inside an AutocastScope:
 //   { auto amp = accel->Autocast(); loss = criterion(model(batch.data), batch.target); }
 //   accel->Backward(loss);
 // `fp16` (it needs loss scaling) and `fp8` are refused (InvalidConfig).

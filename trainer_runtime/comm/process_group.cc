@@ -336,7 +336,8 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::recv(std::vector<at::Tensor
     return p2p_->Recv(tensors[0], src_rank, tag);
   if (!nccl_ && tensors.size() == 1 && tensors[0].is_cuda()) {
     // As in send: received into host memory, then copied to the device; complete on return.
-    std::vector<at::Tensor> host = {at::empty_like(tensors[0], tensors[0].options().device(at::kCPU))};
+    std::vector<at::Tensor> host = {
+        at::empty_like(tensors[0], tensors[0].options().device(at::kCPU))};
     inner_->recv(host, src_rank, tag)->wait();
     tensors[0].copy_(host[0]);
     return Done(c10d::OpType::RECV, tensors[0]);

@@ -92,22 +92,23 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // Through shared memory when the group has it and ShmAllReduce::SupportsReduceScatter: sums in
   // rank order, bit-identical to allreduce() through shared memory, `input` unchanged. CUDA
   // tensors where the group carries them over NCCL: NCCL's reduce-scatter (in place when
-  // `output` is input's own shard). Through Gloo otherwise: an all-reduce of `input` in place, then this rank's shard copied out
-  // (bit-identical to allreduce() through Gloo; bfloat16, which LibTorch 1.13's Gloo cannot
-  // add, is summed in float and rounded once). So `input`'s contents are unspecified
-  // afterwards. COLLECTIVE: every rank, same sizes and dtype, same point in its sequence.
-  // REQUIRES (checked: c10::Error): input and output contiguous, one dtype, input.numel() ==
-  // getSize() * output.numel(); output is input's own shard or does not overlap it. Counted
-  // as a reduce-scatter of input's bytes, its launch time recorded with the all-reduces'. An
-  // empty output completes at once, without communicating (on every rank alike).
+  // `output` is input's own shard). Through Gloo otherwise: an all-reduce of `input` in place, then
+  // this rank's shard copied out (bit-identical to allreduce() through Gloo; bfloat16, which
+  // LibTorch 1.13's Gloo cannot add, is summed in float and rounded once). So `input`'s contents
+  // are unspecified afterwards. COLLECTIVE: every rank, same sizes and dtype, same point in its
+  // sequence. REQUIRES (checked: c10::Error): input and output contiguous, one dtype, input.numel()
+  // == getSize() * output.numel(); output is input's own shard or does not overlap it. Counted as a
+  // reduce-scatter of input's bytes, its launch time recorded with the all-reduces'. An empty
+  // output completes at once, without communicating (on every rank alike).
   c10::intrusive_ptr<c10d::Work> ReduceScatterFlat(const at::Tensor& input,
                                                    const at::Tensor& output);
   // ZeRO's parameter gather: `output` = every rank's `input` concatenated in rank order, any
   // dtype, asynchronously (as above). Through shared memory when the group has it and
   // ShmAllReduce::SupportsAllGather, NCCL's all-gather for CUDA tensors where the group carries
-  // them over NCCL, Gloo's allgather into views of `output` otherwise. COLLECTIVE, as above. REQUIRES (checked: c10::Error): contiguous, one dtype,
-  // output.numel() == getSize() * input.numel(); input is output's own part or does not
-  // overlap it. Counted as an all-gather of output's bytes.
+  // them over NCCL, Gloo's allgather into views of `output` otherwise. COLLECTIVE, as above.
+  // REQUIRES (checked: c10::Error): contiguous, one dtype, output.numel() == getSize() *
+  // input.numel(); input is output's own part or does not overlap it. Counted as an all-gather of
+  // output's bytes.
   c10::intrusive_ptr<c10d::Work> AllGatherFlat(const at::Tensor& input, const at::Tensor& output);
 
   // The wrapped group, for control-plane collectives (signals, triggers, metrics) that are not

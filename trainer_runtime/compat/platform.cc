@@ -61,8 +61,8 @@ StatusOr<Platform> Platform::Create(const DistEnv& env, std::string_view mixed_p
     if (env.test_share_gpu) {
       // Tests only (util/env.h): ranks share the devices, and Gloo, which allows that, carries
       // their CUDA tensors.
-      p.device_ = c10::Device(c10::DeviceType::CUDA,
-                              static_cast<c10::DeviceIndex>(env.local_rank % count));
+      p.device_ =
+          c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank % count));
       p.backend_ = CollectiveBackend::kGloo;
     } else if (env.local_world_size > count || env.local_rank >= count) {
       const int nodes = env.local_world_size > 0 && env.world_size % env.local_world_size == 0
@@ -77,8 +77,7 @@ StatusOr<Platform> Platform::Create(const DistEnv& env, std::string_view mixed_p
           std::to_string(count) + " per node (launch --num_processes " +
           std::to_string(count * nodes) + "), or launch --cpu to train on the CPU");
     } else {
-      p.device_ =
-          c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+      p.device_ = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(env.local_rank));
       p.backend_ = CollectiveBackend::kNccl;
     }
   }

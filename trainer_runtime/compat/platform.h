@@ -22,9 +22,9 @@
 //     Tests on a machine with fewer GPUs than ranks set LAUNCH_TEST_SHARE_GPU=1
 //     (DistEnv::test_share_gpu): ranks share the devices and Gloo carries their CUDA tensors.
 //   - Autocast runs on the device's type, in bfloat16 (bf16) or float16 (fp16); this trainer
-//     implements bf16, on the CPU and on CUDA (model/autocast.h). Whether a configuration may run on what was
-//     decided is the strategies' question (parallel/strategy_factory.h CheckPlatformSupport),
-//     which CheckAutocast answers for the autocast part.
+//     implements bf16, on the CPU and on CUDA (model/autocast.h). Whether a configuration may run
+//     on what was decided is the strategies' question (parallel/strategy_factory.h
+//     CheckPlatformSupport), which CheckAutocast answers for the autocast part.
 //
 // Thread-safety: a Platform is an immutable value once created; copies and concurrent const
 // use are safe. PlatformFacts::Read touches the CUDA runtime (first call initialises it).

@@ -235,11 +235,11 @@ void FusedAdamStep(bool decoupled_weight_decay, at::TensorList params, at::Tenso
 #if TORCH_VERSION_MAJOR >= 2
   // grad_scale and found_inf unset: the gradients arrive as torch::optim's step takes them.
   if (decoupled_weight_decay) {
-    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
-                      beta1, beta2, weight_decay, eps, amsgrad, /*maximize=*/false);
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
+                      beta2, weight_decay, eps, amsgrad, /*maximize=*/false);
   } else {
-    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr,
-                     beta1, beta2, weight_decay, eps, amsgrad, /*maximize=*/false);
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, beta1,
+                     beta2, weight_decay, eps, amsgrad, /*maximize=*/false);
   }
 #else
   throw MakeError("fused Adam kernels need LibTorch 2.0 or later; this is " + LibTorchVersion());

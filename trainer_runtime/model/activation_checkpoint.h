@@ -16,9 +16,10 @@
 // What the recomputation reproduces exactly, so gradients equal those of a plain forward bit for
 // bit: the input (saved), the default generator's state of the input's device (the CPU's or that
 // CUDA device's: dropout masks; saved before the block ran, set for the recomputation, then put
-// back so later draws are unaffected), and this thread's autocast state for that device type. What it does not undo: other side effects of `fn`. A
-// module that updates state in forward (BatchNorm's running statistics) would update it twice;
-// it asks RecomputingForCheckpoint() and skips the update then (the built-in CNN does).
+// back so later draws are unaffected), and this thread's autocast state for that device type. What
+// it does not undo: other side effects of `fn`. A module that updates state in forward (BatchNorm's
+// running statistics) would update it twice; it asks RecomputingForCheckpoint() and skips the
+// update then (the built-in CNN does).
 //
 // How: the block runs once with its graph recorded, to learn which parameters it uses (the
 // graph's leaves), and the graph with the activations it holds is dropped at once, keeping the

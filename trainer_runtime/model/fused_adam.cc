@@ -103,9 +103,12 @@ template <typename State, typename Options>
 void StepGroups(optim::Optimizer& optimizer, bool decoupled, bool fused) {
   for (auto& group : optimizer.param_groups()) {
     const auto& options = static_cast<const Options&>(group.options());
-    const Hyper h{options.lr(),           std::get<0>(options.betas()),
-                  std::get<1>(options.betas()), options.weight_decay(),
-                  options.eps(),          options.amsgrad(),
+    const Hyper h{options.lr(),
+                  std::get<0>(options.betas()),
+                  std::get<1>(options.betas()),
+                  options.weight_decay(),
+                  options.eps(),
+                  options.amsgrad(),
                   decoupled};
     std::vector<Bucket> buckets;
     for (auto& p : group.params()) {
@@ -238,8 +241,8 @@ std::optional<OptimizerImplementation> AdamImplementationOf(const optim::Optimiz
   return std::nullopt;
 }
 
-StatusOr<std::unique_ptr<optim::Optimizer>> AdamLike(const optim::Optimizer& like,
-                                                     std::vector<optim::OptimizerParamGroup> groups) {
+StatusOr<std::unique_ptr<optim::Optimizer>> AdamLike(
+    const optim::Optimizer& like, std::vector<optim::OptimizerParamGroup> groups) {
   const std::optional<OptimizerImplementation> implementation = AdamImplementationOf(like);
   LAUNCH_CHECK(implementation.has_value(), "AdamLike of an optimizer that is not Adam or AdamW");
   if (dynamic_cast<const optim::AdamW*>(&like))

@@ -235,8 +235,8 @@ TEST_CASE_TEMPLATE("AutoOnTheCpuIsTheForLoopBitForBit", Kind, AdamKind, AdamWKin
 
 TEST_CASE("AdamStepEvaluatesTheClosureWithGradients") {
   Params params = MakeParams(torch::kCPU);
-  auto optimizer = Make<AdamKind>(params, Options<AdamKind>(0.0, false),
-                                  OptimizerImplementation::kForeach);
+  auto optimizer =
+      Make<AdamKind>(params, Options<AdamKind>(0.0, false), OptimizerImplementation::kForeach);
   const torch::Tensor before = params.first[0].detach().clone();
   const torch::Tensor loss = optimizer->step([&] {
     optimizer->zero_grad();

@@ -424,8 +424,10 @@ StatusOr<std::unique_ptr<torch::optim::Optimizer>> BuildGroups(const config::Opt
           Groups(std::move(decay), std::move(plain), options), options));
     }
     case OptimizerType::kAdam: {
-      const auto options =
-          optim::AdamOptions(c.lr).betas({c.beta1, c.beta2}).eps(c.eps).weight_decay(c.weight_decay);
+      const auto options = optim::AdamOptions(c.lr)
+                               .betas({c.beta1, c.beta2})
+                               .eps(c.eps)
+                               .weight_decay(c.weight_decay);
       return NewAdam(Groups(std::move(decay), std::move(plain), options), options,
                      c.implementation);
     }
@@ -482,8 +484,8 @@ std::vector<std::string> NoDecayParameters(const config::OptimizerConfig& c, con
   return out;
 }
 
-StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
-    const config::OptimizerConfig& c, const Model& model) {
+StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(const config::OptimizerConfig& c,
+                                                                 const Model& model) {
   const std::vector<std::string> excluded = NoDecayParameters(c, model);
   const std::unordered_set<std::string> plain_names(excluded.begin(), excluded.end());
   std::vector<torch::Tensor> decay, plain;

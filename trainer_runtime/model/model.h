@@ -90,13 +90,13 @@ StatusOr<torch::nn::AnyModule> LoadScriptModule(const std::string& path, const s
 // as c.implementation says (fused_adam.h); InvalidConfig naming
 // train.optimizer.implementation where this LibTorch cannot (fused without fused kernels).
 // REQUIRES: c passed CheckTrainRules (sgd's implementation is auto or for_loop).
-StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
-    const config::OptimizerConfig& c, std::vector<torch::Tensor> params);
+StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(const config::OptimizerConfig& c,
+                                                                 std::vector<torch::Tensor> params);
 // The same over the model's trained parameters in two groups: weight_decay for most, 0 for
 // those c.no_decay leaves out (a name containing a pattern; `norm` also takes normalisation
 // layers' parameters). The first group decays; an empty group is left out.
-StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(
-    const config::OptimizerConfig& c, const Model& model);
+StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeOptimizer(const config::OptimizerConfig& c,
+                                                                 const Model& model);
 // Bytes of the per-parameter state `optimizer` holds (Adam's and AdamW's moments, SGD's and
 // RMSprop's momentum, RMSprop's averages, Adagrad's sums); 0 before its first step.
 int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer);

@@ -75,8 +75,7 @@ class TransformerStageImpl : public torch::nn::Module, public TensorForward {
       x = tok_->forward(x) +
           pos_->forward(torch::arange(t, torch::TensorOptions(torch::kLong).device(x.device())));
     }
-    auto mask =
-        torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
+    auto mask = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
     for (auto& block : blocks_) x = block->forward(x, mask);
     if (has_head_) x = head_->forward(ln_->forward(x));
     return x;

@@ -150,8 +150,8 @@ class PipelineEngine : public ParallelStrategy {
 
   const ParallelLayout layout_;
   const int microbatches_;
-  const c10::Device device_;              // where the stage computes and receives
-  const c10::ScalarType autocast_dtype_;  // on device_'s type; Undefined: no autocast
+  const c10::Device device_;                           // where the stage computes and receives
+  const c10::ScalarType autocast_dtype_;               // on device_'s type; Undefined: no autocast
   c10::intrusive_ptr<CountingProcessGroup> world_;     // p2p between stages
   c10::intrusive_ptr<CountingProcessGroup> stage_pg_;  // this replica's stages (the norm)
   std::unique_ptr<ParallelStrategy> data_;             // over the stage's data group

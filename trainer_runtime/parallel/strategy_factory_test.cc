@@ -51,8 +51,8 @@ TEST_CASE("EveryStrategyRunsOnTheCpu") {
 }
 
 TEST_CASE("OnCudaEveryStrategyButDpRunsAndDpIsRefused") {
-  for (ParallelMode mode : {ParallelMode::kNone, ParallelMode::kDdp, ParallelMode::kZero,
-                            ParallelMode::kPipeline}) {
+  for (ParallelMode mode :
+       {ParallelMode::kNone, ParallelMode::kDdp, ParallelMode::kZero, ParallelMode::kPipeline}) {
     INFO(config::ToString(mode));
     CHECK(CheckPlatformSupport(Mode(mode), Cuda()).ok());
     CHECK(CheckPlatformSupport(Mode(mode), Cuda("bf16")).ok());  // CUDA autocast
@@ -77,8 +77,8 @@ TEST_CASE("OnCudaEveryStrategyButDpRunsAndDpIsRefused") {
 }
 
 TEST_CASE("Fp16AndFp8AreRefusedByEveryStrategyOnEitherDevice") {
-  for (ParallelMode mode : {ParallelMode::kNone, ParallelMode::kDdp, ParallelMode::kZero,
-                            ParallelMode::kPipeline}) {
+  for (ParallelMode mode :
+       {ParallelMode::kNone, ParallelMode::kDdp, ParallelMode::kZero, ParallelMode::kPipeline}) {
     INFO(config::ToString(mode));
     for (const Platform& platform : {Cpu("fp16"), Cuda("fp16")}) {
       const Status s = CheckPlatformSupport(Mode(mode), platform);

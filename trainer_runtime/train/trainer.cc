@@ -262,9 +262,9 @@ Status Trainer::Prepare() {
                                         : "train: gradient all-reduce over ") +
                   accel_->allreduce_transport());
   if (accel_->bf16())
-    accel_->Print(
-        std::string("train: mixed precision bf16 (") + (accel_->device().is_cuda() ? "CUDA" : "CPU") +
-        " autocast; weights, gradients and optimizer state in float32)");
+    accel_->Print(std::string("train: mixed precision bf16 (") +
+                  (accel_->device().is_cuda() ? "CUDA" : "CPU") +
+                  " autocast; weights, gradients and optimizer state in float32)");
 
   SetPhase("loading data");
   LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
