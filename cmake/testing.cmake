@@ -37,7 +37,10 @@ endfunction()
 
 # add_py_test(NAME FILE [TIMEOUT s]): registers one unittest file, run by tests/run_unittest.py
 # (unittest -v plus the skip protocol above). The file's own folder and tests/ (harness.py) are on
-# PYTHONPATH; the working directory is the repo.
+# PYTHONPATH; the working directory is the repo. TIMEOUT only guards against a hang that escaped
+# the test's own bounded waits: it is no speed check (CI runs two suites side by side on two
+# cores, where a test takes several times what it takes alone), so the default of 600 s stays
+# unless a file needs more.
 function(add_py_test name file)
   cmake_parse_arguments(T "" "TIMEOUT" "" ${ARGN})
   if(NOT T_TIMEOUT)

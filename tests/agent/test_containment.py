@@ -340,14 +340,17 @@ print("attempt 0 left:", left, flush=True)
         self.assertIsNone(live.poll())
 
     def test_launches_in_two_pid_namespaces_keep_each_others_job(self):
-        # Two test hosts (pid namespaces) on this cgroup tree, as containers beside each other:
-        # the same steps in each give their launches the same pid. The second launch must
-        # neither take the first one's job cgroup for a dead launch's (it once killed that job)
-        # nor share its name.
+        # Two test hosts (pid namespaces) on this cgroup tree, as containers beside each other,
+        # whose launches get the same pid. The second launch must neither take the first one's
+        # job cgroup for a dead launch's (it once killed that job) nor share its name.
         import hosts as test_hosts
         hosts = test_hosts.make_hosts(self, 2)
         jobs = []
         for h in hosts:
+            # The pid each host gives next is set, not left to how many processes each host
+            # happened to start while it came up (make_hosts polls until the host answers).
+            r = h.run(["/bin/sh", "-c", "echo 999 > /proc/sys/kernel/ns_last_pid"])
+            self.assertEqual(r.returncode, 0, r.stderr)
             p = h.popen([LAUNCH, "--", "/bin/sh", "-c", "echo ready; sleep 60"],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
                         preexec_fn=self.enter_parent)
@@ -357,8 +360,8 @@ print("attempt 0 left:", left, flush=True)
         names = sorted(d for d in os.listdir(self.parent) if d.startswith("launch-"))
         pids = {n.split("-")[1] for n in names}
         self.assertEqual(len(names), 2, names)
-        self.assertEqual(len(pids), 1, f"the launches' pids differ ({names}): the test no longer "
-                         "makes them collide")
+        self.assertEqual(pids, {"1000"}, f"the launches' pids are not the one set ({names}): "
+                         "the test no longer makes them collide")
         # A collection waits until what it killed is gone, before the collecting launch starts
         # its worker: both jobs' processes must still be there (the shim, the shell, sleep).
         for name in names:
