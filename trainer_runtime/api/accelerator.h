@@ -526,10 +526,11 @@ class Accelerator {
   // Saves the whole training state under `dir` atomically: parameters, buffers, optimizer
   // state, the step count (the LR schedule is a function of it), the loader position, and
   // every rank's RNG state. Layout: dir/step<N>/{model*.pt, rank<r>.pt}, pair<i>/ for the
-  // prepared pairs after the first, user_rank<r>.pt for RegisterForCheckpointing; then rank 0
-  // points dir/latest at N and removes older step folders but the last
-  // options().checkpoint_keep, so a kill at any moment leaves the last complete checkpoint.
-  // IoError (every rank) when any rank failed to write. COLLECTIVE.
+  // prepared pairs after the first, user_rank<r>.pt for RegisterForCheckpointing, SHA256SUMS
+  // (every file's hash, state/file_sums.h); then rank 0 points dir/latest at N and removes
+  // older step folders but the last options().checkpoint_keep, so a kill at any moment leaves
+  // the last complete checkpoint. IoError (every rank) when any rank failed to write; the
+  // partial folder is removed (a full disk keeps its space). COLLECTIVE.
   //
   // With options().checkpoint_async (`train.checkpoint_async`), before Finish: the state is
   // snapshotted by fork() (the child sees the memory as it was, copy-on-write) and the child
@@ -557,15 +558,15 @@ class Accelerator {
   //   - local_sgd: every new rank starts from the average of all the old ranks' replicas (as
   //     the final average would make them), with its own optimizer state when it had a rank,
   //     rank 0's otherwise;
-  //   - RNG: a rank that has no file of its own draws a fresh stream seeded from (seed, rank,
-  //     step) rather than repeating another rank's dropout masks.
-  // InvalidConfig when the model or optimizer does not match, or when the checkpoint
-  // was written with other run settings (ChangedSettings, each named) unless
-  // options().resume_allow_changes (then they are printed). COLLECTIVE.
+  //   - RNG: a new rank draws a fresh stream seeded from (seed, rank, step).
+  // Every file is first checked against SHA256SUMS (each rank hashes a share): a damaged
+  // latest falls back to the previous kept checkpoint (said), or is refused (IoError naming
+  // the files) when none is kept; a missing file is damage. InvalidConfig when the model or
+  // optimizer does not match, or when the checkpoint was written with other run settings
+  // (ChangedSettings, each named) unless options().resume_allow_changes. COLLECTIVE.
   StatusOr<bool> LoadState(const std::string& dir);
-  // The same for the checkpoint of optimizer step `step` under `dir` (one SaveState kept:
-  // options().checkpoint_keep, `train.checkpoint_keep`, keeps the last K). NotFound naming
-  // the folder and the steps it holds when there is no such step. COLLECTIVE.
+  // The same for the checkpoint of optimizer step `step` under `dir` (`train.checkpoint_keep`
+  // keeps the last K), with no fallback. NotFound naming the steps it holds. COLLECTIVE.
   StatusOr<bool> LoadState(const std::string& dir, int64_t step);
   // The complete checkpoints (step<N> folders) under `dir`, ascending; empty when none. Not
   // collective.

@@ -1,6 +1,7 @@
 #include "trainer_runtime/api/accelerator.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -34,6 +35,7 @@
 #include "trainer_runtime/parallel/strategy.h"
 #include "trainer_runtime/parallel/strategy_factory.h"
 #include "trainer_runtime/state/checkpoint.h"
+#include "trainer_runtime/state/file_sums.h"
 #include "trainer_runtime/util/loop_util.h"
 #include "trainer_runtime/util/timeline.h"
 
@@ -104,6 +106,46 @@ void RemoveOtherSteps(const std::string& dir, int64_t latest, int64_t keep) {
   }
 }
 
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Whether the checkpoint of `step` in `dir` is whole: every rank hashes its share of the
+// folder's SHA256SUMS (file_sums.h) and names what it found damaged; all decide alike. Empty
+// when whole (or written before checkpoints listed their files: said once), else a summary.
+// COLLECTIVE.
+std::string CheckpointDamage(Accelerator& accel, const std::string& dir, int64_t step) {
+  const std::string step_dir = StepDir(dir, step);
+  FileSumsCheck check;
+  if (!IsDirectory(step_dir)) {
+    check.listed = true;
+    if (accel.rank() == 0) check.damage.push_back("the folder is missing");
+  } else {
+    check = CheckFileSums(step_dir, accel.rank(), accel.world_size());
+    // A save killed before its commit leaves no rank0.pt, and `latest` never names it.
+    if (!check.listed && accel.rank() == 0 && !FileExists(step_dir + "/rank0.pt"))
+      check.damage.push_back("rank0.pt: missing");
+  }
+  for (const std::string& d : check.damage)
+    std::fprintf(stderr, "train: rank %d: checkpoint %s: %s\n", accel.rank(), step_dir.c_str(),
+                 d.c_str());
+  auto counts = torch::tensor({static_cast<double>(check.damage.size()),
+                               check.listed ? 0.0 : 1.0},
+                              torch::kDouble);
+  accel.AllReduceSum(counts);
+  const int64_t damaged = static_cast<int64_t>(counts[0].item<double>());
+  if (damaged == 0) {
+    if (counts[1].item<double>() > 0)
+      accel.Print("train: " + step_dir + " lists no SHA256SUMS (written before checkpoints " +
+                  "were verified): loaded unchecked");
+    return "";
+  }
+  return std::to_string(damaged) + " damaged file" + (damaged == 1 ? "" : "s") +
+         (check.damage.empty() ? "" : ", e.g. " + check.damage.front()) +
+         "; each rank names those it checked above";
+}
+
 }  // namespace
 
 // --- Signals and state -----------------------------------------------------------------------
@@ -161,12 +203,14 @@ TrainState Accelerator::CurrentTrainState() const {
 }
 
 Status Accelerator::WriteStateFiles(const std::string& step_dir, const TrainState& state) {
+  RecordingWrites written;  // this rank's half of the folder's SHA256SUMS (file_sums.h)
   Status status = Status::Ok();
   for (size_t i = 0; i < pairs_.size() && status.ok(); ++i)
     status = pairs_[i].strategy->SaveModelState(PairDir(step_dir, i), *pairs_[i].optimizer);
   if (status.ok()) status = SaveUserState(step_dir);
   if (status.ok())
     status = SaveRankState(step_dir + "/rank" + std::to_string(rank()) + ".pt", state);
+  if (status.ok()) status = WriteRankFileSums(step_dir, rank(), written.files());
   return status;
 }
 
@@ -253,11 +297,21 @@ Status Accelerator::CommitState(const std::string& dir, int64_t step, const Stat
   AllReduceSum(failed);
   // A lost peer (in-place recovery): whether it wrote its files is unknown, so `latest` stays.
   if (peer_lost_) return Status::PeerLost("a peer was lost before the checkpoint was committed");
-  if (!status.ok()) return status;
-  if (failed.item<double>() > 0)
+  const std::string step_dir = StepDir(dir, step);
+  if (failed.item<double>() > 0) {
+    // Every writer has ended (each rank waited for its own before the sum): the partial folder
+    // goes, or a full disk stays full. Not when `latest` names it (a save of that step again).
+    StatusOr<int64_t> latest = LatestStep(dir);
+    if (rank() == 0 && !(latest.ok() && *latest == step)) {
+      RemoveTree(step_dir);
+      std::fprintf(stderr, "train: removed the partial checkpoint %s\n", step_dir.c_str());
+    }
+    if (!status.ok()) return status;
     return Status::IoError("another rank failed to write its part of the checkpoint for step " +
                            std::to_string(step));
+  }
   if (rank() == 0) {
+    LAUNCH_RETURN_IF_ERROR(JoinFileSums(step_dir, world_size(), {kRunFile}));
     LAUNCH_RETURN_IF_ERROR(WriteFileAtomically(dir + "/latest", std::to_string(step) + "\n"));
     // Superseded once `latest` names the new step (train.checkpoint_keep keeps more).
     RemoveOtherSteps(dir, step, std::max<int64_t>(1, options_.checkpoint_keep));
@@ -426,6 +480,24 @@ StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<in
                             "; train.checkpoint_keep keeps more than the latest)");
   }
   if (mine < 0) return false;
+  // Never a damaged checkpoint: the latest falls back to the previous one kept. Every rank sees
+  // the same folders (checked above) and the same damage count, so all walk alike.
+  for (std::string damage = CheckpointDamage(*this, dir, mine); !damage.empty();
+       damage = CheckpointDamage(*this, dir, mine)) {
+    const std::vector<int64_t> saved = SavedSteps(dir);
+    const auto earlier = std::find_if(saved.rbegin(), saved.rend(),
+                                      [&](int64_t s) { return s < mine; });
+    const std::string what = "the checkpoint of step " + std::to_string(mine) + " in " + dir +
+                             " is damaged (" + damage + ")";
+    if (step || earlier == saved.rend())
+      return Status::IoError(
+          what + (step ? "" : " and no earlier checkpoint is kept (train.checkpoint_keep keeps "
+                              "more)") +
+          ": restore the files, or start a new run (`resume: never` or another output_dir)");
+    Print("train: " + what + "; resuming from step " + std::to_string(*earlier) +
+          ", the previous checkpoint kept");
+    mine = *earlier;
+  }
   // Every rank reads the same run.txt and holds the same settings, so all decide alike.
   const std::vector<std::string> changes = ChangedSettingsAt(dir, mine);
   if (!changes.empty() && !options_.resume_allow_changes)
@@ -443,6 +515,10 @@ StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<in
   const bool own_rng = FileExists(rank_file);
   if (!own_rng) rank_file = step_dir + "/rank0.pt";
   LAUNCH_ASSIGN_OR_RETURN(TrainState state, LoadRankState(rank_file, own_rng));
+  if (!own_rng && rank() < state.world_size)
+    return Status::IoError(step_dir + "/rank" + std::to_string(rank()) + ".pt is missing (the " +
+                           "checkpoint was written by " + std::to_string(state.world_size) +
+                           " ranks, this one among them)");
   for (size_t i = 0; i < pairs_.size(); ++i)
     LAUNCH_RETURN_IF_ERROR(pairs_[i].strategy->LoadModelState(
         PairDir(step_dir, i), *pairs_[i].optimizer, state.world_size));

@@ -17,6 +17,7 @@
 
 #include "base/files.h"
 #include "trainer_runtime/compat/torch_compat.h"
+#include "trainer_runtime/state/file_sums.h"
 
 namespace launch::trainer {
 namespace {
@@ -91,17 +92,23 @@ std::string List(const torch::Tensor& t) {
 // Commit; LibTorch's zip writer is told every write worked, because 1.13's writer, told
 // otherwise, throws again from its destructor while the first exception unwinds
 // (std::terminate).
+// The bytes are hashed as they pass (file_sums.h: a recording writer lists the file).
 Status SaveArchive(torch::serialize::OutputArchive& archive, const std::string& path) {
   AtomicFileWriter file(path);
+  Sha256 sha;
   try {
-    archive.save_to([&file](const void* bytes, size_t size) -> size_t {
-      file.Append(std::string_view(static_cast<const char*>(bytes), size));
+    archive.save_to([&file, &sha](const void* bytes, size_t size) -> size_t {
+      const std::string_view piece(static_cast<const char*>(bytes), size);
+      file.Append(piece);
+      sha.Update(piece);
       return size;
     });
   } catch (const c10::Error& e) {
     return Status::IoError("writing checkpoint " + path + ": " + e.what_without_backtrace());
   }
-  return file.Commit().WithContext("checkpoint");
+  LAUNCH_RETURN_IF_ERROR(file.Commit().WithContext("checkpoint"));
+  RecordWrittenFile(path, sha.HexDigest());
+  return Status::Ok();
 }
 
 namespace optim = torch::optim;

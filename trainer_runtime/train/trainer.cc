@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -480,8 +481,12 @@ Status Trainer::MaybeResume() {
     return Status::NotFound("train.resume: '" + dir +
                             "' holds no checkpoint (a checkpoint folder has a `latest` file)");
   // Finished: the step count reached the end, or (since checkpoints record the data position,
-  // which counts at any world size) the configured epochs are done.
-  const bool finished = latest.ok() && (*latest >= total_steps_ ||
+  // which counts at any world size) the configured epochs are done. A `latest` naming no
+  // saved folder is damage, for LoadState to fall back from, never a finished run.
+  const std::vector<int64_t> saved = Accelerator::SavedSteps(dir);
+  const bool finished = latest.ok() &&
+                        std::find(saved.begin(), saved.end(), *latest) != saved.end() &&
+                        (*latest >= total_steps_ ||
                                         (cfg_.max_steps == 0 && peeked_ &&
                                          peeked_->data_world > 0 && peeked_->step == *latest &&
                                          peeked_->epoch >= std::max<int64_t>(1, cfg_.epochs)));
