@@ -207,6 +207,8 @@ Status LoadDocument(const YAML::Node& root, const std::string& name, LaunchConfi
       continue;
     }
     const KeyDef* def = FindKey(key, kYaml);
+    if (!def && Trim(key).empty())  // `{"a": 1,,}` reads as an empty key
+      return Status::InvalidConfig(where + ": an empty key (a stray ',' or ':'?)");
     if (!def) {
       return Status::InvalidConfig(where + ": unknown key '" + key + "'" +
                                    NearMiss(key, NamesAt(kYaml)));

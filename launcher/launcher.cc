@@ -1,6 +1,7 @@
 #include "launcher/launcher.h"
 
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -132,8 +133,12 @@ std::string EffectiveConfigPath(const config::LaunchConfig& cfg, PlanSystem& sys
   return cfg.train.output_dir + "/" + name + ".yaml";
 }
 
+// Into train.output_dir (made here): a failure names the key.
 Status WriteEffectiveConfig(const config::LaunchConfig& cfg, const std::string& path) {
-  return WriteFileAtomically(path, config::EffectiveConfigYaml(cfg));
+  Status written = WriteFileAtomically(path, config::EffectiveConfigYaml(cfg));
+  if (written.ok()) return written;
+  return Status::InvalidConfig("train.output_dir '" + cfg.train.output_dir +
+                               "': " + written.message());
 }
 
 // What runs under the interpreter without --no_python: a .py file, or (torchrun runs every
@@ -187,6 +192,29 @@ Status MakePrivateLogRoot(Plan* plan) {
   if (::mkdtemp(templ.data()) == nullptr)
     return Status::FromErrno("cannot create a log directory " + plan->private_log_parent, errno);
   plan->log_root = std::string(templ.data()) + "/" + plan->run_id;
+  return Status::Ok();
+}
+
+// With a log_dir the run's folder (<log_dir>/<run_id>) is made now, so that a bad log_dir is
+// refused before anything starts, naming the setting. In a log_dir other users can write to,
+// the run folder must be this user's own directory: a symlink or someone else's folder planted
+// under the run id would make the job write wherever that user chose (what is inside is made
+// by this process, below a folder nobody else can change).
+Status MakeLogRoot(const LaunchConfig& cfg, const Plan& plan) {
+  if (cfg.log_dir.empty() || plan.log_root.empty()) return Status::Ok();
+  const std::string where = "log_dir '" + cfg.log_dir + "' (--log_dir, or log_dir in the config)";
+  Status made = MakeDirs(plan.log_root);
+  if (!made.ok()) return Status::InvalidConfig(where + ": " + made.message());
+  struct stat st;
+  if (::lstat(plan.log_root.c_str(), &st) != 0)
+    return Status::FromErrno(where + ": " + plan.log_root, errno);
+  if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode))
+    return Status::InvalidConfig(where + ": " + plan.log_root +
+                                 " is a symbolic link, not a folder; refusing to follow it");
+  if (st.st_uid != ::geteuid())
+    return Status::InvalidConfig(where + ": " + plan.log_root + " belongs to uid " +
+                                 std::to_string(st.st_uid) +
+                                 ", not to this user; give another --run_id or log_dir");
   return Status::Ok();
 }
 
@@ -684,13 +712,20 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
     plan.effective_config = EffectiveConfigPath(cfg, sys);
     argv = {bin_dir + "/train", "--effective_config", plan.effective_config};
     argv.insert(argv.end(), cfg.extra_args.begin(), cfg.extra_args.end());
-  } else {
+  } else if (cfg.config_path.empty()) {
     return Status::InvalidConfig(
-        cfg.config_path.empty()
-            ? "nothing to run: give CONFIG.yaml with a `train:` section, or `-- PROGRAM ARGS`"
-            : cfg.config_path +
-                  ": has no `train:` section; give `-- PROGRAM ARGS` to run a "
-                  "program, or add a train: section");
+        "nothing to run: give CONFIG.yaml with a `train:` section, or `-- PROGRAM ARGS`");
+  } else if (!cfg.extra_args.empty()) {
+    // `launch job.yaml -- PROGRAM`: what follows `--` goes to the trainer of job.yaml.
+    return Status::InvalidConfig(
+        cfg.config_path + ": has no `train:` section, and what follows `--` is passed to the "
+                          "trainer it would describe; to run a program with this file's launch "
+                          "settings, give `--config_file " + cfg.config_path + " -- " +
+        cfg.extra_args.front() + " ...`");
+  } else {
+    return Status::InvalidConfig(cfg.config_path +
+                                 ": has no `train:` section; give `-- PROGRAM ARGS` to run a "
+                                 "program, or add a train: section");
   }
   const bool under_python = !cfg.program.empty() && argv[0] == cfg.python;
   StatusOr<std::string> resolved = sys.ResolveProgram(argv[0]);
@@ -921,6 +956,7 @@ int Main(int argc, char** argv) {
     opts.group.job_cgroup = cgroup.get();
   }
   Status logs = MakePrivateLogRoot(&*plan);
+  if (logs.ok()) logs = MakeLogRoot(cfg, *plan);
   if (!logs.ok()) {
     std::fprintf(stderr, "launch: error: %s\n", logs.message().c_str());
     return kExitUsage;

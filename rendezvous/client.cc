@@ -119,6 +119,13 @@ void RendezvousClient::Connect() {
                             self->Fail(Status::PeerLost(f.message), f);
                             return;
                           }
+                          if (ec == asio::error::operation_aborted) {
+                            // Our own timer below closed it: nothing answered (a blackholed
+                            // host), which is what the user needs to read, not "canceled".
+                            self->last_connect_error_ = "no answer to the connection attempt";
+                            self->Connect();
+                            return;
+                          }
                           if (ec) {
                             self->last_connect_error_ = ec.message();
                             self->Connect();  // the next address, or back off
@@ -126,7 +133,13 @@ void RendezvousClient::Connect() {
                           }
                           self->OnConnected(std::move(*socket));
                         });
-  retry_timer_.expires_after(options_.handshake_timeout);
+  // Bounded by the retry timer's tick and by join_timeout, so that the last attempt does not
+  // run past the deadline the failure names.
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline_ - std::chrono::steady_clock::now());
+  retry_timer_.expires_after(std::max(std::chrono::milliseconds(1),
+                                      std::min<std::chrono::milliseconds>(
+                                          options_.handshake_timeout, left)));
   retry_timer_.async_wait([socket](const boost::system::error_code& ec) {
     if (!ec) {
       boost::system::error_code ignored;
