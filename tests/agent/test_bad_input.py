@@ -81,5 +81,77 @@ class GeneratedConfigs(unittest.TestCase):
         self.assertGreater(outcomes[2], 100, outcomes)
 
 
+class RefusalsNameTheirSetting(unittest.TestCase):
+    """Refusals the reliability review found naming no key or flag, or the wrong remedy."""
+
+    def setUp(self):
+        self.dir = tmpdir()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCH_", "PET_"))}
+
+    def tearDown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def launch(self, *args):
+        return subprocess.run([LAUNCH, *args], capture_output=True, text=True, timeout=60,
+                              env=self.env, cwd=self.dir, stdin=subprocess.DEVNULL)
+
+    def write(self, name, text):
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_a_log_dir_that_is_a_file(self):
+        f = self.write("afile", "")
+        r = self.launch("--log_dir", f, "--", "true")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"log_dir '{f}' (--log_dir", r.stderr)
+        self.assertIn("Not a directory", r.stderr)
+
+    def test_a_run_folder_planted_as_a_symlink_in_a_shared_log_dir_is_not_followed(self):
+        shared, victim = os.path.join(self.dir, "shared"), os.path.join(self.dir, "victim")
+        os.makedirs(victim)
+        os.makedirs(shared)
+        os.chmod(shared, 0o1777)
+        os.symlink(victim, os.path.join(shared, "rid"))
+        r = self.launch("--log_dir", shared, "--run_id", "rid", "--", "true")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("is a symbolic link, not a folder; refusing to follow it", r.stderr)
+        self.assertEqual(os.listdir(victim), [])
+        if os.geteuid() != 0:
+            return  # planting another user's folder needs root
+        # Another user's folder under the run id is refused too.
+        planted = os.path.join(shared, "theirs")
+        os.makedirs(planted)
+        os.chown(planted, 12345, 12345)
+        r = self.launch("--log_dir", shared, "--run_id", "theirs", "--", "true")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("belongs to uid 12345, not to this user", r.stderr)
+        self.assertEqual(os.listdir(planted), [])
+
+    def test_an_output_dir_that_is_a_file(self):
+        self.write("out", "")
+        cfg = self.write("t.yaml", "train: {output_dir: out, max_steps: 1, model: {type: mlp, "
+                         "layers: [4, 2]}, data: {type: synthetic, samples: 64}, "
+                         "batch_size: 8}\n")
+        r = self.launch(cfg)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("train.output_dir 'out': cannot create folder out/", r.stderr)
+
+    def test_an_empty_key_in_a_json_config(self):
+        cfg = self.write("a.json", '{"num_processes": 2,,}')
+        r = self.launch("--config_file", cfg, "--", "true")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"{cfg}:1: an empty key", r.stderr)
+
+    def test_a_program_after_a_config_without_train_points_at_config_file(self):
+        cfg = self.write("job.yaml", "num_processes: 1\n")
+        r = self.launch(cfg, "--", "true")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"give `--config_file {cfg} -- true ...`", r.stderr)
+        r = self.launch("--config_file", cfg, "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -150,5 +150,27 @@ class OutageTest(unittest.TestCase):
         self.assertLess(got["steps_this_run"], STEPS, "the restart did not resume:\n" + log)
 
 
+class UnreachableServerTest(unittest.TestCase):
+    def test_a_server_that_never_answers_is_named_so_at_join_timeout(self):
+        # Node 1 dials node 0's address through a blackhole: SYNs vanish, nothing refuses. The
+        # failure says that nothing answered (not "Operation canceled", the connect timer's own
+        # cancellation) and the last attempt ends at join_timeout, not a handshake later.
+        link = netns.make_netns(self, "u")
+        if not link.can_blackhole():
+            self.skipTest(harness.env_dependent("no blackhole qdisc on this kernel"))
+        link.cut("blackhole")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCH_", "PET_"))}
+        r = subprocess.run(["ip", "netns", "exec", link.ns, harness.LAUNCH, "--nnodes", "2",
+                            "--node_rank", "1", "--nproc_per_node", "1", "--rdzv_endpoint",
+                            f"{link.host}:{harness.free_port()}", "--rdzv_conf",
+                            "join_timeout=3", "--", "true"],
+                           capture_output=True, text=True, timeout=60, env=env)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"cannot reach the rendezvous server at {link.host}:", r.stderr)
+        self.assertIn("within 3 s (join_timeout): no answer to the connection attempt",
+                      r.stderr)
+        self.assertNotIn("canceled", r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
