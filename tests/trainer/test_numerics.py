@@ -13,8 +13,8 @@ import sys
 import unittest
 import xml.etree.ElementTree as ET
 
-from trainer_helpers import (TRAIN, final, metrics, params, rel_diff, run_ranks, start_ranks,
-                             wait_all, write_config, write_split)
+from trainer_helpers import (TRAIN, drop_from_checkpoint, final, metrics, params, rel_diff,
+                             run_ranks, start_ranks, wait_all, write_config, write_split)
 import harness
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -260,7 +260,7 @@ class DilocoTest(unittest.TestCase):
             outer = os.path.join(out, "checkpoints", f"step{stopped_at}", "local_sgd_outer.pt")
             self.assertEqual(os.path.exists(outer), bool(DILOCO))
             if damage and DILOCO:
-                os.unlink(outer)
+                drop_from_checkpoint(os.path.dirname(outer), "local_sgd_outer.pt")
             results = run_ranks(cfg, 2, ["--dump_params"], timeout=300)
             got = params(out, 0)
             self.assertEqual(got, params(out, 1))

@@ -75,6 +75,18 @@ def run_ranks(config, world, args=(), timeout=120, restart=0, extra_env=None):
     return results
 
 
+def drop_from_checkpoint(step_dir, name):
+    """Removes file `name` from checkpoint folder `step_dir` and from its SHA256SUMS, as a
+    checkpoint written without it (another mode, an older version) would be: a file removed
+    from the folder alone is damage, which the trainer refuses or falls back from."""
+    os.remove(os.path.join(step_dir, name))
+    sums = os.path.join(step_dir, "SHA256SUMS")
+    with open(sums) as f:
+        lines = [line for line in f if line.rstrip("\n").split("  ", 1)[1] != name]
+    with open(sums, "w") as f:
+        f.writelines(lines)
+
+
 def metrics(out_dir):
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f if line.strip()]
