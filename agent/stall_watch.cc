@@ -131,7 +131,13 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
   // nodes) it is in no collective, yet it is what holds the job up.
   const bool any_stopped =
       std::any_of(ranks.begin(), ranks.end(), [](const RankView& v) { return v.stopped; });
-  a.stalled = timeout_ns > 0 && (!a.waiting.empty() || any_stopped) && idle_ns >= timeout_ns;
+  // A wait counts from its own start: a rank that enters its first collective while a peer
+  // still starts up (imports torch on a loaded machine) has waited for nothing yet, however
+  // long ago the rings were made.
+  const uint64_t waited_ns = oldest && now_ns > oldest->enqueued_ns ? now_ns - oldest->enqueued_ns
+                                                                    : 0;
+  a.stalled = timeout_ns > 0 && idle_ns >= timeout_ns &&
+              (any_stopped || (!a.waiting.empty() && waited_ns >= timeout_ns));
 
   // Desync: the same (group, sequence number) holds different operations on two ranks. Groups
   // are matched by name: ranks may register them in different orders.

@@ -54,7 +54,7 @@ struct RankView {
 // What the rings say at `now_ns` (CLOCK_MONOTONIC), pure: the report's body and whom to blame.
 struct RingAnalysis {
   // The stall rule holds for `timeout_ns` (never when it is 0): no completion for that long
-  // while a rank waits in a collective or is stopped.
+  // while a rank has waited in a collective that long, or a rank is stopped.
   bool stalled = false;
   double idle_s = 0;         // since the latest completion (or the rings' creation)
   bool desync = false;       // two ranks in different collectives at one sequence number

@@ -165,6 +165,17 @@ TEST_CASE("NoRankInACollectiveIsNoStallHoweverLongTheGap") {
   CHECK_FALSE(AnalyzeRings({r0.View(), r1.View()}, 1000 * kSecond, 0).stalled);
 }
 
+TEST_CASE("AWaitShorterThanTheTimeoutIsNoStallThoughNothingCompletedForLonger") {
+  // Rank 0 is still starting (no collective yet, 9 s after the rings were made); rank 1 entered
+  // its first all-reduce a moment ago.
+  RingBuilder r0(0, 100), r1(1, 101);
+  r1.Op(CollectiveOp::kAllReduce, 8, 9, 0);
+  RingAnalysis a = AnalyzeRings({r0.View(), r1.View()}, 10 * kSecond, 5 * kSecond);
+  CHECK(a.idle_s == doctest::Approx(9.0));
+  CHECK_FALSE(a.stalled);
+  CHECK(AnalyzeRings({r0.View(), r1.View()}, 14 * kSecond, 5 * kSecond).stalled);
+}
+
 TEST_CASE("EveryLocalRankWaitingPointsAtTheOtherNodes") {
   RingBuilder r0(2, 100), r1(3, 101);
   r0.Op(CollectiveOp::kAllReduce, 8, 2, 0);

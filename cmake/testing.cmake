@@ -29,6 +29,10 @@ endfunction()
 function(add_doctest name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${LAUNCH_TESTING_DIR}/../base/doctest_main.cc ${T_SOURCES})
+  # It defines DOCTEST_CONFIG_IMPLEMENT before doctest.h: batched after a test file, the
+  # header's guard would leave doctest unimplemented.
+  set_source_files_properties(${LAUNCH_TESTING_DIR}/../base/doctest_main.cc
+                              TARGET_DIRECTORY ${name} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   target_include_directories(${name} PRIVATE ${DOCTEST_INCLUDE_DIR} ${LAUNCH_TESTING_DIR}/..)
   target_link_libraries(${name} PRIVATE ${T_LIBS})
   add_test(NAME ${name} COMMAND ${name})

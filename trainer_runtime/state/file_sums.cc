@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include <openssl/evp.h>
@@ -103,10 +104,11 @@ void RecordWrittenFile(std::string path, std::string sha256) {
 Status WriteRankFileSums(const std::string& step_dir, int rank,
                          const std::vector<WrittenFile>& files) {
   std::string text;
+  const std::filesystem::path folder = std::filesystem::path(step_dir).lexically_normal();
   for (const WrittenFile& f : files) {
-    const std::string prefix = step_dir + "/";
+    // Lexically: writers join paths as they like ("step10//model.pt" when a part is empty).
     const std::string relative =
-        StartsWith(f.path, prefix) ? f.path.substr(prefix.size()) : std::string();
+        std::filesystem::path(f.path).lexically_normal().lexically_relative(folder).string();
     if (!IsInsidePath(relative))
       return Status::InvalidArgument("checkpoint file " + f.path + " is not inside " + step_dir);
     text += f.sha256 + "  " + relative + "\n";

@@ -35,7 +35,8 @@ TEST_CASE("a recorded folder checks whole; a changed, missing or unlisted file i
     {
       RecordingWrites written;
       for (const char* name : {"model.pt", "pair1/model.pt"}) {
-        const std::string path = dir + "/" + name;
+        // Joined with an empty part, as a stage's folder name can be: still inside.
+        const std::string path = dir + (name[0] == 'p' ? "/./" : "//") + name;
         REQUIRE(WriteFileAtomically(path, name).ok());
         Sha256 sha;
         sha.Update(name);
