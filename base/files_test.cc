@@ -11,17 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "base/test_util.h"
+
 namespace launch {
 namespace {
 
-std::string TempDir() {
-  char tmpl[] = "/tmp/files-test-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
 TEST_CASE("ReadSmallFileReadsUpToItsLimitAndNothingWhenMissing") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("files-test");
   const std::string path = dir + "/f";
   std::string text(100000, 'x');
   text[99999] = 'y';
@@ -36,7 +32,7 @@ TEST_CASE("ReadSmallFileReadsUpToItsLimitAndNothingWhenMissing") {
 }
 
 TEST_CASE("FileExistsIsTrueForRegularFilesOnly") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("files-test");
   const std::string path = dir + "/f";
   CHECK_FALSE(FileExists(path));
   { std::ofstream(path) << "x"; }
@@ -57,7 +53,7 @@ std::vector<std::string> Entries(const std::string& dir) {
 }
 
 TEST_CASE("WriteFileAtomicallyCreatesParentsReplacesAndLeavesNoTempFile") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("files-test");
   const std::string path = dir + "/a/b/config.yaml";
   REQUIRE(WriteFileAtomically(path, "one\n").ok());
   CHECK(*ReadFile(path) == "one\n");
@@ -87,7 +83,7 @@ TEST_CASE("WriteFileAtomicallyCreatesParentsReplacesAndLeavesNoTempFile") {
 }
 
 TEST_CASE("AtomicFileWriterShowsNothingUntilCommitAndRemovesAnAbandonedTempFile") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("files-test");
   const std::string path = dir + "/archive.pt";
   REQUIRE(WriteFileAtomically(path, "old").ok());
   {
@@ -118,7 +114,7 @@ TEST_CASE("AtomicFileWriterShowsNothingUntilCommitAndRemovesAnAbandonedTempFile"
 }
 
 TEST_CASE("MakeDirsCreatesParentsAcceptsExistingAndNamesWhatFails") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("files-test");
   REQUIRE(MakeDirs(dir + "/a/b/c").ok());
   struct stat st;
   CHECK(::stat((dir + "/a/b/c").c_str(), &st) == 0);

@@ -8,8 +8,8 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 
+#include "base/test_util.h"
 #include "config/loader.h"
 #include "launcher/terminal.h"
 
@@ -29,19 +29,6 @@ LaunchConfig LoadRendered(const ConfigAnswers& answers) {
   REQUIRE_MESSAGE(s.ok(), (s.ToString() + "\n" + text));
   CHECK_MESSAGE(cfg.warnings.empty(), text);
   return cfg;
-}
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/wizard-test-XXXXXX";
-  REQUIRE(mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
 }
 
 TEST_CASE("DefaultAnswersRenderALoadableCommentedConfig") {
@@ -102,7 +89,7 @@ TEST_CASE("SlurmAnswersLeaveMachinesToSlurm") {
 }
 
 TEST_CASE("TrainerAnswersRenderEveryMode") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("wizard-test");
   std::string csv = dir + "/data.csv";
   {
     std::ofstream out(csv);
@@ -161,7 +148,7 @@ TEST_CASE("TrainerAnswersRenderEveryMode") {
 }
 
 TEST_CASE("LoadAnswersReadsBackWhatWasWritten") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("wizard-test");
   std::string corpus = dir + "/corpus.txt";
   { std::ofstream(corpus) << "hello\n"; }
   ConfigAnswers a;
@@ -231,7 +218,7 @@ TEST_CASE("LoadAnswersReadsBackWhatWasWritten") {
 
 // Writes `a`, reads the answers back and checks they render the same file.
 ConfigAnswers RoundTrip(const ConfigAnswers& a) {
-  std::string path = TempDir() + "/c.yaml";
+  std::string path = testing::MakeTempDir("wizard-test") + "/c.yaml";
   REQUIRE(WriteFileAtomically(path, RenderConfigYaml(a)).ok());
   StatusOr<ConfigAnswers> back = LoadAnswers(path);
   REQUIRE_MESSAGE(back.ok(), (back.status().ToString()));

@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include "base/test_util.h"
 #include "rendezvous/test_util.h"
 
 namespace launch::rendezvous {
@@ -16,9 +17,7 @@ namespace {
 using std::chrono::milliseconds;
 using testing::Join;
 
-bool Contains(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
+using launch::testing::Contains;
 
 // Drives a RoundMachine the way the server does: effects recorded per session, timers kept at
 // their deadlines, closes the machine asks for delivered back as OnClosed.

@@ -15,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include "base/strings.h"
+#include "base/test_util.h"
 #include "rendezvous/test_util.h"
 
 namespace launch::rendezvous {
@@ -23,9 +24,7 @@ namespace {
 using namespace testing;
 using std::chrono::milliseconds;
 
-bool Contains(const std::string& s, const std::string& needle) {
-  return s.find(needle) != std::string::npos;
-}
+using launch::testing::Contains;
 
 TEST_CASE("TwoNodesGetRanksOffsetsAndMasterFromNodeZero") {
   Harness h;

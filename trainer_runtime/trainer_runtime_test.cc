@@ -9,6 +9,7 @@
 #include <set>
 
 #include "base/files.h"
+#include "base/test_util.h"
 #include "trainer_runtime/data/data.h"
 #include "trainer_runtime/data/prefetcher.h"
 #include "trainer_runtime/data/sampler.h"
@@ -59,12 +60,6 @@ TEST_CASE("AutocastScopeRunsLinearInBfloat16AndRestoresOnExit") {
   }
   CHECK_FALSE(torch::equal(exact, rounded));
   CHECK(torch::allclose(exact, rounded, 2e-2, 2e-2));
-}
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/trainer-test-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
 }
 
 TEST_CASE("SamplerShardsAreDisjointEqualAndReshuffledEachEpoch") {
@@ -199,7 +194,7 @@ TEST_CASE("PrefetcherHandsOutBatchesInSubmissionOrderAndRethrowsOnTheCaller") {
 }
 
 TEST_CASE("RankStateRoundTripsTheGlobalPositionAndReadsOlderFiles") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("trainer-test");
   TrainState s;
   s.step = 26;
   s.epoch = 1;
@@ -257,7 +252,7 @@ TEST_CASE("SyntheticDataHasAFloorBelowGuessing") {
 }
 
 TEST_CASE("CsvErrorsNameFileAndLine") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("trainer-test");
   std::ofstream(dir + "/d.csv") << "a,b,label\n1,2,0\n3,x,1\n";
   config::TrainConfig cfg;
   cfg.data.type = config::DataType::kCsv;
@@ -269,7 +264,7 @@ TEST_CASE("CsvErrorsNameFileAndLine") {
 }
 
 TEST_CASE("CsvLoadsFeaturesAndLabels") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("trainer-test");
   {
     std::ofstream f(dir + "/d.csv");
     f << "x1,label,x2\n";
@@ -286,7 +281,7 @@ TEST_CASE("CsvLoadsFeaturesAndLabels") {
 }
 
 TEST_CASE("CsvStandardisesWithTheTrainingRowsStatisticsOnly") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("trainer-test");
   {
     std::ofstream f(dir + "/d.csv");
     f << "x1,x2,label\n";
@@ -329,7 +324,7 @@ TEST_CASE("TransformerIsCausal") {
 }
 
 TEST_CASE("CheckpointRoundTripRestoresModelOptimizerAndPosition") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("trainer-test");
   config::ModelConfig m;
   m.mlp_layers = {4, 8, 2};
   torch::manual_seed(1);
@@ -431,7 +426,7 @@ TEST_CASE("NoDecayFindsNormalisationLayersOfATorchScriptModuleByType") {
   torch::jit::Module root(c10::QualifiedName("__torch__.Net"));
   root.register_module("final", norm);
   root.register_module("proj", linear);
-  const std::string path = TempDir() + "/net.pt";
+  const std::string path = testing::MakeTempDir("trainer-test") + "/net.pt";
   root.save(path);
   auto loaded = LoadScriptModule(path, "test");
   REQUIRE(loaded.ok());

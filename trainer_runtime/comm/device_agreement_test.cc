@@ -10,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "base/test_util.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
@@ -26,9 +27,7 @@ Platform CudaPlatform() {
   return *p;
 }
 
-bool Has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using launch::testing::Contains;
 
 constexpr int64_t kCpu = static_cast<int64_t>(DeviceKind::kCpu);
 constexpr int64_t kCuda = static_cast<int64_t>(DeviceKind::kCuda);
@@ -44,12 +43,13 @@ TEST_CASE("DeviceKindsDisagreeingNameTheRanksOfEachKind") {
   CHECK((s.code() == Status::Code::kInvalidConfig));
   const std::string& m = s.message();
   INFO(m);
-  CHECK(Has(m, "ranks disagree on their device: ranks 2-3, 5 on cpu, ranks 0-1, 4 on cuda"));
-  CHECK(Has(m, "this rank, 2: cpu, no CUDA in this LibTorch"));
-  CHECK(Has(m, "CUDA_VISIBLE_DEVICES"));
-  CHECK(Has(m, "launch --cpu"));
+  CHECK(Contains(m, "ranks disagree on their device: ranks 2-3, 5 on cpu, ranks 0-1, 4 on cuda"));
+  CHECK(Contains(m, "this rank, 2: cpu, no CUDA in this LibTorch"));
+  CHECK(Contains(m, "CUDA_VISIBLE_DEVICES"));
+  CHECK(Contains(m, "launch --cpu"));
   // A rank that wrote nothing (0) is named as such.
-  CHECK(Has(DeviceKindsAgree({kCpu, 0}, 0, Platform()).message(), "rank 1 on an unknown device"));
+  CHECK(Contains(DeviceKindsAgree({kCpu, 0}, 0, Platform()).message(),
+                 "rank 1 on an unknown device"));
 }
 
 TEST_CASE("CheckDeviceKindsAgreeComparesTheRanksOverTheGroup") {
@@ -85,9 +85,9 @@ TEST_CASE("CheckDeviceKindsAgreeComparesTheRanksOverTheGroup") {
         continue;
       }
       CHECK((results[r].code() == Status::Code::kInvalidConfig));
-      CHECK(Has(results[r].message(), "rank 0 on cpu, rank 1 on cuda"));
-      CHECK(Has(results[r].message(),
-                "this rank, " + std::to_string(r) + ": " + (r == 0 ? "cpu" : "cuda")));
+      CHECK(Contains(results[r].message(), "rank 0 on cpu, rank 1 on cuda"));
+      CHECK(Contains(results[r].message(),
+                     "this rank, " + std::to_string(r) + ": " + (r == 0 ? "cpu" : "cuda")));
     }
   }
 }

@@ -20,8 +20,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint64_t kMagic = 0x6c61756e63683270ull;  // "launch2p"
-constexpr uint32_t kVersion = 1;
+constexpr uint64_t kP2pMagic = 0x6c61756e63683270ull;  // "launch2p"
+constexpr uint32_t kP2pVersion = 1;
 constexpr uint32_t kMessageMagic = 0x7032706d;  // "mp2p"
 // The segment: this page, then the ring.
 constexpr size_t kHeaderBytes = 4096;
@@ -388,9 +388,9 @@ StatusOr<ShmPointToPoint::Outgoing*> ShmPointToPoint::GetOutgoing(int dst) {
     } else {
       out->base = base;
       auto* h = new (base) SegmentHeader();
-      h->magic = kMagic;
+      h->magic = kP2pMagic;
       h->token = std::random_device{}() | (static_cast<uint64_t>(std::random_device{}()) << 32);
-      h->version = kVersion;
+      h->version = kP2pVersion;
       h->sender = rank_;
       h->receiver = dst;
       h->ring_bytes = ring;
@@ -537,7 +537,7 @@ Status ShmPointToPoint::OpenIncoming(Incoming* in, bool block, bool* not_yet) {
         if (!base) {
           status = Status::IoError("shared-memory send/recv: rank " + std::to_string(rank_) + " " +
                                    error);
-        } else if (h->magic != kMagic || h->token != token || h->version != kVersion ||
+        } else if (h->magic != kP2pMagic || h->token != token || h->version != kP2pVersion ||
                    h->sender != in->peer || h->receiver != rank_ ||
                    h->ring_bytes != size - kHeaderBytes) {
           ::munmap(base, size);

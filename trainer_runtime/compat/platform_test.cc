@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "base/test_util.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
@@ -28,9 +29,7 @@ DistEnv Node(int local_rank, int local_world_size) {
   return env;
 }
 
-bool Has(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using launch::testing::Contains;
 
 TEST_CASE("PlatformDefaultsToTheCpuWithGlooAndNoAutocast") {
   auto p = Platform::Create(DistEnv(), "no", PlatformFacts());
@@ -42,7 +41,7 @@ TEST_CASE("PlatformDefaultsToTheCpuWithGlooAndNoAutocast") {
   CHECK(p->shared_memory_transports());
   CHECK_FALSE(p->autocast().enabled);
   CHECK(p->CheckAutocast().ok());
-  CHECK(Has(p->Describe(), "cpu (no CUDA in this LibTorch), Gloo"));
+  CHECK(Contains(p->Describe(), "cpu (no CUDA in this LibTorch), Gloo"));
   // A default-constructed Platform is the same CPU.
   CHECK((Platform().device_kind() == DeviceKind::kCpu));
 }
@@ -65,7 +64,7 @@ TEST_CASE("PlatformPutsEachLocalRankOnItsOwnCudaDeviceOverNccl") {
     CHECK_FALSE(p->shared_memory_transports());
     CHECK(p->why_cpu().empty());
   }
-  CHECK(Has(Platform::Create(Node(1, 2), "no", CudaFacts(2))->Describe(), "cuda:1, NCCL"));
+  CHECK(Contains(Platform::Create(Node(1, 2), "no", CudaFacts(2))->Describe(), "cuda:1, NCCL"));
 }
 
 TEST_CASE("PlatformRefusesMoreProcessesOnANodeThanVisibleCudaDevices") {
@@ -77,12 +76,12 @@ TEST_CASE("PlatformRefusesMoreProcessesOnANodeThanVisibleCudaDevices") {
     CHECK((p.status().code() == Status::Code::kInvalidConfig));
     const std::string& m = p.status().message();
     INFO(m);
-    CHECK(Has(m, "LOCAL_WORLD_SIZE 2"));
-    CHECK(Has(m, "2 processes on this node"));
-    CHECK(Has(m, "sees 1 CUDA device"));
-    CHECK(Has(m, visible_set ? "CUDA_VISIBLE_DEVICES='0'" : "CUDA_VISIBLE_DEVICES unset"));
-    CHECK(Has(m, "--num_processes 1"));
-    CHECK(Has(m, "--cpu"));
+    CHECK(Contains(m, "LOCAL_WORLD_SIZE 2"));
+    CHECK(Contains(m, "2 processes on this node"));
+    CHECK(Contains(m, "sees 1 CUDA device"));
+    CHECK(Contains(m, visible_set ? "CUDA_VISIBLE_DEVICES='0'" : "CUDA_VISIBLE_DEVICES unset"));
+    CHECK(Contains(m, "--num_processes 1"));
+    CHECK(Contains(m, "--cpu"));
   }
   // Rank 0 of the same node is refused too: it would wait for rank 1 forever.
   CHECK_FALSE(Platform::Create(Node(0, 2), "no", CudaFacts(1)).ok());
@@ -92,7 +91,7 @@ TEST_CASE("PlatformRefusesMoreProcessesOnANodeThanVisibleCudaDevices") {
   two_nodes.world_size = 4;
   auto p = Platform::Create(two_nodes, "no", CudaFacts(1));
   REQUIRE_FALSE(p.ok());
-  CHECK(Has(p.status().message(), "--num_processes 2"));
+  CHECK(Contains(p.status().message(), "--num_processes 2"));
 }
 
 TEST_CASE("PlatformKeepsTheCpuWhenTheJobAsksForIt") {
@@ -102,7 +101,7 @@ TEST_CASE("PlatformKeepsTheCpuWhenTheJobAsksForIt") {
   REQUIRE(p.ok());  // more processes than devices is fine on the CPU
   CHECK((p->device_kind() == DeviceKind::kCpu));
   CHECK((p->backend() == CollectiveBackend::kGloo));
-  CHECK(Has(p->why_cpu(), "launch --cpu"));
+  CHECK(Contains(p->why_cpu(), "launch --cpu"));
   // The environment launch --cpu sets reaches it through ParseDistEnv.
   auto parsed = ParseDistEnv({{"ACCELERATE_USE_CPU", "true"}});
   REQUIRE(parsed.ok());
@@ -115,7 +114,7 @@ TEST_CASE("PlatformStaysOnTheCpuWithoutNcclOrVisibleDevices") {
   auto p = Platform::Create(Node(0, 2), "no", no_nccl);
   REQUIRE(p.ok());
   CHECK_FALSE(p->is_cuda());
-  CHECK(Has(p->why_cpu(), "no NCCL"));
+  CHECK(Contains(p->why_cpu(), "no NCCL"));
   p = Platform::Create(Node(0, 2), "no", CudaFacts(0));
   REQUIRE(p.ok());
   CHECK_FALSE(p->is_cuda());
@@ -135,7 +134,7 @@ TEST_CASE("PlatformAutocastFollowsTheDevice") {
   CHECK((cuda->autocast().device_type == c10::DeviceType::CUDA));
   CHECK((cuda->autocast().dtype == c10::ScalarType::BFloat16));
   CHECK(cuda->CheckAutocast().ok());  // torch.autocast("cuda", torch.bfloat16)
-  CHECK(Has(cuda->Describe(), "cuda:0, NCCL, autocast bf16 on cuda"));
+  CHECK(Contains(cuda->Describe(), "cuda:0, NCCL, autocast bf16 on cuda"));
 
   // fp16 needs loss scaling, on either device; fp8 Transformer Engine.
   for (const PlatformFacts& facts : {PlatformFacts(), CudaFacts(1)}) {
@@ -144,15 +143,16 @@ TEST_CASE("PlatformAutocastFollowsTheDevice") {
     CHECK((fp16->autocast().dtype == c10::ScalarType::Half));
     const Status refused = fp16->CheckAutocast();
     CHECK((refused.code() == Status::Code::kInvalidConfig));
-    CHECK(Has(refused.message(), "mixed_precision: fp16 needs dynamic loss scaling"));
-    CHECK(Has(refused.message(), facts.libtorch_cuda ? "autocast on CUDA" : "the CPU"));
-    CHECK(Has(Platform::Create(Node(0, 1), "fp8", facts)->CheckAutocast().message(),
-              "mixed_precision: 'fp8' needs Transformer Engine"));
+    CHECK(Contains(refused.message(), "mixed_precision: fp16 needs dynamic loss scaling"));
+    CHECK(Contains(refused.message(), facts.libtorch_cuda ? "autocast on CUDA" : "the CPU"));
+    CHECK(Contains(Platform::Create(Node(0, 1), "fp8", facts)->CheckAutocast().message(),
+                   "mixed_precision: 'fp8' needs Transformer Engine"));
   }
 
   auto bad = Platform::Create(DistEnv(), "fp32", PlatformFacts());
   REQUIRE_FALSE(bad.ok());
-  CHECK(Has(bad.status().message(), "mixed_precision: expected no, bf16, fp16 or fp8, got 'fp32'"));
+  CHECK(Contains(bad.status().message(),
+                 "mixed_precision: expected no, bf16, fp16 or fp8, got 'fp32'"));
 }
 
 TEST_CASE("PlatformLetsTestRanksShareOneGpuOverGloo") {
@@ -165,7 +165,7 @@ TEST_CASE("PlatformLetsTestRanksShareOneGpuOverGloo") {
     REQUIRE(p.ok());
     CHECK(p->cuda_device() == local_rank % 2);
     CHECK((p->backend() == CollectiveBackend::kGloo));
-    CHECK(Has(p->Describe(), ", Gloo (LAUNCH_TEST_SHARE_GPU)"));
+    CHECK(Contains(p->Describe(), ", Gloo (LAUNCH_TEST_SHARE_GPU)"));
   }
   // Without CUDA the switch changes nothing.
   DistEnv env = Node(1, 2);

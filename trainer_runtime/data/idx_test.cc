@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/test_skip.h"
+#include "base/test_util.h"
 #include "trainer_runtime/data/idx.h"
 
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
@@ -21,12 +22,6 @@ namespace launch::trainer {
 namespace {
 
 using Bytes = std::vector<uint8_t>;
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/idx-test-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
 
 void PutBigEndian32(Bytes* out, uint32_t v) {
   out->push_back(static_cast<uint8_t>(v >> 24));
@@ -79,7 +74,7 @@ bool Contains(const Status& s, const std::string& part) {
 const IdxOptions kUnit{/*mean=*/0.0, /*std=*/1.0};
 
 TEST_CASE("IdxLoadsRawFilesWithShapesAndValues") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("idx-test");
   WriteRaw(dir + "/train-images-idx3-ubyte", Images(3, 2, 4));
   WriteRaw(dir + "/train-labels-idx1-ubyte", Labels(3));
   auto ds = IdxDataset::Load(dir, IdxSplit::kTrain, kUnit);
@@ -95,7 +90,7 @@ TEST_CASE("IdxLoadsRawFilesWithShapesAndValues") {
 }
 
 TEST_CASE("IdxNormalisesWithFashionMnistStatisticsByDefault") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("idx-test");
   WriteRaw(dir + "/train-images-idx3-ubyte", Idx(2051, {1, 1, 3}, {0, 255, 51}));
   WriteRaw(dir + "/train-labels-idx1-ubyte", Labels(1));
   auto ds = IdxDataset::Load(dir, IdxSplit::kTrain);
@@ -110,7 +105,7 @@ TEST_CASE("IdxNormalisesWithFashionMnistStatisticsByDefault") {
 }
 
 TEST_CASE("IdxReadsGzipAndPrefersItOverTheRawFile") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("idx-test");
   WriteGzip(dir + "/t10k-images-idx3-ubyte.gz", Images(5, 3, 3));
   WriteGzip(dir + "/t10k-labels-idx1-ubyte.gz", Labels(5));
   // A raw pair of another size beside them: the .gz must win.
@@ -124,7 +119,7 @@ TEST_CASE("IdxReadsGzipAndPrefersItOverTheRawFile") {
 }
 
 TEST_CASE("IdxGetBatchSelectsRowsInOrder") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("idx-test");
   WriteRaw(dir + "/train-images-idx3-ubyte", Images(6, 2, 2));
   WriteRaw(dir + "/train-labels-idx1-ubyte", Labels(6));
   auto ds = IdxDataset::Load(dir, IdxSplit::kTrain, kUnit);
@@ -138,7 +133,7 @@ TEST_CASE("IdxGetBatchSelectsRowsInOrder") {
 }
 
 TEST_CASE("IdxMissingFileIsNotFoundNamingThePath") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("idx-test");
   auto none = IdxDataset::Load(dir, IdxSplit::kTrain);
   REQUIRE_FALSE(none.ok());
   CHECK(none.status().code() == Status::Code::kNotFound);
@@ -151,7 +146,7 @@ TEST_CASE("IdxMissingFileIsNotFoundNamingThePath") {
 }
 
 TEST_CASE("IdxRejectsBadMagicNamingTheFile") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("idx-test");
   // Labels where the images belong (a swapped pair), and garbage where the labels belong.
   WriteRaw(dir + "/train-images-idx3-ubyte", Labels(4));
   WriteRaw(dir + "/train-labels-idx1-ubyte", Labels(4));
@@ -175,7 +170,7 @@ TEST_CASE("IdxRejectsBadMagicNamingTheFile") {
 }
 
 TEST_CASE("IdxRejectsTruncatedAndOversizedData") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("idx-test");
   Bytes images = Images(4, 3, 3);
   WriteRaw(dir + "/train-labels-idx1-ubyte", Labels(4));
 
@@ -214,7 +209,7 @@ TEST_CASE("IdxRejectsTruncatedAndOversizedData") {
 }
 
 TEST_CASE("IdxRejectsATruncatedGzipStream") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("idx-test");
   std::string gz = dir + "/t10k-images-idx3-ubyte.gz";
   WriteGzip(gz, Images(50, 28, 28));
   WriteGzip(dir + "/t10k-labels-idx1-ubyte.gz", Labels(50));
@@ -225,7 +220,7 @@ TEST_CASE("IdxRejectsATruncatedGzipStream") {
 }
 
 TEST_CASE("IdxRejectsDifferentImageAndLabelCounts") {
-  std::string dir = TempDir();
+  std::string dir = testing::MakeTempDir("idx-test");
   WriteRaw(dir + "/train-images-idx3-ubyte", Images(3, 2, 2));
   WriteRaw(dir + "/train-labels-idx1-ubyte", Labels(2));
   auto ds = IdxDataset::Load(dir, IdxSplit::kTrain);

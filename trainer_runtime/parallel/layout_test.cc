@@ -1,10 +1,9 @@
 #include "trainer_runtime/parallel/layout.h"
 
-#include <doctest/doctest.h>
-
 #include <set>
 
 #include "config/train_keys.h"
+#include "trainer_runtime/util/doctest_torch.h"  // last (see there)
 
 namespace launch::trainer {
 namespace {

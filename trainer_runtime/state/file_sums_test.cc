@@ -1,21 +1,16 @@
 #include "trainer_runtime/state/file_sums.h"
 
-#include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <string>
 
 #include "base/files.h"
+#include "base/test_util.h"
+#include "trainer_runtime/util/doctest_torch.h"  // last (see there)
 
 namespace launch::trainer {
 namespace {
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/file-sums-test-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
 
 TEST_CASE("Sha256 matches FIPS 180-2's examples, streamed or whole") {
   Sha256 whole;
@@ -28,7 +23,7 @@ TEST_CASE("Sha256 matches FIPS 180-2's examples, streamed or whole") {
 }
 
 TEST_CASE("a recorded folder checks whole; a changed, missing or unlisted file is named") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("file-sums-test");
   REQUIRE(MakeDirs(dir + "/pair1").ok());
   {
     RecordingWrites outer;
@@ -83,7 +78,7 @@ TEST_CASE("a recorded folder checks whole; a changed, missing or unlisted file i
 }
 
 TEST_CASE("JoinFileSums names the rank whose list is missing") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("file-sums-test");
   REQUIRE(WriteRankFileSums(dir, 0, {}).ok());
   const Status s = JoinFileSums(dir, 2, {});
   CHECK(!s.ok());

@@ -11,17 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "base/files.h"
+#include "base/test_util.h"
 
 namespace launch::trainer {
 namespace {
 
 using nlohmann::json;
-
-std::string TempDir() {
-  char tmpl[] = "/tmp/timeline-test-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
 
 json Parse(const std::string& path) {
   StatusOr<std::string> text = ReadFile(path);
@@ -43,7 +38,7 @@ TEST_CASE("TimelineNamesRoundTripThroughWriteRankAndMerge") {
   timeline.EndAsync(timeline.BeginAsync(track.c_str(), name));
   timeline.EndStep();
 
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("timeline-test");
   REQUIRE(timeline.WriteRank(dir + "/rank3.json").ok());
   REQUIRE(WriteFileAtomically(dir + "/empty.json", "[]\n").ok());
   REQUIRE(Timeline::Merge({dir + "/empty.json", dir + "/rank3.json"}, dir + "/timeline.json").ok());
@@ -72,7 +67,7 @@ TEST_CASE("TimelineNamesRoundTripThroughWriteRankAndMerge") {
 }
 
 TEST_CASE("TimelineMergeRejectsAFileThatIsNoArray") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::MakeTempDir("timeline-test");
   REQUIRE(WriteFileAtomically(dir + "/rank0.json", "{\"ph\": \"X\"}\n").ok());
   const Status s = Timeline::Merge({dir + "/rank0.json"}, dir + "/timeline.json");
   CHECK(s.code() == Status::Code::kIoError);
