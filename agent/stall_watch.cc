@@ -134,8 +134,8 @@ RingAnalysis AnalyzeRings(const std::vector<RankView>& ranks, uint64_t now_ns,
   // A wait counts from its own start: a rank that enters its first collective while a peer
   // still starts up (imports torch on a loaded machine) has waited for nothing yet, however
   // long ago the rings were made.
-  const uint64_t waited_ns = oldest && now_ns > oldest->enqueued_ns ? now_ns - oldest->enqueued_ns
-                                                                    : 0;
+  const uint64_t waited_ns =
+      oldest && now_ns > oldest->enqueued_ns ? now_ns - oldest->enqueued_ns : 0;
   a.stalled = timeout_ns > 0 && idle_ns >= timeout_ns &&
               (any_stopped || (!a.waiting.empty() && waited_ns >= timeout_ns));
 

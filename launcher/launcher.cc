@@ -718,10 +718,11 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
   } else if (!cfg.extra_args.empty()) {
     // `launch job.yaml -- PROGRAM`: what follows `--` goes to the trainer of job.yaml.
     return Status::InvalidConfig(
-        cfg.config_path + ": has no `train:` section, and what follows `--` is passed to the "
-                          "trainer it would describe; to run a program with this file's launch "
-                          "settings, give `--config_file " + cfg.config_path + " -- " +
-        cfg.extra_args.front() + " ...`");
+        cfg.config_path +
+        ": has no `train:` section, and what follows `--` is passed to the "
+        "trainer it would describe; to run a program with this file's launch "
+        "settings, give `--config_file " +
+        cfg.config_path + " -- " + cfg.extra_args.front() + " ...`");
   } else {
     return Status::InvalidConfig(cfg.config_path +
                                  ": has no `train:` section; give `-- PROGRAM ARGS` to run a "

@@ -137,9 +137,9 @@ void RendezvousClient::Connect() {
   // run past the deadline the failure names.
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline_ - std::chrono::steady_clock::now());
-  retry_timer_.expires_after(std::max(std::chrono::milliseconds(1),
-                                      std::min<std::chrono::milliseconds>(
-                                          options_.handshake_timeout, left)));
+  retry_timer_.expires_after(
+      std::max(std::chrono::milliseconds(1),
+               std::min<std::chrono::milliseconds>(options_.handshake_timeout, left)));
   retry_timer_.async_wait([socket](const boost::system::error_code& ec) {
     if (!ec) {
       boost::system::error_code ignored;

@@ -1,10 +1,10 @@
 #include "trainer_runtime/api/accelerator.h"
 
 #include <dirent.h>
-#include <sys/stat.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -130,8 +130,7 @@ std::string CheckpointDamage(Accelerator& accel, const std::string& dir, int64_t
   for (const std::string& d : check.damage)
     std::fprintf(stderr, "train: rank %d: checkpoint %s: %s\n", accel.rank(), step_dir.c_str(),
                  d.c_str());
-  auto counts = torch::tensor({static_cast<double>(check.damage.size()),
-                               check.listed ? 0.0 : 1.0},
+  auto counts = torch::tensor({static_cast<double>(check.damage.size()), check.listed ? 0.0 : 1.0},
                               torch::kDouble);
   accel.AllReduceSum(counts);
   const int64_t damaged = static_cast<int64_t>(counts[0].item<double>());
@@ -485,14 +484,16 @@ StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<in
   for (std::string damage = CheckpointDamage(*this, dir, mine); !damage.empty();
        damage = CheckpointDamage(*this, dir, mine)) {
     const std::vector<int64_t> saved = SavedSteps(dir);
-    const auto earlier = std::find_if(saved.rbegin(), saved.rend(),
-                                      [&](int64_t s) { return s < mine; });
+    const auto earlier =
+        std::find_if(saved.rbegin(), saved.rend(), [&](int64_t s) { return s < mine; });
     const std::string what = "the checkpoint of step " + std::to_string(mine) + " in " + dir +
                              " is damaged (" + damage + ")";
     if (step || earlier == saved.rend())
       return Status::IoError(
-          what + (step ? "" : " and no earlier checkpoint is kept (train.checkpoint_keep keeps "
-                              "more)") +
+          what +
+          (step ? ""
+                : " and no earlier checkpoint is kept (train.checkpoint_keep keeps "
+                  "more)") +
           ": restore the files, or start a new run (`resume: never` or another output_dir)");
     Print("train: " + what + "; resuming from step " + std::to_string(*earlier) +
           ", the previous checkpoint kept");

@@ -42,8 +42,8 @@ std::string RankFileSumsPath(const std::string& step_dir, int rank) {
 }
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
-  LAUNCH_CHECK(ctx_ != nullptr && EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(),
-                                                    nullptr) == 1,
+  LAUNCH_CHECK(ctx_ != nullptr &&
+                   EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr) == 1,
                "SHA-256 init failed");
 }
 
@@ -127,8 +127,8 @@ Status JoinFileSums(const std::string& step_dir, int world,
   for (int r = 0; r < world; ++r) {
     StatusOr<std::string> part = ReadFile(RankFileSumsPath(step_dir, r));
     if (!part.ok())
-      return Status::IoError("the list of files rank " + std::to_string(r) + " wrote: " +
-                             part.status().message());
+      return Status::IoError("the list of files rank " + std::to_string(r) +
+                             " wrote: " + part.status().message());
     text += *part;
   }
   LAUNCH_RETURN_IF_ERROR(WriteFileAtomically(step_dir + "/" + kFileSumsName, text));
@@ -152,8 +152,9 @@ FileSumsCheck CheckFileSums(const std::string& step_dir, int part, int parts) {
     const std::string_view hash = std::string_view(line).substr(0, 64);
     const std::string path = line.size() > 66 ? line.substr(66) : std::string();
     if (!IsHex64(hash) || line.compare(64, 2, "  ") != 0 || !IsInsidePath(path)) {
-      if (part == 0) check.damage.push_back(std::string(kFileSumsName) + ": malformed line '" +
-                                            line.substr(0, 100) + "'");
+      if (part == 0)
+        check.damage.push_back(std::string(kFileSumsName) + ": malformed line '" +
+                               line.substr(0, 100) + "'");
       return check;
     }
     if (index++ % parts != part) continue;

@@ -86,8 +86,8 @@ Status JoinFileSums(const std::string& step_dir, int world,
 
 // What CheckFileSums found.
 struct FileSumsCheck {
-  bool listed = false;               // the folder has SHA256SUMS (older checkpoints do not)
-  std::vector<std::string> damage;   // one line per bad file of this part: "model.pt: missing"
+  bool listed = false;              // the folder has SHA256SUMS (older checkpoints do not)
+  std::vector<std::string> damage;  // one line per bad file of this part: "model.pt: missing"
 };
 // Hashes the entries i of `step_dir`/SHA256SUMS with i % parts == part and compares each with
 // its recorded hash. A missing list is `listed` false, not damage; an unreadable or malformed

@@ -484,12 +484,11 @@ Status Trainer::MaybeResume() {
   // which counts at any world size) the configured epochs are done. A `latest` naming no
   // saved folder is damage, for LoadState to fall back from, never a finished run.
   const std::vector<int64_t> saved = Accelerator::SavedSteps(dir);
-  const bool finished = latest.ok() &&
-                        std::find(saved.begin(), saved.end(), *latest) != saved.end() &&
-                        (*latest >= total_steps_ ||
-                                        (cfg_.max_steps == 0 && peeked_ &&
-                                         peeked_->data_world > 0 && peeked_->step == *latest &&
-                                         peeked_->epoch >= std::max<int64_t>(1, cfg_.epochs)));
+  const bool finished =
+      latest.ok() && std::find(saved.begin(), saved.end(), *latest) != saved.end() &&
+      (*latest >= total_steps_ ||
+       (cfg_.max_steps == 0 && peeked_ && peeked_->data_world > 0 && peeked_->step == *latest &&
+        peeked_->epoch >= std::max<int64_t>(1, cfg_.epochs)));
   if (latest.ok() && !explicit_path && accel_->env().restart_count == 0 && finished) {
     // A finished run's checkpoint: running the same command again trains afresh rather than
     // silently doing nothing, and the old checkpoint must not come back if this run is
