@@ -380,7 +380,9 @@ def report(a, bench, precisions):
             best = None
             for i in range(a.repeats):
                 row = make()
-                print(f"  ran: {p} {row['label']}", flush=True)
+                # The numbers as they come, so that a run cut short by its deadline still reports.
+                print(f"  ran: {p} {row['label']}: train {row['train']} torch {row['torch']}",
+                      flush=True)
                 if best is None:
                     best = row
                 else:

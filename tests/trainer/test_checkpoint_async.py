@@ -32,6 +32,21 @@ train:
 """
 
 
+def writing_into(pid, folder):
+    """Whether process `pid` has a file under `folder` open."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(folder + "/"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 def latest(ckpt):
     with open(os.path.join(ckpt, "latest")) as f:
         return int(f.read())
@@ -60,7 +75,10 @@ class AsyncCheckpointTest(unittest.TestCase):
         try:
             # Stop both workers while rank 0's writer runs, after a first checkpoint was
             # committed. Stopped, no worker can reach the step boundary that would commit the
-            # save being written; a writer that finished meanwhile means another try.
+            # save being written. The writer is stopped too, but only once it has a file of the
+            # checkpoint open: that comes after it asked to die with its worker
+            # (PR_SET_PDEATHSIG), and a child stopped between its fork and that request would
+            # outlive any worker. A writer that finished meanwhile means another try.
             deadline = time.monotonic() + 120
             while writer is None and time.monotonic() < deadline:
                 self.assertIsNone(procs[0].poll(), "the run ended before a kill landed")
@@ -71,15 +89,21 @@ class AsyncCheckpointTest(unittest.TestCase):
                     continue
                 for p in procs:
                     p.send_signal(signal.SIGSTOP)
-                if harness.alive(kids[0]):
-                    writer = kids[0]
-                else:
+                for _ in range(500):  # up to ~1 s: the writer runs on while its worker is stopped
+                    if not harness.alive(kids[0]):
+                        break
+                    if writing_into(kids[0], ckpt):
+                        os.kill(kids[0], signal.SIGSTOP)
+                        if harness.alive(kids[0]):
+                            writer = kids[0]
+                        break
+                    time.sleep(0.002)
+                if writer is None:
                     for p in procs:
                         p.send_signal(signal.SIGCONT)
             self.assertIsNotNone(writer, "never saw a checkpoint writer at work")
             committed = latest(ckpt)
-            # The writer is stopped too: only its worker's death can end it now.
-            os.kill(writer, signal.SIGSTOP)
+            # The writer is stopped: only its worker's death can end it now.
             for p in procs:
                 p.send_signal(signal.SIGKILL)
                 p.wait(timeout=30)  # not their pipes: a live writer would hold them open

@@ -3,7 +3,8 @@ same parameters to fp32 tolerance at world size 1, and at 2 with LAUNCH_TEST_SHA
 ranks on one GPU, their CUDA tensors over Gloo: NCCL refuses two ranks on one device), for none,
 ddp, zero 1/2/3, Local SGD, DiLoCo and a two-stage pipeline; bf16 autocast on CUDA trains close
 to fp32 but not equal to it; a checkpoint written on the GPU resumes there to the undisturbed
-run's parameters. Skipped (machine-dependent) without a CUDA LibTorch and a GPU."""
+run's parameters. Skipped (machine-dependent) without a CUDA LibTorch and a GPU; what runs
+everywhere is the check that every job of them is a config `launch` accepts."""
 
 import os
 import shutil
@@ -27,8 +28,7 @@ train:
   checkpoint_every: {ckpt}
   resume: {resume}
   local_sgd_steps: {local_sgd}
-  local_sgd: {diloco}
-  parallel: {parallel}
+{diloco}  parallel: {parallel}
 mixed_precision: {precision}
 """
 
@@ -44,6 +44,36 @@ MODES = [
     ("diloco", "{mode: ddp}", 4, "{outer: nesterov, outer_lr: 0.7, outer_momentum: 0.9}"),
     ("pipeline", "{mode: pipeline, stages: 2, microbatches: 4}", 0, AVERAGE),
 ]
+
+
+def job_config(tmp, name, parallel, local_sgd=0, diloco=AVERAGE, precision="no", steps=20,
+               ckpt=0, resume="never", out=None):
+    """The config file of one job of these tests."""
+    # train.local_sgd is refused without local_sgd_steps
+    section = f"  local_sgd: {diloco}\n" if local_sgd > 0 else ""
+    return write_config(tmp, BASE.format(
+        out=out or os.path.join(tmp, name), steps=steps, ckpt=ckpt, resume=resume,
+        local_sgd=local_sgd, diloco=section, parallel=parallel, precision=precision),
+        name + ".yaml")
+
+
+class JobConfigsTest(unittest.TestCase):
+    """Runs everywhere: the GPU tests' jobs are configs `launch` accepts, so that a rule added
+    to the config cannot break them unseen on machines without a GPU."""
+
+    def test_every_job_of_the_gpu_tests_is_a_valid_config(self):
+        tmp = harness.tmpdir()
+        jobs = [(name, parallel, local_sgd, diloco, "no") for name, parallel, local_sgd, diloco
+                in MODES]
+        jobs += [("bf16_zero", "{mode: zero, zero_stage: 2}", 0, AVERAGE, "bf16"),
+                 ("bf16_pipe", "{mode: pipeline, stages: 2, microbatches: 4}", 0, AVERAGE, "bf16")]
+        for name, parallel, local_sgd, diloco, precision in jobs:
+            with self.subTest(job=name):
+                cfg = job_config(tmp, name, parallel, local_sgd, diloco, precision, ckpt=10,
+                                 resume="auto")
+                r = subprocess.run([harness.LAUNCH, "--nproc_per_node", "2", "--print_config", cfg], capture_output=True,
+                                   text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, r.stderr)
 
 
 def gpu_reason():
@@ -74,9 +104,8 @@ class GpuModesTest(unittest.TestCase):
     def run_job(self, name, world, parallel, local_sgd=0, diloco=AVERAGE, device="cuda",
                 precision="no", steps=20, ckpt=0, resume="never", out=None):
         out = out or os.path.join(self.tmp, name)
-        cfg = write_config(self.tmp, BASE.format(
-            out=out, steps=steps, ckpt=ckpt, resume=resume, local_sgd=local_sgd, diloco=diloco,
-            parallel=parallel, precision=precision), name + ".yaml")
+        cfg = job_config(self.tmp, name, parallel, local_sgd, diloco, precision, steps, ckpt,
+                         resume, out)
         env = {"ACCELERATE_USE_CPU": "1"} if device == "cpu" else {}
         if device == "cuda" and world > 1:
             env["LAUNCH_TEST_SHARE_GPU"] = "1"
