@@ -488,6 +488,25 @@ void RoundMachine::OnJoinTimeout(int64_t now_us) {
                         "); missing " + std::to_string(spec_->min_nodes - joined_) +
                         " node(s), unclaimed node ranks: " + RankRanges(unclaimed, 16);
   if (round_ > 0) {
+    // Members told to restart that are still connected but have not joined again are stopping
+    // their workers (up to their stop_grace, which may be as long as join_timeout: the hosting
+    // node's own agent among them). They are alive and on their way: one more join_timeout.
+    std::vector<std::string> stopping;
+    for (const auto& [id, s] : sessions_)
+      if (s.participant && !s.closing && !s.join && stopping.size() < kListed)
+        stopping.push_back(Describe(s));
+    if (!stopping.empty() && !join_extended_) {
+      join_extended_ = true;
+      Log("round " + std::to_string(round_) + ": " + std::to_string(joined_) + " of " +
+          std::to_string(spec_->min_nodes) + " nodes joined within join_timeout (" +
+          Seconds(spec_->join_timeout_s) + "); waiting one more join_timeout for the connected " +
+          "node(s) still stopping their workers: " + Join(stopping, ", "));
+      Arm(TimerId::kJoin, now_us + Micros(spec_->join_timeout_s));
+      return;
+    }
+    if (!stopping.empty())
+      message += "; still connected but not joined again after twice join_timeout: " +
+                 Join(stopping, ", ");
     // A restart round that never re-formed: no replacement for a lost node arrived. The job
     // ends with the failure that started the round as its root cause.
     FailJob("job failed: " + last_restart_reason_ + "; no replacement node joined: " + message,
@@ -794,6 +813,7 @@ void RoundMachine::StartNewRound(bool counts_as_restart, const std::string& reas
   pending_failure_.reset();
   state_ = JobState::kWaiting;
   round_started_us_ = now_us;
+  join_extended_ = false;
   Log("starting round " + std::to_string(round_) + ": " + reason);
   RestartNotice notice;
   notice.next_round = round_;

@@ -17,7 +17,9 @@
 //    quarter of heartbeat_timeout it is replaced (ERROR to it, treated as lost); otherwise only
 //    the newcomer is refused, naming both hosts.
 //  * Round closing: MAX joined closes at once; MIN arms last_call; a later round closes when
-//    every connected participant re-joined; below MIN at join_timeout the job fails.
+//    every connected participant re-joined; below MIN at join_timeout the job fails, except that
+//    a restart round waits one more join_timeout for members still connected and not yet
+//    re-joined (stopping their workers: the hosting node's own agent may take stop_grace).
 //  * A JOIN while the job runs: scale-up below MAX (no restart spent), otherwise a spare. A
 //    spare never assigned gets FAILED when the job ends, never DONE.
 //  * Failures: the earliest (by corrected time) within kRootCauseWindow of the first one is the
@@ -219,6 +221,7 @@ class RoundMachine {
   std::string last_restart_reason_;                // what started the latest restart round
   std::optional<FailureReport> last_restart_report_;
   int64_t round_started_us_ = 0;
+  bool join_extended_ = false;  // this restart round had its one more join_timeout
   std::optional<int64_t> timer_at_[kTimerCount];  // deadline of each pending timer
 
   // Kept by Count() over sessions that are not closing.

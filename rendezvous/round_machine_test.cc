@@ -457,6 +457,40 @@ TEST_CASE("LostAgentBelowMinFailsTheSurvivorsWhenNoReplacementComes") {
   CHECK(Contains(d.Failed(a)->report->reason, "node lost"));
 }
 
+TEST_CASE("ARestartRoundWaitsOnceMoreForAConnectedMemberStillStoppingItsWorkers") {
+  // Node c is lost; its replacement n joins in time, but member b (the hosting node's own
+  // agent, stopping its workers for up to stop_grace) re-joins after join_timeout.
+  for (const bool b_comes : {true, false}) {
+    CAPTURE(b_comes);
+    Driver d;
+    JoinRequest j = Join(3, 3, -1);
+    j.max_restarts = 5;
+    j.join_timeout_s = 0.5;
+    SessionId a = d.Joined(j), b = d.Joined(j), c = d.Joined(j);
+    d.Lose(c);
+    d.Advance(kRootCauseWindow);
+    REQUIRE(d.Restarts(a).size() == 1);
+    d.Rejoin(a, j);
+    SessionId n = d.Joined(j);
+    d.Advance(milliseconds(500));
+    CHECK_FALSE(d.Failed(a));
+    CHECK(d.Assignments(n).empty());
+    if (b_comes) {
+      d.Advance(milliseconds(300));
+      d.Rejoin(b, j);
+      REQUIRE(d.Assignments(n).size() == 1);
+      CHECK(d.Assignments(n)[0].num_nodes == 3);
+      CHECK_FALSE(d.Failed(a));
+    } else {
+      d.Advance(milliseconds(499));
+      CHECK_FALSE(d.Failed(a));
+      d.Advance(milliseconds(1));
+      REQUIRE(d.Failed(a));
+      CHECK(Contains(d.Failed(a)->message, "still connected but not joined again"));
+    }
+  }
+}
+
 TEST_CASE("LostAgentBelowMinIsReplacedByANewAgentAndTheJobGoesOn") {
   Driver d;
   JoinRequest j = Join(2, 2, -1);

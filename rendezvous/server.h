@@ -17,7 +17,9 @@
 //    both hosts. The rest get the free ranks in join order.
 //  * Round closing. MAX joined: close now. MIN joined: close after last_call_timeout (more may
 //    come). A later round (after a restart) closes as soon as every connected agent re-joined.
-//    Not MIN within join_timeout: every waiting agent fails, naming the missing ranks.
+//    Not MIN within join_timeout: every waiting agent fails, naming the missing ranks; a later
+//    round first waits one more join_timeout when agents of the last round are still connected
+//    without having re-joined (stopping their workers, up to their stop_grace).
 //  * The assignment: node ranks, global rank offsets (prefix sums of each node's local world
 //    size, so nodes may run different numbers of workers), MASTER_PORT = the free port node 0
 //    reserved, MASTER_ADDR = node 0's address as this server saw its connection, except when

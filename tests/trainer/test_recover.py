@@ -118,6 +118,27 @@ class RecoverInPlaceTest(unittest.TestCase):
         text = self.check_recovered("two", "1:6:backward,2:15:backward", [1, 2])
         self.assertIn("replacement (generation 2) took the state of step", text)
 
+    def test_two_ranks_lost_at_once_meet_in_one_generation_and_end_bit_identical(self):
+        # Each replacement announces a generation of its own. The group of the first never
+        # fills (the second replacement goes to its own): everyone meets in the second, at
+        # once, instead of forming the first and waiting out the group timeout.
+        r, out, marker = self.run_job("both", "1:9:backward,2:9:backward")
+        text = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, text[-4000:])
+        self.assertEqual(final(out)["param_checksum"],
+                         final(self.reference[1])["param_checksum"], text[-4000:])
+        self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
+        replaced = [int(x) for x in re.findall(r"starting a replacement for rank (\d+) alone", text)]
+        self.assertEqual(sorted(replaced), [1, 2], text[-4000:])
+        # Both replacements and the survivor in generation 2; nobody restarted.
+        self.assertEqual(len(re.findall(r"replacement \(generation 2\) took the state of step 8",
+                                        text)), 2, text[-4000:])
+        self.assertRegex(text, r"train: rank 0: recovered [0-9.]+ s after the failure: group "
+                               r"generation 2 with the replacement")
+        self.assertNotIn("resumed from", text)
+        self.assertNotRegex(text, r"restart \d of 3\b(?!, in place)")
+        self.check_clean(marker)
+
     def test_kill_during_a_checkpoint_skips_it_and_ends_bit_identical(self):
         # Checkpoints do not change the trajectory: the reference needs none.
         r, out, marker = self.run_job("ckpt", "1:8:checkpoint", ckpt=4)

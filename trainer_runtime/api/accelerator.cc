@@ -127,8 +127,12 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
     LAUNCH_ASSIGN_OR_RETURN(accel->store_,
                             ConnectStore(env, env.rank == 0 && !env.use_agent_store, timeout));
     if (env.recover_generation > 0) {
+      // Its own generation, or a newer one when another replacement started meanwhile.
       LAUNCH_RETURN_IF_ERROR(AnnounceGeneration(*accel->store_, env.recover_generation));
-      accel->generation_ = env.recover_generation;
+      LAUNCH_ASSIGN_OR_RETURN(
+          accel->generation_,
+          JoinGeneration(*accel->store_, env.recover_generation, env.world_size,
+                         RecoverWait(env, timeout), [] { return StopRequested(); }));
     }
     LAUNCH_ASSIGN_OR_RETURN(
         accel->pg_, CreateGroupOver(accel->store_, WorldGroupName(accel->generation_), env.rank,

@@ -5,6 +5,7 @@
 // around collective work, the signal flag's stop test and the seeds a resumed or replacement
 // rank draws from. Not installed.
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <string>
@@ -47,6 +48,14 @@ class AcceleratorInternals {
 
 // Whether the last signal received asks to stop (SIGTERM, SIGINT): a recovery stops waiting.
 bool StopRequested();
+
+// How long in-place recovery waits for the group of a new generation to fill: across machines
+// a replacement may be a whole new node, so the agent sizes it from the rendezvous' own
+// deadlines (LAUNCH_RECOVER_WAIT_S); otherwise the group's `timeout`.
+inline std::chrono::milliseconds RecoverWait(const DistEnv& env,
+                                             std::chrono::milliseconds timeout) {
+  return env.recover_wait_s > 0 ? std::chrono::milliseconds(env.recover_wait_s * 1000LL) : timeout;
+}
 
 // The seed of the CPU generator of a rank that resumes a checkpoint holding no RNG state of its
 // own (it joined at a world-size change): distinct per rank and per resume step, and distinct

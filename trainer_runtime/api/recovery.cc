@@ -130,10 +130,7 @@ Status Accelerator::ExchangeState() {
 
 Status Accelerator::Recover() {
   const int64_t step = step_ + 1;
-  // Across machines a replacement may be a whole new node: the agent sizes this wait from the
-  // rendezvous' own deadlines (LAUNCH_RECOVER_WAIT_S).
-  const std::chrono::milliseconds wait =
-      env_.recover_wait_s > 0 ? std::chrono::milliseconds(env_.recover_wait_s * 1000LL) : timeout_;
+  const std::chrono::milliseconds wait = RecoverWait(env_, timeout_);
   std::fprintf(stderr,
                "train: rank %d (pid %d): lost a peer during step %lld (%s); waiting up to %lld s "
                "for its replacement\n",
@@ -145,9 +142,9 @@ Status Accelerator::Recover() {
     if (rank() != 0 || env_.use_agent_store) {
       LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
     }
-    LAUNCH_ASSIGN_OR_RETURN(const int generation, WaitForGeneration(*store_, generation_, wait, [] {
-                              return StopRequested();
-                            }));
+    LAUNCH_ASSIGN_OR_RETURN(const int generation,
+                            JoinGeneration(*store_, generation_ + 1, world_size(), wait,
+                                           [] { return StopRequested(); }));
     generation_ = generation;
     LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
                                                  world_size(), env_, timeout_));

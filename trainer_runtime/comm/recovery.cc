@@ -1,11 +1,37 @@
 #include "trainer_runtime/comm/recovery.h"
 
 #include <thread>
+#include <vector>
 
 #include "base/strings.h"
-#include "trainer_runtime/comm/shm_common.h"
 
 namespace launch::trainer {
+namespace {
+
+std::vector<uint8_t> Bytes(const std::string& text) { return {text.begin(), text.end()}; }
+
+// `value` of kGenerationKey as a number; IoError naming it when it is none.
+StatusOr<int64_t> ParseGeneration(const std::vector<uint8_t>& value) {
+  long long generation = 0;
+  const std::string text(value.begin(), value.end());
+  if (!ParseInt64(text, &generation))
+    return Status::IoError(std::string("the store's ") + kGenerationKey + " is not a number: '" +
+                           text + "'");
+  return static_cast<int64_t>(generation);
+}
+
+// The store's generation, 0 while none was announced. check() does not block, unlike get().
+StatusOr<int64_t> StoredGeneration(c10d::Store& store) {
+  if (!store.check({kGenerationKey})) return 0;
+  return ParseGeneration(store.get(kGenerationKey));
+}
+
+// Counts the ranks that arrived at a generation (store.add: one atomic step each).
+std::string ArrivedKey(int64_t generation) {
+  return "launch_recover/g" + std::to_string(generation) + "/arrived";
+}
+
+}  // namespace
 
 std::string WorldGroupName(int generation) {
   return generation == 0 ? "world" : "world.g" + std::to_string(generation);
@@ -13,33 +39,59 @@ std::string WorldGroupName(int generation) {
 
 Status AnnounceGeneration(c10d::Store& store, int generation) {
   try {
-    // Last writer wins: replacements start one after the other, each with a higher number.
-    shm::StoreSet(store, kGenerationKey, std::to_string(generation));
-    return Status::Ok();
+    // The key only grows: a replacement that starts after a newer one (two ranks lost at once,
+    // their replacements racing) leaves it. compareSet writes only over the value read (an
+    // empty one matches a missing key) and otherwise returns the value that won; each retry
+    // follows another replacement's write, so the loop ends within a few turns.
+    const std::vector<uint8_t> mine = Bytes(std::to_string(generation));
+    std::vector<uint8_t> seen;
+    if (store.check({kGenerationKey})) seen = store.get(kGenerationKey);
+    for (int turn = 0; turn < 1000; ++turn) {
+      if (!seen.empty()) {
+        LAUNCH_ASSIGN_OR_RETURN(const int64_t current, ParseGeneration(seen));
+        if (current >= generation) return Status::Ok();
+      }
+      std::vector<uint8_t> now = store.compareSet(kGenerationKey, seen, mine);
+      if (now == mine) return Status::Ok();
+      seen = std::move(now);
+    }
+    return Status::IoError("announcing recovery generation " + std::to_string(generation) +
+                           ": the store's " + kGenerationKey + " kept changing");
   } catch (const std::exception& e) {
     return Status::IoError("announcing recovery generation " + std::to_string(generation) +
                            " in the store: " + e.what());
   }
 }
 
-StatusOr<int> WaitForGeneration(c10d::Store& store, int after, std::chrono::milliseconds timeout,
-                                const std::function<bool()>& stop) {
+StatusOr<int> JoinGeneration(c10d::Store& store, int at_least, int world_size,
+                             std::chrono::milliseconds timeout, const std::function<bool()>& stop) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int64_t joined = 0;   // the generation this rank counted itself in at (0: none yet)
+  int64_t arrived = 0;  // how many had arrived there when last asked
   try {
     for (;;) {
-      // check() does not block, unlike get(): the loop stays responsive to `stop`.
-      if (store.check({kGenerationKey})) {
-        long long generation = 0;
-        const std::string text = shm::StoreGet(store, kGenerationKey);
-        if (!ParseInt64(text, &generation))
-          return Status::IoError(std::string("the store's ") + kGenerationKey +
-                                 " is not a number: '" + text + "'");
-        if (generation > after) return static_cast<int>(generation);
+      // The count before the key: once everyone arrived at `joined`, that generation forms,
+      // even if a newer one was announced since (a loss after that is a recovery of its own).
+      if (joined > 0) {
+        arrived = store.add(ArrivedKey(joined), 0);
+        if (arrived >= world_size) return static_cast<int>(joined);
+      }
+      LAUNCH_ASSIGN_OR_RETURN(const int64_t newest, StoredGeneration(store));
+      if (newest >= at_least && newest > joined) {
+        // A newer generation than the one this rank waits in: it will fill up, not this one.
+        joined = newest;
+        arrived = store.add(ArrivedKey(joined), 1);
+        if (arrived >= world_size) return static_cast<int>(joined);
       }
       if (stop && stop()) return Status::Interrupted("stopped while waiting for a replacement");
-      if (std::chrono::steady_clock::now() >= deadline)
-        return Status::Timeout("no replacement joined within " +
-                               std::to_string(timeout.count() / 1000) + " s");
+      if (std::chrono::steady_clock::now() >= deadline) {
+        const std::string waited = std::to_string(timeout.count() / 1000) + " s";
+        if (joined == 0) return Status::Timeout("no replacement joined within " + waited);
+        return Status::Timeout("the group of recovery generation " + std::to_string(joined) +
+                               " did not fill within " + waited + ": " +
+                               std::to_string(arrived) + " of " + std::to_string(world_size) +
+                               " ranks arrived");
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   } catch (const std::exception& e) {
