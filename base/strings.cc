@@ -42,6 +42,24 @@ std::string Join(const std::vector<std::string>& parts, std::string_view sep) {
   return out;
 }
 
+std::vector<std::string> WrapText(std::string_view text, size_t width) {
+  std::vector<std::string> lines;
+  for (const std::string& paragraph : Split(text, '\n')) {
+    std::string line;
+    for (const std::string& word : Split(paragraph, ' ')) {
+      if (word.empty()) continue;
+      if (!line.empty() && line.size() + 1 + word.size() > width) {
+        lines.push_back(std::move(line));
+        line.clear();
+      }
+      if (!line.empty()) line += ' ';
+      line += word;
+    }
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
 bool StartsWith(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
 bool EndsWith(std::string_view s, std::string_view x) {
   return s.size() >= x.size() && s.substr(s.size() - x.size()) == x;

@@ -12,6 +12,9 @@ namespace launch {
 std::vector<std::string> Split(std::string_view s, char sep);
 std::string Trim(std::string_view s);
 std::string Join(const std::vector<std::string>& parts, std::string_view sep);
+// `text` as lines of at most `width` characters, broken at spaces (a word longer than `width`
+// gets a line of its own, runs of spaces become one); the text's own newlines are kept.
+std::vector<std::string> WrapText(std::string_view text, size_t width);
 bool StartsWith(std::string_view s, std::string_view prefix);
 bool EndsWith(std::string_view s, std::string_view suffix);
 std::string ToLower(std::string_view s);

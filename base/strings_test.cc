@@ -7,6 +7,15 @@
 namespace launch {
 namespace {
 
+TEST_CASE("WrapTextBreaksAtSpacesWithinTheWidthAndKeepsNewlines") {
+  CHECK(WrapText("aa bb cc", 5) == std::vector<std::string>{"aa bb", "cc"});
+  CHECK(WrapText("aa bb cc", 8) == std::vector<std::string>{"aa bb cc"});
+  CHECK(WrapText("averylongword x", 4) == std::vector<std::string>{"averylongword", "x"});
+  CHECK(WrapText("a\nb c", 10) == std::vector<std::string>{"a", "b c"});
+  CHECK(WrapText("a  b", 10) == std::vector<std::string>{"a b"});
+  CHECK(WrapText("", 10) == std::vector<std::string>{""});
+}
+
 TEST_CASE("SplitKeepsEmptyFields") {
   CHECK(Split("a,,b", ',') == std::vector<std::string>{"a", "", "b"});
   CHECK(Split("", ',') == std::vector<std::string>{""});

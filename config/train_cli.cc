@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "base/strings.h"
+#include "config/help_format.h"
 #include "config/loader.h"
 #include "config/scalars.h"
 #include "config/train_keys.h"
@@ -44,7 +45,7 @@ StatusOr<TrainCommandLine> ParseTrainCommandLine(const std::vector<std::string>&
       "Precedence: flag > environment (LAUNCH_TRAIN_<KEY>, LAUNCH_MIXED_PRECISION) > YAML.",
       "train"};
   app.set_help_flag("-h,--help", "show this help and exit");
-  app.get_formatter()->column_width(40);
+  app.formatter(HelpFormatter(40, /*cli11_usage=*/true));
   app.add_option("config", cl.config_path, "the YAML config (CONFIG.yaml)");
   app.add_option("--effective_config,--effective-config", cl.effective_config,
                  "a configuration launch resolved (no environment, no flags applied)");

@@ -473,12 +473,12 @@ std::string StripTrainPrefix(const std::string& path) {
   return StartsWith(path, "train.") ? path.substr(6) : path;
 }
 
-std::string Section(const std::string& path) {
+}  // namespace
+
+std::string KeySection(const std::string& path) {
   size_t dot = path.rfind('.');
   return dot == std::string::npos ? "" : path.substr(0, dot);
 }
-
-}  // namespace
 
 const std::vector<TrainKey>& TrainKeys() {
   static const std::vector<TrainKey> rows = BuildTable();
@@ -500,7 +500,7 @@ const TrainKey* FindTrainKey(const std::string& path, const TrainConfig& t, bool
 bool IsTrainSection(const std::string& path) {
   const std::string p = StripTrainPrefix(path);
   for (const TrainKey& k : TrainKeys())
-    for (std::string s = Section(k.path); !s.empty(); s = Section(s))
+    for (std::string s = KeySection(k.path); !s.empty(); s = KeySection(s))
       if (s == p) return true;
   return false;
 }

@@ -72,6 +72,9 @@ const std::vector<TrainKey>& TrainKeys();
 const TrainKey* FindTrainKey(const std::string& path, const TrainConfig& t, bool* any = nullptr);
 // The sections (maps) of `train:`: "model", "data", "data.augment", "model.outputs", ...
 bool IsTrainSection(const std::string& path);
+// The section a dotted key lives in: "train.optimizer" for "train.optimizer.lr", "" for a name
+// without a dot.
+std::string KeySection(const std::string& path);
 // The leaf and section names directly below `section` ("" = train itself) that apply to `t`.
 std::vector<std::string> TrainNamesBelow(const std::string& section, const TrainConfig& t);
 

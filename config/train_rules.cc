@@ -11,11 +11,6 @@
 namespace launch::config {
 namespace {
 
-std::string Section(const std::string& path) {
-  size_t dot = path.rfind('.');
-  return dot == std::string::npos ? "" : path.substr(0, dot);
-}
-
 // Where a rule about `keys` points: the first of them given anywhere, else the section they
 // live in, else the train: section itself.
 std::string WhereOf(const LaunchConfig& cfg, const std::vector<std::string>& keys) {
@@ -24,7 +19,7 @@ std::string WhereOf(const LaunchConfig& cfg, const std::vector<std::string>& key
     if (it != cfg.origins.end()) return it->second.ToString();
   }
   for (const std::string& k : keys) {
-    for (std::string s = Section(k); !s.empty(); s = Section(s)) {
+    for (std::string s = KeySection(k); !s.empty(); s = KeySection(s)) {
       auto it = cfg.origins.find("train." + s);
       if (it != cfg.origins.end()) return it->second.ToString();
     }

@@ -22,6 +22,7 @@
 #include "base/host.h"
 #include "base/log.h"
 #include "base/strings.h"
+#include "config/help_format.h"
 #include "config/loader.h"
 #include "config/train_cli.h"
 #include "launcher/accelerate_env.h"
@@ -451,7 +452,7 @@ StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args) {
       "launch"};
   app.prefix_command();
   app.set_help_flag("-h,--help", "show this help and exit");
-  app.get_formatter()->column_width(34);
+  app.formatter(config::HelpFormatter(34, /*cli11_usage=*/false));  // the usage is above
 
   std::string config_file;
   app.add_option(BothSpellings("config_file"), config_file,

@@ -18,8 +18,8 @@ namespace launch::launcher {
 
 const std::vector<Subcommand>& Subcommands() {
   static const std::vector<Subcommand> table = {
-      {"config", "write a config: questions, or `default` (accelerate config)", RunConfigCommand},
-      {"env", "this machine, LibTorch, the config in effect (accelerate env)", RunEnvCommand},
+      {"config", "a config from questions or `default` (accelerate config)", RunConfigCommand},
+      {"env", "machine, LibTorch, the config in effect (accelerate env)", RunEnvCommand},
       {"rdzv-server", "a standalone rendezvous server", RunRendezvousServerCommand},
   };
   return table;
@@ -39,8 +39,8 @@ int RunRendezvousServerCommand(const std::vector<std::string>& args) {
   bool quiet = false;
   std::string argv_token;
   CLI::App app{
-      "launch rdzv-server: a standalone rendezvous server, for jobs where no node should "
-      "host it. Runs until SIGINT/SIGTERM, serving one job after another.",
+      "launch rdzv-server: a standalone rendezvous server, for jobs where no node should host it.\n"
+      "Runs until SIGINT/SIGTERM, serving one job after another.",
       "launch rdzv-server"};
   options.port = -1;
   app.add_option("--port", options.port, "TCP port to listen on (0 = any free port, printed)")

@@ -31,6 +31,7 @@
 #include "base/files.h"
 #include "base/host.h"
 #include "base/strings.h"
+#include "config/help_format.h"
 #include "config/loader.h"
 #include "config/train_keys.h"
 #include "launcher/subcommand_args.h"
@@ -453,12 +454,7 @@ const char kUsage[] =
     "has one, plus launch's own (nproc_per_node, max_restarts, train:), which `accelerate\n"
     "launch` refuses. launch itself also reads accelerate's own config files. `launch config\n"
     "default` writes a sensible config for this machine without questions and never\n"
-    "overwrites an existing file unless --force.\n"
-    "\n"
-    "  --config_file FILE   where to write (default: $XDG_CONFIG_HOME/launch/default_config.yaml\n"
-    "                       or ~/.config/launch/default_config.yaml, used by `launch` when no\n"
-    "                       config is given)\n"
-    "  --force              `default` only: overwrite an existing file\n";
+    "overwrites an existing file unless --force.";
 
 // Renders, checks that the result loads, and writes. Returns an exit code.
 int Save(const ConfigAnswers& answers, const std::string& path) {
@@ -893,8 +889,11 @@ int RunConfigCommand(const std::vector<std::string>& args) {
   std::string mode;
   CLI::App app{kUsage, "launch config"};
   app.add_option("mode", mode, "`default`: write a config for this machine without questions");
-  app.add_option("--config_file,--config-file", parsed.config_file, "where to write");
+  app.add_option("--config_file,--config-file", parsed.config_file,
+                 "where to write (default: $XDG_CONFIG_HOME/launch/default_config.yaml or "
+                 "~/.config/launch/default_config.yaml, used by `launch` when no config is given)");
   app.add_flag("-f,--force", parsed.force, "`default` only: overwrite an existing file");
+  app.formatter(config::HelpFormatter(30, /*cli11_usage=*/false));  // kUsage says it
   if (int rc = ParseSubcommandArgs(app, "config", args); rc >= 0) return rc;
   if (!mode.empty() && mode != "default") {
     std::cerr << "launch config: unknown argument '" << mode << "' (see launch config --help)\n";

@@ -103,6 +103,23 @@ class EnvironmentContract(unittest.TestCase):
         self.assertIn("[rank 0]: usage:", r.stdout)
 
 
+    def test_every_help_fits_100_columns_and_says_its_usage_once(self):
+        commands = [[LAUNCH, "--help"], [LAUNCH, "test", "--help"], [LAUNCH, "config", "--help"],
+                    [LAUNCH, "env", "--help"], [LAUNCH, "rdzv-server", "--help"]]
+        if os.path.exists(harness.TRAIN):
+            commands.append([harness.TRAIN, "--help"])
+        for command in commands:
+            with self.subTest(command=" ".join(command[1:])):
+                r = subprocess.run(command, capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                wide = [line for line in r.stdout.splitlines() if len(line) > 100]
+                self.assertEqual(wide, [])
+                self.assertLessEqual(len(re.findall(r"(?im)^usage:", r.stdout)), 1, r.stdout)
+        # launch's usage is its own lines at the top: no second one of CLI11's.
+        r = subprocess.run([LAUNCH, "--help"], capture_output=True, text=True, timeout=60)
+        self.assertNotRegex(r.stdout, r"(?im)^usage:")
+        self.assertEqual(r.stdout.count("  launch [flags] CONFIG.yaml"), 1)
+
     def test_python_worker_output_arrives_while_it_runs(self):
         # Users' machines do not export PYTHONUNBUFFERED (this one does): without it a
         # worker's print() into the agent's pipe would wait for the worker's exit, unless the
