@@ -440,8 +440,14 @@ void StallWatch::CheckStacks(const std::shared_ptr<Pending>& pending) {
   }
   std::string text;
   for (const auto& t : pending->targets) {
-    text += "rank " + std::to_string(t.rank) + " (pid " + std::to_string(t.pid) + ") is " +
-            t.state + "\n";
+    text += "rank " + std::to_string(t.rank) + " (pid " + std::to_string(t.pid) + ") is " + t.state;
+    if (t.state == "gone" && options_.replacement) {
+      if (const std::optional<Replacement> r = options_.replacement(t.rank))
+        text += ": replaced in place (generation " + std::to_string(r->generation) +
+                ", started as pid " + std::to_string(r->pid) +
+                "), which records no collective until its group has formed: it is joining";
+    }
+    text += "\n";
     std::vector<std::string> frames = ReadStackFile(t.path);
     if (frames.empty()) {
       if (t.state != "gone")

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,12 @@ bool IsStopped(pid_t pid);
 // incomplete (no "end" line).
 std::vector<std::string> ReadStackFile(const std::string& path);
 
+// A replacement the agent started for a rank (launch --recover in_place).
+struct Replacement {
+  pid_t pid = 0;       // the process the agent started (its exec shim, parent of the worker)
+  int generation = 0;  // LAUNCH_RECOVER_GENERATION
+};
+
 struct StallWatchOptions {
   std::chrono::milliseconds stall_timeout{0};  // 0: no stall rule (rings and Report() only)
   std::string ring_prefix;                     // rank r's ring is ring_prefix + std::to_string(r)
@@ -89,6 +96,10 @@ struct StallWatchOptions {
   // How long to wait for the stacks the workers write (they write them within milliseconds
   // unless the process is wedged in the kernel).
   std::chrono::milliseconds stack_wait{1500};
+  // The live replacement of `rank`, if the agent started one (called on the io_context's
+  // thread). A rank whose ring names a process that is gone is then reported as replaced and
+  // joining, not only as gone: a replacement records nothing until its group has formed.
+  std::function<std::optional<Replacement>(int rank)> replacement;
 };
 
 class StallWatch : public std::enable_shared_from_this<StallWatch> {

@@ -219,6 +219,32 @@ TEST_CASE("ProcessStateNamesAStoppedProcess") {
   CHECK(DescribeProcessState(pid) == "gone");
 }
 
+TEST_CASE("AGoneRankWithALiveReplacementIsReportedAsJoining") {
+  boost::asio::io_context io;
+  StallWatchOptions options;
+  options.ring_prefix = StallWatch::DefaultRingPrefix("replacement-report");
+  options.ranks = {1};
+  options.stack_wait = std::chrono::milliseconds(0);
+  options.replacement = [](int rank) -> std::optional<Replacement> {
+    if (rank == 1) return Replacement{4242, 2};
+    return std::nullopt;
+  };
+  auto watch = std::make_shared<StallWatch>(io, options, nullptr);
+  // The lost worker's ring, left as a SIGKILLed worker leaves it: its writer is gone.
+  const pid_t lost = ::fork();
+  REQUIRE(lost >= 0);
+  if (lost == 0) ::_exit(CollectiveRing::Create(watch->RingPath(1), 1).ok() ? 0 : 1);
+  int st = 0;
+  REQUIRE(::waitpid(lost, &st, 0) == lost);
+  REQUIRE((WIFEXITED(st) && WEXITSTATUS(st) == 0));
+  std::string report;
+  watch->Report([&](const std::string& text) { report = text; });
+  io.run();
+  CHECK(report.find("rank 1 (pid " + std::to_string(lost) +
+                    ") is gone: replaced in place (generation 2, started as pid 4242)") !=
+        std::string::npos);
+}
+
 TEST_CASE("TheWatchRemovesItsRingFiles") {
   boost::asio::io_context io;
   StallWatchOptions options;

@@ -111,6 +111,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     int local_rank = 0;
     int rank = 0;
     pid_t pid = -1;
+    int generation = 0;  // LAUNCH_RECOVER_GENERATION (0: a first worker)
     bool reaped = false;
     std::string prefix;
     Stream out, err;
@@ -152,6 +153,15 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     for (int lr = 0; lr < spec_.local_world_size; ++lr)
       options.ranks.push_back(spec_.rank_offset + lr);
     std::weak_ptr<Impl> weak = weak_from_this();
+    // A replacement is named in reports while its predecessor's ring is all there is.
+    options.replacement = [weak](int rank) -> std::optional<Replacement> {
+      std::optional<Replacement> live;
+      if (auto self = weak.lock())
+        for (const auto& w : self->workers_)  // the dead stay listed: the newest live one
+          if (w->rank == rank && w->generation > 0 && !w->reaped)
+            live = Replacement{w->pid, w->generation};
+      return live;
+    };
     watch_ = std::make_shared<StallWatch>(
         io_, std::move(options), [weak](const std::string& report, const std::vector<int>& blamed) {
           if (auto self = weak.lock()) self->OnStall(report, blamed);
@@ -258,6 +268,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     auto w = std::make_unique<Worker>(io_);
     w->local_rank = local_rank;
     w->rank = spec_.rank_offset + local_rank;
+    w->generation = generation;
     w->prefix = "[rank " + std::to_string(w->rank) + "]: ";
     w->tail = TailLines(spec_.stderr_tail_lines);
     int file_mask = local_rank < static_cast<int>(spec_.file_streams.size())
