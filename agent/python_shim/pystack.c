@@ -20,6 +20,8 @@
 #include <limits.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 // The signal the agent sends: base/collective_ring.h StackDumpSignal() (SIGRTMIN + 6). A C file
@@ -44,6 +46,18 @@ static void WriteAll(int fd, const char* text, size_t n) {
 
 static void OnStackDump(int signo) {
   int saved = errno;
+  // faulthandler walks every thread's Python frames without the GIL: only safe while the
+  // threads that run Python stand still. The signal is sent to the process, and the kernel may
+  // hand it to a C++ thread (LibTorch's autograd engine) while the main thread runs Python and
+  // changes its frames under the walk (seen: SIGSEGV in PyUnstable_InterpreterFrame_GetLine on
+  // Python 3.13). So another thread passes it on to the main thread, which is then interrupted
+  // where it stands (holding the GIL if it ran Python, so no other thread runs Python either).
+  // If the main thread is gone, this thread dumps.
+  const pid_t pid = getpid();
+  if ((pid_t)syscall(SYS_gettid) != pid && syscall(SYS_tgkill, pid, pid, signo) == 0) {
+    errno = saved;
+    return;
+  }
   // Two requests at once (a real-time signal queues, and another thread may take the second):
   // the first one's dump answers both.
   if (__atomic_exchange_n(&g_busy, 1, __ATOMIC_ACQUIRE)) {
@@ -56,11 +70,11 @@ static void OnStackDump(int signo) {
     size_t n = 4;
     char digits[24];
     size_t d = 0;
-    unsigned long pid = (unsigned long)getpid();
+    unsigned long p = (unsigned long)pid;
     do {
-      digits[d++] = (char)('0' + pid % 10);
-      pid /= 10;
-    } while (pid != 0);
+      digits[d++] = (char)('0' + p % 10);
+      p /= 10;
+    } while (p != 0);
     while (d > 0) line[n++] = digits[--d];
     const char tail[] = " python threads (faulthandler, most recent call first):\n";
     WriteAll(fd, line, n);
