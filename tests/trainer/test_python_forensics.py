@@ -228,6 +228,49 @@ class PythonForensicsTest(unittest.TestCase):
         agent = subprocess.run([DUMP, "--signal"], capture_output=True, text=True, timeout=60)
         self.assertEqual(int(agent.stdout), ctypes.CDLL(PYSTACK).launch_pystack_signal())
 
+    def test_a_stack_request_taken_by_another_thread_is_answered_by_the_main_thread(self):
+        # The agent signals the process and the kernel picks the thread: here a side thread,
+        # while the main thread runs Python. faulthandler walks every thread's frames without
+        # the GIL, so the dump must run where the frames stand still: the main thread, which
+        # then shows as faulthandler's "Current thread", in the function it was running.
+        stack = os.path.join(self.dir, "ring.stack")
+        code = textwrap.dedent(f'''
+            import importlib.util, os, signal, threading, time
+            spec = importlib.util.spec_from_file_location("launch_shim", {SHIM!r})
+            shim = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(shim)
+            shim._install_stack_dump({stack!r})
+            ready = threading.Event()
+            def side_thread():
+                ready.set()
+                time.sleep(60)
+            threading.Thread(target=side_thread, daemon=True).start()
+            ready.wait()
+            def main_thread_spinning():
+                signal.pthread_kill(threading.enumerate()[-1].ident, shim_signal)
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    try:
+                        with open({stack!r}) as f:
+                            if f.read().endswith("end\\n"):
+                                return
+                    except OSError:
+                        pass
+            import ctypes
+            shim_signal = ctypes.CDLL({PYSTACK!r}).launch_pystack_signal()
+            main_thread_spinning()
+        ''')
+        env = dict(os.environ, LAUNCH_PYTHON_SHIM="0")
+        r = subprocess.run([harness.SYSTEM_PYTHON, "-c", code], capture_output=True, text=True,
+                           env=env, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(stack) as f:
+            text = f.read()
+        self.assertTrue(text.endswith("end\n"), text)
+        current = text.split("Current thread", 1)[1].split("\nThread ", 1)[0]
+        self.assertIn("main_thread_spinning", current, text)
+        self.assertNotIn("side_thread", current, text)
+
     # --- Under launch ---------------------------------------------------------------------------
 
     def test_a_stopped_python_rank_is_named_with_the_collective_and_its_python_stack(self):
