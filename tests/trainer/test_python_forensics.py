@@ -25,6 +25,14 @@ DUMP = os.path.join(harness.BIN_DIR, "collective-ring-dump")
 SHIM_DIR = os.path.normpath(os.path.join(harness.BIN_DIR, "..", "libexec", "launch", "python"))
 SHIM = os.path.join(SHIM_DIR, "sitecustomize.py")
 PYSTACK = os.path.join(os.path.dirname(SHIM_DIR), "liblaunch-pystack.so")
+# The start of a Python program that loads the shim as module `shim` under another name, without
+# its import hooks (run it with LAUNCH_PYTHON_SHIM=0).
+LOAD_SHIM = textwrap.dedent(f'''
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("launch_shim", {SHIM!r})
+    shim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shim)
+''')
 
 
 def have_torch():
@@ -173,11 +181,7 @@ class PythonForensicsTest(unittest.TestCase):
         ring = os.path.join(self.dir, "ring")
         # 70 operations in two groups (the ring keeps the last 64), in every state; the shim is
         # loaded under another name, without its import hooks.
-        code = textwrap.dedent(f'''
-            import importlib.util
-            spec = importlib.util.spec_from_file_location("launch_shim", {SHIM!r})
-            shim = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(shim)
+        code = LOAD_SHIM + textwrap.dedent(f'''
             r = shim.Ring({ring!r}, 3)
             world, other = r.group("world"), r.group("a-group-name-longer-than-thirty-one")
             for i in range(70):
@@ -234,11 +238,8 @@ class PythonForensicsTest(unittest.TestCase):
         # the GIL, so the dump must run where the frames stand still: the main thread, which
         # then shows as faulthandler's "Current thread", in the function it was running.
         stack = os.path.join(self.dir, "ring.stack")
-        code = textwrap.dedent(f'''
-            import importlib.util, os, signal, threading, time
-            spec = importlib.util.spec_from_file_location("launch_shim", {SHIM!r})
-            shim = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(shim)
+        code = LOAD_SHIM + textwrap.dedent(f'''
+            import os, signal, threading, time
             shim._install_stack_dump({stack!r})
             ready = threading.Event()
             def side_thread():

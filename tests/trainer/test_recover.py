@@ -81,16 +81,22 @@ class RecoverInPlaceTest(unittest.TestCase):
             pids.setdefault(int(rank), []).append(int(pid))
         return pids
 
-    def check_recovered(self, name, kill, lost):
-        """Runs with `kill`; `lost` lists the ranks that die, in order."""
+    def run_to_the_reference(self, name, kill):
+        """Runs with `kill`: exit 0, every step once, the reference's parameters. Returns the
+        output, the ranks replaced (in order) and the run's marker."""
         r, out, marker = self.run_job(name, kill)
         text = r.stdout + r.stderr
         self.assertEqual(r.returncode, 0, text[-4000:])
         self.assertEqual(final(out)["param_checksum"],
                          final(self.reference[1])["param_checksum"], text[-4000:])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
-        # One replacement per death, for that rank alone.
         replaced = [int(x) for x in re.findall(r"starting a replacement for rank (\d+) alone", text)]
+        return text, replaced, marker
+
+    def check_recovered(self, name, kill, lost):
+        """Runs with `kill`; `lost` lists the ranks that die, in order."""
+        text, replaced, marker = self.run_to_the_reference(name, kill)
+        # One replacement per death, for that rank alone.
         self.assertEqual(replaced, lost, text[-4000:])
         pids = self.start_pids(text)
         for rank in range(WORLD):
@@ -122,13 +128,7 @@ class RecoverInPlaceTest(unittest.TestCase):
         # Each replacement announces a generation of its own. The group of the first never
         # fills (the second replacement goes to its own): everyone meets in the second, at
         # once, instead of forming the first and waiting out the group timeout.
-        r, out, marker = self.run_job("both", "1:9:backward,2:9:backward")
-        text = r.stdout + r.stderr
-        self.assertEqual(r.returncode, 0, text[-4000:])
-        self.assertEqual(final(out)["param_checksum"],
-                         final(self.reference[1])["param_checksum"], text[-4000:])
-        self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
-        replaced = [int(x) for x in re.findall(r"starting a replacement for rank (\d+) alone", text)]
+        text, replaced, marker = self.run_to_the_reference("both", "1:9:backward,2:9:backward")
         self.assertEqual(sorted(replaced), [1, 2], text[-4000:])
         # Both replacements and the survivor in generation 2; nobody restarted.
         self.assertEqual(len(re.findall(r"replacement \(generation 2\) took the state of step 8",

@@ -88,9 +88,8 @@ StatusOr<int> JoinGeneration(c10d::Store& store, int at_least, int world_size,
         const std::string waited = std::to_string(timeout.count() / 1000) + " s";
         if (joined == 0) return Status::Timeout("no replacement joined within " + waited);
         return Status::Timeout("the group of recovery generation " + std::to_string(joined) +
-                               " did not fill within " + waited + ": " +
-                               std::to_string(arrived) + " of " + std::to_string(world_size) +
-                               " ranks arrived");
+                               " did not fill within " + waited + ": " + std::to_string(arrived) +
+                               " of " + std::to_string(world_size) + " ranks arrived");
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
