@@ -263,8 +263,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     return written();
   }
 
-  // `generation`: its LAUNCH_RECOVER_GENERATION (0: none).
-  Status StartOne(int local_rank, int generation) {
+  // `generation`: its LAUNCH_RECOVER_GENERATION (0: none); `lost_at`: when the worker it
+  // replaces was seen dead (LAUNCH_RECOVER_LOST_AT_MS), for recovery times measured from it.
+  Status StartOne(int local_rank, int generation,
+                  std::optional<std::chrono::system_clock::time_point> lost_at = std::nullopt) {
     auto w = std::make_unique<Worker>(io_);
     w->local_rank = local_rank;
     w->rank = spec_.rank_offset + local_rank;
@@ -299,6 +301,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     }
     env_map[kCollectiveRingEnv] = watch_->RingPath(w->rank);
     if (generation > 0) env_map["LAUNCH_RECOVER_GENERATION"] = std::to_string(generation);
+    if (lost_at)
+      env_map["LAUNCH_RECOVER_LOST_AT_MS"] = std::to_string(
+          std::chrono::duration_cast<std::chrono::milliseconds>(lost_at->time_since_epoch())
+              .count());
     if (!error_dir_.empty()) {
       w->exit.error_file = error_dir_ + "/rank_" + std::to_string(w->rank) + ".error.json";
       ::unlink(w->exit.error_file.c_str());  // a previous attempt's must not be read as this one's
@@ -517,7 +523,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     if (generation > 0 && !stopping_) {
       // The rank alone is started again; its siblings wait for it in their own recovery.
       result_.replaced.push_back(w->exit);
-      const Status started = StartOne(w->local_rank, generation);
+      const Status started = StartOne(w->local_rank, generation, w->exit.time);
       if (started.ok()) return;
       log::Error("cannot start a replacement for rank " + std::to_string(w->rank) + ": " +
                  started.message());

@@ -127,6 +127,13 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
     LAUNCH_ASSIGN_OR_RETURN(accel->store_,
                             ConnectStore(env, env.rank == 0 && !env.use_agent_store, timeout));
     if (env.recover_generation > 0) {
+      // The survivors' recovery times count from when the agent saw the rank this one replaces
+      // die, if no survivor noticed earlier. Only a report depends on it: a failure is ignored.
+      if (env.recover_lost_at_ms > 0)
+        (void)NoteLoss(*accel->store_, env.recover_generation - 1,
+                       {std::chrono::system_clock::time_point(
+                            std::chrono::milliseconds(env.recover_lost_at_ms)),
+                        "the agent of rank " + std::to_string(env.rank)});
       // Its own generation, or a newer one when another replacement started meanwhile.
       LAUNCH_RETURN_IF_ERROR(AnnounceGeneration(*accel->store_, env.recover_generation));
       LAUNCH_ASSIGN_OR_RETURN(
@@ -231,6 +238,11 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
                  Seconds(std::chrono::steady_clock::now() - created_at_));
   } else {
     strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
+  }
+  if (recover_) {
+    // A loss this rank's own transport would tell it of late (comm/loss_watch.h).
+    loss_watch_ = std::make_unique<LossWatch>();
+    LAUNCH_RETURN_IF_ERROR(WatchGroup(*loss_watch_, env_, timeout_, pg_, generation_));
   }
   strategy_->TakeStepStats();
   pairs_.emplace_back();

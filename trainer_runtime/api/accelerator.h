@@ -116,6 +116,7 @@ class Store;
 namespace launch::trainer {
 
 class CountingProcessGroup;
+class LossWatch;
 class Model;
 class ParallelLayout;
 class ParallelStrategy;
@@ -140,8 +141,7 @@ class Accelerator {
   // agent as it is printed). Reads DistEnv from this process's environment (LAUNCH_INIT_TIMEOUT_S
   // overrides `init_timeout_s`) and, with more than one process, joins the process group (a
   // TCPStore at MASTER_ADDR:MASTER_PORT, Gloo). InvalidConfig for an unusable option combination
-  // (named by its train.* key) or a malformed environment; Timeout when the other ranks did not
-  // arrive.
+  // (named by its train.* key) or a malformed environment; Timeout when the others did not come.
   static StatusOr<std::unique_ptr<Accelerator>> Create(const config::TrainConfig& options,
                                                        double init_timeout_s = 300);
   // Same with an explicit DistEnv (tests).
@@ -758,19 +758,19 @@ class Accelerator {
   std::optional<LoaderCursor> restored_cursor_;  // LoadState before PrepareDataLoader
   // In-place recovery: on; a collective failed for a lost peer (what, when); the last Step()
   // abandoned its step; this process is a replacement; the group generation; the recoveries;
-  // the store (a rank 0 that hosts it keeps it); the time of the failure the next stepped
-  // Step() reports the cost of; the state at the last step boundary.
+  // the store (a rank 0 that hosts it keeps it) and the watch on it for losses elsewhere; the
+  // time of the failure the next stepped Step() reports the cost of; the last step boundary.
   bool recover_ = false;
   bool peer_lost_ = false;
   std::string lost_what_;
   std::chrono::steady_clock::time_point lost_at_;
-  bool redo_ = false;
-  bool joined_from_peer_ = false;
+  bool redo_ = false, joined_from_peer_ = false;
   int generation_ = 0;
   int64_t recoveries_ = 0;
   std::chrono::milliseconds timeout_{300000};
   std::chrono::steady_clock::time_point created_at_ = std::chrono::steady_clock::now();
   c10::intrusive_ptr<c10d::Store> store_;
+  std::unique_ptr<LossWatch> loss_watch_;
   std::optional<std::chrono::steady_clock::time_point> report_cost_since_;
   int recovered_from_ = -1;  // the rank whose state the last recovery took
   struct Boundary {

@@ -11,6 +11,8 @@
 #include <string>
 
 #include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/comm/loss_watch.h"
+#include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/loop_util.h"
 
@@ -83,8 +85,12 @@ bool Accelerator::Guarded(Fn&& fn) {
     const std::string what = c10 ? c10->what_without_backtrace() : e.what();
     if (!IsLostPeerError(what)) throw;
     peer_lost_ = true;
-    lost_what_ = what.substr(0, what.find('\n'));
     lost_at_ = std::chrono::steady_clock::now();
+    // Told by the watch, the error is only the echo of its own Abandon: say what it saw.
+    const std::string watched = loss_watch_ ? loss_watch_->fired() : "";
+    lost_what_ = watched.empty() ? what.substr(0, what.find('\n')) : watched;
+    // Every survivor blocked on this rank fails at once, not only its ring neighbours.
+    pg_->Abandon();
     return false;
   }
 }

@@ -26,6 +26,7 @@
 #include "config/train_keys.h"
 #include "trainer_runtime/api/accelerator_internal.h"
 #include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/comm/loss_watch.h"
 #include "trainer_runtime/comm/recovery.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/model.h"
@@ -131,6 +132,12 @@ Status Accelerator::ExchangeState() {
 Status Accelerator::Recover() {
   const int64_t step = step_ + 1;
   const std::chrono::milliseconds wait = RecoverWait(env_, timeout_);
+  // The broken group is abandoned (Guarded) and goes below: nothing watches it any more.
+  if (loss_watch_) loss_watch_->Disarm();
+  const int lost_in = generation_;
+  const auto noticed = std::chrono::system_clock::now() -
+                       std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                           std::chrono::steady_clock::now() - lost_at_);
   std::fprintf(stderr,
                "train: rank %d (pid %d): lost a peer during step %lld (%s); waiting up to %lld s "
                "for its replacement\n",
@@ -142,6 +149,8 @@ Status Accelerator::Recover() {
     if (rank() != 0 || env_.use_agent_store) {
       LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
     }
+    // Before this rank counts itself in: once the group forms, every notice is in the store.
+    (void)NoteLoss(*store_, lost_in, {noticed, "rank " + std::to_string(rank())});
     LAUNCH_ASSIGN_OR_RETURN(const int generation,
                             JoinGeneration(*store_, generation_ + 1, world_size(), wait,
                                            [] { return StopRequested(); }));
@@ -153,6 +162,8 @@ Status Accelerator::Recover() {
     data_pg_ = pg_;
     // The broken group goes with the old reducer here.
     strategy_->Reform(pg_);
+    if (loss_watch_)
+      LAUNCH_RETURN_IF_ERROR(WatchGroup(*loss_watch_, env_, timeout_, pg_, generation_));
   } catch (const std::exception& e) {
     return Status::PeerLost(std::string("recovering from a lost peer: ") + e.what());
   }
@@ -162,13 +173,24 @@ Status Accelerator::Recover() {
   micro_in_window_ = 0;
   window_closes_ = false;
   ++recoveries_;
-  report_cost_since_ = lost_at_;
+  // Measured from the loss's first notice anywhere in the job (an agent's, or the rank that
+  // saw it first), not from this rank's own, which may have come later.
+  const LossNotice first = FirstNoticedLoss(*store_, lost_in)
+                               .value_or(LossNotice{noticed, "rank " + std::to_string(rank())});
+  report_cost_since_ = std::chrono::steady_clock::now() -
+                       std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::system_clock::now() - std::min(first.at, noticed));
   MarkBoundary();
+  const double later = std::chrono::duration<double>(noticed - first.at).count();
+  const std::string who =
+      first.at >= noticed ? "here" : "by " + first.by + ", here " + Fixed(later, 2) + " s later";
   std::fprintf(stderr,
-               "train: rank %d: recovered %.2f s after the failure: group generation %d with the "
-               "replacement, state of step %lld from rank %d; redoing step %lld\n",
-               rank(), Seconds(std::chrono::steady_clock::now() - lost_at_), generation_,
-               static_cast<long long>(step_), recovered_from_, static_cast<long long>(step_ + 1));
+               "train: rank %d: recovered %.2f s after the failure (first noticed %s): group "
+               "generation %d with the replacement, state of step %lld from rank %d; redoing step "
+               "%lld\n",
+               rank(), Seconds(std::chrono::steady_clock::now() - *report_cost_since_),
+               who.c_str(), generation_, static_cast<long long>(step_), recovered_from_,
+               static_cast<long long>(step_ + 1));
   return Status::Ok();
 }
 

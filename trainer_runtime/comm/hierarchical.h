@@ -100,6 +100,13 @@ class HierarchicalAllReduce {
   // REQUIRES: SupportsBroadcast(tensor).
   c10::intrusive_ptr<c10d::Work> BroadcastFromRank0Async(const at::Tensor& tensor);
 
+  // Raises the host segment's abort flag (ShmAllReduce::AbortPeers): this host's ranks fail
+  // their current and later operations at once. The leaders' connections are the caller's to
+  // shut (CountingProcessGroup::Abandon). Thread-safe.
+  void AbortPeers() {
+    if (local_) local_->AbortPeers();
+  }
+
   // "hierarchical: shared memory within 2 hosts + Gloo across", for logs.
   std::string Describe() const;
   int host_count() const { return host_count_; }

@@ -2,8 +2,13 @@
 
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
+#include <dirent.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <functional>
+#include <iterator>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -39,6 +44,14 @@ CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup
 CountingProcessGroup::~CountingProcessGroup() {
   p2p_.reset();
   hierarchical_.reset();  // its thread may still be running an operation
+}
+
+void CountingProcessGroup::Abandon() {
+  // shutdown(), not close(): the descriptors stay Gloo's until the group is destroyed, so none
+  // is reused meanwhile; Gloo's loop sees end-of-file and fails what waits on the pair.
+  for (const int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
+  if (shm_) shm_->AbortPeers();
+  if (hierarchical_) hierarchical_->AbortPeers();
 }
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::broadcast(std::vector<at::Tensor>& tensors,
@@ -518,6 +531,32 @@ void SetCudaTransport(const DistEnv& env, compat::GroupOptions* options) {
   options->cuda_over_gloo = platform->backend() == CollectiveBackend::kGloo;
 }
 
+// This process's connected sockets (not listening ones), sorted.
+std::vector<int> ConnectedSockets() {
+  std::vector<int> fds;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return fds;
+  while (const dirent* e = ::readdir(dir)) {
+    long long fd = -1;
+    if (!ParseInt64(e->d_name, &fd) || fd == ::dirfd(dir)) continue;
+    struct stat st {};
+    if (::fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        listening)
+      continue;
+    sockaddr_storage peer{};
+    socklen_t peer_len = sizeof(peer);
+    if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
+      continue;
+    fds.push_back(static_cast<int>(fd));
+  }
+  ::closedir(dir);
+  std::sort(fds.begin(), fds.end());
+  return fds;
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::Store>& store,
@@ -578,6 +617,10 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   // Gloo, and NCCL for CUDA tensors where LibTorch has it.
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   const auto started = std::chrono::steady_clock::now();
+  // The sockets that appear while the group forms are its connections (Gloo's pairs, the
+  // leaders' across hosts), for Abandon: the store's client existed before, and nothing else
+  // of this process opens sockets while the group forms.
+  const std::vector<int> sockets_before = ConnectedSockets();
   try {
     // A prefix per group and restart keeps keys of an earlier attempt from confusing this one.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("launch_pg" + tag, store);
@@ -624,6 +667,11 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   }
   auto pg = c10::make_intrusive<CountingProcessGroup>(group, std::move(shm.shm), std::move(p2p),
                                                       std::move(hierarchical));
+  std::vector<int> sockets;
+  const std::vector<int> sockets_after = ConnectedSockets();
+  std::set_difference(sockets_after.begin(), sockets_after.end(), sockets_before.begin(),
+                      sockets_before.end(), std::back_inserter(sockets));
+  pg->set_sockets(std::move(sockets));
   // Hang forensics when the agent asked for them (LAUNCH_COLLECTIVE_RING): every group of this
   // process records into the one ring, each under its own name.
   pg->AttachRing(CollectiveRing::ForProcess(env.rank), name);

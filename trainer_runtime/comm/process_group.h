@@ -111,6 +111,17 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // output's bytes.
   c10::intrusive_ptr<c10d::Work> AllGatherFlat(const at::Tensor& input, const at::Tensor& output);
 
+  // Gives up on the group, for a rank that learnt of a lost peer: every operation blocked in it,
+  // on this rank or on a peer, and every later one fails at once instead of waiting out a
+  // timeout. The group's Gloo connections (the leaders' too, across hosts) are shut down, which
+  // a peer's Gloo reads as "Connection closed by peer", and the shared-memory abort flags are
+  // raised (PeerLost naming this rank): a loss spreads at once to every survivor connected to
+  // this one, whatever the ring order. Afterwards the group is only fit to be destroyed.
+  // Thread-safe (the caller keeps the group alive meanwhile).
+  void Abandon();
+  // The group's connected sockets, for Abandon (CreateGroupOver records them).
+  void set_sockets(std::vector<int> fds) { sockets_ = std::move(fds); }
+
   // The wrapped group, for control-plane collectives (signals, triggers, metrics) that are not
   // part of a step's gradient communication and must not show in its counts.
   c10d::ProcessGroup& inner() { return *inner_; }
@@ -174,6 +185,7 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   std::unique_ptr<ShmPointToPoint> p2p_;
   std::unique_ptr<HierarchicalAllReduce> hierarchical_;
   std::string transport_ = "Gloo";
+  std::vector<int> sockets_;  // set before the group is shared; read by Abandon
   // CUDA tensors travel over NCCL (the flat collectives then use its reduce-scatter and
   // all-gather, in place).
   bool nccl_ = false;

@@ -20,18 +20,18 @@ StatusOr<int64_t> ParseGeneration(const std::vector<uint8_t>& value) {
   return static_cast<int64_t>(generation);
 }
 
-// The store's generation, 0 while none was announced. check() does not block, unlike get().
-StatusOr<int64_t> StoredGeneration(c10d::Store& store) {
-  if (!store.check({kGenerationKey})) return 0;
-  return ParseGeneration(store.get(kGenerationKey));
-}
-
 // Counts the ranks that arrived at a generation (store.add: one atomic step each).
 std::string ArrivedKey(int64_t generation) {
   return "launch_recover/g" + std::to_string(generation) + "/arrived";
 }
 
 }  // namespace
+
+StatusOr<int64_t> AnnouncedGeneration(c10d::Store& store) {
+  // check() does not block, unlike get().
+  if (!store.check({kGenerationKey})) return 0;
+  return ParseGeneration(store.get(kGenerationKey));
+}
 
 std::string WorldGroupName(int generation) {
   return generation == 0 ? "world" : "world.g" + std::to_string(generation);
@@ -63,6 +63,60 @@ Status AnnounceGeneration(c10d::Store& store, int generation) {
   }
 }
 
+namespace {
+
+std::string LossKey(int generation) {
+  return "launch_recover/g" + std::to_string(generation) + "/noticed";
+}
+
+// "<milliseconds since the epoch> <by>".
+std::optional<LossNotice> ParseNotice(const std::vector<uint8_t>& value) {
+  const std::string text(value.begin(), value.end());
+  const size_t space = text.find(' ');
+  long long ms = 0;
+  if (space == std::string::npos || !ParseInt64(text.substr(0, space), &ms)) return std::nullopt;
+  return LossNotice{std::chrono::system_clock::time_point(std::chrono::milliseconds(ms)),
+                    text.substr(space + 1)};
+}
+
+}  // namespace
+
+Status NoteLoss(c10d::Store& store, int generation, const LossNotice& notice) {
+  const std::string key = LossKey(generation);
+  const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           notice.at.time_since_epoch())
+                           .count();
+  const std::vector<uint8_t> mine = Bytes(std::to_string(ms) + " " + notice.by);
+  try {
+    // As AnnounceGeneration: compareSet over the value read, until this notice is written or
+    // an earlier one is there.
+    std::vector<uint8_t> seen;
+    if (store.check({key})) seen = store.get(key);
+    for (int turn = 0; turn < 1000; ++turn) {
+      if (!seen.empty()) {
+        const std::optional<LossNotice> other = ParseNotice(seen);
+        if (other && other->at <= notice.at) return Status::Ok();
+      }
+      std::vector<uint8_t> now = store.compareSet(key, seen, mine);
+      if (now == mine) return Status::Ok();
+      seen = std::move(now);
+    }
+    return Status::IoError("noting a loss: the store's " + key + " kept changing");
+  } catch (const std::exception& e) {
+    return Status::IoError("noting a loss in the store: " + std::string(e.what()));
+  }
+}
+
+std::optional<LossNotice> FirstNoticedLoss(c10d::Store& store, int generation) {
+  const std::string key = LossKey(generation);
+  try {
+    if (!store.check({key})) return std::nullopt;
+    return ParseNotice(store.get(key));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
 StatusOr<int> JoinGeneration(c10d::Store& store, int at_least, int world_size,
                              std::chrono::milliseconds timeout, const std::function<bool()>& stop) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -76,7 +130,7 @@ StatusOr<int> JoinGeneration(c10d::Store& store, int at_least, int world_size,
         arrived = store.add(ArrivedKey(joined), 0);
         if (arrived >= world_size) return static_cast<int>(joined);
       }
-      LAUNCH_ASSIGN_OR_RETURN(const int64_t newest, StoredGeneration(store));
+      LAUNCH_ASSIGN_OR_RETURN(const int64_t newest, AnnouncedGeneration(store));
       if (newest >= at_least && newest > joined) {
         // A newer generation than the one this rank waits in: it will fill up, not this one.
         joined = newest;

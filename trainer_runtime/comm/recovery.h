@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -34,6 +35,24 @@ std::string WorldGroupName(int generation);
 // A replacement's announcement that generation `generation` forms now: the store's generation
 // becomes it unless it is newer already. IoError when the store fails.
 Status AnnounceGeneration(c10d::Store& store, int generation);
+
+// The newest generation announced in the store, 0 while none was. Never blocks on a missing
+// key. IoError when the key holds no number; the store's own failures throw.
+StatusOr<int64_t> AnnouncedGeneration(c10d::Store& store);
+
+// When a loss was first noticed, for recovery times measured from it rather than from each
+// rank's own (later) detection.
+struct LossNotice {
+  std::chrono::system_clock::time_point at;
+  std::string by;  // "rank 2", "the agent of rank 1"
+};
+// Records that `by` noticed, at `at`, the loss of a rank of the group of generation
+// `generation`; the store keeps the earliest notice per generation. IoError when the store
+// fails.
+Status NoteLoss(c10d::Store& store, int generation, const LossNotice& notice);
+// The earliest notice of a loss in the group of generation `generation`; nullopt when none was
+// recorded. Never blocks.
+std::optional<LossNotice> FirstNoticedLoss(c10d::Store& store, int generation);
 
 // Waits until the store's generation is at least `at_least`, then meets the others in the
 // newest one as above and returns it once all `world_size` ranks counted themselves in there.

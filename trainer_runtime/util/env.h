@@ -62,6 +62,9 @@ struct DistEnv {
   // LAUNCH_RECOVER_GENERATION: 0 for the job's first workers; N > 0 for the N-th replacement
   // the agent started, which joins the survivors instead of starting a run.
   int recover_generation = 0;
+  // LAUNCH_RECOVER_LOST_AT_MS: when the agent saw the worker this replacement replaces die
+  // (milliseconds since the epoch); 0: not given.
+  long long recover_lost_at_ms = 0;
   // LAUNCH_RECOVER_WAIT_S: how long a survivor waits for a replacement's generation, in whole
   // seconds; 0 (unset): the init timeout. The multi-node agent sets it to cover the rendezvous'
   // detection of a lost node and its wait for a replacement (join_timeout).
