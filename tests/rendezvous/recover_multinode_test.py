@@ -10,6 +10,8 @@ hostname and pid namespace each, one bridge), two `train` workers (DDP over Gloo
     keeps the round and waits; a `launch` with machine_rank 1 on a fresh host takes the lost
     node's place (same ranks, generation 1), its workers receive the state from host 0's, and the
     job ends 0, bit-identical, host 0's workers never restarted.
+  * The same with host 1 gone silent (its network blackholed before it stops, as at a power
+    loss): the survivors learn of the replacement from the store, not from Gloo's timeout.
   * Host 1 lost and nobody takes its place within join_timeout: every node restarts as with
     --recover restart, and with nobody to form the new round either, the job fails saying so.
   * Nothing of any job (process, /dev/shm segment) is left on any host (each host has its own
@@ -184,16 +186,31 @@ class RecoverMultiNodeTest(unittest.TestCase):
         job.check_clean()
 
     def test_host_1_lost_whole_is_replaced_by_a_new_host_in_the_running_round(self):
+        self.lose_host_1(silent=False)
+
+    def test_host_1_gone_silent_is_replaced_and_the_survivors_learn_it_at_once(self):
+        # Host 1 loses power: its network goes first, so nothing (no FIN, no RST) reaches the
+        # survivors, whose Gloo would wait for host 1's leader until the group's timeout (60 s
+        # here; 300 s by default). The new host's replacements announce their generation in
+        # the store, which the survivors watch.
+        self.lose_host_1(silent=True)
+
+    def lose_host_1(self, silent):
         hosts = make_hosts(self, 3, private_shm=True)
         self.checksum_of_undisturbed_run(hosts)  # while host 1 is there
-        job = Job(self, hosts, "node", kill="2:9:stop")
+        job = Job(self, hosts, "silent" if silent else "node", kill="2:9:stop")
         job.start_all()
         # Rank 2 holds everyone in step 9; then its host goes, with everything on it.
         job.wait_for(1, r"rank 2: LAUNCH_TEST_SIGKILL_AT: stopped before step 9")
+        if silent:
+            hosts[1].run(["tc", "qdisc", "replace", "dev", "eth0", "root", "blackhole"])
         hosts[1].stop()
         job.wait_for(0, r"are recovered in place: waiting up to 60 s \(join_timeout\) for a node "
                         r"to join as machine_rank 1")
         job.start(hosts[2], 1)  # a fresh machine, as machine_rank 1
+        # Both survivors recover long before the group's 60 s timeout would have let them.
+        for rank in (0, 1):
+            job.wait_for(0, rf"rank {rank}: recovered", timeout=30)
         codes = job.wait(indices=[0, 2])
         text = job.all_text()
         self.assertEqual(codes, [0, 0], text[-6000:])
@@ -211,8 +228,8 @@ class RecoverMultiNodeTest(unittest.TestCase):
         # They would have waited longer than the rendezvous does (LAUNCH_RECOVER_WAIT_S from the
         # agent): join_timeout 60 s + 1.5 x heartbeat_timeout 6 s + 60 s for the new workers.
         self.assertIn("waiting up to 129 s for its replacement", job.text(0))
-        self.assertRegex(job.text(0), r"rank [01]: recovered \d+\.\d+ s after the failure: group "
-                                      r"generation 1")
+        self.assertRegex(job.text(0), r"rank [01]: recovered \d+\.\d+ s after the failure "
+                                      r"\(first noticed [^)]+\): group generation 1")
         job.check_clean()
 
     def test_host_1_lost_with_no_replacement_restarts_every_node_then_fails_saying_why(self):

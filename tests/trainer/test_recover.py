@@ -56,14 +56,15 @@ class RecoverInPlaceTest(unittest.TestCase):
         shutil.rmtree(cls.dir, ignore_errors=True)
 
     @classmethod
-    def run_job(cls, name, kill, max_restarts=3, mode="ddp", ckpt=0, extra=(), env=None):
+    def run_job(cls, name, kill, max_restarts=3, mode="ddp", ckpt=0, extra=(), env=None,
+                world=WORLD):
         out = os.path.join(cls.dir, name)
         cfg = write_config(cls.dir, JOB.format(out=out, steps=STEPS, mode=mode, ckpt=ckpt),
                            name=name + ".yaml")
         marker = harness.unique_marker("recover")
         env = dict(env or {}, LAUNCH_TEST_SIGKILL_AT=kill or None, RECOVER_TEST_MARKER=marker,
                    LAUNCH_INIT_TIMEOUT_S="60")
-        r = harness.launch("--nproc_per_node", str(WORLD), "--run_id", marker,
+        r = harness.launch("--nproc_per_node", str(world), "--run_id", marker,
                            "--recover", "in_place",
                            "--max_restarts", str(max_restarts), cfg, *extra, timeout=240, env=env)
         return r, out, marker
@@ -133,8 +134,8 @@ class RecoverInPlaceTest(unittest.TestCase):
         # Both replacements and the survivor in generation 2; nobody restarted.
         self.assertEqual(len(re.findall(r"replacement \(generation 2\) took the state of step 8",
                                         text)), 2, text[-4000:])
-        self.assertRegex(text, r"train: rank 0: recovered [0-9.]+ s after the failure: group "
-                               r"generation 2 with the replacement")
+        self.assertRegex(text, r"train: rank 0: recovered [0-9.]+ s after the failure "
+                               r"\(first noticed [^)]+\): group generation 2 with the replacement")
         self.assertNotIn("resumed from", text)
         self.assertNotRegex(text, r"restart \d of 3\b(?!, in place)")
         self.check_clean(marker)
@@ -165,6 +166,33 @@ class RecoverInPlaceTest(unittest.TestCase):
         self.assertIn("replacement (generation 1) took the state of step 8", text)
         self.assertEqual(final(out)["param_checksum"], final(ref_out)["param_checksum"])
         self.check_clean(marker)
+
+    def test_a_loss_over_gloo_reaches_every_survivor_at_once(self):
+        # Four ranks over Gloo, whose ring has each rank receive from one neighbour only: rank
+        # 3 never talks to rank 1, and rank 2 neither to rank 0. Each survivor that sees the
+        # loss abandons the broken group (its connections close under the others) and every
+        # survivor watches the store for the replacement's generation (and for the store's own
+        # loss, with rank 0): none waits out the group's timeout (LAUNCH_INIT_TIMEOUT_S=60
+        # here; Gloo's 300 s by default).
+        gloo = {"LAUNCH_SHM_ALLREDUCE": "0"}
+        ref, ref_out, _ = self.run_job("gloo4_ref", "", env=gloo, world=4)
+        self.assertEqual(ref.returncode, 0, ref.stderr[-4000:])
+        for lost in (1, 0):
+            with self.subTest(lost=lost):
+                r, out, marker = self.run_job(f"gloo4_{lost}", f"{lost}:9:backward", env=gloo,
+                                              world=4)
+                text = r.stdout + r.stderr
+                self.assertEqual(r.returncode, 0, text[-4000:])
+                self.assertEqual(final(out)["param_checksum"], final(ref_out)["param_checksum"])
+                # Every survivor recovered, each well inside the timeout, counted from the
+                # loss's first notice anywhere (the agent's, which saw the worker die).
+                costs = re.findall(r"train: rank (\d+): recovered ([0-9.]+) s after the failure "
+                                   r"\(first noticed ([^)]+)\)", text)
+                self.assertEqual(sorted(int(c[0]) for c in costs),
+                                 [rank for rank in range(4) if rank != lost], text[-4000:])
+                for _, seconds, _ in costs:
+                    self.assertLess(float(seconds), 30, text[-4000:])
+                self.check_clean(marker)
 
     def test_recoveries_count_against_max_restarts(self):
         # One restart: the first death is recovered in place, the second ends the job.

@@ -182,8 +182,10 @@ Status Accelerator::Recover() {
                            std::chrono::system_clock::now() - std::min(first.at, noticed));
   MarkBoundary();
   const double later = std::chrono::duration<double>(noticed - first.at).count();
-  const std::string who =
-      first.at >= noticed ? "here" : "by " + first.by + ", here " + Fixed(later, 2) + " s later";
+  const std::string me = "rank " + std::to_string(rank());
+  const std::string who = first.by == me || first.at >= noticed
+                              ? "here"
+                              : "by " + first.by + ", here " + Fixed(later, 2) + " s later";
   std::fprintf(stderr,
                "train: rank %d: recovered %.2f s after the failure (first noticed %s): group "
                "generation %d with the replacement, state of step %lld from rank %d; redoing step "

@@ -3,8 +3,11 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <functional>
@@ -44,11 +47,21 @@ CountingProcessGroup::CountingProcessGroup(c10::intrusive_ptr<c10d::ProcessGroup
 CountingProcessGroup::~CountingProcessGroup() {
   p2p_.reset();
   hierarchical_.reset();  // its thread may still be running an operation
+  for (const int fd : sockets_) ::close(fd);
+}
+
+void CountingProcessGroup::set_sockets(const std::vector<int>& fds) {
+  // Duplicates of Gloo's descriptors, ours until the group goes: Gloo closes its own when a
+  // connection fails, and that number may then name another socket (a store client's).
+  for (const int fd : fds) {
+    const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy >= 0) sockets_.push_back(copy);
+  }
 }
 
 void CountingProcessGroup::Abandon() {
-  // shutdown(), not close(): the descriptors stay Gloo's until the group is destroyed, so none
-  // is reused meanwhile; Gloo's loop sees end-of-file and fails what waits on the pair.
+  // shutdown() ends the connection for every descriptor of it, Gloo's included; the peer reads
+  // end-of-file, and so does this rank's own Gloo, which fails what waits on the pair.
   for (const int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
   if (shm_) shm_->AbortPeers();
   if (hierarchical_) hierarchical_->AbortPeers();
@@ -531,8 +544,19 @@ void SetCudaTransport(const DistEnv& env, compat::GroupOptions* options) {
   options->cuda_over_gloo = platform->backend() == CollectiveBackend::kGloo;
 }
 
-// This process's connected sockets (not listening ones), sorted.
-std::vector<int> ConnectedSockets() {
+// The port of an IPv4 or IPv6 socket address; -1 for another family.
+int PortOf(const sockaddr_storage& address) {
+  if (address.ss_family == AF_INET)
+    return ntohs(reinterpret_cast<const sockaddr_in&>(address).sin_port);
+  if (address.ss_family == AF_INET6)
+    return ntohs(reinterpret_cast<const sockaddr_in6&>(address).sin6_port);
+  return -1;
+}
+
+// This process's connected sockets, sorted, but for the store's: those with `store_port` at
+// either end (a client's, or the server's side of one when this rank hosts the store, whose
+// thread may accept a peer's client at any time).
+std::vector<int> ConnectedSockets(int store_port) {
   std::vector<int> fds;
   DIR* dir = ::opendir("/proc/self/fd");
   if (!dir) return fds;
@@ -546,10 +570,12 @@ std::vector<int> ConnectedSockets() {
     if (::getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
         listening)
       continue;
-    sockaddr_storage peer{};
-    socklen_t peer_len = sizeof(peer);
-    if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0)
+    sockaddr_storage peer{}, local{};
+    socklen_t peer_len = sizeof(peer), local_len = sizeof(local);
+    if (::getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 ||
+        ::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0)
       continue;
+    if (PortOf(peer) == store_port || PortOf(local) == store_port) continue;
     fds.push_back(static_cast<int>(fd));
   }
   ::closedir(dir);
@@ -618,9 +644,9 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   const auto started = std::chrono::steady_clock::now();
   // The sockets that appear while the group forms are its connections (Gloo's pairs, the
-  // leaders' across hosts), for Abandon: the store's client existed before, and nothing else
-  // of this process opens sockets while the group forms.
-  const std::vector<int> sockets_before = ConnectedSockets();
+  // leaders' across hosts), for Abandon: but for the store's, nothing else of this process
+  // opens sockets while the group forms.
+  const std::vector<int> sockets_before = ConnectedSockets(env.master_port);
   try {
     // A prefix per group and restart keeps keys of an earlier attempt from confusing this one.
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("launch_pg" + tag, store);
@@ -668,10 +694,10 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   auto pg = c10::make_intrusive<CountingProcessGroup>(group, std::move(shm.shm), std::move(p2p),
                                                       std::move(hierarchical));
   std::vector<int> sockets;
-  const std::vector<int> sockets_after = ConnectedSockets();
+  const std::vector<int> sockets_after = ConnectedSockets(env.master_port);
   std::set_difference(sockets_after.begin(), sockets_after.end(), sockets_before.begin(),
                       sockets_before.end(), std::back_inserter(sockets));
-  pg->set_sockets(std::move(sockets));
+  pg->set_sockets(sockets);
   // Hang forensics when the agent asked for them (LAUNCH_COLLECTIVE_RING): every group of this
   // process records into the one ring, each under its own name.
   pg->AttachRing(CollectiveRing::ForProcess(env.rank), name);

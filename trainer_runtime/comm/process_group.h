@@ -119,8 +119,9 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // this one, whatever the ring order. Afterwards the group is only fit to be destroyed.
   // Thread-safe (the caller keeps the group alive meanwhile).
   void Abandon();
-  // The group's connected sockets, for Abandon (CreateGroupOver records them).
-  void set_sockets(std::vector<int> fds) { sockets_ = std::move(fds); }
+  // The group's connected sockets, for Abandon (CreateGroupOver names them; the group keeps
+  // duplicates, closed with it). Before the group is shared.
+  void set_sockets(const std::vector<int>& fds);
 
   // The wrapped group, for control-plane collectives (signals, triggers, metrics) that are not
   // part of a step's gradient communication and must not show in its counts.
@@ -185,7 +186,7 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   std::unique_ptr<ShmPointToPoint> p2p_;
   std::unique_ptr<HierarchicalAllReduce> hierarchical_;
   std::string transport_ = "Gloo";
-  std::vector<int> sockets_;  // set before the group is shared; read by Abandon
+  std::vector<int> sockets_;  // set_sockets' duplicates; read by Abandon
   // CUDA tensors travel over NCCL (the flat collectives then use its reduce-scatter and
   // all-gather, in place).
   bool nccl_ = false;
