@@ -216,6 +216,12 @@ Status MakeLogRoot(const LaunchConfig& cfg, const Plan& plan) {
     return Status::InvalidConfig(where + ": " + plan.log_root + " belongs to uid " +
                                  std::to_string(st.st_uid) +
                                  ", not to this user; give another --run_id or log_dir");
+  // Where every user may write, they may read too: the run's output is this user's alone, as
+  // in the private folder used without a log_dir. In a folder of one's own, the umask decides.
+  struct stat parent;
+  if (::stat(cfg.log_dir.c_str(), &parent) == 0 && (parent.st_mode & S_IWOTH) &&
+      ::chmod(plan.log_root.c_str(), 0700) != 0)
+    return Status::FromErrno(where + ": cannot make " + plan.log_root + " private", errno);
   return Status::Ok();
 }
 

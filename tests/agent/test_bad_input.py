@@ -4,6 +4,7 @@ flag or limit, or accepted with exit 0 — never a crash, a hang or an unbounded
 is seeded, so a failure reproduces."""
 
 import os
+import stat
 import random
 import shutil
 import subprocess
@@ -128,6 +129,26 @@ class RefusalsNameTheirSetting(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("belongs to uid 12345, not to this user", r.stderr)
         self.assertEqual(os.listdir(planted), [])
+
+    def test_a_run_folder_in_a_shared_log_dir_is_private(self):
+        # Every user may write to the log_dir, so every user could read what is below it: the
+        # run's folder is this user's alone (the logs inside keep their own modes).
+        shared = os.path.join(self.dir, "shared_logs")
+        os.makedirs(shared)
+        os.chmod(shared, 0o1777)
+        r = self.launch("--log_dir", shared, "--run_id", "mine", "--", "echo", "secret")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(stat.S_IMODE(os.stat(os.path.join(shared, "mine")).st_mode), 0o700)
+        logs = os.path.join(shared, "mine", "attempt_0", "rank_0.stdout")
+        with open(logs) as f:
+            self.assertEqual(f.read(), "secret\n")
+        # In a log_dir of one's own the umask decides, as for any folder.
+        own = os.path.join(self.dir, "own_logs")
+        os.makedirs(own, mode=0o755)
+        os.chmod(own, 0o755)
+        r = self.launch("--log_dir", own, "--run_id", "mine", "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotEqual(stat.S_IMODE(os.stat(os.path.join(own, "mine")).st_mode), 0o700)
 
     def test_an_output_dir_that_is_a_file(self):
         self.write("out", "")
