@@ -144,10 +144,20 @@ Status Accelerator::Recover() {
                rank(), static_cast<int>(::getpid()), static_cast<long long>(step),
                lost_what_.c_str(), static_cast<long long>(wait.count() / 1000));
   try {
-    // A new client: when rank 0 was the one lost, the store went with it and its replacement
-    // hosts a new one at the same address. A rank 0 that survived keeps hosting its own.
+    // When rank 0 was the one lost, the store went with it and its replacement hosts a new one
+    // at the same address: a new client, once that one is up. A rank 0 that survived keeps
+    // hosting its own, and the others keep their clients.
     if (rank() != 0 || env_.use_agent_store) {
-      LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
+      bool alive = true;
+      try {
+        store_->check({kGenerationKey});
+      } catch (const std::exception&) {
+        alive = false;
+      }
+      if (!alive) {
+        LAUNCH_RETURN_IF_ERROR(AwaitStoreHost(env_, wait));
+        LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
+      }
     }
     // Before this rank counts itself in: once the group forms, every notice is in the store.
     (void)NoteLoss(*store_, lost_in, {noticed, "rank " + std::to_string(rank())});

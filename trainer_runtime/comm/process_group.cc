@@ -4,7 +4,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <functional>
 #include <iterator>
+#include <thread>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -596,6 +599,45 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::S
   options.gloo_threads = env.tuning.gloo_threads;
   SetCudaTransport(env, &options);
   return compat::NewProcessGroup(store, rank, size, options);
+}
+
+namespace {
+
+// Whether a connection to `address`:`port` is accepted and kept for `hold` (not reset or closed
+// meanwhile).
+bool ConnectionHolds(const std::string& address, int port, std::chrono::milliseconds hold) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found) != 0)
+    return false;
+  const int fd = ::socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool held = false;
+  if (fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0) {
+    pollfd p{fd, POLLRDHUP, 0};
+    held = ::poll(&p, 1, static_cast<int>(hold.count())) == 0;
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  return held;
+}
+
+}  // namespace
+
+Status AwaitStoreHost(const DistEnv& env, std::chrono::milliseconds timeout) {
+  const std::vector<std::string> addresses = ResolveHost(env.master_addr);
+  if (addresses.empty())
+    return Status::IoError("MASTER_ADDR " + env.master_addr + " resolves to nothing");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!ConnectionHolds(addresses.front(), env.master_port, std::chrono::milliseconds(100))) {
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Status::Timeout("no store at " + env.master_addr + ":" +
+                             std::to_string(env.master_port) + " within " +
+                             std::to_string(timeout.count() / 1000) + " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return Status::Ok();
 }
 
 StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool host,

@@ -249,6 +249,13 @@ void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensor
 void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
                         std::vector<at::Tensor> tensors);
 
+// After the store's host (rank 0) was lost: waits until a server at MASTER_ADDR:MASTER_PORT
+// accepts a connection and keeps it for 100 ms, so the next ConnectStore reaches the
+// replacement's new store. A connection the dying host's listener still took is reset as soon
+// as that listener goes, which LibTorch 1.13's client does not survive (its callback thread
+// throws and the process aborts; 2.x's constructor fails). Timeout after `timeout`.
+Status AwaitStoreHost(const DistEnv& env, std::chrono::milliseconds timeout);
+
 // A client of the job's TCPStore at MASTER_ADDR:MASTER_PORT, or its host (`host`: rank 0 when
 // no agent hosts it). Errors name the address and the rank: Timeout "rank 1 could not reach
 // the process-group store at 10.0.0.9:29500 within 30 s ...: ..." when the timeout passed,
