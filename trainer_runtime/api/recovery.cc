@@ -25,8 +25,8 @@
 #include "base/strings.h"
 #include "config/train_keys.h"
 #include "trainer_runtime/api/accelerator_internal.h"
-#include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/comm/loss_watch.h"
+#include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/comm/recovery.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/model.h"
@@ -200,8 +200,8 @@ Status Accelerator::Recover() {
                "train: rank %d: recovered %.2f s after the failure (first noticed %s): group "
                "generation %d with the replacement, state of step %lld from rank %d; redoing step "
                "%lld\n",
-               rank(), Seconds(std::chrono::steady_clock::now() - *report_cost_since_),
-               who.c_str(), generation_, static_cast<long long>(step_), recovered_from_,
+               rank(), Seconds(std::chrono::steady_clock::now() - *report_cost_since_), who.c_str(),
+               generation_, static_cast<long long>(step_), recovered_from_,
                static_cast<long long>(step_ + 1));
   return Status::Ok();
 }

@@ -19,8 +19,8 @@
 #include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/comm/recovery.h"
 #include "trainer_runtime/compat/torch_compat.h"
-#include "trainer_runtime/util/loop_util.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
+#include "trainer_runtime/util/loop_util.h"
 
 namespace launch::trainer {
 namespace {

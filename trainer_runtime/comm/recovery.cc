@@ -37,33 +37,28 @@ std::string WorldGroupName(int generation) {
   return generation == 0 ? "world" : "world.g" + std::to_string(generation);
 }
 
-Status AnnounceGeneration(c10d::Store& store, int generation) {
-  try {
-    // The key only grows: a replacement that starts after a newer one (two ranks lost at once,
-    // their replacements racing) leaves it. compareSet writes only over the value read (an
-    // empty one matches a missing key) and otherwise returns the value that won; each retry
-    // follows another replacement's write, so the loop ends within a few turns.
-    const std::vector<uint8_t> mine = Bytes(std::to_string(generation));
-    std::vector<uint8_t> seen;
-    if (store.check({kGenerationKey})) seen = store.get(kGenerationKey);
-    for (int turn = 0; turn < 1000; ++turn) {
-      if (!seen.empty()) {
-        LAUNCH_ASSIGN_OR_RETURN(const int64_t current, ParseGeneration(seen));
-        if (current >= generation) return Status::Ok();
-      }
-      std::vector<uint8_t> now = store.compareSet(kGenerationKey, seen, mine);
-      if (now == mine) return Status::Ok();
-      seen = std::move(now);
-    }
-    return Status::IoError("announcing recovery generation " + std::to_string(generation) +
-                           ": the store's " + kGenerationKey + " kept changing");
-  } catch (const std::exception& e) {
-    return Status::IoError("announcing recovery generation " + std::to_string(generation) +
-                           " in the store: " + e.what());
-  }
-}
-
 namespace {
+
+// Writes `mine` at `key` unless the value there already `holds` (a missing key never does):
+// both the generation and the first notice of a loss only ever move one way. compareSet writes
+// only over the value read (an empty one matches a missing key) and otherwise returns the value
+// that won; each retry follows another writer's change, so the loop ends within a few turns.
+// The store's failures throw.
+Status WriteUnlessHeld(c10d::Store& store, const std::string& key, const std::vector<uint8_t>& mine,
+                       const std::function<StatusOr<bool>(const std::vector<uint8_t>&)>& holds) {
+  std::vector<uint8_t> seen;
+  if (store.check({key})) seen = store.get(key);
+  for (int turn = 0; turn < 1000; ++turn) {
+    if (!seen.empty()) {
+      LAUNCH_ASSIGN_OR_RETURN(const bool held, holds(seen));
+      if (held) return Status::Ok();
+    }
+    std::vector<uint8_t> now = store.compareSet(key, seen, mine);
+    if (now == mine) return Status::Ok();
+    seen = std::move(now);
+  }
+  return Status::IoError("the store's " + key + " kept changing");
+}
 
 std::string LossKey(int generation) {
   return "launch_recover/g" + std::to_string(generation) + "/noticed";
@@ -81,27 +76,33 @@ std::optional<LossNotice> ParseNotice(const std::vector<uint8_t>& value) {
 
 }  // namespace
 
-Status NoteLoss(c10d::Store& store, int generation, const LossNotice& notice) {
-  const std::string key = LossKey(generation);
-  const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                           notice.at.time_since_epoch())
-                           .count();
-  const std::vector<uint8_t> mine = Bytes(std::to_string(ms) + " " + notice.by);
+Status AnnounceGeneration(c10d::Store& store, int generation) {
+  const std::string what = "announcing recovery generation " + std::to_string(generation);
   try {
-    // As AnnounceGeneration: compareSet over the value read, until this notice is written or
-    // an earlier one is there.
-    std::vector<uint8_t> seen;
-    if (store.check({key})) seen = store.get(key);
-    for (int turn = 0; turn < 1000; ++turn) {
-      if (!seen.empty()) {
-        const std::optional<LossNotice> other = ParseNotice(seen);
-        if (other && other->at <= notice.at) return Status::Ok();
-      }
-      std::vector<uint8_t> now = store.compareSet(key, seen, mine);
-      if (now == mine) return Status::Ok();
-      seen = std::move(now);
-    }
-    return Status::IoError("noting a loss: the store's " + key + " kept changing");
+    // The key only grows: a replacement that starts after a newer one (two ranks lost at once,
+    // their replacements racing) leaves it.
+    return WriteUnlessHeld(store, kGenerationKey, Bytes(std::to_string(generation)),
+                           [&](const std::vector<uint8_t>& seen) -> StatusOr<bool> {
+                             LAUNCH_ASSIGN_OR_RETURN(const int64_t current, ParseGeneration(seen));
+                             return current >= generation;
+                           })
+        .WithContext(what);
+  } catch (const std::exception& e) {
+    return Status::IoError(what + " in the store: " + e.what());
+  }
+}
+
+Status NoteLoss(c10d::Store& store, int generation, const LossNotice& notice) {
+  const long long ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(notice.at.time_since_epoch()).count();
+  try {
+    // The earliest notice stays.
+    return WriteUnlessHeld(store, LossKey(generation), Bytes(std::to_string(ms) + " " + notice.by),
+                           [&](const std::vector<uint8_t>& seen) -> StatusOr<bool> {
+                             const std::optional<LossNotice> other = ParseNotice(seen);
+                             return other && other->at <= notice.at;
+                           })
+        .WithContext("noting a loss");
   } catch (const std::exception& e) {
     return Status::IoError("noting a loss in the store: " + std::string(e.what()));
   }

@@ -123,8 +123,7 @@ StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
   LAUNCH_RETURN_IF_ERROR(ReadInt(env, {"LAUNCH_RECOVER_GENERATION"}, 0, &d.recover_generation));
   LAUNCH_RETURN_IF_ERROR(ReadInt(env, {"LAUNCH_RECOVER_WAIT_S"}, 1, &d.recover_wait_s));
   LAUNCH_RETURN_IF_ERROR(ReadBounded(env, "LAUNCH_RECOVER_LOST_AT_MS", 1,
-                                     std::numeric_limits<long long>::max(),
-                                     &d.recover_lost_at_ms));
+                                     std::numeric_limits<long long>::max(), &d.recover_lost_at_ms));
   d.from_launcher = has_rank || has_world;
   if (has_rank != has_world)
     return Status::InvalidConfig(
