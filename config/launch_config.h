@@ -150,7 +150,10 @@ struct LaunchConfig {
   TrainConfig train;
 
   std::map<std::string, Origin> origins;  // key path -> where its value came from
-  std::vector<std::string> warnings;      // e.g. accelerate keys with no meaning here
+  // Loaded from launch's resolved configuration (train --effective_config), which writes every
+  // key, those inert in the run's mode too: it was checked when launch resolved it.
+  bool effective = false;
+  std::vector<std::string> warnings;  // e.g. accelerate keys with no meaning here
 };
 
 const char* ToString(DistributedType v);

@@ -719,6 +719,31 @@ TEST_CASE("LocalSgdRefusesModeNoneAndSyncEachBatchNamingTheKeysAndTheirLines") {
   CHECK(CheckTrainRulesStatus(t, 2).message().find("train.sync_each_batch: ") == 0);
 }
 
+TEST_CASE("AStrategysKeysAreRefusedUnderAnotherMode") {
+  // Each would be ignored: the run would quietly be another than the one asked for.
+  LaunchConfig cfg;
+  CHECK(LoadValid("train:\n  parallel: {zero_stage: 3}\n", &cfg).message() ==
+        "train.yaml:2: train.parallel.zero_stage applies to mode zero, but train.parallel.mode "
+        "is ddp: it would be ignored; set the mode it belongs to, or drop it");
+  LaunchConfig dp;
+  CHECK(LoadValid("train:\n  parallel:\n    mode: ddp\n    replicas: 4\n", &dp).message() ==
+        "train.yaml:4: train.parallel.replicas applies to mode dp, but train.parallel.mode is "
+        "ddp: it would be ignored; set the mode it belongs to, or drop it");
+  LaunchConfig pipe;
+  CHECK(LoadValid("train:\n  parallel: {mode: zero, microbatches: 8}\n", &pipe)
+            .message()
+            .find("train.parallel.microbatches applies to a pipeline (stages > 1, or mode "
+                  "pipeline), but train.parallel.mode is zero") != std::string::npos);
+  // In their own modes they are taken.
+  for (const char* ok : {"{mode: zero, zero_stage: 3}", "{mode: dp, replicas: 4}",
+                         "{mode: zero, stages: 2, microbatches: 8}",
+                         "{mode: pipeline, stages: 2, microbatches: 8, schedule: gpipe}",
+                         "{find_unused_parameters: true}"}) {
+    LaunchConfig good;
+    CHECK_MESSAGE(LoadValid(std::string("train:\n  parallel: ") + ok + "\n", &good).ok(), ok);
+  }
+}
+
 TEST_CASE("ZeroRefusesLocalSgdCommHookAndAnotherModeFromAccelerate") {
   LaunchConfig cfg;
   CHECK(LoadValid("train:\n  parallel: {mode: zero}\n  local_sgd_steps: 4\n", &cfg).message() ==
@@ -754,7 +779,14 @@ TEST_CASE("ZeroRefusesLocalSgdCommHookAndAnotherModeFromAccelerate") {
   REQUIRE(ValidateTrain(&changed).ok());
   LaunchConfig worker;
   REQUIRE(LoadYamlString(EffectiveConfigYaml(changed), "effective.yaml", &worker).ok());
+  worker.effective = true;  // as train --effective_config loads it
   CHECK(ValidateTrain(&worker).ok());
+  // A file that sets the mode and another mode's keys is refused instead: the same keys are
+  // not inert there, but a mistake.
+  LaunchConfig same_layer;
+  CHECK_FALSE(
+      LoadValid("train:\n  parallel: {mode: zero, stages: 1, microbatches: 4}\n", &same_layer)
+          .ok());
   CHECK(worker.train.parallel.mode == ParallelMode::kZero);
   // The same rule for a configuration built in code.
   TrainConfig t;
@@ -845,6 +877,7 @@ TEST_CASE("PrintConfigShowsTheZeroKeysAndWhereTheyCameFrom") {
   // The workers read the effective configuration, which carries the mapped keys.
   LaunchConfig back;
   REQUIRE(LoadYamlString(EffectiveConfigYaml(*cfg), "effective.yaml", &back).ok());
+  back.effective = true;  // as train --effective_config loads it
   REQUIRE(ValidateTrain(&back).ok());
   CHECK(back.train.parallel.mode == ParallelMode::kZero);
   CHECK(back.train.parallel.zero_stage == 2);

@@ -114,6 +114,7 @@ StatusOr<LaunchConfig> ResolveTrainConfig(const TrainCommandLine& cl,
           "--effective_config is a resolved configuration: give no CONFIG.yaml and no "
           "configuration flags with it");
     LAUNCH_RETURN_IF_ERROR(LoadYamlFile(cl.effective_config, &cfg));
+    cfg.effective = true;
   } else {
     if (cl.config_path.empty())
       return Status::InvalidArgument("no CONFIG.yaml given; see train --help");

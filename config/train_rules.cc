@@ -228,6 +228,40 @@ Status ValidateTrain(LaunchConfig* cfg, int world_size) {
   // accelerate's FSDP / DeepSpeed settings choose the mode where train: does not: a derived
   // value too, so the rules below see the mode that will run.
   LAUNCH_RETURN_IF_ERROR(ApplyAccelerateSharding(cfg));
+  // A key of one strategy given to another would be ignored, and the run would quietly be
+  // another one than the user meant (`zero_stage: 3` without `mode: zero` trains ddp). Unless
+  // a higher layer (a flag over the file) changed the mode: the file's keys are then inert by
+  // design, and so are they in the effective configuration, which carries every key.
+  const ParallelConfig& p = t.parallel;
+  const auto mode_origin = cfg->origins.find("train.parallel.mode");
+  const Origin::Kind mode_kind =
+      mode_origin == cfg->origins.end() ? Origin::Kind::kDefault : mode_origin->second.kind;
+  const ParallelMode data = p.data_mode();
+  const struct {
+    const char* key;
+    bool applies;
+    const char* where;
+  } mode_keys[] = {
+      {"parallel.zero_stage", data == ParallelMode::kZero, "mode zero"},
+      {"parallel.replicas", data == ParallelMode::kDp, "mode dp"},
+      {"parallel.loss_in_replica", data == ParallelMode::kDp, "mode dp"},
+      {"parallel.dp_seeded_replicas", data == ParallelMode::kDp, "mode dp"},
+      {"parallel.find_unused_parameters", data == ParallelMode::kDdp, "mode ddp"},
+      {"parallel.microbatches", p.pipelined(), "a pipeline (stages > 1, or mode pipeline)"},
+      {"parallel.schedule", p.pipelined(), "a pipeline (stages > 1, or mode pipeline)"},
+      {"parallel.partition", p.pipelined(), "a pipeline (stages > 1, or mode pipeline)"},
+  };
+  for (const auto& k : mode_keys) {
+    auto given = cfg->origins.find(std::string("train.") + k.key);
+    if (k.applies || cfg->effective || given == cfg->origins.end() ||
+        given->second.kind == Origin::Kind::kDerived ||
+        (mode_kind != Origin::Kind::kDefault && given->second.kind < mode_kind))
+      continue;
+    return Status::InvalidConfig(given->second.ToString() + ": train." + k.key + " applies to " +
+                                 k.where + ", but train.parallel.mode is " + ToString(p.mode) +
+                                 (p.pipelined() ? " over a pipeline" : "") +
+                                 ": it would be ignored; set the mode it belongs to, or drop it");
+  }
   if (std::optional<TrainRuleViolation> v = CheckTrainRules(t, world_size))
     return Status::InvalidConfig(
         WhereOf(*cfg, v->at.empty() ? std::vector<std::string>{v->key} : v->at) + ": train." +

@@ -29,7 +29,7 @@ train:
   checkpoint_every: {ckpt}
   resume: {resume}
   resume_allow_changes: {allow}
-  parallel: {{mode: {mode}, zero_stage: {stage}, bucket_cap_mb: {cap}}}
+  parallel: {{mode: {mode}, {stage}bucket_cap_mb: {cap}}}
   gradient_accumulation_steps: {accum}
   sync_each_batch: {sync_each}
 """
@@ -43,7 +43,7 @@ def config(tmp, name, batch, mode="zero", stage=1, steps=20, optimizer=ADAMW, ca
     continue another run's checkpoints)."""
     out = out or os.path.join(tmp, name)
     text = BASE.format(out=out, batch=batch, steps=steps, optimizer=optimizer, mode=mode,
-                       stage=stage, cap=cap, accum=accum, clip=clip, ckpt=ckpt, resume=resume,
+                       stage=f"zero_stage: {stage}, " if mode == "zero" else "", cap=cap, accum=accum, clip=clip, ckpt=ckpt, resume=resume,
                        sync_each=sync_each, allow="true" if allow else "false")
     return write_config(tmp, text, name + ".yaml"), out
 
@@ -130,7 +130,7 @@ class ZeroNumericsTest(unittest.TestCase):
         parameters are cast as DDP's are. Evaluation gathers unit by unit."""
         for checkpointing, precision in (("false", "no"), ("true", "no"), ("false", "bf16")):
             got = {}
-            for mode, stage in (("ddp", 1), ("zero", 3)):
+            for mode, stage in (("ddp", ""), ("zero", ", zero_stage: 3")):
                 name = f"lm_{mode}_{checkpointing}_{precision}"
                 out = os.path.join(self.tmp, name)
                 cfg = write_config(self.tmp, f"""
@@ -146,7 +146,7 @@ train:
   max_steps: 8
   optimizer: {{type: adamw, lr: 3.0e-3}}
   resume: never
-  parallel: {{mode: {mode}, zero_stage: {stage}}}
+  parallel: {{mode: {mode}{stage}}}
 """, name + ".yaml")
                 err = train(cfg, 2)
                 got[mode] = [params(out, r) for r in range(2)]
