@@ -18,7 +18,6 @@
 #include "base/test_util.h"
 #include "trainer_runtime/comm/process_group.h"
 #include "trainer_runtime/comm/recovery.h"
-#include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 #include "trainer_runtime/util/loop_util.h"
 
@@ -90,24 +89,26 @@ TEST_CASE("LossWatchFiresOnceWhenANewerGenerationIsAnnounced") {
 }
 
 TEST_CASE("LossWatchFiresWhenTheStoreFails") {
-  // The store's host (rank 0's worker) gone: its clients' requests fail.
-  c10d::TCPStoreOptions server_options;
-  server_options.port = 0;  // any free port
-  server_options.isServer = true;
-  server_options.waitWorkers = false;
-  server_options.timeout = std::chrono::seconds(10);
-  auto server = compat::NewTcpStore("127.0.0.1", server_options);
-  c10d::TCPStoreOptions client_options;
-  client_options.port = server->getPort();
-  client_options.waitWorkers = false;
-  client_options.timeout = std::chrono::seconds(10);
-  auto client = compat::NewTcpStore("127.0.0.1", client_options);
+  // The store's host (rank 0's worker) gone: its clients' requests fail. Both ends made as
+  // the workers make them (ConnectStore), the host on any free port.
+  DistEnv env;
+  env.master_addr = "127.0.0.1";
+  env.master_port = 0;
+  env.world_size = 2;
+  StatusOr<c10::intrusive_ptr<c10d::Store>> server =
+      ConnectStore(env, /*host=*/true, std::chrono::seconds(10));
+  REQUIRE(server.ok());
+  env.rank = 1;
+  env.master_port = dynamic_cast<c10d::TCPStore&>(**server).getPort();
+  StatusOr<c10::intrusive_ptr<c10d::Store>> client =
+      ConnectStore(env, /*host=*/false, std::chrono::seconds(10));
+  REQUIRE(client.ok());
   Calls calls;
   LossWatch watch(milliseconds(5));
-  watch.Arm(client, 0, calls.Callback());
+  watch.Arm(*client, 0, calls.Callback());
   std::this_thread::sleep_for(milliseconds(60));
   CHECK(calls.whys().empty());
-  server.reset();
+  *server = c10::intrusive_ptr<c10d::Store>();
   REQUIRE(calls.WaitFor(1));
   CHECK(Contains(calls.whys()[0], "the job's store failed"));
 }
