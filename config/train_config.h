@@ -147,8 +147,11 @@ struct ParallelConfig {
   double bucket_cap_mb = 25.0;  // ddp: gradient bucket size; the first bucket is 1 MB
   int replicas = 2;             // dp: replicas (CPU threads or devices) in one process
   // The degrees of the other axes; the data degree is world / (stages x tensor).
-  int stages = 1;        // pipeline stages per replica (> 1, or mode pipeline: the pipeline engine)
-  int tensor = 1;        // ranks a layer's weights are split over (tensor parallelism)
+  int stages = 1;  // pipeline stages per replica (> 1, or mode pipeline: the pipeline engine)
+  int tensor = 1;  // ranks a layer's weights are split over (tensor parallelism)
+  // tensor > 1: what lies between the tensor-parallel layers (norms, dropout, residuals) runs on
+  // each rank's 1/tensor of the sequence (Megatron's sequence parallelism).
+  bool sequence_parallel = false;
   int microbatches = 4;  // pipeline: micro-batches per optimizer step
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   std::vector<int64_t> partition;  // pipeline: layers per stage; empty = balance by parameters

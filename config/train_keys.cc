@@ -389,6 +389,10 @@ std::vector<TrainKey> BuildTable() {
       Range("parallel.tensor", FIELD(parallel.tensor), 1, 1024,
             "ranks each layer's weights are split over (tensor parallelism)")
           .Identity([](const TrainConfig& t) { return t.parallel.tensor > 1; }),
+      // In the identity only when on: checkpoints from before the key still match.
+      Value("parallel.sequence_parallel", FIELD(parallel.sequence_parallel),
+            "tensor > 1: norms and residuals on 1/tensor of the sequence each")
+          .Identity([](const TrainConfig& t) { return t.parallel.sequence_parallel; }),
       Range("parallel.microbatches", FIELD(parallel.microbatches), 1, 1 << 20,
             "pipeline: micro-batches per optimizer step")
           .Identity(Pipelined),

@@ -163,6 +163,56 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                   "dp runs its replicas in one process; it does not combine with "
                   "parallel.stages or parallel.tensor",
                   {"parallel.mode", "parallel.stages", "parallel.tensor"});
+  if (p.sequence_parallel && p.tensor == 1)
+    return Broken("parallel.sequence_parallel",
+                  "shards the sequence over the tensor-parallel ranks; it needs parallel.tensor "
+                  "above 1",
+                  {"parallel.sequence_parallel", "parallel.tensor"});
+  if (p.tensor > 1) {
+    if (m.type != ModelType::kTransformer)
+      return Broken("parallel.tensor",
+                    std::string("splits the built-in transformer's layers; model.type ") +
+                        ToString(m.type) + " has no tensor-parallel layers",
+                    {"parallel.tensor", "model.type"});
+    if (m.heads % p.tensor != 0)
+      return Broken("parallel.tensor",
+                    N(p.tensor) + " does not divide model.heads " + N(m.heads) +
+                        " (each rank computes heads / tensor of them)",
+                    {"parallel.tensor", "model.heads"});
+    if (m.vocab_size % p.tensor != 0)
+      return Broken("parallel.tensor",
+                    N(p.tensor) + " does not divide the vocabulary (" + N(m.vocab_size) +
+                        ": each rank embeds and predicts vocabulary / tensor of it)",
+                    {"parallel.tensor", "model.vocab"});
+    if (p.pipelined())
+      return Broken("parallel.tensor",
+                    "tensor parallelism inside pipeline stages is not built yet; use "
+                    "parallel.stages 1",
+                    {"parallel.tensor", "parallel.stages"});
+    if (p.mode == ParallelMode::kZero && t.max_grad_norm > 0)
+      return Broken("max_grad_norm",
+                    "clipping zero's sharded gradients of tensor-parallel layers is not built "
+                    "yet (parallel.tensor " +
+                        N(p.tensor) +
+                        ", mode zero); use mode ddp or no "
+                        "clipping",
+                    {"max_grad_norm", "parallel.tensor", "parallel.mode"});
+    if (t.local_sgd_steps > 0)
+      return Broken("local_sgd_steps",
+                    "Local SGD does not combine with tensor parallelism yet (parallel.tensor " +
+                        N(p.tensor) + ")",
+                    {"local_sgd_steps", "parallel.tensor"});
+    if (p.sequence_parallel) {
+      const int64_t sequence = t.data.context > 0 ? t.data.context : m.context;
+      if (sequence % p.tensor != 0)
+        return Broken("parallel.sequence_parallel",
+                      "a sequence of " + N(sequence) +
+                          " tokens (data.context, else "
+                          "model.context) does not split over parallel.tensor " +
+                          N(p.tensor) + " ranks",
+                      {"parallel.sequence_parallel", "data.context", "model.context"});
+    }
+  }
   if (p.pipelined()) {
     if (p.schedule == PipelineSchedule::k1F1B && p.microbatches < p.stages)
       return Broken("parallel.microbatches",

@@ -1,4 +1,5 @@
 #include "trainer_runtime/api/accelerator.h"
+#include "trainer_runtime/parallel/tensor_group.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -161,6 +162,9 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   // axes split it: no second group then).
   LAUNCH_ASSIGN_OR_RETURN(
       accel->data_pg_, CreateAxisGroup(layout, AxisOf(Use::kGradient), env, accel->pg_, timeout));
+  LAUNCH_ASSIGN_OR_RETURN(auto tensor_pg,
+                          CreateAxisGroup(layout, AxisOf(Use::kTensor), env, accel->pg_, timeout));
+  accel->tensor_group_ = ProcessTensorGroup(std::move(tensor_pg));
   return accel;
 }
 
@@ -219,6 +223,8 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
         pg_->allreduce_transport());
   LAUNCH_ASSIGN_OR_RETURN(
       strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), data_pg_, env_.tuning));
+  if (tensor_group_)
+    strategy_->SetTensorGroup(tensor_group_, SplitParameters(*module_, model_->Parameters()));
   // Recovery re-forms the world group, which the strategy must communicate over.
   recover_ =
       env_.recover_in_place && pg_ && strategy_->SupportsInPlaceRecovery() && data_pg_ == pg_;
@@ -631,6 +637,11 @@ Status Accelerator::SaveForPython(const std::string& path) {
         "SaveForPython: needs a model prepared with Prepare (a pipeline stage writes its own "
         "module: trainer::SaveForPython in model.h)");
   SyncBuffers();
+  if (tensor_group_) {
+    // The whole model: every rank of a tensor group gathers its shards (COLLECTIVE).
+    auto whole = WholeStateOf(*module_);
+    return IsMainProcess() ? SaveStateForPython(whole, path) : Status::Ok();
+  }
   return IsMainProcess() ? ::launch::trainer::SaveForPython(*model_, path) : Status::Ok();
 }
 

@@ -106,6 +106,7 @@
 #include "trainer_runtime/api/loader_cursor.h"
 #include "trainer_runtime/data/sampler.h"
 #include "trainer_runtime/model/autocast.h"
+#include "trainer_runtime/model/tensor_parallel.h"
 #include "trainer_runtime/util/env.h"
 
 namespace c10d {  // c10d's process group and store, held by pointer
@@ -202,6 +203,10 @@ class Accelerator {
   // Where this rank sits on every axis (tensor, data, stage), its groups and neighbours
   // (trainer_runtime/parallel/layout.h, internal: include it to use the result).
   const ParallelLayout& layout() const;
+  // The ranks that split this rank's tensor-parallel layers (model/tensor_parallel.h: build them
+  // with it; train.parallel.tensor > 1); null when nothing is split. Gradients of the layers'
+  // shards are then reduced over the data axis only, clipping counts each shard once.
+  const TensorGroupPtr& tensor_group() const { return tensor_group_; }
 
   // --- Several models (a GAN, a teacher and a student) ----------------------------------------
   // With more than one prepared pair, Backward(loss) walks loss's autograd graph to the
@@ -673,6 +678,7 @@ class Accelerator {
   c10::intrusive_ptr<CountingProcessGroup> pg_;       // the world (null for one process)
   c10::intrusive_ptr<CountingProcessGroup> data_pg_;  // the gradient group (pg_ when it spans
                                                       // the world; null when it has one rank)
+  TensorGroupPtr tensor_group_;  // over the tensor axis' group (null when it has one rank)
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<Model> model_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;

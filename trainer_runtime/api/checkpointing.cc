@@ -228,7 +228,7 @@ Status Accelerator::SaveState(const std::string& dir) {
   const std::string step_dir = StepDir(dir, step_);
   const TrainState state = CurrentTrainState();
   Status status = MakeDirs(step_dir);
-  for (size_t i = 1; i < pairs_.size() && status.ok(); ++i) status = MakeDirs(PairDir(step_dir, i));
+  for (size_t i = 0; i < pairs_.size() && status.ok(); ++i) status = MakeDirs(PairDir(step_dir, i));
   if (status.ok() && rank() == 0) {
     std::string run;
     for (const auto& [key, value] : run_settings_) run += key + ": " + value + "\n";

@@ -173,7 +173,12 @@ void Accelerator::SetSeed(uint64_t seed, bool device_specific) {
 }
 
 std::string Accelerator::PairDir(const std::string& step_dir, size_t i) const {
-  return i == 0 ? step_dir : step_dir + "/pair" + std::to_string(i);
+  std::string dir = i == 0 ? step_dir : step_dir + "/pair" + std::to_string(i);
+  // Each tensor shard keeps its own parameters and optimizer state (a pipeline engine adds
+  // its stage's folder itself).
+  if (layout_->degree(Axis::kTensor) > 1 && !options_.parallel.pipelined())
+    dir += "/" + layout_->ShardName();
+  return dir;
 }
 
 Status Accelerator::SaveUserState(const std::string& step_dir) const {

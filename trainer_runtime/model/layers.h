@@ -16,6 +16,7 @@
 
 #include "trainer_runtime/model/activation_checkpoint.h"
 #include "trainer_runtime/model/shard_unit.h"
+#include "trainer_runtime/model/tensor_parallel.h"
 
 namespace launch::trainer {
 
@@ -33,16 +34,42 @@ TORCH_MODULE(UnitLinear);
 // Causal transformer block (pre-LayerNorm GPT block), a stage-3 unit. With `checkpoint` its
 // activations are recomputed in backward instead of kept (activation_checkpoint.h): the same
 // gradients.
+//
+// With a tensor group of T ranks (tensor_parallel.h) the block is Megatron's: qkv and fc1 are
+// column-parallel, proj and fc2 row-parallel, each rank computes heads/T heads and 4C/T hidden
+// features; one all-reduce forward and one backward per half. With `sequence_parallel` the
+// block takes and gives this rank's 1/T of the sequence ([B, S/T, C]), and its norms, residuals
+// and dropout run on it alone. Parameter names are the whole block's; without a group it is the
+// whole block, draw for draw and bit for bit.
+//
+// Dropout draws each mask whole, from the default generator, and keeps this rank's part of it
+// (its heads, its rows of the sequence): every rank of a tensor group seeds that generator alike,
+// so the block drops exactly what the whole block would.
 class BlockImpl : public torch::nn::Module, public ShardUnit {
  public:
-  BlockImpl(int64_t d_model, int64_t heads, double dropout, bool checkpoint = false)
-      : heads_(heads), dropout_(dropout), checkpoint_(checkpoint) {
+  BlockImpl(int64_t d_model, int64_t heads, double dropout, bool checkpoint = false,
+            TensorGroupPtr tensor = TensorGroupPtr(), bool sequence_parallel = false)
+      : heads_(heads),
+        dropout_(dropout),
+        checkpoint_(checkpoint),
+        tensor_(std::move(tensor)),
+        sequence_parallel_(sequence_parallel && TensorSize(tensor_) > 1) {
+    const int t = TensorSize(tensor_);
+    TORCH_CHECK(heads % t == 0, "train.model.heads: ", heads, " heads do not split over ", t,
+                " tensor-parallel ranks (train.parallel.tensor)");
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
-    qkv_ = register_module("qkv", torch::nn::Linear(d_model, 3 * d_model));
-    proj_ = register_module("proj", torch::nn::Linear(d_model, d_model));
+    qkv_ = register_module(
+        "qkv", ColumnParallelLinear(
+                   d_model, 3 * d_model, tensor_,
+                   ColumnParallelOptions().fused(3).sequence_parallel(sequence_parallel_)));
+    proj_ = register_module(
+        "proj", RowParallelLinear(d_model, d_model, tensor_, true, true, sequence_parallel_));
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
-    fc1_ = register_module("fc1", torch::nn::Linear(d_model, 4 * d_model));
-    fc2_ = register_module("fc2", torch::nn::Linear(4 * d_model, d_model));
+    fc1_ = register_module(
+        "fc1", ColumnParallelLinear(d_model, 4 * d_model, tensor_,
+                                    ColumnParallelOptions().sequence_parallel(sequence_parallel_)));
+    fc2_ = register_module(
+        "fc2", RowParallelLinear(4 * d_model, d_model, tensor_, true, true, sequence_parallel_));
   }
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& causal_mask) {
     return ShardedForward(
@@ -58,27 +85,54 @@ class BlockImpl : public torch::nn::Module, public ShardUnit {
 
  private:
   torch::Tensor Body(const torch::Tensor& x, const torch::Tensor& causal_mask) {
-    const int64_t b = x.size(0), t = x.size(1), c = x.size(2), hd = c / heads_;
-    auto qkv = qkv_->forward(ln1_->forward(x)).view({b, t, 3, heads_, hd});
-    auto q = qkv.select(2, 0).transpose(1, 2);  // [B, H, T, hd]
+    const int t_ranks = TensorSize(tensor_);
+    const int64_t heads = heads_ / t_ranks, c = x.size(2), hd = c / heads_;
+    auto qkv = qkv_->forward(Norm(ln1_, x));
+    const int64_t b = qkv.size(0), t = qkv.size(1);  // the whole sequence
+    qkv = qkv.view({b, t, 3, heads, hd});
+    auto q = qkv.select(2, 0).transpose(1, 2);  // [B, H/T, T, hd]
     auto k = qkv.select(2, 1).transpose(1, 2);
     auto v = qkv.select(2, 2).transpose(1, 2);
     auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
     att = att.masked_fill(causal_mask, -std::numeric_limits<float>::infinity());
     att = torch::softmax(att, -1);
-    if (dropout_ > 0) att = torch::dropout(att, dropout_, is_training());
-    auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c});
+    if (dropout_ > 0) att = Dropout(att, /*dim=*/1, /*whole=*/heads_);
+    auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c / t_ranks});
     auto h = x + proj_->forward(y);
-    auto m = fc2_->forward(torch::gelu(fc1_->forward(ln2_->forward(h))));
-    if (dropout_ > 0) m = torch::dropout(m, dropout_, is_training());
+    auto m = fc2_->forward(torch::gelu(fc1_->forward(Norm(ln2_, h))));
+    if (dropout_ > 0) m = sequence_parallel_ ? Dropout(m, /*dim=*/1, m.size(1) * t_ranks) : Drop(m);
     return h + m;
+  }
+
+  // LayerNorm; on a sequence shard its parameters' gradients are summed over the group.
+  torch::Tensor Norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+    if (!sequence_parallel_) return ln->forward(x);
+    return torch::layer_norm(x, ln->options.normalized_shape(),
+                             CopyToTensorRegion(ln->weight, tensor_),
+                             CopyToTensorRegion(ln->bias, tensor_), ln->options.eps());
+  }
+  // Dropout of a tensor every rank of the group holds whole.
+  torch::Tensor Drop(const torch::Tensor& x) { return torch::dropout(x, dropout_, is_training()); }
+  // Dropout of this rank's part of a tensor split along `dim`, which has `whole` entries whole:
+  // the whole mask, this rank's part of it (torch::dropout's draws: x * bernoulli(1-p) / (1-p)).
+  torch::Tensor Dropout(const torch::Tensor& x, int64_t dim, int64_t whole) {
+    const int t_ranks = TensorSize(tensor_);
+    if (t_ranks == 1 || !is_training()) return Drop(x);
+    auto sizes = x.sizes().vec();
+    sizes[static_cast<size_t>(dim)] = whole;
+    torch::Tensor mask = torch::empty(sizes, x.options()).bernoulli_(1 - dropout_);
+    mask = mask.narrow(dim, x.size(dim) * TensorRank(tensor_), x.size(dim));
+    return x * mask.div_(1 - dropout_);
   }
 
   int64_t heads_;
   double dropout_;
   bool checkpoint_;
+  TensorGroupPtr tensor_;
+  bool sequence_parallel_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
-  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc1_{nullptr}, fc2_{nullptr};
+  ColumnParallelLinear qkv_{nullptr}, fc1_{nullptr};
+  RowParallelLinear proj_{nullptr}, fc2_{nullptr};
 };
 TORCH_MODULE(Block);
 

@@ -188,22 +188,35 @@ class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
 };
 TORCH_MODULE(Cnn);
 
+// With a tensor group (tensor_parallel.h): Megatron's GPT. The vocabulary is split in the token
+// embedding and the head (whose logits are gathered: the loss sees the whole vocabulary), the
+// blocks are tensor-parallel, and with sequence parallelism everything between them runs on this
+// rank's 1/T of the sequence.
 class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public TensorForward {
  public:
-  explicit TransformerImpl(const config::ModelConfig& cfg) : cfg_(cfg), context_(cfg.context) {
+  explicit TransformerImpl(const config::ModelConfig& cfg, TensorGroupPtr tensor = TensorGroupPtr(),
+                           bool sequence_parallel = false)
+      : cfg_(cfg),
+        context_(cfg.context),
+        tensor_(std::move(tensor)),
+        sequence_parallel_(sequence_parallel && TensorSize(tensor_) > 1) {
     reset();
   }
   void reset() override {
     const config::ModelConfig& cfg = cfg_;
     blocks_.clear();
-    tok_ = register_module("tok", torch::nn::Embedding(cfg.vocab_size, cfg.d_model));
+    tok_ = register_module("tok", VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, tensor_));
     pos_ = register_module("pos", torch::nn::Embedding(cfg.context, cfg.d_model));
     for (int64_t i = 0; i < cfg.transformer_layers; ++i)
-      blocks_.push_back(register_module(
-          "block" + std::to_string(i),
-          Block(cfg.d_model, cfg.heads, cfg.dropout, cfg.activation_checkpointing)));
+      blocks_.push_back(
+          register_module("block" + std::to_string(i),
+                          Block(cfg.d_model, cfg.heads, cfg.dropout, cfg.activation_checkpointing,
+                                tensor_, sequence_parallel_)));
     ln_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
-    head_ = register_module("head", torch::nn::Linear(cfg.d_model, cfg.vocab_size));
+    head_ = register_module(
+        "head", ColumnParallelLinear(cfg.d_model, cfg.vocab_size, tensor_,
+                                     ColumnParallelOptions().gather_output(true).sequence_parallel(
+                                         sequence_parallel_)));
     // GPT-style small init keeps the first losses near log(vocab).
     for (auto& p : parameters()) {
       if (p.dim() == 2) torch::nn::init::normal_(p, 0.0, 0.02);
@@ -217,19 +230,31 @@ class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public Ten
     const auto on = torch::TensorOptions().device(tokens.device());
     auto positions = torch::arange(t, on.dtype(torch::kLong));
     auto x = tok_->forward(tokens) + pos_->forward(positions);
+    if (sequence_parallel_) {
+      TORCH_CHECK(t % TensorSize(tensor_) == 0, "train.parallel.sequence_parallel: a sequence of ",
+                  t, " tokens does not split over ", TensorSize(tensor_), " tensor-parallel ranks");
+      x = ScatterToTensorRegion(x, tensor_, 1);
+    }
     // True above the diagonal: position i may not look at j > i.
     auto mask = torch::ones({t, t}, on.dtype(torch::kBool)).triu(1);
     for (auto& block : blocks_) x = block->forward(x, mask);
-    return head_->forward(ln_->forward(x));
+    if (!sequence_parallel_) return head_->forward(ln_->forward(x));
+    // On a sequence shard the norm's parameters' gradients are summed over the group.
+    return head_->forward(torch::layer_norm(
+        x, ln_->options.normalized_shape(), CopyToTensorRegion(ln_->weight, tensor_),
+        CopyToTensorRegion(ln_->bias, tensor_), ln_->options.eps()));
   }
 
  private:
   config::ModelConfig cfg_;
   int64_t context_;
-  torch::nn::Embedding tok_{nullptr}, pos_{nullptr};
+  TensorGroupPtr tensor_;
+  bool sequence_parallel_;
+  VocabParallelEmbedding tok_{nullptr};
+  torch::nn::Embedding pos_{nullptr};
   std::vector<Block> blocks_;
   torch::nn::LayerNorm ln_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  ColumnParallelLinear head_{nullptr};
 };
 TORCH_MODULE(Transformer);
 
@@ -363,7 +388,24 @@ StatusOr<torch::nn::AnyModule> LoadScriptModule(const std::string& path, const s
   }
 }
 
-StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg) {
+StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg,
+                                             const TensorGroupPtr& tensor, bool sequence_parallel) {
+  if (TensorSize(tensor) > 1) {
+    if (cfg.type != config::ModelType::kTransformer)
+      return Status::InvalidConfig(std::string("train.parallel.tensor: the built-in ") +
+                                   config::ToString(cfg.type) +
+                                   " has no tensor-parallel layers (the transformer has)");
+    try {
+      // The whole model from the seed, then this rank's shards of it: the same initial weights
+      // as in one process, whatever the split.
+      auto whole = Transformer(cfg);
+      auto split = Transformer(cfg, tensor, sequence_parallel);
+      LoadShardsFromWhole(*split, *whole);
+      return std::make_unique<Model>(split.ptr());
+    } catch (const c10::Error& e) {
+      return Status::InvalidConfig(e.what_without_backtrace());
+    }
+  }
   switch (cfg.type) {
     case config::ModelType::kMlp:
       return std::make_unique<Model>(
@@ -544,6 +586,31 @@ void SaveAsTorchSave(const c10::IValue& value,
 
 }  // namespace
 
+namespace {
+
+// A state dict as torch.load gives it, on the CPU whatever device trained it: model.pt loads
+// on any machine.
+c10::IValue StateDict(const NamedTensors& state) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  for (const auto& [name, tensor] : state) dict.insert(name, tensor.detach().cpu());
+  return c10::IValue(dict);
+}
+
+}  // namespace
+
+Status SaveStateForPython(const NamedTensors& state, const std::string& path) {
+  AtomicFileWriter file(path);
+  try {
+    SaveAsTorchSave(StateDict(state), [&file](const void* bytes, size_t size) -> size_t {
+      file.Append(std::string_view(static_cast<const char*>(bytes), size));
+      return size;  // errors are kept by `file` (see SaveForPython)
+    });
+  } catch (const c10::Error& e) {
+    return Status::IoError("writing " + path + ": " + e.what_without_backtrace());
+  }
+  return file.Commit();
+}
+
 Status SaveForPython(const Model& model, const std::string& path) {
   // Streamed into the temp file of an atomic write: no copy of the model in memory. A write
   // error is kept by `file` and reported by Commit; the zip writer is told every write worked,
@@ -559,13 +626,12 @@ Status SaveForPython(const Model& model, const std::string& path) {
       script->Save(write);
     } else {
       // Every name, tied and frozen parameters included, as PyTorch's state_dict lists them.
-      c10::Dict<std::string, torch::Tensor> state;
-      // On the CPU, whatever device trained them: model.pt loads on any machine.
+      NamedTensors state;
       for (const auto& item : model.module().named_parameters(/*recurse=*/true))
-        state.insert(item.key(), item.value().detach().cpu());
+        state.emplace_back(item.key(), item.value());
       for (const auto& item : model.module().named_buffers(/*recurse=*/true))
-        state.insert(item.key(), item.value().detach().cpu());
-      SaveAsTorchSave(c10::IValue(state), write);
+        state.emplace_back(item.key(), item.value());
+      SaveAsTorchSave(StateDict(state), write);
     }
   } catch (const c10::Error& e) {
     return Status::IoError("writing " + path + ": " + e.what_without_backtrace());

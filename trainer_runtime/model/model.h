@@ -16,6 +16,7 @@
 
 #include "base/status.h"
 #include "config/train_config.h"
+#include "trainer_runtime/model/tensor_parallel.h"
 
 namespace launch::trainer {
 
@@ -76,7 +77,12 @@ ForwardOutput RunForward(torch::nn::Module& module, const torch::data::Example<>
 // Parameters are initialised from the current global torch seed (the trainer seeds it first),
 // so every rank builds identical weights before the broadcast.
 // TorchScript: loads `torchscript_path`; NotFound / InvalidConfig with the path on failure.
-StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg);
+// With a tensor group of more than one rank (the transformer only; InvalidConfig naming the key
+// otherwise): this rank's shards of the model the seed gives whole (tensor_parallel.h), its
+// blocks sequence-parallel if asked.
+StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg,
+                                             const TensorGroupPtr& tensor = TensorGroupPtr(),
+                                             bool sequence_parallel = false);
 
 // A TorchScript module (torch::jit::load) as a torch::nn::Module implementing TensorForward:
 // its parameters and buffers are registered under their dotted names with '.' -> '_'
@@ -109,6 +115,8 @@ std::vector<std::string> NoDecayParameters(const config::OptimizerConfig& c, con
 // every parameter and buffer name (dotted, as state_dict names them) to its tensor, which
 // torch.load reads (torch::pickle_save's format). IoError naming `path` on failure.
 Status SaveForPython(const Model& model, const std::string& path);
+// The same for a state dict given by name (a tensor-parallel model's whole state: WholeStateOf).
+Status SaveStateForPython(const NamedTensors& state, const std::string& path);
 
 // FNV-1a over the raw bytes of `params` in order (a GPU tensor's are read on the host): equal
 // checksums mean bit-identical weights. final.json's param_checksum, Accelerator::Finish's

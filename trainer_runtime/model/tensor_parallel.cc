@@ -196,8 +196,9 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, TensorGrou
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
   const torch::Tensor input = input_is_parallel_ ? x : ScatterToTensorRegion(x, group_);
-  torch::Tensor partial = torch::matmul(input, weight.t());
-  if (Unsplit(group_)) return bias.defined() ? partial + bias : partial;
+  // Linear's own maths when whole (bit for bit).
+  if (Unsplit(group_)) return torch::nn::functional::linear(input, weight, bias);
+  torch::Tensor partial = torch::nn::functional::linear(input, weight);
   torch::Tensor y = sequence_parallel_ ? ReduceScatterToSequenceRegion(partial, group_)
                                        : ReduceFromTensorRegion(partial, group_);
   if (!bias.defined()) return y;

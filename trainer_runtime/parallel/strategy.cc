@@ -22,14 +22,31 @@ void ParallelStrategy::Reform(c10::intrusive_ptr<CountingProcessGroup>) {
 }
 
 double ParallelStrategy::ClipGradNorm(double max_norm) {
-  return torch::nn::utils::clip_grad_norm_(model_->Parameters(), max_norm);
+  if (!tensor_group_) return torch::nn::utils::clip_grad_norm_(model_->Parameters(), max_norm);
+  // clip_grad_norm_'s rule over the norm of the whole model's gradients.
+  const double norm = std::sqrt(GradNormSquared());
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1) ScaleGradients(coef);
+  return norm;
 }
 
 double ParallelStrategy::GradNormSquared() {
-  double squares = 0;
-  for (const auto& p : model_->Parameters())
-    if (p.grad().defined()) squares += p.grad().pow(2).sum().item<double>();
-  return squares;
+  const std::vector<torch::Tensor> params = model_->Parameters();
+  if (!tensor_group_) {
+    double squares = 0;
+    for (const auto& p : params)
+      if (p.grad().defined()) squares += p.grad().pow(2).sum().item<double>();
+    return squares;
+  }
+  // [0]: the shards' squares (summed over the tensor group), [1]: the replicated ones'.
+  auto squares = torch::zeros({2}, torch::kDouble);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].grad().defined())
+      squares[i < split_.size() && split_[i] ? 0 : 1] +=
+          params[i].grad().to(torch::kDouble).pow(2).sum().cpu();
+  torch::Tensor shards = squares.narrow(0, 0, 1).clone();
+  tensor_group_->AllReduceSum(shards);
+  return shards.item<double>() + squares[1].item<double>();
 }
 
 void ParallelStrategy::ScaleGradients(double coef) {

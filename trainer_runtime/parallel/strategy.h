@@ -101,6 +101,13 @@ class ParallelStrategy {
   // zero sums the shards over the group: COLLECTIVE there), and scaling them all by `coef`.
   virtual double GradNormSquared();
   virtual void ScaleGradients(double coef);
+  // Tensor parallelism (model/tensor_parallel.h): the parameters `split` marks (Parameters()
+  // order) are shards over `group`, the others replicated on it. The default norm then sums the
+  // shards' squares over the group and counts the replicated ones once (COLLECTIVE over it).
+  void SetTensorGroup(TensorGroupPtr group, std::vector<bool> split) {
+    tensor_group_ = std::move(group);
+    split_ = std::move(split);
+  }
   // Runs `optimizer`'s step, then zeroes the gradients in place (not set to undefined: DDP's
   // gradients are views into its buckets, and memory stays put across steps). The default
   // steps `optimizer` over every parameter; zero steps this rank's shard with its own optimizer
@@ -207,6 +214,8 @@ class ParallelStrategy {
   int world_ = 1;
   // The model the strategy trains; set by every strategy's constructor.
   Model* model_ = nullptr;
+  TensorGroupPtr tensor_group_;  // SetTensorGroup's
+  std::vector<bool> split_;
 };
 
 // What a rank holding `model` whole holds: its parameters, their defined gradients and

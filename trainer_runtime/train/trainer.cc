@@ -234,11 +234,6 @@ class Trainer {
 };
 
 Status Trainer::Prepare() {
-  if (cfg_.parallel.tensor > 1)
-    return Status::InvalidConfig(
-        "train.parallel.tensor: " + std::to_string(cfg_.parallel.tensor) +
-        ": the built-in models have no tensor-parallel layers yet (the layout has the axis, "
-        "and a program of its own can use it through Accelerator::layout()); use 1");
   const bool pipelined = cfg_.parallel.pipelined();
   if (pipelined && cfg_.model.type != config::ModelType::kTorchScript) {
     // Before joining anything: a bad partition fails at once with its key named.
@@ -371,16 +366,31 @@ Status Trainer::Prepare() {
     shape = " channels " + Join(channels, ",") + " hidden " + std::to_string(cfg_.model.cnn_hidden);
   }
   const int64_t buckets = accel_->num_buckets();
+  // Split layers: the layout, and the whole model's size beside this rank's share of it.
+  std::string layout, held;
+  if (const TensorGroupPtr& tensor = accel_->tensor_group()) {
+    layout = accel_->layout().Describe() +
+             (cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") + ", ";
+    const std::vector<torch::Tensor> params = accel_->parameters();
+    const std::vector<bool> split = SplitParameters(*internals().model()->shared_module(), params);
+    int64_t whole = 0;
+    for (size_t i = 0; i < params.size(); ++i)
+      whole += params[i].numel() * (split[i] ? tensor->size() : 1);
+    held = ", " + std::to_string(num_params) + " on each rank";
+    num_params = whole;
+  }
   accel_->Print(
-      "train: " + std::to_string(world) + " process(es), " + accel_->mode_name() +
+      "train: " + std::to_string(world) + " process(es), " + layout + accel_->mode_name() +
       (buckets ? " (" + std::to_string(buckets) + " buckets)" : "") +
       (cfg_.local_sgd_steps > 0 ? " every " + std::to_string(cfg_.local_sgd_steps) + " steps"
                                 : "") +
       "; model " + config::ToString(cfg_.model.type) + shape + " (" + std::to_string(num_params) +
-      " parameters); " + data_.description + "; batch " + std::to_string(cfg_.batch_size) + " x " +
-      std::to_string(cfg_.gradient_accumulation_steps) + " micro-batches x " +
-      std::to_string(world) + " ranks; " + std::to_string(total_steps_) + " steps; output " +
-      cfg_.output_dir);
+      " parameters" + held + "); " + data_.description + "; batch " +
+      std::to_string(cfg_.batch_size) + " x " + std::to_string(cfg_.gradient_accumulation_steps) +
+      " micro-batches x " +
+      (held.empty() ? std::to_string(world) + " ranks; "
+                    : std::to_string(accel_->data_parallel_size()) + " replicas; ") +
+      std::to_string(total_steps_) + " steps; output " + cfg_.output_dir);
   return Status::Ok();
 }
 
@@ -450,12 +460,19 @@ void Trainer::SetRunLength() {
 Status Trainer::PrepareReplica() {
   // Same seed on every rank: identical initial weights even before the broadcast.
   torch::manual_seed(cfg_.seed);
-  LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(cfg_.model));
+  LAUNCH_ASSIGN_OR_RETURN(
+      std::unique_ptr<Model> model,
+      CreateModel(cfg_.model, accel_->tensor_group(), cfg_.parallel.sequence_parallel));
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> made,
                           MakeOptimizer(cfg_.optimizer, *model));
   auto optimizer = std::shared_ptr<torch::optim::Optimizer>(std::move(made));
-  // Different dropout masks per rank, reproducible per (seed, rank).
-  torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
+  // Different dropout masks per replica, reproducible per (seed, rank). The ranks of a tensor
+  // group draw alike (their first rank's stream): each keeps its part of the same whole mask
+  // (layers.h), so the split model drops what the whole one would.
+  const ParallelLayout& layout = accel_->layout();
+  const int stream =
+      layout.RankAt(0, layout.coordinate(Axis::kData), layout.coordinate(Axis::kStage));
+  torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(stream + 1));
   SetPhase("broadcasting parameters");
   return accel_->Prepare(model->shared_module(), optimizer);
 }

@@ -1,0 +1,152 @@
+"""Tensor parallelism (train.parallel.tensor; model/tensor_parallel.h) against one process and DDP
+on the same data and seed: real `train` processes split the built-in transformer's heads, MLP and
+vocabulary (Megatron's layers) and must end where the whole model does, within float32's
+reordering of sums: alone (tensor 2), with dropout (each rank keeps its part of the whole mask)
+and clipping (the norm counts replicated parameters once); by DDP and ZeRO on the data axis
+(tensor 2 x data 2); with sequence parallelism. model.pt is the whole model under the whole
+model's names; checkpoints keep one folder per tensor shard and resume bit-identically; bad
+splits are refused naming the key."""
+
+import json
+import os
+import unittest
+
+from trainer_helpers import TRAIN, final, metrics, run_ranks, start_ranks, wait_all, write_config
+import harness
+
+BASE = """
+train:
+  seed: 5
+  output_dir: {out}
+  model: {model}
+  data: {{type: text, path: /usr/share/common-licenses/GPL-3, context: 16}}
+  eval_fraction: 0.05
+  batch_size: 8
+  max_steps: {steps}
+  optimizer: {{type: adamw, lr: 0.003, weight_decay: 0.1}}
+  max_grad_norm: {clip}
+  checkpoint_every: {ckpt}
+  resume: {resume}
+  log_every: 1
+  parallel: {{mode: {mode}, tensor: {tensor}{extra}}}
+"""
+
+# Loads two model.pt files (Debian's python3 has torch; the runner's may not): their names,
+# shapes and the largest difference.
+COMPARE = r"""
+import json, sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+same = sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a)
+diff = max((a[k] - b[k]).abs().max().item() for k in a) if same else None
+print(json.dumps({"same_names_and_shapes": same, "max_abs_diff": diff}))
+"""
+
+
+def config(tmp, name, tensor=2, mode="ddp", steps=12, dropout=0.0, clip=0.5, ckpt=0,
+           resume="never", model=None, extra="", out=None):
+    out = out or os.path.join(tmp, name)
+    model = model or ("{type: transformer, vocab: bytes, d_model: 32, layers: 2, heads: 4, "
+                      f"context: 16, dropout: {dropout}}}")
+    text = BASE.format(out=out, model=model, dropout=dropout, steps=steps, clip=clip, ckpt=ckpt,
+                       resume=resume, mode=mode, tensor=tensor, extra=extra)
+    return write_config(tmp, text, name + ".yaml"), out
+
+
+def train(cfg, world):
+    return "".join(out + err for _, out, err in run_ranks(cfg, world, timeout=180))
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
+class TensorParallelTest(unittest.TestCase):
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def compare(self, out_a, out_b):
+        r = harness.run([harness.SYSTEM_PYTHON, "-c", COMPARE, os.path.join(out_a, "model.pt"),
+                         os.path.join(out_b, "model.pt")], timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        got = json.loads(r.stdout)
+        self.assertTrue(got["same_names_and_shapes"], got)
+        return got["max_abs_diff"]
+
+    def check_near(self, split_out, whole_out, tol=5e-5):
+        diff = self.compare(split_out, whole_out)
+        self.assertLess(diff, tol, "the split model ended elsewhere than the whole one")
+        a, b = metrics(split_out), metrics(whole_out)
+        self.assertEqual([m["step"] for m in a], [m["step"] for m in b])
+        for x, y in zip(a, b):
+            self.assertAlmostEqual(x["loss"], y["loss"], delta=1e-4)
+        self.assertLess(a[-1]["loss"], a[0]["loss"])
+        return diff
+
+    def test_two_ranks_split_the_layers_and_train_as_one_process_with_dropout_and_clipping(self):
+        split_cfg, split_out = config(self.tmp, "split", dropout=0.1)
+        whole_cfg, whole_out = config(self.tmp, "whole", tensor=1, dropout=0.1)
+        log = train(split_cfg, 2)
+        train(whole_cfg, 1)
+        self.assertIn("tensor 2", log)
+        self.check_near(split_out, whole_out)
+        # Each rank holds about half the model (norms, biases after a sum and the position
+        # embedding stay whole).
+        held = final(split_out)["state_bytes"]["parameters"]
+        whole = final(whole_out)["state_bytes"]["parameters"][0]
+        self.assertEqual(len(held), 2)
+        for b in held:
+            self.assertLess(b, 0.6 * whole)
+
+    def test_dropout_masks_follow_the_whole_model(self):
+        # The same run without the per-rank part of the mask would differ at the first step.
+        split_cfg, split_out = config(self.tmp, "split_drop", dropout=0.3, steps=3)
+        whole_cfg, whole_out = config(self.tmp, "whole_drop", tensor=1, dropout=0.3, steps=3)
+        train(split_cfg, 2)
+        train(whole_cfg, 1)
+        self.check_near(split_out, whole_out)
+
+    def test_tensor_by_data_ddp_with_sequence_parallelism_matches_ddp(self):
+        split_cfg, split_out = config(self.tmp, "tp_dp_sp", extra=", sequence_parallel: true")
+        whole_cfg, whole_out = config(self.tmp, "dp", tensor=1)
+        log = train(split_cfg, 4)
+        train(whole_cfg, 2)
+        self.assertIn("tensor 2 x data 2", log)
+        self.check_near(split_out, whole_out)
+
+    def test_zero_on_the_data_axis_matches_ddp(self):
+        split_cfg, split_out = config(self.tmp, "tp_zero", mode="zero", clip=0.0,
+                                      extra=", zero_stage: 2")
+        whole_cfg, whole_out = config(self.tmp, "dp_noclip", tensor=1, clip=0.0)
+        train(split_cfg, 4)
+        train(whole_cfg, 2)
+        self.assertEqual(final(split_out)["strategy"], "zero")
+        self.check_near(split_out, whole_out)
+
+    def test_checkpoints_keep_a_folder_per_shard_and_resume_bit_identically(self):
+        whole_cfg, whole_out = config(self.tmp, "through", steps=8)
+        train(whole_cfg, 2)
+        half_cfg, half_out = config(self.tmp, "halves", steps=4, ckpt=4, resume="auto")
+        train(half_cfg, 2)
+        step = os.path.join(half_out, "checkpoints", "step4")
+        for shard in ("tensor0", "tensor1"):
+            self.assertIn("model.pt", os.listdir(os.path.join(step, shard)))
+        rest_cfg, _ = config(self.tmp, "halves", steps=8, ckpt=4, resume="auto")
+        log = train(rest_cfg, 2)
+        self.assertIn("resum", log)
+        self.assertEqual(self.compare(half_out, whole_out), 0.0)
+
+    def refused(self, cfg, world):
+        procs, _ = start_ranks(cfg, world)
+        results = wait_all(procs, 60)
+        for rc, out, err in results:
+            self.assertNotEqual(rc, 0)
+        return results[0][2]
+
+    def test_bad_splits_are_refused_naming_the_key(self):
+        cfg, _ = config(self.tmp, "heads", tensor=3)
+        self.assertIn("train.parallel.tensor: 3 does not divide model.heads 4", self.refused(cfg, 3))
+        cfg, _ = config(self.tmp, "mlp", model="{type: mlp, layers: [16, 8, 256]}")
+        self.assertIn("model.type mlp has no tensor-parallel layers", self.refused(cfg, 2))
+        cfg, _ = config(self.tmp, "sp_alone", tensor=1, extra=", sequence_parallel: true")
+        self.assertIn("train.parallel.sequence_parallel", self.refused(cfg, 1))
+
+
+if __name__ == "__main__":
+    unittest.main()
