@@ -193,18 +193,33 @@ TEST_CASE("StagesAndTensorAreLayoutDegreesThatComposeWithEveryDataStrategy") {
   // `mode` is the data axis' strategy; stages above 1 make every replica a pipeline.
   LaunchConfig zero;
   REQUIRE(Load("train:\n"
-               "  parallel: {mode: zero, zero_stage: 3, stages: 2, tensor: 2, microbatches: 2}\n",
+               "  parallel: {mode: zero, zero_stage: 3, stages: 2, microbatches: 2}\n",
                &zero)
               .ok());
   CHECK(zero.train.parallel.pipelined());
   CHECK(zero.train.parallel.data_mode() == ParallelMode::kZero);
-  CHECK(zero.train.parallel.tensor == 2);
   CHECK(ValidateTrain(&zero, 8).ok());
+  // Tensor parallelism splits the transformer, with any data strategy.
+  LaunchConfig split;
+  REQUIRE(Load("train:\n  model: {type: transformer}\n"
+               "  data: {type: text, path: /usr/share/common-licenses/GPL-3}\n"
+               "  parallel: {mode: zero, zero_stage: 3, tensor: 2}\n",
+               &split)
+              .ok());
+  CHECK(split.train.parallel.tensor == 2);
+  CHECK(ValidateTrain(&split, 8).ok());
   // stages x tensor must divide the world: the message names the keys and where they are.
-  const std::string message = ValidateTrain(&zero, 6).message();
-  CHECK(message.find("train.yaml:2") != std::string::npos);
-  CHECK(message.find("train.parallel.tensor: stages x tensor (2 x 2) does not divide the world "
-                     "size 6") != std::string::npos);
+  const std::string message = ValidateTrain(&split, 5).message();
+  CHECK(message.find("train.yaml:4") != std::string::npos);
+  CHECK(message.find("train.parallel.tensor: stages x tensor (1 x 2) does not divide the world "
+                     "size 5") != std::string::npos);
+  // Not yet inside pipeline stages, nor for a model without split layers: said, not ignored.
+  split.train.parallel.stages = 2;
+  CHECK(ValidateTrain(&split, 8).message().find("inside pipeline stages is not built yet") !=
+        std::string::npos);
+  zero.train.parallel.tensor = 2;
+  CHECK(ValidateTrain(&zero, 8).message().find("model.type mlp has no tensor-parallel layers") !=
+        std::string::npos);
   // `mode: pipeline` keeps its meaning: ddp over pipeline replicas.
   LaunchConfig pipeline;
   REQUIRE(

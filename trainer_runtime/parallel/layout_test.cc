@@ -111,9 +111,10 @@ TEST_CASE("LayoutRefusesDegreesThatDoNotDivideTheWorldNamingTheKeys") {
 
   // Through the config's rules, as Accelerator::Create builds it.
   config::TrainConfig cfg;
-  cfg.parallel.stages = 2;
-  cfg.parallel.tensor = 2;
-  cfg.parallel.microbatches = 2;
+  cfg.model.type = config::ModelType::kTransformer;  // the model with split layers
+  cfg.data.type = config::DataType::kText;
+  cfg.data.path = "text.txt";  // not read here
+  cfg.parallel.tensor = 4;
   DistEnv env;
   env.world_size = 6;
   StatusOr<ParallelLayout> from_config = ParallelLayout::Create(cfg, env);
