@@ -184,11 +184,6 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                     N(p.tensor) + " does not divide the vocabulary (" + N(m.vocab_size) +
                         ": each rank embeds and predicts vocabulary / tensor of it)",
                     {"parallel.tensor", "model.vocab"});
-    if (p.pipelined())
-      return Broken("parallel.tensor",
-                    "tensor parallelism inside pipeline stages is not built yet; use "
-                    "parallel.stages 1",
-                    {"parallel.tensor", "parallel.stages"});
     if (p.mode == ParallelMode::kZero && t.max_grad_norm > 0)
       return Broken("max_grad_norm",
                     "clipping zero's sharded gradients of tensor-parallel layers is not built "

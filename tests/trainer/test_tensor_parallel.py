@@ -35,7 +35,12 @@ train:
 # shapes and the largest difference.
 COMPARE = r"""
 import json, sys, torch
-a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+def load(paths):  # a pipeline's stages: one file each, together the model
+    state = {}
+    for path in paths.split(","):
+        state.update(torch.load(path))
+    return state
+a, b = load(sys.argv[1]), load(sys.argv[2])
 same = sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a)
 diff = max((a[k] - b[k]).abs().max().item() for k in a) if same else None
 print(json.dumps({"same_names_and_shapes": same, "max_abs_diff": diff}))
@@ -61,16 +66,18 @@ class TensorParallelTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
 
-    def compare(self, out_a, out_b):
-        r = harness.run([harness.SYSTEM_PYTHON, "-c", COMPARE, os.path.join(out_a, "model.pt"),
+    def compare(self, out_a, out_b, stages=1):
+        a = ",".join(os.path.join(out_a, f"model_stage{s}.pt") for s in range(stages))
+        r = harness.run([harness.SYSTEM_PYTHON, "-c", COMPARE,
+                         a if stages > 1 else os.path.join(out_a, "model.pt"),
                          os.path.join(out_b, "model.pt")], timeout=120)
         self.assertEqual(r.returncode, 0, r.stderr)
         got = json.loads(r.stdout)
         self.assertTrue(got["same_names_and_shapes"], got)
         return got["max_abs_diff"]
 
-    def check_near(self, split_out, whole_out, tol=5e-5):
-        diff = self.compare(split_out, whole_out)
+    def check_near(self, split_out, whole_out, tol=5e-5, stages=1):
+        diff = self.compare(split_out, whole_out, stages)
         self.assertLess(diff, tol, "the split model ended elsewhere than the whole one")
         a, b = metrics(split_out), metrics(whole_out)
         self.assertEqual([m["step"] for m in a], [m["step"] for m in b])
@@ -118,6 +125,31 @@ class TensorParallelTest(unittest.TestCase):
         train(whole_cfg, 2)
         self.assertEqual(final(split_out)["strategy"], "zero")
         self.check_near(split_out, whole_out)
+
+    def test_tensor_inside_pipeline_stages_matches_one_process(self):
+        # tensor 2 x stages 2, sequence parallel: the activations between the stages are
+        # sequence shards; each stage's model file is its part of the whole model.
+        split_cfg, split_out = config(self.tmp, "tp_pp",
+                                      extra=", stages: 2, microbatches: 2, sequence_parallel: true")
+        whole_cfg, whole_out = config(self.tmp, "whole_pp", tensor=1)
+        log = train(split_cfg, 4)
+        train(whole_cfg, 1)
+        self.assertIn("tensor 2", log)
+        self.check_near(split_out, whole_out, stages=2)
+
+    def test_three_axes_tensor_data_stages_match_ddp(self):
+        # 8 processes: tensor 2 x data 2 x stages 2 (Megatron's rank order), clipping over all
+        # three; a checkpoint folder per (stage, tensor) shard.
+        split_cfg, split_out = config(self.tmp, "3d", ckpt=12,
+                                      extra=", stages: 2, microbatches: 2")
+        whole_cfg, whole_out = config(self.tmp, "dp_for_3d", tensor=1)
+        log = train(split_cfg, 8)
+        train(whole_cfg, 2)
+        self.assertIn("tensor 2 x data 2 x stage 2", log)
+        self.check_near(split_out, whole_out, stages=2)
+        step = os.listdir(os.path.join(split_out, "checkpoints", "step12"))
+        for shard in ("stage0_tensor0", "stage0_tensor1", "stage1_tensor0", "stage1_tensor1"):
+            self.assertIn(shard, step)
 
     def test_checkpoints_keep_a_folder_per_shard_and_resume_bit_identically(self):
         whole_cfg, whole_out = config(self.tmp, "through", steps=8)

@@ -279,6 +279,9 @@ Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
   LAUNCH_ASSIGN_OR_RETURN(
       std::unique_ptr<ParallelStrategy> data,
       CreateStrategy(options_, model_.get(), optimizer_.get(), data_pg_, env_.tuning));
+  // The engine sums the stage's norm (the data strategy's) over the stages.
+  if (tensor_group_)
+    data->SetTensorGroup(tensor_group_, SplitParameters(*module_, model_->Parameters()));
   LAUNCH_ASSIGN_OR_RETURN(
       std::unique_ptr<PipelineEngine> engine,
       PipelineEngine::Create(

@@ -2,8 +2,6 @@
 // built-in models (BuildStage).
 #include "trainer_runtime/model/pipeline_stages.h"
 
-#include <map>
-
 #include "trainer_runtime/model/layers.h"
 #include "trainer_runtime/model/model.h"
 
@@ -47,47 +45,66 @@ class MlpStageImpl : public torch::nn::Module, public TensorForward {
 TORCH_MODULE(MlpStage);
 
 // Blocks [first, last); the first stage also embeds tokens, the last applies ln_f and the head.
+// With a tensor group, the transformer of model.cc split the same way (Megatron's layers); with
+// sequence parallelism the activations between stages are this rank's 1/T of the sequence.
 class TransformerStageImpl : public torch::nn::Module, public TensorForward {
  public:
-  TransformerStageImpl(const config::ModelConfig& cfg, int64_t first, int64_t last)
+  TransformerStageImpl(const config::ModelConfig& cfg, int64_t first, int64_t last,
+                       TensorGroupPtr tensor, bool sequence_parallel)
       : context_(cfg.context),
         has_embedding_(first == 0),
-        has_head_(last == cfg.transformer_layers) {
+        has_head_(last == cfg.transformer_layers),
+        tensor_(std::move(tensor)),
+        sequence_parallel_(sequence_parallel && TensorSize(tensor_) > 1) {
     if (has_embedding_) {
-      tok_ = register_module("tok", torch::nn::Embedding(cfg.vocab_size, cfg.d_model));
+      tok_ = register_module("tok", VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, tensor_));
       pos_ = register_module("pos", torch::nn::Embedding(cfg.context, cfg.d_model));
     }
     for (int64_t i = first; i < last; ++i)
-      blocks_.push_back(register_module(
-          "block" + std::to_string(i),
-          Block(cfg.d_model, cfg.heads, cfg.dropout, cfg.activation_checkpointing)));
+      blocks_.push_back(
+          register_module("block" + std::to_string(i),
+                          Block(cfg.d_model, cfg.heads, cfg.dropout, cfg.activation_checkpointing,
+                                tensor_, sequence_parallel_)));
     if (has_head_) {
       ln_ =
           register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
-      head_ = register_module("head", torch::nn::Linear(cfg.d_model, cfg.vocab_size));
+      head_ = register_module(
+          "head",
+          ColumnParallelLinear(
+              cfg.d_model, cfg.vocab_size, tensor_,
+              ColumnParallelOptions().gather_output(true).sequence_parallel(sequence_parallel_)));
     }
   }
   torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
   torch::Tensor forward(torch::Tensor x) {
-    const int64_t t = x.size(1);
+    // The whole sequence: a sequence-parallel stage after the first receives a shard of it.
+    const int64_t t = x.size(1) * (sequence_parallel_ && !has_embedding_ ? TensorSize(tensor_) : 1);
     if (has_embedding_) {
       TORCH_CHECK(t <= context_, "sequence length ", t, " exceeds the model context ", context_);
       x = tok_->forward(x) +
           pos_->forward(torch::arange(t, torch::TensorOptions(torch::kLong).device(x.device())));
+      if (sequence_parallel_) x = ScatterToTensorRegion(x, tensor_, 1);
     }
     auto mask = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
     for (auto& block : blocks_) x = block->forward(x, mask);
-    if (has_head_) x = head_->forward(ln_->forward(x));
-    return x;
+    if (!has_head_) return x;
+    if (!sequence_parallel_) return head_->forward(ln_->forward(x));
+    // On a sequence shard the norm's parameters' gradients are summed over the group.
+    return head_->forward(torch::layer_norm(
+        x, ln_->options.normalized_shape(), CopyToTensorRegion(ln_->weight, tensor_),
+        CopyToTensorRegion(ln_->bias, tensor_), ln_->options.eps()));
   }
 
  private:
   int64_t context_;
   bool has_embedding_, has_head_;
-  torch::nn::Embedding tok_{nullptr}, pos_{nullptr};
+  TensorGroupPtr tensor_;
+  bool sequence_parallel_;
+  VocabParallelEmbedding tok_{nullptr};
+  torch::nn::Embedding pos_{nullptr};
   std::vector<Block> blocks_;
   torch::nn::LayerNorm ln_{nullptr};
-  torch::nn::Linear head_{nullptr};
+  ColumnParallelLinear head_{nullptr};
 };
 TORCH_MODULE(TransformerStage);
 
@@ -117,7 +134,8 @@ std::vector<int64_t> LayerCosts(const config::ModelConfig& m) {
 }
 
 StatusOr<torch::nn::AnyModule> BuildStage(const config::TrainConfig& cfg, int stage,
-                                          const std::vector<int64_t>& sizes) {
+                                          const std::vector<int64_t>& sizes,
+                                          const TensorGroupPtr& tensor) {
   const config::ModelConfig& m = cfg.model;
   if (m.type == ModelType::kTorchScript)
     return LoadScriptModule(m.torchscript_stages[static_cast<size_t>(stage)],
@@ -128,28 +146,19 @@ StatusOr<torch::nn::AnyModule> BuildStage(const config::TrainConfig& cfg, int st
   torch::manual_seed(cfg.seed);
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Model> whole, CreateModel(m));
   torch::nn::AnyModule any;
-  if (m.type == ModelType::kMlp) {
-    any = torch::nn::AnyModule(MlpStage(m.mlp_layers, first, last, m.dropout));
-  } else {
-    any = torch::nn::AnyModule(TransformerStage(m, first, last));
-  }
-  Model part(any.ptr());
-  std::map<std::string, torch::Tensor> values;
-  for (auto& [name, t] : whole->NamedParameters()) values[name] = t;
-  for (auto& [name, t] : whole->NamedBuffers()) values[name] = t;
-  torch::NoGradGuard no_grad;
-  auto copy = [&](NamedTensors tensors) -> Status {
-    for (auto& [name, t] : tensors) {
-      auto it = values.find(name);
-      if (it == values.end() || !it->second.sizes().equals(t.sizes()))
-        return Status::Internal("pipeline stage tensor '" + name +
-                                "' does not match the whole model");
-      t.copy_(it->second);
+  try {
+    if (m.type == ModelType::kMlp) {
+      any = torch::nn::AnyModule(MlpStage(m.mlp_layers, first, last, m.dropout));
+    } else {
+      any = torch::nn::AnyModule(
+          TransformerStage(m, first, last, tensor, cfg.parallel.sequence_parallel));
     }
-    return Status::Ok();
-  };
-  LAUNCH_RETURN_IF_ERROR(copy(part.NamedParameters()));
-  LAUNCH_RETURN_IF_ERROR(copy(part.NamedBuffers()));
+    // The stage's slice of the whole model (its shards of it, split layers).
+    LoadShardsFromWhole(*any.ptr(), whole->module());
+  } catch (const c10::Error& e) {
+    return Status::Internal("pipeline stage " + std::to_string(stage) + ": " +
+                            e.what_without_backtrace());
+  }
   return any;
 }
 

@@ -20,6 +20,7 @@
 
 #include "base/status.h"
 #include "config/train_config.h"
+#include "trainer_runtime/model/tensor_parallel.h"
 
 namespace launch::trainer {
 
@@ -33,10 +34,12 @@ StatusOr<torch::nn::AnyModule> SequentialStage(const torch::nn::Sequential& whol
 // Pipeline stages of the built-in models. LayerCosts: parameter count of each partitionable
 // layer (the balancing cost for PartitionLayers). BuildStage: stage `stage` of `sizes` layers
 // each, built from the whole model made from cfg.seed so its initial weights equal a single
-// process's (parameter names equal the whole model's); a TorchScript list gives stage
-// `stage`'s file as is.
+// process's (parameter names equal the whole model's); with a tensor group of more than one
+// rank, this rank's shards of it (the transformer; model/tensor_parallel.h). A TorchScript list
+// gives stage `stage`'s file as is.
 std::vector<int64_t> LayerCosts(const config::ModelConfig& m);
 StatusOr<torch::nn::AnyModule> BuildStage(const config::TrainConfig& cfg, int stage,
-                                          const std::vector<int64_t>& sizes);
+                                          const std::vector<int64_t>& sizes,
+                                          const TensorGroupPtr& tensor = TensorGroupPtr());
 
 }  // namespace launch::trainer

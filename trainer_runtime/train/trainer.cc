@@ -135,6 +135,8 @@ class Trainer {
  private:
   Status Prepare();
   Status PrepareReplica();
+  // Seeds the dropout stream of this rank's replica (after the model is built).
+  void SeedDropout();
   Status PreparePipelineStage();
   Status MaybeResume();
   // The model's FLOPs per sample and this rank's peak FLOP/s (measured on the CPU: every rank
@@ -342,9 +344,10 @@ Status Trainer::Prepare() {
         parts.empty() ? "" : (" (partition " + Join(parts, ",") + ")").c_str(),
         config::ToString(cfg_.parallel.schedule), ScheduleToString(pe.schedule()).c_str());
     std::fflush(stdout);
-    accel_->Print("train: " + std::to_string(world) + " process(es), pipeline " +
-                  std::to_string(pe.stages()) + " stages x " + std::to_string(pe.replicas()) +
-                  " replicas (" + pe.DataStrategyName() +
+    accel_->Print("train: " + std::to_string(world) + " process(es), " +
+                  (accel_->tensor_group() ? accel_->layout().Describe() + ", " : std::string()) +
+                  "pipeline " + std::to_string(pe.stages()) + " stages x " +
+                  std::to_string(pe.replicas()) + " replicas (" + pe.DataStrategyName() +
                   (cfg_.parallel.data_mode() == ParallelMode::kZero
                        ? " stage " + std::to_string(cfg_.parallel.zero_stage)
                        : std::string()) +
@@ -457,6 +460,16 @@ void Trainer::SetRunLength() {
                 ") is stretched over them");
 }
 
+void Trainer::SeedDropout() {
+  // Different dropout masks per replica, reproducible per (seed, rank). The ranks of a tensor
+  // group draw alike (their first rank's stream): each keeps its part of the same whole mask
+  // (layers.h), so the split model drops what the whole one would.
+  const ParallelLayout& layout = accel_->layout();
+  const int stream =
+      layout.RankAt(0, layout.coordinate(Axis::kData), layout.coordinate(Axis::kStage));
+  torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(stream + 1));
+}
+
 Status Trainer::PrepareReplica() {
   // Same seed on every rank: identical initial weights even before the broadcast.
   torch::manual_seed(cfg_.seed);
@@ -466,25 +479,20 @@ Status Trainer::PrepareReplica() {
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> made,
                           MakeOptimizer(cfg_.optimizer, *model));
   auto optimizer = std::shared_ptr<torch::optim::Optimizer>(std::move(made));
-  // Different dropout masks per replica, reproducible per (seed, rank). The ranks of a tensor
-  // group draw alike (their first rank's stream): each keeps its part of the same whole mask
-  // (layers.h), so the split model drops what the whole one would.
-  const ParallelLayout& layout = accel_->layout();
-  const int stream =
-      layout.RankAt(0, layout.coordinate(Axis::kData), layout.coordinate(Axis::kStage));
-  torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(stream + 1));
+  SeedDropout();
   SetPhase("broadcasting parameters");
   return accel_->Prepare(model->shared_module(), optimizer);
 }
 
 Status Trainer::PreparePipelineStage() {
-  LAUNCH_ASSIGN_OR_RETURN(torch::nn::AnyModule stage,
-                          BuildStage(cfg_, accel_->stage_index(), partition_));
+  LAUNCH_ASSIGN_OR_RETURN(
+      torch::nn::AnyModule stage,
+      BuildStage(cfg_, accel_->stage_index(), partition_, accel_->tensor_group()));
   Model view(stage.ptr());
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> made,
                           MakeOptimizer(cfg_.optimizer, view));
   auto optimizer = std::shared_ptr<torch::optim::Optimizer>(std::move(made));
-  torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(accel_->rank() + 1));
+  SeedDropout();
   return accel_->PreparePipeline(stage, optimizer);
 }
 
@@ -850,6 +858,13 @@ Status Trainer::SaveModel() {
   if (const PipelineEngine* engine = internals().pipeline()) {
     if (engine->replica() != 0) return Status::Ok();
     name = "model_stage" + std::to_string(engine->stage()) + ".pt";
+    if (accel_->tensor_group()) {
+      // The whole stage: its tensor group gathers the shards (COLLECTIVE), tensor 0 writes.
+      auto whole = WholeStateOf(internals().model()->module());
+      return accel_->tensor_group()->rank() == 0
+                 ? SaveStateForPython(whole, cfg_.output_dir + "/" + name)
+                 : Status::Ok();
+    }
     return SaveForPython(*internals().model(), cfg_.output_dir + "/" + name);
   }
   return accel_->SaveForPython(cfg_.output_dir + "/" + name);
