@@ -184,14 +184,6 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                     N(p.tensor) + " does not divide the vocabulary (" + N(m.vocab_size) +
                         ": each rank embeds and predicts vocabulary / tensor of it)",
                     {"parallel.tensor", "model.vocab"});
-    if (p.mode == ParallelMode::kZero && t.max_grad_norm > 0)
-      return Broken("max_grad_norm",
-                    "clipping zero's sharded gradients of tensor-parallel layers is not built "
-                    "yet (parallel.tensor " +
-                        N(p.tensor) +
-                        ", mode zero); use mode ddp or no "
-                        "clipping",
-                    {"max_grad_norm", "parallel.tensor", "parallel.mode"});
     if (t.local_sgd_steps > 0)
       return Broken("local_sgd_steps",
                     "Local SGD does not combine with tensor parallelism yet (parallel.tensor " +

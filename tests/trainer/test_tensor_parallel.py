@@ -118,9 +118,9 @@ class TensorParallelTest(unittest.TestCase):
         self.check_near(split_out, whole_out)
 
     def test_zero_on_the_data_axis_matches_ddp(self):
-        split_cfg, split_out = config(self.tmp, "tp_zero", mode="zero", clip=0.0,
-                                      extra=", zero_stage: 2")
-        whole_cfg, whole_out = config(self.tmp, "dp_noclip", tensor=1, clip=0.0)
+        # Clipping by the norm of gradients split over both axes.
+        split_cfg, split_out = config(self.tmp, "tp_zero", mode="zero", extra=", zero_stage: 2")
+        whole_cfg, whole_out = config(self.tmp, "dp_for_zero", tensor=1)
         train(split_cfg, 4)
         train(whole_cfg, 2)
         self.assertEqual(final(split_out)["strategy"], "zero")

@@ -208,10 +208,33 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
   double GradNormSquared() override {
     // Every element of every gradient is in exactly one rank's shard (padding is zero), so the
     // squares summed over the shards and the ranks are the whole gradient's.
-    auto squares = torch::zeros({1}, params_.front().options().dtype(torch::kDouble));
-    for (auto& u : units_) squares += u.shard_grad.to(torch::kDouble).pow(2).sum();
+    if (!tensor_group_) {
+      auto squares = torch::zeros({1}, params_.front().options().dtype(torch::kDouble));
+      for (auto& u : units_) squares += u.shard_grad.to(torch::kDouble).pow(2).sum();
+      AllReduceSum(pg_, squares);
+      return squares.item<double>();
+    }
+    // Split over a tensor group too (strategy.h: SetTensorGroup): [0] the squares of tensor
+    // shards, summed over the tensor group as well, [1] those of replicated parameters, which
+    // every rank of it holds alike: counted once.
+    auto squares = torch::zeros({2}, torch::kDouble);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Unit& unit = units_[unit_of_param_[i]];
+      const int64_t begin = offset_in_unit_[i], end = begin + params_[i].numel();
+      const int64_t lo = std::max(begin, rank() * unit.shard);
+      const int64_t hi = std::min(end, (rank() + 1) * unit.shard);
+      if (lo >= hi) continue;
+      squares[i < split_.size() && split_[i] ? 0 : 1] +=
+          unit.shard_grad.narrow(0, lo - rank() * unit.shard, hi - lo)
+              .to(torch::kDouble)
+              .pow(2)
+              .sum()
+              .cpu();
+    }
     AllReduceSum(pg_, squares);
-    return squares.item<double>();
+    torch::Tensor shards = squares.narrow(0, 0, 1).clone();
+    tensor_group_->AllReduceSum(shards);
+    return shards.item<double>() + squares[1].item<double>();
   }
 
   void ScaleGradients(double coef) override {
