@@ -63,8 +63,20 @@ def train(cfg, world):
 
 @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class TensorParallelTest(unittest.TestCase):
+    references = {}  # (world, dropout) -> the unsplit run's folder, run once for every test
+
     def setUp(self):
         self.tmp = harness.tmpdir()
+
+    def reference(self, world, dropout=0.0):
+        """The same training unsplit (tensor 1): one process, or DDP over `world` ranks."""
+        key = (world, dropout)
+        if key not in self.references:
+            tmp = harness.tmpdir()
+            cfg, out = config(tmp, f"whole_w{world}", tensor=1, dropout=dropout)
+            train(cfg, world)
+            self.references[key] = out
+        return self.references[key]
 
     def compare(self, out_a, out_b, stages=1):
         a = ",".join(os.path.join(out_a, f"model_stage{s}.pt") for s in range(stages))
@@ -88,9 +100,8 @@ class TensorParallelTest(unittest.TestCase):
 
     def test_two_ranks_split_the_layers_and_train_as_one_process_with_dropout_and_clipping(self):
         split_cfg, split_out = config(self.tmp, "split", dropout=0.1)
-        whole_cfg, whole_out = config(self.tmp, "whole", tensor=1, dropout=0.1)
         log = train(split_cfg, 2)
-        train(whole_cfg, 1)
+        whole_out = self.reference(1, dropout=0.1)
         self.assertIn("tensor 2", log)
         self.check_near(split_out, whole_out)
         # Each rank holds about half the model (norms, biases after a sum and the position
@@ -111,18 +122,16 @@ class TensorParallelTest(unittest.TestCase):
 
     def test_tensor_by_data_ddp_with_sequence_parallelism_matches_ddp(self):
         split_cfg, split_out = config(self.tmp, "tp_dp_sp", extra=", sequence_parallel: true")
-        whole_cfg, whole_out = config(self.tmp, "dp", tensor=1)
         log = train(split_cfg, 4)
-        train(whole_cfg, 2)
+        whole_out = self.reference(2)
         self.assertIn("tensor 2 x data 2", log)
         self.check_near(split_out, whole_out)
 
     def test_zero_on_the_data_axis_matches_ddp(self):
         # Clipping by the norm of gradients split over both axes.
         split_cfg, split_out = config(self.tmp, "tp_zero", mode="zero", extra=", zero_stage: 2")
-        whole_cfg, whole_out = config(self.tmp, "dp_for_zero", tensor=1)
         train(split_cfg, 4)
-        train(whole_cfg, 2)
+        whole_out = self.reference(2)
         self.assertEqual(final(split_out)["strategy"], "zero")
         self.check_near(split_out, whole_out)
 
@@ -131,9 +140,8 @@ class TensorParallelTest(unittest.TestCase):
         # sequence shards; each stage's model file is its part of the whole model.
         split_cfg, split_out = config(self.tmp, "tp_pp",
                                       extra=", stages: 2, microbatches: 2, sequence_parallel: true")
-        whole_cfg, whole_out = config(self.tmp, "whole_pp", tensor=1)
         log = train(split_cfg, 4)
-        train(whole_cfg, 1)
+        whole_out = self.reference(1)
         self.assertIn("tensor 2", log)
         self.check_near(split_out, whole_out, stages=2)
 
@@ -142,9 +150,8 @@ class TensorParallelTest(unittest.TestCase):
         # three; a checkpoint folder per (stage, tensor) shard.
         split_cfg, split_out = config(self.tmp, "3d", ckpt=12,
                                       extra=", stages: 2, microbatches: 2")
-        whole_cfg, whole_out = config(self.tmp, "dp_for_3d", tensor=1)
         log = train(split_cfg, 8)
-        train(whole_cfg, 2)
+        whole_out = self.reference(2)
         self.assertIn("tensor 2 x data 2 x stage 2", log)
         self.check_near(split_out, whole_out, stages=2)
         step = os.listdir(os.path.join(split_out, "checkpoints", "step12"))
