@@ -1,5 +1,6 @@
 #include "trainer_runtime/api/accelerator.h"
 #include "trainer_runtime/parallel/tensor_group.h"
+#include "trainer_runtime/util/allocator.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -102,6 +103,8 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   // The configuration's own rules (config/train_keys.h), for options built in code: what
   // launch and train checked with the keys' places, here with the real world size.
   LAUNCH_ASSIGN_OR_RETURN(const ParallelLayout layout, ParallelLayout::Create(options, env));
+  // Every step allocates what the previous one freed: kept, not faulted in again (allocator.h).
+  KeepFreedMemoryForReuse();
   // The device path (compat/platform.h): refuses more processes on this node than CUDA devices
   // it sees; then each strategy, and the pipeline engine, says whether it runs there (autocast
   // included: each answer ends with Platform::CheckAutocast).
