@@ -184,11 +184,6 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                     N(p.tensor) + " does not divide the vocabulary (" + N(m.vocab_size) +
                         ": each rank embeds and predicts vocabulary / tensor of it)",
                     {"parallel.tensor", "model.vocab"});
-    if (t.local_sgd_steps > 0)
-      return Broken("local_sgd_steps",
-                    "Local SGD does not combine with tensor parallelism yet (parallel.tensor " +
-                        N(p.tensor) + ")",
-                    {"local_sgd_steps", "parallel.tensor"});
     if (p.sequence_parallel) {
       const int64_t sequence = t.data.context > 0 ? t.data.context : m.context;
       if (sequence % p.tensor != 0)

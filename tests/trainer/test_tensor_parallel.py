@@ -29,6 +29,7 @@ train:
   resume: {resume}
   log_every: 1
   parallel: {{mode: {mode}, tensor: {tensor}{extra}}}
+  local_sgd_steps: {local_sgd}
 """
 
 # Loads two model.pt files (Debian's python3 has torch; the runner's may not): their names,
@@ -48,12 +49,13 @@ print(json.dumps({"same_names_and_shapes": same, "max_abs_diff": diff}))
 
 
 def config(tmp, name, tensor=2, mode="ddp", steps=12, dropout=0.0, clip=0.5, ckpt=0,
-           resume="never", model=None, extra="", out=None):
+           resume="never", model=None, extra="", local_sgd=0, out=None):
     out = out or os.path.join(tmp, name)
     model = model or ("{type: transformer, vocab: bytes, d_model: 32, layers: 2, heads: 4, "
                       f"context: 16, dropout: {dropout}}}")
     text = BASE.format(out=out, model=model, dropout=dropout, steps=steps, clip=clip, ckpt=ckpt,
-                       resume=resume, mode=mode, tensor=tensor, extra=extra)
+                       resume=resume, mode=mode, tensor=tensor, extra=extra,
+                       local_sgd=local_sgd)
     return write_config(tmp, text, name + ".yaml"), out
 
 
@@ -133,6 +135,17 @@ class TensorParallelTest(unittest.TestCase):
         train(split_cfg, 4)
         whole_out = self.reference(2)
         self.assertEqual(final(split_out)["strategy"], "zero")
+        self.check_near(split_out, whole_out)
+
+    def test_local_sgd_averages_each_shard_over_its_data_group(self):
+        # DiLoCo's outer Nesterov step every 4 steps, on each tensor shard's replicas.
+        extra = ", sequence_parallel: true"
+        split_cfg, split_out = config(self.tmp, "tp_diloco", local_sgd=4, clip=0.0,
+                                      extra=extra + "}\n  local_sgd: {outer: nesterov, outer_lr: 0.7")
+        whole_cfg, whole_out = config(self.tmp, "diloco", tensor=1, local_sgd=4, clip=0.0,
+                                      extra="}\n  local_sgd: {outer: nesterov, outer_lr: 0.7")
+        train(split_cfg, 4)
+        train(whole_cfg, 2)
         self.check_near(split_out, whole_out)
 
     def test_tensor_inside_pipeline_stages_matches_one_process(self):

@@ -232,8 +232,10 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
   recover_ =
       env_.recover_in_place && pg_ && strategy_->SupportsInPlaceRecovery() && data_pg_ == pg_;
   if (env_.recover_in_place && pg_ && !recover_)
-    Print(std::string("train: in-place recovery needs ddp; in ") + strategy_->Name() +
-          " mode a lost rank restarts every worker (from the last checkpoint)");
+    Print(std::string("train: in-place recovery needs ddp over every rank; ") +
+          (data_pg_ == pg_ ? std::string("in ") + strategy_->Name() + " mode"
+                           : "with " + layout_->Describe()) +
+          " a lost rank restarts every worker (from the last checkpoint)");
   if (recover_ && env_.recover_generation > 0) {
     // A replacement: the run's state comes from a live peer (ExchangeState), not from rank 0's
     // broadcast, which the survivors are not making.
