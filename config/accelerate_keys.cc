@@ -450,6 +450,40 @@ Status ApplyAccelerateSharding(LaunchConfig* cfg) {
   return Status::Ok();
 }
 
+Status ApplyAccelerateTensorParallel(LaunchConfig* cfg) {
+  const LaunchConfig& c = *cfg;
+  std::string arg = "parallelism_config_tp_size";
+  std::string value = Given(c, arg);
+  if (value.empty() &&
+      (c.distributed_type == DistributedType::kMegatronLm || IsTrue(Given(c, "use_megatron_lm")))) {
+    arg = "megatron_lm_tp_degree";
+    value = Given(c, arg);
+  }
+  if (value.empty()) return Status::Ok();
+  const Origin* o = AccelerateOrigin(c, arg);
+  const std::string where = o ? o->ToString() + ": " : std::string();
+  int tp = 0;
+  if (!ParseValue(value, &tp).empty() || tp < 1)
+    return Status::InvalidConfig(where + arg + " " + value + ": expected a whole number >= 1");
+  TrainConfig& t = cfg->train;
+  auto given = c.origins.find("train.parallel.tensor");
+  const Origin* train_o = given == c.origins.end() ? nullptr : &given->second;
+  const int train_layer = OriginLayer(train_o);
+  if (train_layer > 0 && t.parallel.tensor != tp) {
+    if (train_layer == OriginLayer(o))
+      return Status::InvalidConfig(train_o->ToString() + ": train.parallel.tensor " +
+                                   std::to_string(t.parallel.tensor) + " disagrees with " + arg +
+                                   " " + value + (o ? " at " + o->ToString() : "") +
+                                   "; give one of the two");
+    if (train_layer > OriginLayer(o)) return Status::Ok();  // the train: key outranks it
+  }
+  if (train_layer > 0 && t.parallel.tensor == tp) return Status::Ok();
+  t.parallel.tensor = tp;
+  cfg->origins["train.parallel.tensor"] =
+      Origin{Origin::Kind::kDerived, arg + ": " + value + (o ? " at " + o->ToString() : "")};
+  return Status::Ok();
+}
+
 void AddAccelerateKeys(std::vector<KeyDef>* table) {
   for (const PassThrough& a : AccelerateArgs()) {
     std::string name = a.name;

@@ -95,6 +95,11 @@ const std::map<std::string, std::string>& AccelerateSections();
 // layer say otherwise; a disagreement within one layer is InvalidConfig. Settings the trainer
 // does not honour (offload, wrap policies, ...) are named in one warning. ValidateTrain calls it.
 Status ApplyAccelerateSharding(LaunchConfig* cfg);
+// accelerate's tensor-parallel degree (parallelism_config_tp_size; megatron_lm_tp_degree with
+// use_megatron_lm or distributed_type MEGATRON_LM) is the built-in trainer's train.parallel.tensor:
+// taken where train: gives none (a derived value), refused naming both where the same layer gives
+// another, a higher layer's value kept.
+Status ApplyAccelerateTensorParallel(LaunchConfig* cfg);
 
 // The precedence layer a value came from: flag 3 > environment 2 > file 1 > default or derived
 // 0 (null: 0).

@@ -470,6 +470,31 @@ StatusOr<LaunchConfig> Resolve(const std::string& accelerate_part) {
   return cfg;
 }
 
+TEST_CASE("AcceleratesTensorParallelSizeIsTheTrainersTensorDegree") {
+  const std::string train =
+      "num_processes: 4\ntrain:\n  model: {type: transformer}\n"
+      "  data: {type: text, path: /usr/share/common-licenses/GPL-3}\n";
+  auto resolve = [&](const std::string& text) -> StatusOr<LaunchConfig> {
+    LaunchConfig cfg;
+    Status s = LoadYamlString(text, "acc.yaml", &cfg);
+    if (s.ok()) s = Validate(&cfg);
+    if (!s.ok()) return s;
+    return cfg;
+  };
+  StatusOr<LaunchConfig> cfg =
+      resolve("parallelism_config:\n  parallelism_config_tp_size: 2\n" + train);
+  REQUIRE(cfg.ok());
+  CHECK(cfg->train.parallel.tensor == 2);
+  CHECK(cfg->origins["train.parallel.tensor"].ToString() ==
+        "derived (parallelism_config_tp_size: 2 at acc.yaml:2)");
+  cfg = resolve("parallelism_config:\n  parallelism_config_tp_size: 2\n" + train +
+                "  parallel: {tensor: 4}\n");
+  // The same layer saying two things is refused, naming both.
+  REQUIRE_FALSE(cfg.ok());
+  CHECK(cfg.status().message().find("train.parallel.tensor 4 disagrees with "
+                                    "parallelism_config_tp_size 2") != std::string::npos);
+}
+
 TEST_CASE("FsdpShardingStrategiesMapOntoZeroStagesOrDdp") {
   const std::vector<std::pair<std::string, Mapped>> cases = {
       {"fsdp_config: {fsdp_sharding_strategy: FULL_SHARD}\n", {ParallelMode::kZero, 3}},

@@ -260,6 +260,7 @@ Status ValidateTrain(LaunchConfig* cfg, int world_size) {
   // accelerate's FSDP / DeepSpeed settings choose the mode where train: does not: a derived
   // value too, so the rules below see the mode that will run.
   LAUNCH_RETURN_IF_ERROR(ApplyAccelerateSharding(cfg));
+  LAUNCH_RETURN_IF_ERROR(ApplyAccelerateTensorParallel(cfg));
   // A key of one strategy given to another would be ignored, and the run would quietly be
   // another one than the user meant (`zero_stage: 3` without `mode: zero` trains ddp). Unless
   // a higher layer (a flag over the file) changed the mode: the file's keys are then inert by
