@@ -35,17 +35,21 @@
 //
 // Activations are batch first ([batch, sequence, features]); the sequence is dimension 1.
 //
-// Recipe for a user's own attention block (heads split; `g` this rank's tensor group):
-//   qkv  = ColumnParallelLinear(C, 3 * C, g, ColumnParallelOptions().fused(3));  // q, k, v of H/T
-//   heads proj = RowParallelLinear(C, C, g);                    // input: this rank's heads y =
-//   qkv(x).view({B, S, 3, H / T, C / H}) ... attention on H / T heads ... .view({B, S, C / T}); out
-//   = proj(y);                                         // whole again (summed over the group)
-// and for an MLP: fc1 = ColumnParallelLinear(C, 4C, g), fc2 = RowParallelLinear(4C, C, g),
-// out = fc2(gelu(fc1(x))). The vocabulary: VocabParallelEmbedding for the tokens, a
-// ColumnParallelLinear head whose logits stay split, and VocabParallelCrossEntropy on them.
+// Recipe for a user's own blocks (`g` = Accelerator::tensor_group(), T ranks; C features, H heads):
+//   attention, heads split:
+//     qkv = ColumnParallelLinear(C, 3 * C, g, ColumnParallelOptions().fused(3));
+//     proj = RowParallelLinear(C, C, g);
+//     y = qkv(x).view({B, S, 3, H / T, C / H})  ->  attention over this rank's H / T heads
+//         ->  .view({B, S, C / T});
+//     out = proj(y);  // whole again: summed over the group
+//   MLP, hidden features split:
+//     fc1 = ColumnParallelLinear(C, 4 * C, g);  fc2 = RowParallelLinear(4 * C, C, g);
+//     out = fc2(gelu(fc1(x)));
+//   vocabulary: VocabParallelEmbedding for the tokens, a ColumnParallelLinear head whose logits
+//   stay split, and VocabParallelCrossEntropy on them.
 //
-// Internal to trainer_runtime (includes LibTorch). Collective: every rank of the group runs the
-// same forwards and backwards through the same layers, in the same order.
+// Part of the library's API (accelerator.h includes it); includes LibTorch. Collective: every
+// rank of the group runs the same forwards and backwards through the same layers, in order.
 
 #include <cstdint>
 #include <string>
@@ -97,7 +101,7 @@ class TensorParallelLayer {
  public:
   virtual ~TensorParallelLayer() = default;
   // This rank's shard of the whole layer's parameter `name` (a copy of the right slice).
-  // InvalidArgument-style c10::Error when `whole` has the wrong shape.
+  // c10::Error naming both shapes when `whole` has the wrong one.
   virtual torch::Tensor ShardOf(const std::string& name, const torch::Tensor& whole) const = 0;
   // The whole parameter `name` from this rank's shard `part`. COLLECTIVE (an all-gather) for a
   // split parameter; `part` itself for a replicated one.
