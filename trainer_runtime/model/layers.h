@@ -104,12 +104,8 @@ class BlockImpl : public torch::nn::Module, public ShardUnit {
     return h + m;
   }
 
-  // LayerNorm; on a sequence shard its parameters' gradients are summed over the group.
   torch::Tensor Norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
-    if (!sequence_parallel_) return ln->forward(x);
-    return torch::layer_norm(x, ln->options.normalized_shape(),
-                             CopyToTensorRegion(ln->weight, tensor_),
-                             CopyToTensorRegion(ln->bias, tensor_), ln->options.eps());
+    return SequenceParallelNorm(ln, x, tensor_, sequence_parallel_);
   }
   // Dropout of a tensor every rank of the group holds whole.
   torch::Tensor Drop(const torch::Tensor& x) { return torch::dropout(x, dropout_, is_training()); }

@@ -238,11 +238,7 @@ class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public Ten
     // True above the diagonal: position i may not look at j > i.
     auto mask = torch::ones({t, t}, on.dtype(torch::kBool)).triu(1);
     for (auto& block : blocks_) x = block->forward(x, mask);
-    if (!sequence_parallel_) return head_->forward(ln_->forward(x));
-    // On a sequence shard the norm's parameters' gradients are summed over the group.
-    return head_->forward(torch::layer_norm(
-        x, ln_->options.normalized_shape(), CopyToTensorRegion(ln_->weight, tensor_),
-        CopyToTensorRegion(ln_->bias, tensor_), ln_->options.eps()));
+    return head_->forward(SequenceParallelNorm(ln_, x, tensor_, sequence_parallel_));
   }
 
  private:

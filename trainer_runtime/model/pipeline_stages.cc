@@ -88,11 +88,7 @@ class TransformerStageImpl : public torch::nn::Module, public TensorForward {
     auto mask = torch::ones({t, t}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
     for (auto& block : blocks_) x = block->forward(x, mask);
     if (!has_head_) return x;
-    if (!sequence_parallel_) return head_->forward(ln_->forward(x));
-    // On a sequence shard the norm's parameters' gradients are summed over the group.
-    return head_->forward(torch::layer_norm(
-        x, ln_->options.normalized_shape(), CopyToTensorRegion(ln_->weight, tensor_),
-        CopyToTensorRegion(ln_->bias, tensor_), ln_->options.eps()));
+    return head_->forward(SequenceParallelNorm(ln_, x, tensor_, sequence_parallel_));
   }
 
  private:

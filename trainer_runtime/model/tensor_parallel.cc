@@ -124,6 +124,13 @@ torch::Tensor ReduceScatterToSequenceRegion(const torch::Tensor& x, const Tensor
   return Conjugate(x, group, MapOp::kReduceScatter, MapOp::kAllGather, dim);
 }
 
+torch::Tensor SequenceParallelNorm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                                   const TensorGroupPtr& group, bool sequence_parallel) {
+  if (!sequence_parallel) return ln->forward(x);
+  return torch::layer_norm(x, ln->options.normalized_shape(), CopyToTensorRegion(ln->weight, group),
+                           CopyToTensorRegion(ln->bias, group), ln->options.eps());
+}
+
 // --- ColumnParallelLinear --------------------------------------------------------------------
 
 ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, TensorGroupPtr group,

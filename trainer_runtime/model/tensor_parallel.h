@@ -95,6 +95,11 @@ torch::Tensor GatherFromSequenceRegion(const torch::Tensor& x, const TensorGroup
 torch::Tensor ReduceScatterToSequenceRegion(const torch::Tensor& x, const TensorGroupPtr& group,
                                             int64_t dim = 1);
 
+// `ln` on `x`; with `sequence_parallel`, `x` is this rank's sequence shard and the norm's weight
+// and bias pass through CopyToTensorRegion, so their gradients are summed over the group.
+torch::Tensor SequenceParallelNorm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
+                                   const TensorGroupPtr& group, bool sequence_parallel);
+
 // A layer whose parameters are shards of a whole layer's. Parameter names are the whole layer's
 // (weight, bias), so a state dict maps onto the whole model by name.
 class TensorParallelLayer {
