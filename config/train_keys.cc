@@ -168,7 +168,6 @@ auto Data(DataType d) {
 auto Mode(ParallelMode m) {
   return [m](const TrainConfig& t) { return ModeIs(t, m); };
 }
-bool Pipelined(const TrainConfig& t) { return t.parallel.pipelined(); }
 
 // `torchscript: PATH` (or a list, one module per pipeline stage) selects the TorchScript model
 // without a `type`.
@@ -382,25 +381,19 @@ std::vector<TrainKey> BuildTable() {
       Range("parallel.replicas", FIELD(parallel.replicas), 1, 1024,
             "dp: replicas (threads or devices) in one process")
           .Identity(Mode(ParallelMode::kDp)),
+      // The layout (tensor x data x stages, and how a pipeline runs) is not part of the run's
+      // identity: a checkpoint resumes with another, its shards re-cut (state/reshard.h).
       Range("parallel.stages", FIELD(parallel.stages), 1, 1024,
-            "pipeline stages per replica (world = tensor x data x stages)")
-          .Identity(Pipelined),
-      // In the identity only when above 1: checkpoints from before the key still match.
+            "pipeline stages per replica (world = tensor x data x stages)"),
       Range("parallel.tensor", FIELD(parallel.tensor), 1, 1024,
-            "ranks each layer's weights are split over (tensor parallelism)")
-          .Identity([](const TrainConfig& t) { return t.parallel.tensor > 1; }),
-      // In the identity only when on: checkpoints from before the key still match.
+            "ranks each layer's weights are split over (tensor parallelism)"),
       Value("parallel.sequence_parallel", FIELD(parallel.sequence_parallel),
-            "tensor > 1: norms and residuals on 1/tensor of the sequence each")
-          .Identity([](const TrainConfig& t) { return t.parallel.sequence_parallel; }),
+            "tensor > 1: norms and residuals on 1/tensor of the sequence each"),
       Range("parallel.microbatches", FIELD(parallel.microbatches), 1, 1 << 20,
-            "pipeline: micro-batches per optimizer step")
-          .Identity(Pipelined),
-      Enum("parallel.schedule", FIELD(parallel.schedule), kSchedules, "pipeline schedule")
-          .Identity(Pipelined),
+            "pipeline: micro-batches per optimizer step"),
+      Enum("parallel.schedule", FIELD(parallel.schedule), kSchedules, "pipeline schedule"),
       List("parallel.partition", FIELD(parallel.partition), 1,
-           "pipeline: layers per stage; [] = balanced by parameters")
-          .Identity(Pipelined),
+           "pipeline: layers per stage; [] = balanced by parameters"),
       Value("parallel.loss_in_replica", FIELD(parallel.loss_in_replica),
             "dp: the loss inside each replica (scalar gather)")
           .Identity(Mode(ParallelMode::kDp)),

@@ -9,11 +9,30 @@ Usage: run_unittest.py MODULE"""
 
 import os
 import sys
+import time
 import unittest
 
 import harness
 
 SKIP_RETURN_CODE = 77
+
+
+class TimedResult(unittest.TextTestResult):
+    """unittest's verbose result, each case's wall time kept: the summary lists the slowest, so
+    that whoever trims CI's time sees where a module's time goes without re-running it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.times = []
+        self._started = 0.0
+
+    def startTest(self, test):
+        self._started = time.monotonic()
+        super().startTest(test)
+
+    def stopTest(self, test):
+        self.times.append((time.monotonic() - self._started, test.id()))
+        super().stopTest(test)
 
 
 def main(argv):
@@ -29,8 +48,13 @@ def main(argv):
         except FileNotFoundError:
             pass
     suite = unittest.defaultTestLoader.loadTestsFromName(module)
-    result = unittest.TextTestRunner(verbosity=2, stream=sys.stderr).run(suite)
+    result = unittest.TextTestRunner(verbosity=2, stream=sys.stderr,
+                                     resultclass=TimedResult).run(suite)
     sys.stderr.flush()
+    if len(result.times) > 1:
+        print(f"run_unittest: {module}: slowest cases (wall s):")
+        for seconds, case in sorted(result.times, reverse=True)[:8]:
+            print(f"  {seconds:7.1f}  {case}")
     skipped = [(case.id(), reason) for case, reason in result.skipped]
     if skipped:
         print(f"run_unittest: {module}: {len(skipped)} of {result.testsRun} skipped:")

@@ -40,6 +40,8 @@ train:
   log_every: 10
 """
 INIT_TIMEOUT_S = 30
+# A job that must fail waits out its group's deadline: a short one (bounded, not timed).
+FAILING_INIT_TIMEOUT_S = 8
 WORKER = os.path.join(os.path.dirname(__file__), "gloo_worker.py")
 
 
@@ -54,7 +56,8 @@ class StockHostsTest(unittest.TestCase):
     def setUp(self):
         self.tmp = harness.tmpdir()
 
-    def run_job(self, hosts, name, program, env_per_host=(None, None), timeout=120):
+    def run_job(self, hosts, name, program, env_per_host=(None, None), timeout=120,
+                init_timeout=INIT_TIMEOUT_S):
         """`launch` with `program` (its arguments after the flags) on both hosts, node 0
         hosting the rendezvous; returns (exit codes, [log of host 0, log of host 1], seconds)."""
         port = harness.free_port()
@@ -64,7 +67,7 @@ class StockHostsTest(unittest.TestCase):
             env = {k: v for k, v in os.environ.items()
                    if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
             env.update(OMP_NUM_THREADS="1", LAUNCH_RDZV_TOKEN="stock-hosts-test",
-                       LAUNCH_INIT_TIMEOUT_S=str(INIT_TIMEOUT_S))
+                       LAUNCH_INIT_TIMEOUT_S=str(init_timeout))
             env.update(env_per_host[rank] or {})
             log = open(os.path.join(self.tmp, f"{name}-host{rank}.log"), "w")
             self.addCleanup(log.close)
@@ -150,7 +153,8 @@ class StockHostsTest(unittest.TestCase):
         hosts = make_hosts(self, 2)
         _, cfg = self.train_config("noif")
         codes, logs, _ = self.run_job(hosts, "noif", [cfg],
-                                      (None, {"GLOO_SOCKET_IFNAME": "nosuch0"}))
+                                      (None, {"GLOO_SOCKET_IFNAME": "nosuch0"}),
+                                      init_timeout=FAILING_INIT_TIMEOUT_S)
         both = "\n--- host 1\n".join(logs)
         self.assertNotIn(0, codes, both)
         self.assertIn(f"GLOO_SOCKET_IFNAME=nosuch0 names no interface of this host "
@@ -163,7 +167,8 @@ class StockHostsTest(unittest.TestCase):
         hosts = make_hosts(self, 2)
         _, cfg = self.train_config("lo")
         lo = {"GLOO_SOCKET_IFNAME": "lo"}
-        codes, logs, seconds = self.run_job(hosts, "lo", [cfg], (lo, lo))
+        codes, logs, seconds = self.run_job(hosts, "lo", [cfg], (lo, lo),
+                                            init_timeout=FAILING_INIT_TIMEOUT_S)
         both = "\n--- host 1\n".join(logs)
         self.assertNotIn(0, codes, both)
         self.assertIn("this rank on interface lo (127.0.0.1) from GLOO_SOCKET_IFNAME", both)
@@ -173,10 +178,10 @@ class StockHostsTest(unittest.TestCase):
         if "did not form within" in both:
             # Only a Gloo that retries refused connections until its deadline says so, and then
             # the deadline must really have passed.
-            self.assertGreaterEqual(seconds, INIT_TIMEOUT_S * 0.9, both)
+            self.assertGreaterEqual(seconds, FAILING_INIT_TIMEOUT_S * 0.9, both)
         else:
             self.assertIn("failed after", both)
-            self.assertIn(f"(of its {INIT_TIMEOUT_S} s timeout)", both)
+            self.assertIn(f"(of its {FAILING_INIT_TIMEOUT_S} s timeout)", both)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ vocabulary (Megatron's layers) and must end where the whole model does, within f
 reordering of sums: alone (tensor 2), with dropout (each rank keeps its part of the whole mask)
 and clipping (the norm counts replicated parameters once); by DDP and ZeRO on the data axis
 (tensor 2 x data 2); with sequence parallelism. model.pt is the whole model under the whole
-model's names; checkpoints keep one folder per tensor shard and resume bit-identically; bad
-splits are refused naming the key."""
+model's names; checkpoints keep one folder per tensor shard, resume bit-identically, and resume
+with another tensor and pipeline layout (re-cut); bad splits are refused naming the key."""
 
 import json
 import os
@@ -150,13 +150,15 @@ class TensorParallelTest(unittest.TestCase):
 
     def test_tensor_inside_pipeline_stages_matches_one_process(self):
         # tensor 2 x stages 2, sequence parallel: the activations between the stages are
-        # sequence shards; each stage's model file is its part of the whole model.
+        # sequence shards; each stage's model file is its part of the whole model, and rank 0
+        # joins them into model.pt (the whole model, compared here).
         split_cfg, split_out = config(self.tmp, "tp_pp",
                                       extra=", stages: 2, microbatches: 2, sequence_parallel: true")
         log = train(split_cfg, 4)
         whole_out = self.reference(1)
         self.assertIn("tensor 2", log)
-        self.check_near(split_out, whole_out, stages=2)
+        self.check_near(split_out, whole_out)
+        self.assertEqual(self.compare(split_out, split_out, stages=2), 0.0)
 
     def test_three_axes_tensor_data_stages_match_ddp(self):
         # 8 processes: tensor 2 x data 2 x stages 2 (Megatron's rank order), clipping over all
@@ -183,6 +185,27 @@ class TensorParallelTest(unittest.TestCase):
         log = train(rest_cfg, 2)
         self.assertIn("resum", log)
         self.assertEqual(self.compare(half_out, whole_out), 0.0)
+
+    def test_a_checkpoint_resumes_with_another_tensor_and_pipeline_layout(self):
+        # tensor 2 x stages 2 for 6 steps, one process (tensor 1, one stage) for 3, tensor 2
+        # for the last 3: each resume re-cuts the shards (parameters and AdamW's moments) and
+        # the run ends where one uninterrupted process does.
+        out = os.path.join(self.tmp, "recut")
+        legs = [(4, 2, 6, ", stages: 2, microbatches: 2"), (1, 1, 9, ""), (2, 2, 12, "")]
+        logs = []
+        for world, tensor, steps, extra in legs:
+            cfg, _ = config(self.tmp, f"recut{steps}", tensor=tensor, steps=steps, ckpt=3,
+                            resume="auto", extra=extra, out=out)
+            logs.append(train(cfg, world))
+        self.assertIn("was cut as tensor 2 x stages 2; each rank re-cuts its shard for 1 process",
+                      logs[1])
+        self.assertIn("was cut as the whole model; each rank re-cuts its shard for tensor 2",
+                      logs[2])
+        step = os.path.join(out, "checkpoints", "step12", "tensor1")
+        self.assertIn("zero_rank0.pt", os.listdir(step))  # the optimizer state in pieces
+        self.assertFalse([f for f in os.listdir(os.path.join(out, "checkpoints"))
+                          if f.startswith(".recut")])
+        self.assertLess(self.compare(out, self.reference(1)), 5e-5)
 
     def refused(self, cfg, world):
         procs, _ = start_ranks(cfg, world)

@@ -724,6 +724,10 @@ class Accelerator {
   Status SaveUserState(const std::string& step_dir) const;
   Status LoadUserState(const std::string& step_dir);
   StatusOr<bool> LoadStateAt(const std::string& dir, std::optional<int64_t> step);
+  // Pair i's model and optimizer state from step folder `step_dir` of checkpoint folder `dir`,
+  // re-cut first when another tensor or pipeline layout wrote it (state/reshard.h).
+  Status LoadPairState(const std::string& dir, const std::string& step_dir, size_t i,
+                       int64_t written_by);
   std::vector<std::string> ChangedSettingsAt(const std::string& dir, int64_t step) const;
   std::shared_ptr<LoaderCursor> cursor_;  // the training loader's (AttachCursor)
   std::function<double(int64_t)> lr_schedule_;

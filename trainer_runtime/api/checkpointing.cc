@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -36,6 +37,7 @@
 #include "trainer_runtime/parallel/strategy_factory.h"
 #include "trainer_runtime/state/checkpoint.h"
 #include "trainer_runtime/state/file_sums.h"
+#include "trainer_runtime/state/reshard.h"
 #include "trainer_runtime/util/loop_util.h"
 #include "trainer_runtime/util/timeline.h"
 
@@ -521,8 +523,7 @@ StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<in
                            "checkpoint was written by " + std::to_string(state.world_size) +
                            " ranks, this one among them)");
   for (size_t i = 0; i < pairs_.size(); ++i)
-    LAUNCH_RETURN_IF_ERROR(pairs_[i].strategy->LoadModelState(
-        PairDir(step_dir, i), *pairs_[i].optimizer, state.world_size));
+    LAUNCH_RETURN_IF_ERROR(LoadPairState(dir, step_dir, i, state.world_size));
   LAUNCH_RETURN_IF_ERROR(LoadUserState(step_dir));
   LoadTrainState(state);
   if (!own_rng) {
@@ -538,6 +539,34 @@ StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<in
   ApplyRestoredCursor();
   MarkBoundary();
   return true;
+}
+
+Status Accelerator::LoadPairState(const std::string& dir, const std::string& step_dir, size_t i,
+                                  int64_t written_by) {
+  Pair& pair = pairs_[i];
+  const bool pipelined = options_.parallel.pipelined();
+  const int stages = pipelined ? layout_->degree(Axis::kStage) : 1;
+  const int tensor = layout_->degree(Axis::kTensor);
+  const std::vector<ShardFolder> folders =
+      ShardFoldersOf(i == 0 ? step_dir : step_dir + "/pair" + std::to_string(i));
+  if (CutAs(folders, stages, tensor))
+    return pair.strategy->LoadModelState(PairDir(step_dir, i), *pair.optimizer, written_by);
+  // Another layout wrote it: this rank's folder is made from the checkpoint's, in a scratch
+  // folder of its own, and loaded as if this layout had written it.
+  if (rank() == 0)
+    Print("train: the checkpoint in " + step_dir + " was cut as " + DescribeCut(folders) +
+          "; each rank re-cuts its shard for " + layout_->Describe() +
+          " from the folders that hold its parameters");
+  const std::string scratch = dir + "/.recut-rank" + std::to_string(rank());
+  std::error_code ec;
+  std::filesystem::remove_all(scratch, ec);  // one a killed run left
+  const std::string pair_dir = PairDir(scratch, i);
+  Status status = WriteRecutFolder(folders, *pair.model, *pair.optimizer, tensor,
+                                   layout_->coordinate(Axis::kTensor),
+                                   pipelined ? pair_dir + "/" + layout_->ShardName() : pair_dir);
+  if (status.ok()) status = pair.strategy->LoadModelState(pair_dir, *pair.optimizer, 1);
+  std::filesystem::remove_all(scratch, ec);
+  return status;
 }
 
 void Accelerator::LoadTrainState(const TrainState& state) {

@@ -607,6 +607,21 @@ Status SaveStateForPython(const NamedTensors& state, const std::string& path) {
   return file.Commit();
 }
 
+Status MergeStatesForPython(const std::vector<std::string>& parts, const std::string& path) {
+  NamedTensors state;
+  for (const std::string& part : parts) {
+    LAUNCH_ASSIGN_OR_RETURN(std::string bytes, ReadFile(part));
+    try {
+      const c10::IValue dict = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+      for (const auto& item : dict.toGenericDict())
+        state.emplace_back(item.key().toStringRef(), item.value().toTensor());
+    } catch (const c10::Error& e) {
+      return Status::IoError("reading " + part + ": " + e.what_without_backtrace());
+    }
+  }
+  return SaveStateForPython(state, path);
+}
+
 Status SaveForPython(const Model& model, const std::string& path) {
   // Streamed into the temp file of an atomic write: no copy of the model in memory. A write
   // error is kept by `file` and reported by Commit; the zip writer is told every write worked,

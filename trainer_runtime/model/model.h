@@ -117,6 +117,9 @@ std::vector<std::string> NoDecayParameters(const config::OptimizerConfig& c, con
 Status SaveForPython(const Model& model, const std::string& path);
 // The same for a state dict given by name (a tensor-parallel model's whole state: WholeStateOf).
 Status SaveStateForPython(const NamedTensors& state, const std::string& path);
+// One state-dict file from several that SaveStateForPython or SaveForPython wrote (a pipeline's
+// stages, in order; their names do not overlap): the whole model. IoError naming the file.
+Status MergeStatesForPython(const std::vector<std::string>& parts, const std::string& path);
 
 // FNV-1a over the raw bytes of `params` in order (a GPU tensor's are read on the host): equal
 // checksums mean bit-identical weights. final.json's param_checksum, Accelerator::Finish's

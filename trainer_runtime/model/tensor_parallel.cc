@@ -72,16 +72,6 @@ void CheckShape(const torch::Tensor& whole, at::IntArrayRef expected, const std:
               ", expected ", expected);
 }
 
-// The chunk of `whole` this rank holds when dimension `dim` is `fused` equal blocks, each split
-// evenly over `size` ranks.
-torch::Tensor FusedChunk(const torch::Tensor& whole, int64_t dim, int64_t fused, int size,
-                         int rank) {
-  std::vector<torch::Tensor> parts;
-  for (const torch::Tensor& block : whole.chunk(fused, dim))
-    parts.push_back(block.chunk(size, dim)[static_cast<size_t>(rank)]);
-  return torch::cat(parts, dim).contiguous();
-}
-
 // Linear's own initialisation (torch::nn::LinearImpl::reset_parameters) of a shard whose whole
 // layer has `fan_in` inputs: the same distribution as the whole layer's, and for a whole layer
 // (one rank) the same random draws in the same order.
@@ -97,6 +87,32 @@ void InitLinear(torch::Tensor& weight, torch::Tensor& bias, int64_t fan_in) {
 }
 
 }  // namespace
+
+torch::Tensor CutShard(const torch::Tensor& whole, TensorSplit split, int64_t parts,
+                       int64_t index) {
+  if (!split.split()) return whole;
+  TORCH_CHECK(whole.dim() > split.dim && whole.size(split.dim) % (split.blocks * parts) == 0,
+              "tensor parallelism: a tensor of shape ", whole.sizes(), " does not cut into ",
+              split.blocks, " blocks of ", parts, " shards along dimension ", split.dim);
+  std::vector<torch::Tensor> pieces;
+  for (const torch::Tensor& block : whole.chunk(split.blocks, split.dim))
+    pieces.push_back(block.chunk(parts, split.dim)[static_cast<size_t>(index)]);
+  return torch::cat(pieces, split.dim).contiguous();
+}
+
+torch::Tensor JoinShards(const std::vector<torch::Tensor>& shards, TensorSplit split) {
+  TORCH_CHECK(!shards.empty(), "tensor parallelism: no shards to join");
+  if (!split.split()) return shards.front();
+  // Block b of the whole is the concatenation of block b of every shard.
+  std::vector<std::vector<torch::Tensor>> blocks(static_cast<size_t>(split.blocks));
+  for (const torch::Tensor& shard : shards) {
+    auto chunks = shard.chunk(split.blocks, split.dim);
+    for (size_t b = 0; b < blocks.size(); ++b) blocks[b].push_back(chunks[b]);
+  }
+  std::vector<torch::Tensor> whole;
+  for (const auto& block : blocks) whole.push_back(torch::cat(block, split.dim));
+  return torch::cat(whole, split.dim).contiguous();
+}
 
 int TensorSize(const TensorGroupPtr& group) { return group ? group->size() : 1; }
 int TensorRank(const TensorGroupPtr& group) { return group ? group->rank() : 0; }
@@ -168,7 +184,7 @@ torch::Tensor ColumnParallelLinearImpl::ShardOf(const std::string& name,
     CheckShape(whole, {out_, in_}, "ColumnParallelLinear's whole weight");
   else
     CheckShape(whole, {out_}, "ColumnParallelLinear's whole bias");
-  return FusedChunk(whole, 0, options_.fused_, TensorSize(group_), TensorRank(group_));
+  return CutShard(whole, SplitOf(name), TensorSize(group_), TensorRank(group_));
 }
 
 torch::Tensor ColumnParallelLinearImpl::WholeOf(const std::string&,
@@ -220,7 +236,7 @@ torch::Tensor RowParallelLinearImpl::ShardOf(const std::string& name,
     return whole.clone();
   }
   CheckShape(whole, {out_, in_}, "RowParallelLinear's whole weight");
-  return whole.chunk(TensorSize(group_), 1)[static_cast<size_t>(TensorRank(group_))].contiguous();
+  return CutShard(whole, SplitOf(name), TensorSize(group_), TensorRank(group_));
 }
 
 torch::Tensor RowParallelLinearImpl::WholeOf(const std::string& name,
@@ -251,10 +267,10 @@ torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& ids) {
                             : ReduceFromTensorRegion(found, group_);
 }
 
-torch::Tensor VocabParallelEmbeddingImpl::ShardOf(const std::string&,
+torch::Tensor VocabParallelEmbeddingImpl::ShardOf(const std::string& name,
                                                   const torch::Tensor& whole) const {
   CheckShape(whole, {vocab_, dim_}, "VocabParallelEmbedding's whole weight");
-  return whole.chunk(TensorSize(group_), 0)[static_cast<size_t>(TensorRank(group_))].contiguous();
+  return CutShard(whole, SplitOf(name), TensorSize(group_), TensorRank(group_));
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::WholeOf(const std::string&,
@@ -372,6 +388,15 @@ std::vector<std::pair<std::string, torch::Tensor>> WholeStateOf(torch::nn::Modul
                          : layer->second.first->WholeOf(layer->second.second, p.value().detach()));
   }
   for (const auto& b : parallel.named_buffers()) out.emplace_back(b.key(), b.value().detach());
+  return out;
+}
+
+std::map<std::string, TensorSplit> TensorSplits(torch::nn::Module& module) {
+  std::map<std::string, TensorSplit> out;
+  for (const auto& [name, where] : LayerParameters(module)) {
+    const TensorSplit split = where.first->SplitOf(where.second);
+    if (split.split()) out[name] = split;
+  }
   return out;
 }
 

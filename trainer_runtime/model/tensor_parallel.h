@@ -52,6 +52,7 @@
 // rank of the group runs the same forwards and backwards through the same layers, in order.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,11 +101,30 @@ torch::Tensor ReduceScatterToSequenceRegion(const torch::Tensor& x, const Tensor
 torch::Tensor SequenceParallelNorm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
                                    const TensorGroupPtr& group, bool sequence_parallel);
 
+// How a whole parameter is cut over a tensor group: along dimension `dim` (-1: not cut, every
+// rank holds it whole), each of `blocks` equal blocks of that dimension split evenly (a fused
+// q/k/v weight: 3 blocks, each rank holding its heads of each). The cut is a property of the
+// architecture, not of the group's size: a checkpoint written with T shards is re-cut into
+// another T' with it (state/reshard.h).
+struct TensorSplit {
+  int64_t dim = -1;
+  int64_t blocks = 1;
+  bool split() const { return dim >= 0; }
+};
+// Shard `index` of `parts` of `whole` cut as `split` (a contiguous copy; `whole` itself when not
+// split). c10::Error when the dimension does not divide.
+torch::Tensor CutShard(const torch::Tensor& whole, TensorSplit split, int64_t parts,
+                       int64_t index);
+// The whole tensor from all its shards in rank order: CutShard's inverse.
+torch::Tensor JoinShards(const std::vector<torch::Tensor>& shards, TensorSplit split);
+
 // A layer whose parameters are shards of a whole layer's. Parameter names are the whole layer's
 // (weight, bias), so a state dict maps onto the whole model by name.
 class TensorParallelLayer {
  public:
   virtual ~TensorParallelLayer() = default;
+  // How the whole parameter `name` is cut over the group.
+  virtual TensorSplit SplitOf(const std::string& name) const = 0;
   // This rank's shard of the whole layer's parameter `name` (a copy of the right slice).
   // c10::Error naming both shapes when `whole` has the wrong one.
   virtual torch::Tensor ShardOf(const std::string& name, const torch::Tensor& whole) const = 0;
@@ -113,7 +133,7 @@ class TensorParallelLayer {
   virtual torch::Tensor WholeOf(const std::string& name, const torch::Tensor& part) const = 0;
   // Whether parameter `name` is split over the group (counted once per shard in a norm) or
   // replicated on every rank of it (counted once in all).
-  virtual bool IsSplit(const std::string& name) const = 0;
+  bool IsSplit(const std::string& name) const { return SplitOf(name).split(); }
 };
 
 struct ColumnParallelOptions {
@@ -153,7 +173,7 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallel
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor ShardOf(const std::string& name, const torch::Tensor& whole) const override;
   torch::Tensor WholeOf(const std::string& name, const torch::Tensor& part) const override;
-  bool IsSplit(const std::string&) const override { return true; }
+  TensorSplit SplitOf(const std::string&) const override { return {0, options_.fused_}; }
 
   torch::Tensor weight, bias;
 
@@ -175,7 +195,9 @@ class RowParallelLinearImpl : public torch::nn::Module, public TensorParallelLay
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor ShardOf(const std::string& name, const torch::Tensor& whole) const override;
   torch::Tensor WholeOf(const std::string& name, const torch::Tensor& part) const override;
-  bool IsSplit(const std::string& name) const override { return name == "weight"; }
+  TensorSplit SplitOf(const std::string& name) const override {
+    return name == "weight" ? TensorSplit{1, 1} : TensorSplit{};
+  }
 
   torch::Tensor weight, bias;
 
@@ -196,7 +218,7 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module, public TensorParall
   torch::Tensor forward(const torch::Tensor& ids);
   torch::Tensor ShardOf(const std::string& name, const torch::Tensor& whole) const override;
   torch::Tensor WholeOf(const std::string& name, const torch::Tensor& part) const override;
-  bool IsSplit(const std::string&) const override { return true; }
+  TensorSplit SplitOf(const std::string&) const override { return {0, 1}; }
 
   torch::Tensor weight;
 
@@ -228,6 +250,9 @@ void LoadShardsFromWhole(torch::nn::Module& parallel, torch::nn::Module& whole);
 // The whole model's parameters and buffers by dotted name (state_dict order), gathered from the
 // shards (WholeOf). COLLECTIVE over every tensor group the layers use.
 std::vector<std::pair<std::string, torch::Tensor>> WholeStateOf(torch::nn::Module& parallel);
+
+// How each split parameter of `module` is cut, by dotted name (the replicated ones are absent).
+std::map<std::string, TensorSplit> TensorSplits(torch::nn::Module& module);
 
 // Whether the trained parameter `param` of `module` is split (the others are replicated over the
 // tensor group). For norms and checksums: a replicated parameter counts once, not T times.

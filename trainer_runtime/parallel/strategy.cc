@@ -78,9 +78,8 @@ StateBytes WholeStateBytes(const Model& model, const torch::optim::Optimizer& op
 
 Status ParallelStrategy::SaveModelState(const std::string& dir,
                                         torch::optim::Optimizer& optimizer) {
-  if (ReplicasEqual())
-    return rank() == 0 ? trainer::SaveModelState(dir + "/model.pt", *model_, optimizer)
-                       : Status::Ok();
+  // One model folder for all: its optimizer state in pieces, which any layout re-cuts.
+  if (ReplicasEqual()) return rank() == 0 ? SaveModelFolder(dir, *model_, optimizer) : Status::Ok();
   return trainer::SaveModelState(dir + "/model_rank" + std::to_string(rank()) + ".pt", *model_,
                                  optimizer);
 }

@@ -126,8 +126,9 @@ class ParallelStrategy {
   virtual bool ReplicasEqual() const { return world() == 1; }
   // Writes this rank's part of the model and optimizer state into the checkpoint folder `dir`
   // (Accelerator::SaveState commits the folder as a whole). The default: with equal replicas
-  // rank 0 writes model.pt (parameters, buffers, optimizer state), otherwise every rank writes
-  // model_rank<r>.pt. IoError naming the file.
+  // rank 0 writes the model folder (SaveModelFolder in checkpoint.h: model.pt with parameters
+  // and buffers, the optimizer state in pieces another layout can re-cut), otherwise every rank
+  // writes model_rank<r>.pt. IoError naming the file.
   virtual Status SaveModelState(const std::string& dir, torch::optim::Optimizer& optimizer);
   // An asynchronous save (Accelerator::SaveState with checkpoint_async) forks between these
   // two: what SaveModelState needs from the other ranks is fetched by BeginSnapshot, so that

@@ -217,5 +217,30 @@ TEST_CASE("WholeStateOfGathersEveryShardUnderTheWholeModelsNames") {
   });
 }
 
+TEST_CASE("CutShardAndJoinShardsRecutAWholeTensorForAnyNumberOfShards") {
+  // What a checkpoint's re-cut does (state/reshard.h): T shards joined, then cut into T'.
+  const torch::Tensor whole = torch::arange(6 * 12, torch::kFloat).view({6, 12});
+  for (const TensorSplit split : {TensorSplit{0, 1}, TensorSplit{1, 1}, TensorSplit{0, 3}}) {
+    for (int64_t parts : {1, 2, 3}) {
+      if (whole.size(split.dim) % (split.blocks * parts) != 0) continue;
+      std::vector<torch::Tensor> shards;
+      for (int64_t i = 0; i < parts; ++i) shards.push_back(CutShard(whole, split, parts, i));
+      CHECK(torch::equal(JoinShards(shards, split), whole));
+      // Two shards of two then three shards: each the one cut from the whole directly.
+      if (parts == 2 && whole.size(split.dim) % (split.blocks * 6) == 0)
+        for (int64_t i = 0; i < 3; ++i)
+          CHECK(torch::equal(CutShard(JoinShards(shards, split), split, 3, i),
+                             CutShard(whole, split, 3, i)));
+    }
+  }
+  // A fused weight's shard holds its rows of each block: q, k and v of its heads.
+  const torch::Tensor qkv = CutShard(whole, {0, 3}, 2, 1);
+  CHECK(torch::equal(qkv, torch::cat({whole.slice(0, 1, 2), whole.slice(0, 3, 4),
+                                      whole.slice(0, 5, 6)})));
+  CHECK_FALSE(TensorSplit{}.split());
+  CHECK(CutShard(whole, TensorSplit{}, 2, 1).is_same(whole));
+  CHECK_THROWS_AS(CutShard(whole, {0, 1}, 4, 0), c10::Error);  // 6 rows do not cut in 4
+}
+
 }  // namespace
 }  // namespace launch::trainer

@@ -327,18 +327,21 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
   }
 
   Status SaveModelState(const std::string& dir, Optimizer& optimizer) override {
-    // Parameters and buffers are every rank's (ddp's model.pt); the user's optimizer is never
-    // stepped, so it carries no state there. The state is in the shard files, each piece with
+    // Parameters and buffers are every rank's (rank 0's model.pt); the user's optimizer is
+    // never stepped, so it carries no state there. The state is in the shard files, each piece with
     // the element range of its parameter (checkpoint.h), and rank 0's index of them.
     // Stage 3: model.pt holds whole parameters, gathered for the save and released after it.
     GatherAll();
-    Status saved = ParallelStrategy::SaveModelState(dir, optimizer);
+    Status saved = rank() == 0 ? trainer::SaveModelState(dir + "/model.pt", *model_, optimizer)
+                               : Status::Ok();
     if (!keep_whole_) ReleaseAll();
     LAUNCH_RETURN_IF_ERROR(saved);
     if (rank() == 0) {
       std::vector<std::vector<PieceRange>> ranks;
       for (int q = 0; q < world(); ++q) ranks.push_back(RangesOfRank(q));
-      LAUNCH_RETURN_IF_ERROR(SaveShardIndex(dir, ranks, LayoutTensor()));
+      std::vector<std::string> names;
+      for (const auto& [name, p] : model_->NamedParameters()) names.push_back(name);
+      LAUNCH_RETURN_IF_ERROR(SaveShardIndex(dir, ranks, LayoutTensor(), names));
     }
     return SaveShardedOptimizerState(dir, rank(), *shard_optimizer_, pieces_);
   }
@@ -393,8 +396,9 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
             "then be resumed at any world size)");
       return LoadOptimizerState(ShardFile(dir, rank()), *shard_optimizer_, LayoutTensor());
     }
-    // No shards: an unsharded run (one process, ddp) left the whole state in model.pt, now in
-    // `optimizer`. This rank takes its pieces, and the whole copy goes.
+    // No shards: an unsharded run (one process, ddp) from before its state was in pieces left
+    // the whole state in model.pt, now in `optimizer`.
+    // This rank takes its pieces, and the whole copy goes.
     LAUNCH_ASSIGN_OR_RETURN(std::vector<ParamPiece> whole, WholeParamPieces(*model_, optimizer));
     LAUNCH_RETURN_IF_ERROR(ReshardOptimizerState(optimizer, whole, *shard_optimizer_, pieces_));
     optimizer.state().clear();

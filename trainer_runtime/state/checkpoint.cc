@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -171,13 +172,6 @@ const char* const kUnknownOptimizer =
     "the optimizer's state is checkpointed in pieces for torch::optim's SGD, Adam, AdamW, "
     "RMSprop and Adagrad, not this one";
 
-// One piece's state: the step count (-1: the type keeps none) and the defined state tensors by
-// name, flattened.
-struct FlatState {
-  int64_t step = -1;
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-};
-
 // `optimizer`'s state of `param`; nullopt when it has none. The tensors are the optimizer's own
 // (views where they are contiguous, as they are when the optimizer made them).
 StatusOr<std::optional<FlatState>> GetFlatState(optim::Optimizer& optimizer,
@@ -263,18 +257,30 @@ class StateAssembler {
     return Status::Ok();
   }
 
+  // Each piece's assembled state (nullopt: none); `from` names the source in messages.
+  StatusOr<std::vector<std::optional<FlatState>>> Take(const std::string& from) {
+    std::vector<std::optional<FlatState>> out(pieces_.size());
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      LAUNCH_RETURN_IF_ERROR(CheckCovered(i, from));
+      Target& t = targets_[i];
+      if (t.stated == 0) continue;
+      FlatState& flat = out[i].emplace();
+      flat.step = t.step;
+      for (auto& [name, tensor_and_covered] : t.tensors)
+        flat.tensors.emplace_back(name, std::move(tensor_and_covered.first));
+      t.tensors.clear();
+    }
+    return out;
+  }
+
   // Sets `optimizer`'s state of every piece that got any; `from` names the source in messages.
   Status Install(optim::Optimizer& optimizer, const std::string& from) {
     for (size_t i = 0; i < pieces_.size(); ++i) {
       Target& t = targets_[i];
       const PieceRange& mine = pieces_[i].range;
       const int64_t n = mine.end - mine.begin;
+      LAUNCH_RETURN_IF_ERROR(CheckCovered(i, from));
       if (t.stated == 0) continue;  // not stepped yet: it stays without state
-      if (t.stated != n || t.unstated != 0)
-        return Status::InvalidConfig(from + ": optimizer state covers " + std::to_string(t.stated) +
-                                     " of the " + std::to_string(n) + " elements of " +
-                                     Describe(mine) +
-                                     " (were its files written by one checkpoint?)");
       std::unique_ptr<optim::OptimizerParamState> state = NewState(optimizer);
       if (!state) return Status::InvalidConfig(kUnknownOptimizer);
       size_t used = 0;
@@ -285,12 +291,6 @@ class StateAssembler {
         ++used;
         if (it->second.second == n) field = it->second.first.view(pieces_[i].tensor.sizes());
       });
-      for (const auto& [name, tensor_and_covered] : t.tensors) {
-        if (tensor_and_covered.second != n)
-          return Status::InvalidConfig(from + ": optimizer state " + name + " covers " +
-                                       std::to_string(tensor_and_covered.second) + " of the " +
-                                       std::to_string(n) + " elements of " + Describe(mine));
-      }
       if (used != t.tensors.size() || (step == nullptr) != (t.step < 0)) {
         std::string names;
         for (const auto& [name, unused] : t.tensors) names += (names.empty() ? "" : ", ") + name;
@@ -307,6 +307,24 @@ class StateAssembler {
   }
 
  private:
+  // Every piece with any state has all of it, each state tensor whole.
+  Status CheckCovered(size_t i, const std::string& from) const {
+    const Target& t = targets_[i];
+    const PieceRange& mine = pieces_[i].range;
+    const int64_t n = mine.end - mine.begin;
+    if (t.stated == 0) return Status::Ok();
+    if (t.stated != n || t.unstated != 0)
+      return Status::InvalidConfig(from + ": optimizer state covers " + std::to_string(t.stated) +
+                                   " of the " + std::to_string(n) + " elements of " +
+                                   Describe(mine) + " (were its files written by one checkpoint?)");
+    for (const auto& [name, tensor_and_covered] : t.tensors)
+      if (tensor_and_covered.second != n)
+        return Status::InvalidConfig(from + ": optimizer state " + name + " covers " +
+                                     std::to_string(tensor_and_covered.second) + " of the " +
+                                     std::to_string(n) + " elements of " + Describe(mine));
+    return Status::Ok();
+  }
+
   struct Target {
     int64_t stated = 0;    // elements covered by sources with state
     int64_t unstated = 0;  // ... and without
@@ -343,15 +361,36 @@ std::vector<PieceRange> RangesOf(const torch::Tensor& t) {
 
 namespace {
 
-// The model file's keys: parameters, buffers and the optimizer's state. The archive refers to
-// the tensors; nothing is copied until it is written. Throws c10::Error.
+// The model file's keys: parameters, buffers and the optimizer's settings and (when
+// `optimizer_state`) state. The archive refers to the tensors; nothing is copied until it is
+// written. Throws c10::Error.
+void WriteModel(torch::serialize::OutputArchive& archive, const NamedTensors& params,
+                const NamedTensors& buffers, torch::optim::Optimizer& optimizer,
+                bool optimizer_state) {
+  for (auto& [name, p] : params) archive.write("param/" + name, p.detach());
+  for (auto& [name, b] : buffers) archive.write("buffer/" + name, b.detach());
+  torch::serialize::OutputArchive opt;
+  if (optimizer_state) {
+    optimizer.save(opt);
+  } else {
+    // The settings alone: the state is set aside while they are serialised (nothing in `opt`
+    // refers to it), and put back.
+    std::remove_reference_t<decltype(optimizer.state())> state;
+    std::swap(state, optimizer.state());
+    try {
+      optimizer.save(opt);
+    } catch (...) {
+      std::swap(state, optimizer.state());
+      throw;
+    }
+    std::swap(state, optimizer.state());
+  }
+  archive.write("optimizer", opt);
+}
+
 void WriteModel(torch::serialize::OutputArchive& archive, const Model& model,
                 torch::optim::Optimizer& optimizer) {
-  for (auto& [name, p] : model.NamedParameters()) archive.write("param/" + name, p.detach());
-  for (auto& [name, b] : model.NamedBuffers()) archive.write("buffer/" + name, b.detach());
-  torch::serialize::OutputArchive opt;
-  optimizer.save(opt);
-  archive.write("optimizer", opt);
+  WriteModel(archive, model.NamedParameters(), model.NamedBuffers(), optimizer, true);
 }
 
 // Restores WriteModel's keys from `archive` (`what` names it in errors: "checkpoint 'x.pt'").
@@ -401,6 +440,34 @@ Status SaveModelState(const std::string& path, const Model& model,
   return SaveArchive(archive, path);
 }
 
+Status SaveModelTensors(const std::string& path, const NamedTensors& params,
+                        const NamedTensors& buffers, torch::optim::Optimizer& optimizer,
+                        bool optimizer_state) {
+  torch::serialize::OutputArchive archive;
+  try {
+    WriteModel(archive, params, buffers, optimizer, optimizer_state);
+  } catch (const c10::Error& e) {
+    return Status::IoError("serialising checkpoint " + path + ": " + e.what_without_backtrace());
+  }
+  return SaveArchive(archive, path);
+}
+
+Status SaveModelFolder(const std::string& dir, const Model& model,
+                       torch::optim::Optimizer& optimizer) {
+  const bool in_pieces = NewState(optimizer) != nullptr;
+  const NamedTensors params = model.NamedParameters();
+  LAUNCH_RETURN_IF_ERROR(SaveModelTensors(dir + "/model.pt", params, model.NamedBuffers(),
+                                          optimizer, /*optimizer_state=*/!in_pieces));
+  if (!in_pieces) return Status::Ok();
+  LAUNCH_ASSIGN_OR_RETURN(std::vector<ParamPiece> pieces, WholeParamPieces(model, optimizer));
+  std::vector<PieceRange> ranges;
+  for (const ParamPiece& p : pieces) ranges.push_back(p.range);
+  std::vector<std::string> names;
+  for (const auto& [name, p] : params) names.push_back(name);
+  LAUNCH_RETURN_IF_ERROR(SaveShardIndex(dir, {ranges}, torch::tensor({int64_t{1}}), names));
+  return SaveShardedOptimizerState(dir, 0, optimizer, pieces);
+}
+
 Status LoadModelState(const std::string& path, const Model& model,
                       torch::optim::Optimizer& optimizer) {
   LAUNCH_ASSIGN_OR_RETURN(auto archive, Open(path));
@@ -444,25 +511,22 @@ std::string ShardFile(const std::string& dir, int64_t rank) {
   return dir + "/zero_rank" + std::to_string(rank) + ".pt";
 }
 
-Status SaveShardedOptimizerState(const std::string& dir, int rank,
-                                 torch::optim::Optimizer& optimizer,
-                                 const std::vector<ParamPiece>& pieces) {
-  const std::string path = ShardFile(dir, rank);
+namespace {
+
+// One shard file: `ranges` and the state of each (nullopt: none). The archive refers to the
+// states' tensors; they are copied as the file is written.
+Status WritePieces(const std::string& path, const std::vector<PieceRange>& ranges,
+                   const std::vector<std::optional<FlatState>>& states) {
   torch::serialize::OutputArchive archive;
   try {
-    std::vector<PieceRange> ranges;
     // Per piece: whether it has state, and its step count (-1: the type keeps none).
-    auto stated = torch::zeros({static_cast<int64_t>(pieces.size()), 2}, torch::kLong);
+    auto stated = torch::zeros({static_cast<int64_t>(ranges.size()), 2}, torch::kLong);
     auto s = stated.accessor<int64_t, 2>();
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      ranges.push_back(pieces[i].range);
-      LAUNCH_ASSIGN_OR_RETURN(std::optional<FlatState> state,
-                              GetFlatState(optimizer, pieces[i].tensor));
-      if (!state) continue;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      if (!states[i]) continue;
       s[i][0] = 1;
-      s[i][1] = state->step;
-      // The archive refers to the optimizer's tensors; they are copied as the file is written.
-      for (const auto& [name, t] : state->tensors)
+      s[i][1] = states[i]->step;
+      for (const auto& [name, t] : states[i]->tensors)
         archive.write("piece" + std::to_string(i) + "/" + name, t);
     }
     archive.write("ranges", RangesTensor(ranges));
@@ -473,8 +537,34 @@ Status SaveShardedOptimizerState(const std::string& dir, int rank,
   return SaveArchive(archive, path);
 }
 
+}  // namespace
+
+Status SaveShardedOptimizerState(const std::string& dir, int rank,
+                                 torch::optim::Optimizer& optimizer,
+                                 const std::vector<ParamPiece>& pieces) {
+  std::vector<PieceRange> ranges;
+  std::vector<std::optional<FlatState>> states;
+  for (const ParamPiece& piece : pieces) {
+    ranges.push_back(piece.range);
+    LAUNCH_ASSIGN_OR_RETURN(std::optional<FlatState> state,
+                            GetFlatState(optimizer, piece.tensor));
+    states.push_back(std::move(state));
+  }
+  return WritePieces(ShardFile(dir, rank), ranges, states);
+}
+
+Status SaveParamStates(const std::string& dir, const std::vector<std::string>& names,
+                       const std::vector<torch::Tensor>& params,
+                       const std::vector<std::optional<FlatState>>& states) {
+  std::vector<PieceRange> ranges;
+  for (size_t i = 0; i < params.size(); ++i)
+    ranges.push_back({static_cast<int64_t>(i), 0, params[i].numel()});
+  LAUNCH_RETURN_IF_ERROR(SaveShardIndex(dir, {ranges}, torch::tensor({int64_t{1}}), names));
+  return WritePieces(ShardFile(dir, 0), ranges, states);
+}
+
 Status SaveShardIndex(const std::string& dir, const std::vector<std::vector<PieceRange>>& ranks,
-                      const torch::Tensor& layout) {
+                      const torch::Tensor& layout, const std::vector<std::string>& names) {
   const std::string path = IndexFile(dir);
   torch::serialize::OutputArchive archive;
   try {
@@ -489,6 +579,9 @@ Status SaveShardIndex(const std::string& dir, const std::vector<std::vector<Piec
     archive.write("ranges", RangesTensor(all));
     archive.write("rank", torch::tensor(owner, torch::kLong));
     archive.write("layout", layout);
+    c10::List<std::string> list;
+    for (const std::string& name : names) list.push_back(name);
+    archive.write("names", c10::IValue(list));
   } catch (const c10::Error& e) {
     return Status::IoError("serialising checkpoint " + path + ": " + e.what_without_backtrace());
   }
@@ -497,11 +590,29 @@ Status SaveShardIndex(const std::string& dir, const std::vector<std::vector<Piec
 
 bool HasShardedOptimizerState(const std::string& dir) { return FileExists(IndexFile(dir)); }
 
-StatusOr<ShardedLoad> LoadShardedOptimizerState(const std::string& dir,
-                                                torch::optim::Optimizer& optimizer,
-                                                const std::vector<ParamPiece>& pieces) {
+StatusOr<std::vector<std::string>> ShardIndexNames(const std::string& dir) {
+  const std::string path = IndexFile(dir);
+  LAUNCH_ASSIGN_OR_RETURN(auto index, Open(path));
+  c10::IValue names;
+  try {
+    if (!index->try_read("names", names) || !names.isList())
+      return Status::InvalidConfig("checkpoint '" + path +
+                                   "' does not name its parameters (it was written before "
+                                   "checkpoints could be re-cut for another layout)");
+    std::vector<std::string> out;
+    for (const c10::IValue& name : names.toListRef()) out.push_back(name.toStringRef());
+    return out;
+  } catch (const c10::Error& e) {
+    return Status::IoError("checkpoint '" + path + "' is unreadable: " + e.what_without_backtrace());
+  }
+}
+
+namespace {
+
+// Reads `dir`'s index, then each shard file whose ranges meet the assembler's pieces into it.
+StatusOr<ShardedLoad> ReadPieces(const std::string& dir, const std::vector<ParamPiece>& pieces,
+                                 StateAssembler& assembler) {
   ShardedLoad load;
-  StateAssembler assembler(pieces);
   std::vector<bool> needed;
   {
     const std::string path = IndexFile(dir);
@@ -571,9 +682,30 @@ StatusOr<ShardedLoad> LoadShardedOptimizerState(const std::string& dir,
                              "' is unreadable: " + e.what_without_backtrace());
     }
   }
+  return load;
+}
+
+}  // namespace
+
+StatusOr<ShardedLoad> LoadShardedOptimizerState(const std::string& dir,
+                                                torch::optim::Optimizer& optimizer,
+                                                const std::vector<ParamPiece>& pieces) {
+  StateAssembler assembler(pieces);
+  LAUNCH_ASSIGN_OR_RETURN(ShardedLoad load, ReadPieces(dir, pieces, assembler));
   torch::NoGradGuard no_grad;
   LAUNCH_RETURN_IF_ERROR(assembler.Install(optimizer, "checkpoint " + dir));
   return load;
+}
+
+StatusOr<std::vector<std::optional<FlatState>>> ReadParamStates(
+    const std::string& dir, const std::vector<torch::Tensor>& params) {
+  std::vector<ParamPiece> pieces;
+  for (size_t i = 0; i < params.size(); ++i)
+    pieces.push_back({{static_cast<int64_t>(i), 0, params[i].numel()}, params[i]});
+  StateAssembler assembler(pieces);
+  LAUNCH_RETURN_IF_ERROR(ReadPieces(dir, pieces, assembler).status());
+  torch::NoGradGuard no_grad;
+  return assembler.Take("checkpoint " + dir);
 }
 
 Status ReshardOptimizerState(torch::optim::Optimizer& from,

@@ -47,6 +47,21 @@ Status SaveModelState(const std::string& path, const Model& model,
 // (InvalidConfig naming the first mismatch).
 Status LoadModelState(const std::string& path, const Model& model,
                       torch::optim::Optimizer& optimizer);
+// The same file from tensors by name: `params` in Model::NamedParameters order, the optimizer's
+// settings (its parameter groups' options) and, when `optimizer_state`, its state.
+Status SaveModelTensors(const std::string& path, const NamedTensors& params,
+                        const NamedTensors& buffers, torch::optim::Optimizer& optimizer,
+                        bool optimizer_state);
+
+// A model folder of a checkpoint that any layout can read: `dir`/model.pt holds the parameters,
+// buffers and the optimizer's settings, and the optimizer's state is in pieces (below: one file,
+// zero_rank0.pt, a whole piece per parameter, and the index zero_index.pt with the parameters'
+// names), so that ZeRO at any world size and another tensor or pipeline layout (state/reshard.h)
+// re-cut it. An optimizer of another type than the five keeps its state in model.pt (the
+// folder then re-cuts only where the layout keeps every parameter whole). IoError naming the
+// file.
+Status SaveModelFolder(const std::string& dir, const Model& model,
+                       torch::optim::Optimizer& optimizer);
 
 // --- In-place recovery: a live peer's state, in memory (Accelerator, "In-place recovery") ------
 // Parameters, buffers, optimizer state and `state` (the loop position; no RNG state: in-place
@@ -69,6 +84,13 @@ StatusOr<TrainState> RestoreReplicaState(const std::string& bytes, const Model& 
 // Adagrad step, sum), and rank 0 an index of every rank's ranges. Any other cut (another world
 // size, stage or unit size, or whole parameters in one process) is assembled from them.
 // Optimizer state is elementwise in all five optimizers, which is what makes this exact.
+
+// One parameter's optimizer state: the step count (-1: the type keeps none) and the defined
+// state tensors by name, flattened.
+struct FlatState {
+  int64_t step = -1;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+};
 
 // Elements [begin, end) of trained parameter `param` (its index in Model::Parameters()),
 // flattened.
@@ -95,11 +117,24 @@ Status SaveShardedOptimizerState(const std::string& dir, int rank,
                                  torch::optim::Optimizer& optimizer,
                                  const std::vector<ParamPiece>& pieces);
 // Writes the folder's index (zero_index.pt; one rank, once): the ranges that each of the
-// ranks.size() shard files holds, and `layout` (how the shards were cut, for messages).
+// ranks.size() shard files holds, `layout` (how the shards were cut, for messages) and `names`,
+// the trained parameters' names (Model::NamedParameters, whose order the ranges' `param` counts).
 Status SaveShardIndex(const std::string& dir, const std::vector<std::vector<PieceRange>>& ranks,
-                      const torch::Tensor& layout);
+                      const torch::Tensor& layout, const std::vector<std::string>& names);
 // Whether `dir` holds a sharded optimizer state (its index).
 bool HasShardedOptimizerState(const std::string& dir);
+// The parameter names in `dir`'s index. InvalidConfig when the index predates them.
+StatusOr<std::vector<std::string>> ShardIndexNames(const std::string& dir);
+// The optimizer state of each trained parameter of folder `dir`, whole (flat), assembled from
+// its pieces; `params` are tensors shaped as the folder's parameters (index order), nullopt
+// where a parameter has none. Errors as LoadShardedOptimizerState's.
+StatusOr<std::vector<std::optional<FlatState>>> ReadParamStates(
+    const std::string& dir, const std::vector<torch::Tensor>& params);
+// Writes `states` (one per trained parameter, as ReadParamStates gives them) as one shard file
+// with a whole piece per parameter, and its index naming `names`.
+Status SaveParamStates(const std::string& dir, const std::vector<std::string>& names,
+                       const std::vector<torch::Tensor>& params,
+                       const std::vector<std::optional<FlatState>>& states);
 
 // What LoadShardedOptimizerState found.
 struct ShardedLoad {

@@ -852,22 +852,40 @@ Status Trainer::DumpParams() {
 }
 
 // output_dir/model.pt for PyTorch (SaveForPython), by rank 0; in pipeline mode each stage's
-// first replica writes model_stage<S>.pt. COLLECTIVE (ddp: rank 0's buffers first).
+// first replica writes model_stage<S>.pt, and rank 0 joins them into model.pt (a built-in
+// model; TorchScript stages stay one module each). COLLECTIVE (ddp: rank 0's buffers first).
 Status Trainer::SaveModel() {
-  std::string name = "model.pt";
-  if (const PipelineEngine* engine = internals().pipeline()) {
-    if (engine->replica() != 0) return Status::Ok();
-    name = "model_stage" + std::to_string(engine->stage()) + ".pt";
+  const PipelineEngine* engine = internals().pipeline();
+  if (!engine) return accel_->SaveForPython(cfg_.output_dir + "/model.pt");
+  auto stage_file = [this](int s) {
+    return cfg_.output_dir + "/model_stage" + std::to_string(s) + ".pt";
+  };
+  Status status = Status::Ok();
+  if (engine->replica() == 0) {
     if (accel_->tensor_group()) {
       // The whole stage: its tensor group gathers the shards (COLLECTIVE), tensor 0 writes.
       auto whole = WholeStateOf(internals().model()->module());
-      return accel_->tensor_group()->rank() == 0
-                 ? SaveStateForPython(whole, cfg_.output_dir + "/" + name)
-                 : Status::Ok();
+      if (accel_->tensor_group()->rank() == 0)
+        status = SaveStateForPython(whole, stage_file(engine->stage()));
+    } else {
+      status = SaveForPython(*internals().model(), stage_file(engine->stage()));
     }
-    return SaveForPython(*internals().model(), cfg_.output_dir + "/" + name);
   }
-  return accel_->SaveForPython(cfg_.output_dir + "/" + name);
+  if (cfg_.model.type == config::ModelType::kTorchScript) return status;
+  accel_->Barrier();  // every stage's file is written (or failed) before rank 0 reads them
+  if (accel_->rank() != 0 || !status.ok()) return status;
+  std::vector<std::string> stages;
+  for (int s = 0; s < engine->stages(); ++s) {
+    if (!FileExists(stage_file(s))) {
+      // Written on another machine: output_dir is not shared (checkpoints need it to be).
+      accel_->Print("train: model.pt not written: " + stage_file(s) +
+                    " is not on this machine (output_dir is not shared); the stages' files are "
+                    "the model");
+      return Status::Ok();
+    }
+    stages.push_back(stage_file(s));
+  }
+  return MergeStatesForPython(stages, cfg_.output_dir + "/model.pt");
 }
 
 Status Trainer::Run() {
