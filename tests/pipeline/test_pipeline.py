@@ -236,6 +236,13 @@ class PipelineSignalTest(unittest.TestCase):
                       results[1][1])
         self.assertEqual(final(out)["steps_this_run"], 10)
         self.assertRegex(results[1][1], r"eval at step \d+: loss \d+\.\d+ accuracy 0\.\d+")
+        # Each evaluation is a line of metrics.jsonl too (the last step's is final.json's).
+        evals = metrics(out, evals=True)
+        self.assertEqual([m["step"] for m in evals],
+                         [s for s in range(stopped_at + 1, stopped_at + 10) if s % 5 == 0])
+        for m in evals:
+            self.assertGreater(m["eval_loss"], 0)
+            self.assertTrue(0 <= m["eval_accuracy"] <= 1)
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))

@@ -87,9 +87,11 @@ def drop_from_checkpoint(step_dir, name):
         f.writelines(lines)
 
 
-def metrics(out_dir):
+def metrics(out_dir, evals=False):
+    """metrics.jsonl's step lines (with `evals`: its evaluation lines, eval_every's)."""
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = [json.loads(line) for line in f if line.strip()]
+    return [m for m in lines if ("eval_loss" in m) == evals]
 
 
 def final(out_dir):

@@ -165,8 +165,11 @@ class Trainer {
   void SetRunLength();
   void TrainStep();
   void Evaluate(double* loss, double* accuracy);
+  // metrics.jsonl's line for an evaluation during training: step, eval_loss, eval_accuracy.
+  Status WriteEvalLine(double loss, double accuracy);
   Status WriteMetricsLine(const Accelerator::CommStats& comm, double loss, double step_s,
                           int64_t samples);
+  Status AppendMetrics(const ordered_json& line);  // one line, flushed; IoError naming the file
   Status WriteFinal(double train_loss, double eval_loss, double eval_acc, double wall_s);
   Status DumpParams();
   Status SaveModel();
@@ -678,6 +681,17 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
   if (const PipelineEngine* engine = internals().pipeline())
     line["peak_live_microbatches"] = engine->peak_live();
   line["epoch"] = accel_->epoch();
+  return AppendMetrics(line);
+}
+
+Status Trainer::WriteEvalLine(double loss, double accuracy) {
+  if (!accel_->IsMainProcess()) return Status::Ok();
+  ordered_json line = {{"step", accel_->step()}, {"eval_loss", loss}};
+  if (!std::isnan(accuracy)) line["eval_accuracy"] = accuracy;
+  return AppendMetrics(line);
+}
+
+Status Trainer::AppendMetrics(const ordered_json& line) {
   errno = 0;
   metrics_ << JsonText(line, -1);
   metrics_.flush();
@@ -930,6 +944,7 @@ Status Trainer::Run() {
       Evaluate(&el, &ea);
       accel_->Print("eval at step " + std::to_string(step) + ": loss " + Fixed(el, 4) +
                     (std::isnan(ea) ? "" : " accuracy " + Fixed(ea, 4)));
+      LAUNCH_RETURN_IF_ERROR(WriteEvalLine(el, ea));
     }
     // Every rank acts on a signal any rank received, at this same step.
     SetPhase("signal poll", /*between_steps=*/true);
