@@ -113,8 +113,7 @@ struct TensorSplit {
 };
 // Shard `index` of `parts` of `whole` cut as `split` (a contiguous copy; `whole` itself when not
 // split). c10::Error when the dimension does not divide.
-torch::Tensor CutShard(const torch::Tensor& whole, TensorSplit split, int64_t parts,
-                       int64_t index);
+torch::Tensor CutShard(const torch::Tensor& whole, TensorSplit split, int64_t parts, int64_t index);
 // The whole tensor from all its shards in rank order: CutShard's inverse.
 torch::Tensor JoinShards(const std::vector<torch::Tensor>& shards, TensorSplit split);
 

@@ -235,8 +235,8 @@ TEST_CASE("CutShardAndJoinShardsRecutAWholeTensorForAnyNumberOfShards") {
   }
   // A fused weight's shard holds its rows of each block: q, k and v of its heads.
   const torch::Tensor qkv = CutShard(whole, {0, 3}, 2, 1);
-  CHECK(torch::equal(qkv, torch::cat({whole.slice(0, 1, 2), whole.slice(0, 3, 4),
-                                      whole.slice(0, 5, 6)})));
+  CHECK(torch::equal(
+      qkv, torch::cat({whole.slice(0, 1, 2), whole.slice(0, 3, 4), whole.slice(0, 5, 6)})));
   CHECK_FALSE(TensorSplit{}.split());
   CHECK(CutShard(whole, TensorSplit{}, 2, 1).is_same(whole));
   CHECK_THROWS_AS(CutShard(whole, {0, 1}, 4, 0), c10::Error);  // 6 rows do not cut in 4

@@ -332,8 +332,8 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
     // the element range of its parameter (checkpoint.h), and rank 0's index of them.
     // Stage 3: model.pt holds whole parameters, gathered for the save and released after it.
     GatherAll();
-    Status saved = rank() == 0 ? trainer::SaveModelState(dir + "/model.pt", *model_, optimizer)
-                               : Status::Ok();
+    Status saved =
+        rank() == 0 ? trainer::SaveModelState(dir + "/model.pt", *model_, optimizer) : Status::Ok();
     if (!keep_whole_) ReleaseAll();
     LAUNCH_RETURN_IF_ERROR(saved);
     if (rank() == 0) {

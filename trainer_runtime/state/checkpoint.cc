@@ -546,8 +546,7 @@ Status SaveShardedOptimizerState(const std::string& dir, int rank,
   std::vector<std::optional<FlatState>> states;
   for (const ParamPiece& piece : pieces) {
     ranges.push_back(piece.range);
-    LAUNCH_ASSIGN_OR_RETURN(std::optional<FlatState> state,
-                            GetFlatState(optimizer, piece.tensor));
+    LAUNCH_ASSIGN_OR_RETURN(std::optional<FlatState> state, GetFlatState(optimizer, piece.tensor));
     states.push_back(std::move(state));
   }
   return WritePieces(ShardFile(dir, rank), ranges, states);
@@ -603,7 +602,8 @@ StatusOr<std::vector<std::string>> ShardIndexNames(const std::string& dir) {
     for (const c10::IValue& name : names.toListRef()) out.push_back(name.toStringRef());
     return out;
   } catch (const c10::Error& e) {
-    return Status::IoError("checkpoint '" + path + "' is unreadable: " + e.what_without_backtrace());
+    return Status::IoError("checkpoint '" + path +
+                           "' is unreadable: " + e.what_without_backtrace());
   }
 }
 

@@ -106,7 +106,8 @@ std::string DescribeCut(const std::vector<ShardFolder>& folders) {
   }
   std::string out;
   if (tensor > 1) out = "tensor " + std::to_string(tensor);
-  if (stages > 1) out += (out.empty() ? "" : " x ") + std::string("stages ") + std::to_string(stages);
+  if (stages > 1)
+    out += (out.empty() ? "" : " x ") + std::string("stages ") + std::to_string(stages);
   return out.empty() ? "the whole model" : out;
 }
 
@@ -140,10 +141,9 @@ Status WriteRecutFolder(const std::vector<ShardFolder>& folders, const Model& mo
     for (const Source* s : shard)
       if (s && (split.split() || used.empty())) used.push_back(s);
     if (used.empty() || (split.split() && used.size() != shard.size()))
-      return Status::InvalidConfig("the checkpoint (" + DescribeCut(folders) +
-                                   ") holds no parameter " + name +
-                                   (used.empty() ? "" : " in every tensor shard") +
-                                   " (was it written by another model?)");
+      return Status::InvalidConfig(
+          "the checkpoint (" + DescribeCut(folders) + ") holds no parameter " + name +
+          (used.empty() ? "" : " in every tensor shard") + " (was it written by another model?)");
     auto recut = [&](const std::vector<torch::Tensor>& parts) {
       return CutShard(JoinShards(parts, split), split, tensor_size, tensor_rank);
     };
@@ -180,9 +180,9 @@ Status WriteRecutFolder(const std::vector<ShardFolder>& folders, const Model& mo
         state = std::move(joined);
       }
     } catch (const c10::Error& e) {
-      return Status::InvalidConfig("the checkpoint's " + name + " (" + DescribeCut(folders) +
-                                   ") does not re-cut for this model: " +
-                                   e.what_without_backtrace());
+      return Status::InvalidConfig(
+          "the checkpoint's " + name + " (" + DescribeCut(folders) +
+          ") does not re-cut for this model: " + e.what_without_backtrace());
     }
     if (!mine.sizes().equals(live.sizes()))
       return Status::InvalidConfig("the checkpoint's " + name + " (" + DescribeCut(folders) +
@@ -202,8 +202,8 @@ Status WriteRecutFolder(const std::vector<ShardFolder>& folders, const Model& mo
       for (Source& s : sources)
         if ((found = s.model->try_read("buffer/" + name, b))) break;
     } catch (const c10::Error& e) {
-      return Status::IoError("reading buffer " + name + " of the checkpoint: " +
-                             e.what_without_backtrace());
+      return Status::IoError("reading buffer " + name +
+                             " of the checkpoint: " + e.what_without_backtrace());
     }
     if (!found)
       return Status::InvalidConfig("the checkpoint (" + DescribeCut(folders) +
