@@ -332,6 +332,19 @@ TEST_CASE("TrajectorySettingsNameWhatShapesARunOnly") {
   CHECK(value("train.max_steps") == "(absent)");     // added by the program when it matters
   // The same settings, in the same order, every time: ranks and restarts compare them.
   CHECK(settings == TrajectorySettings(cfg.train));
+  // The layout is not among them (a checkpoint is re-cut for another); older checkpoints that
+  // recorded it are compared without it.
+  REQUIRE(Load("train:\n  model: {type: transformer, heads: 4}\n"
+               "  parallel: {tensor: 2, stages: 2, microbatches: 4}\n",
+               &cfg)
+              .ok());
+  for (const auto& [key, unused] : TrajectorySettings(cfg.train)) {
+    CHECK(!FormerTrajectorySetting(key));
+    const bool layout = key.rfind("train.parallel.", 0) == 0 && key != "train.parallel.mode";
+    CHECK_FALSE(layout);
+  }
+  CHECK(FormerTrajectorySetting("train.parallel.tensor"));
+  CHECK(!FormerTrajectorySetting("train.parallel.mode"));
 }
 
 TEST_CASE("MissingDataFileIsAnError") {

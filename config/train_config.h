@@ -238,6 +238,10 @@ struct TrainConfig {
 // them; max_steps and epochs are not either (a program adds the LR schedule's length when its
 // schedule depends on it).
 std::vector<std::pair<std::string, std::string>> TrajectorySettings(const TrainConfig& t);
+// Whether `key` was among them in earlier versions and no longer is (the tensor and pipeline
+// layout, which a checkpoint is now re-cut for): a checkpoint that records it is compared
+// without it.
+bool FormerTrajectorySetting(const std::string& key);
 
 const char* ToString(ModelType v);
 const char* ToString(DataType v);

@@ -613,4 +613,13 @@ std::vector<std::pair<std::string, std::string>> TrajectorySettings(const TrainC
   return out;
 }
 
+bool FormerTrajectorySetting(const std::string& key) {
+  static const char* const kFormer[] = {
+      "train.parallel.stages",       "train.parallel.tensor",   "train.parallel.sequence_parallel",
+      "train.parallel.microbatches", "train.parallel.schedule", "train.parallel.partition"};
+  for (const char* former : kFormer)
+    if (key == former) return true;
+  return false;
+}
+
 }  // namespace launch::config

@@ -415,7 +415,8 @@ std::vector<std::string> Accelerator::ChangedSettingsAt(const std::string& dir,
     }
   }
   for (const auto& [key, value] : recorded)
-    if (!find(run_settings_, key)) changes.push_back(key + ": " + value + " -> (not set)");
+    if (!find(run_settings_, key) && !config::FormerTrajectorySetting(key))
+      changes.push_back(key + ": " + value + " -> (not set)");
   return changes;
 }
 
