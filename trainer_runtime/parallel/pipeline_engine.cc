@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 
+#include "base/check.h"
 #include "base/files.h"
 #include "base/host.h"
 #include "trainer_runtime/compat/torch_compat.h"
@@ -37,8 +38,13 @@ PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const Platform& p
       autocast_dtype_(platform.autocast().dtype),
       world_(std::move(world)) {
   ops_ = BuildPipelineSchedule(cfg.parallel.schedule, stages(), stage(), microbatches_);
-  for (size_t i = 0; i < ops_.size(); ++i)
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    // This engine runs one chunk per rank and whole backwards (GPipe, 1F1B); the interleaved
+    // and zero-bubble schedules of pipeline_schedule.h are not run by it yet.
+    LAUNCH_CHECK(ops_[i].chunk == 0 && (ops_[i].kind == PipeOp::Kind::kForward ||
+                                        ops_[i].kind == PipeOp::Kind::kBackward));
     if (ops_[i].kind == PipeOp::Kind::kBackward) last_backward_ = i;
+  }
 }
 
 StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(

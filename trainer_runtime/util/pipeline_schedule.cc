@@ -1,8 +1,12 @@
 #include "trainer_runtime/util/pipeline_schedule.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
+#include <map>
 #include <numeric>
+#include <optional>
+#include <tuple>
 
 namespace launch::trainer {
 
@@ -30,10 +34,177 @@ std::vector<PipeOp> BuildPipelineSchedule(config::PipelineSchedule schedule, int
   return ops;
 }
 
+std::vector<PipeOp> BuildInterleavedSchedule(int stages, int stage, int microbatches,
+                                             int virtual_stages) {
+  using Kind = PipeOp::Kind;
+  const int total = microbatches * virtual_stages;
+  // The k-th forward (backward) of this rank: groups of P micro-batches per chunk, the chunks
+  // in order (in reverse for backwards), then the next P micro-batches.
+  auto nth = [&](Kind kind, int k) {
+    const int group = k / stages;
+    int chunk = group % virtual_stages;
+    if (kind == Kind::kBackward) chunk = virtual_stages - 1 - chunk;
+    return PipeOp{kind, (k / (stages * virtual_stages)) * stages + k % stages, chunk};
+  };
+  // Before the first gradient reaches this rank's last chunk, each of the later ranks forwards
+  // twice per step of the way back and forth, and every chunk but the last its group of P.
+  const int warmup = std::min(total, 2 * (stages - 1 - stage) + (virtual_stages - 1) * stages);
+  std::vector<PipeOp> ops;
+  ops.reserve(static_cast<size_t>(2 * total));
+  for (int k = 0; k < warmup; ++k) ops.push_back(nth(Kind::kForward, k));
+  for (int k = 0; k < total - warmup; ++k) {
+    ops.push_back(nth(Kind::kForward, warmup + k));
+    ops.push_back(nth(Kind::kBackward, k));
+  }
+  for (int k = total - warmup; k < total; ++k) ops.push_back(nth(Kind::kBackward, k));
+  return ops;
+}
+
+namespace {
+
+// Which result an operation waits for or makes: a chunk's forward output, its input's gradient,
+// its weights' gradients; of micro-batch `micro` at global stage `stage`.
+enum class Made { kForward, kInputGrad, kWeightGrad };
+using Key = std::tuple<Made, int, int>;
+
+// What `op` of rank `rank` waits for (chunk c of rank p is global stage c*P + p of `global`).
+std::vector<Key> InputsOf(const PipeOp& op, int rank, int stages, int global) {
+  const int g = op.chunk * stages + rank;
+  switch (op.kind) {
+    case PipeOp::Kind::kForward:
+      if (g == 0) return {};
+      return {Key{Made::kForward, op.micro, g - 1}};
+    case PipeOp::Kind::kBackward:
+    case PipeOp::Kind::kBackwardInput:
+      if (g == global - 1) return {Key{Made::kForward, op.micro, g}};
+      return {Key{Made::kForward, op.micro, g}, Key{Made::kInputGrad, op.micro, g + 1}};
+    case PipeOp::Kind::kBackwardWeight:
+      return {Key{Made::kInputGrad, op.micro, g}};
+  }
+  return {};
+}
+
+std::vector<Key> OutputsOf(const PipeOp& op, int rank, int stages) {
+  const int g = op.chunk * stages + rank;
+  switch (op.kind) {
+    case PipeOp::Kind::kForward:
+      return {Key{Made::kForward, op.micro, g}};
+    case PipeOp::Kind::kBackward:
+      return {Key{Made::kInputGrad, op.micro, g}, Key{Made::kWeightGrad, op.micro, g}};
+    case PipeOp::Kind::kBackwardInput:
+      return {Key{Made::kInputGrad, op.micro, g}};
+    case PipeOp::Kind::kBackwardWeight:
+      return {Key{Made::kWeightGrad, op.micro, g}};
+  }
+  return {};
+}
+
+double CostOf(const PipeOp& op, const PipeCosts& costs) {
+  switch (op.kind) {
+    case PipeOp::Kind::kForward:
+      return costs.forward;
+    case PipeOp::Kind::kBackward:
+      return costs.backward;
+    case PipeOp::Kind::kBackwardInput:
+      return costs.backward_input;
+    case PipeOp::Kind::kBackwardWeight:
+      return costs.backward_weight;
+  }
+  return 0;
+}
+
+// When everything `op` waits for is done, the latest finish among it; nullopt while any is not.
+std::optional<double> InputsReady(const std::map<Key, double>& done, const PipeOp& op, int rank,
+                                  int stages, int global) {
+  double ready = 0;
+  for (const Key& key : InputsOf(op, rank, stages, global)) {
+    auto it = done.find(key);
+    if (it == done.end()) return std::nullopt;
+    ready = std::max(ready, it->second);
+  }
+  return ready;
+}
+
+}  // namespace
+
+std::vector<PipeOp> BuildZeroBubbleSchedule(int stages, int stage, int microbatches) {
+  using Kind = PipeOp::Kind;
+  // 1F1B's order with each backward's input half, the weight halves `stage` input gradients
+  // late: while a later stage's input gradients travel back, the earlier stages' weight passes
+  // fill the wait, and on the last stages they make way for the input gradients the earlier
+  // ones are waiting for. Each stage then holds at most P micro-batches (forward run, weight
+  // pass not yet): the first stage's 1F1B figure.
+  std::vector<PipeOp> ops;
+  std::deque<int> due;
+  for (PipeOp op :
+       BuildPipelineSchedule(config::PipelineSchedule::k1F1B, stages, stage, microbatches)) {
+    if (op.kind != Kind::kBackward) {
+      ops.push_back(op);
+      continue;
+    }
+    ops.push_back({Kind::kBackwardInput, op.micro});
+    due.push_back(op.micro);
+    if (static_cast<int>(due.size()) > stage) {
+      ops.push_back({Kind::kBackwardWeight, due.front()});
+      due.pop_front();
+    }
+  }
+  for (int micro : due) ops.push_back({Kind::kBackwardWeight, micro});
+  return ops;
+}
+
+PipeRun SimulatePipeline(const std::vector<std::vector<PipeOp>>& ranks, int virtual_stages,
+                         const PipeCosts& costs) {
+  const int stages = static_cast<int>(ranks.size());
+  const int global = stages * virtual_stages;
+  std::map<Key, double> done;
+  std::vector<size_t> next(ranks.size(), 0);
+  std::vector<double> free_at(ranks.size(), 0);
+  double busy = 0;
+  PipeRun run;
+  size_t left = 0;
+  for (const auto& ops : ranks) left += ops.size();
+  while (left > 0) {
+    // Any operation whose inputs are done can be placed: its start depends only on them and on
+    // its rank's previous operation, so the order of placing does not change the times.
+    size_t best = ranks.size();
+    double best_start = 0;
+    for (size_t p = 0; p < ranks.size(); ++p) {
+      if (next[p] == ranks[p].size()) continue;
+      const std::optional<double> ready =
+          InputsReady(done, ranks[p][next[p]], static_cast<int>(p), stages, global);
+      if (!ready) continue;
+      const double start = std::max(*ready, free_at[p]);
+      if (best == ranks.size() || start < best_start) {
+        best = p;
+        best_start = start;
+      }
+    }
+    if (best == ranks.size()) {
+      for (size_t p = 0; p < ranks.size(); ++p)
+        if (next[p] < ranks[p].size())
+          run.stuck += (run.stuck.empty() ? "" : ", ") + std::string("stage ") + std::to_string(p) +
+                       " at " + ScheduleToString({ranks[p][next[p]]});
+      return run;
+    }
+    const PipeOp& op = ranks[best][next[best]++];
+    const double cost = CostOf(op, costs);
+    free_at[best] = best_start + cost;
+    busy += cost;
+    run.makespan = std::max(run.makespan, free_at[best]);
+    for (const Key& key : OutputsOf(op, static_cast<int>(best), stages)) done[key] = free_at[best];
+    --left;
+  }
+  run.completed = true;
+  run.bubble = run.makespan > 0 ? 1 - busy / (stages * run.makespan) : 0;
+  return run;
+}
+
 int PeakLiveMicrobatches(const std::vector<PipeOp>& ops) {
   int live = 0, peak = 0;
   for (const PipeOp& op : ops) {
-    live += op.kind == PipeOp::Kind::kForward ? 1 : -1;
+    if (op.kind == PipeOp::Kind::kForward) ++live;
+    if (op.kind == PipeOp::Kind::kBackward || op.kind == PipeOp::Kind::kBackwardWeight) --live;
     peak = std::max(peak, live);
   }
   return peak;
@@ -43,8 +214,9 @@ std::string ScheduleToString(const std::vector<PipeOp>& ops) {
   std::string out;
   for (const PipeOp& op : ops) {
     if (!out.empty()) out += ' ';
-    out += op.kind == PipeOp::Kind::kForward ? 'F' : 'B';
+    out += "FBIW"[static_cast<int>(op.kind)];
     out += std::to_string(op.micro);
+    if (op.chunk != 0) out += "@" + std::to_string(op.chunk);
   }
   return out;
 }

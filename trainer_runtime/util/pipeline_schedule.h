@@ -20,6 +20,16 @@
 //
 // The idle ("bubble") fraction of either schedule with equal per-stage work is
 // (P-1)/(M+P-1).
+//
+// Two more schedules are built here and checked by simulation (SimulatePipeline), not yet run
+// by the pipeline engine, which runs GPipe and 1F1B:
+//   Interleaved 1F1B (Megatron's virtual stages): each rank holds v chunks of the model, rank
+//          p's chunk c being stage c*P + p of v*P; the bubble shrinks to (P-1)/(v*M+P-1).
+//   ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", 2023): each backward split into the
+//          input's gradient (what the previous stage waits for) and the weights' gradients
+//          (which nothing waits for); the weight passes fill the idle time, leaving a third of
+//          1F1B's (P-1 passes instead of 3(P-1) when the three kinds take equal time), with
+//          1F1B's peak memory (P micro-batches held, on every stage).
 
 #include <cstdint>
 #include <string>
@@ -31,7 +41,10 @@
 namespace launch::trainer {
 
 struct PipeOp {
-  enum class Kind { kForward, kBackward };
+  // kBackward: the whole backward of the micro-batch through the chunk. A zero-bubble schedule
+  // splits it: kBackwardInput (the gradient of the chunk's input, sent back) then, later,
+  // kBackwardWeight (the gradients of its parameters).
+  enum class Kind { kForward, kBackward, kBackwardInput, kBackwardWeight };
   Kind kind = Kind::kForward;
   int micro = 0;  // micro-batch index in 0..M-1
   // Which of this rank's model chunks runs the op: 0 while every rank holds one chunk (GPipe,
@@ -48,10 +61,50 @@ struct PipeOp {
 std::vector<PipeOp> BuildPipelineSchedule(config::PipelineSchedule schedule, int stages, int stage,
                                           int microbatches);
 
-// The most micro-batches whose forward ran and whose backward did not yet, over `ops`.
+// Interleaved 1F1B on rank `stage` of `stages` (P), each rank holding `virtual_stages` (v)
+// chunks: forwards go through the chunks in groups of P micro-batches (micro-batches 0..P-1 on
+// chunk 0, the same on chunk 1, ..., then P..2P-1), backwards the same with the chunks in
+// reverse; 2*(P-1-stage) + (v-1)*P forwards warm up, then one forward and one backward
+// alternate, then the backwards left. REQUIRES: microbatches a multiple of stages (Megatron's
+// condition, which keeps the groups whole), virtual_stages >= 1.
+std::vector<PipeOp> BuildInterleavedSchedule(int stages, int stage, int microbatches,
+                                             int virtual_stages);
+
+// ZB-H1 on `stage` of `stages`: 1F1B's order of forwards and input gradients, each weight pass
+// `stage` input gradients after its own (the rest at the end). With equal pass times and
+// M >= P the step takes 3M + P - 1 passes (1F1B: 3(M + P - 1)).
+std::vector<PipeOp> BuildZeroBubbleSchedule(int stages, int stage, int microbatches);
+
+// The time each kind of operation takes (one chunk, one micro-batch), for SimulatePipeline.
+struct PipeCosts {
+  double forward = 1;
+  double backward = 2;  // kBackward: both gradients
+  double backward_input = 1;
+  double backward_weight = 1;
+};
+
+// What SimulatePipeline found.
+struct PipeRun {
+  bool completed = false;
+  std::string stuck;    // when not: each unfinished stage's next operation
+  double makespan = 0;  // time from the first operation to the last
+  double bubble = 0;    // idle fraction: 1 - busy time / (ranks x makespan)
+};
+
+// Runs every rank's operations (ranks[p], `virtual_stages` chunks per rank as above) with
+// blocking receives and asynchronous sends: an operation starts when its rank is free and its
+// inputs exist (a forward: the previous stage's forward of the micro-batch; an input gradient,
+// whole or split: this stage's forward and the next stage's input gradient; a weight pass: this
+// stage's input gradient). Deadlock (no rank can go on) ends it with completed = false.
+PipeRun SimulatePipeline(const std::vector<std::vector<PipeOp>>& ranks, int virtual_stages,
+                         const PipeCosts& costs);
+
+// The most micro-batches whose forward ran and whose backward (its weight pass, when split) did
+// not yet, over `ops` (with several chunks: chunk activations).
 int PeakLiveMicrobatches(const std::vector<PipeOp>& ops);
 
-// "F0 F1 B0 F2 B1 B2" (for logs and test messages).
+// "F0 F1 B0 F2 B1 B2" (for logs and test messages); a split backward is I (input) and W
+// (weights), a chunk other than 0 is written after '@': "F4@1".
 std::string ScheduleToString(const std::vector<PipeOp>& ops);
 
 // (P-1)/(M+P-1).
