@@ -454,18 +454,20 @@ Status SaveModelTensors(const std::string& path, const NamedTensors& params,
 
 Status SaveModelFolder(const std::string& dir, const Model& model,
                        torch::optim::Optimizer& optimizer) {
-  const bool in_pieces = NewState(optimizer) != nullptr;
+  // In pieces when the optimizer's type is known and it holds trained parameters only (one
+  // holding a frozen tensor keeps its state in model.pt, as before).
+  StatusOr<std::vector<ParamPiece>> pieces = WholeParamPieces(model, optimizer);
+  const bool in_pieces = NewState(optimizer) != nullptr && pieces.ok();
   const NamedTensors params = model.NamedParameters();
   LAUNCH_RETURN_IF_ERROR(SaveModelTensors(dir + "/model.pt", params, model.NamedBuffers(),
                                           optimizer, /*optimizer_state=*/!in_pieces));
   if (!in_pieces) return Status::Ok();
-  LAUNCH_ASSIGN_OR_RETURN(std::vector<ParamPiece> pieces, WholeParamPieces(model, optimizer));
   std::vector<PieceRange> ranges;
-  for (const ParamPiece& p : pieces) ranges.push_back(p.range);
+  for (const ParamPiece& p : *pieces) ranges.push_back(p.range);
   std::vector<std::string> names;
   for (const auto& [name, p] : params) names.push_back(name);
   LAUNCH_RETURN_IF_ERROR(SaveShardIndex(dir, {ranges}, torch::tensor({int64_t{1}}), names));
-  return SaveShardedOptimizerState(dir, 0, optimizer, pieces);
+  return SaveShardedOptimizerState(dir, 0, optimizer, *pieces);
 }
 
 Status LoadModelState(const std::string& path, const Model& model,

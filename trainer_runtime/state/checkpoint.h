@@ -57,7 +57,8 @@ Status SaveModelTensors(const std::string& path, const NamedTensors& params,
 // buffers and the optimizer's settings, and the optimizer's state is in pieces (below: one file,
 // zero_rank0.pt, a whole piece per parameter, and the index zero_index.pt with the parameters'
 // names), so that ZeRO at any world size and another tensor or pipeline layout (state/reshard.h)
-// re-cut it. An optimizer of another type than the five keeps its state in model.pt (the
+// re-cut it. An optimizer of another type than the five, or one holding a tensor that is not a
+// trained parameter, keeps its state in model.pt (the
 // folder then re-cuts only where the layout keeps every parameter whole). IoError naming the
 // file.
 Status SaveModelFolder(const std::string& dir, const Model& model,
