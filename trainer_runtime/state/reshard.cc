@@ -111,7 +111,7 @@ std::string DescribeCut(const std::vector<ShardFolder>& folders) {
   return out.empty() ? "the whole model" : out;
 }
 
-Status WriteRecutFolder(const std::vector<ShardFolder>& folders, const Model& model,
+Status WriteRecutFolder(const std::vector<ShardFolder>& folders, Model& model,
                         torch::optim::Optimizer& optimizer, int tensor_size, int tensor_rank,
                         const std::string& to) {
   std::vector<Source> sources;
@@ -121,8 +121,7 @@ Status WriteRecutFolder(const std::vector<ShardFolder>& folders, const Model& mo
     old_tensor = std::max(old_tensor, f.tensor + 1);
     sources.push_back(std::move(s));
   }
-  const std::map<std::string, TensorSplit> splits =
-      TensorSplits(const_cast<torch::nn::Module&>(model.module()));
+  const std::map<std::string, TensorSplit> splits = TensorSplits(model.module());
   torch::NoGradGuard no_grad;
   NamedTensors params;
   std::vector<std::string> names;

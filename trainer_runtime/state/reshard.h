@@ -51,7 +51,7 @@ std::string DescribeCut(const std::vector<ShardFolder>& folders);
 // parameter: a folder that does not name its parameters (written before they were, or with an
 // optimizer whose state is not in pieces), a parameter no folder holds, or one whose joined
 // shape does not fit this model.
-Status WriteRecutFolder(const std::vector<ShardFolder>& folders, const Model& model,
+Status WriteRecutFolder(const std::vector<ShardFolder>& folders, Model& model,
                         torch::optim::Optimizer& optimizer, int tensor_size, int tensor_rank,
                         const std::string& to);
 
