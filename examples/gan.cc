@@ -1,5 +1,6 @@
-// A small GAN on Fashion-MNIST (pytorch/examples' DCGAN loop, with MLPs): two models, two
-// optimizers and alternating steps, data-parallel over the processes `launch` starts:
+// A small GAN on Fashion-MNIST (pytorch/examples' DCGAN loop, with MLPs and, like its models,
+// BatchNorm): two models, two optimizers and alternating steps, data-parallel over the
+// processes `launch` starts:
 //
 //   launch --num_processes 2 -- ./gan --max_steps 300
 //
@@ -11,6 +12,8 @@
 //   - the generator's loss goes through the (just stepped) discriminator: it reaches both, and
 //     Step(*gen) steps the generator. The discriminator keeps that gradient until ZeroGrad(*disc)
 //     at the start of its next step, as netD.zero_grad() does in PyTorch's loop.
+// BatchNorm normalises with each process's own batch statistics; its running statistics are
+// rank 0's before each synchronised forward, as PyTorch's DDP (broadcast_buffers) makes them.
 // SetSeed(seed, /*device_specific=*/true) gives each process its own noise stream, as
 // accelerate's set_seed(device_specific=True).
 //
@@ -45,7 +48,7 @@ constexpr int64_t kNoise = 64, kPixels = 28 * 28, kHidden = 256;
 // Image from noise: pixels in [-1, 1] (tanh), the scale the images are normalised to below.
 torch::nn::Sequential Generator() {
   return torch::nn::Sequential(
-      torch::nn::Linear(kNoise, kHidden),
+      torch::nn::Linear(kNoise, kHidden), torch::nn::BatchNorm1d(kHidden),
       torch::nn::LeakyReLU(torch::nn::LeakyReLUOptions().negative_slope(0.2)),
       torch::nn::Linear(kHidden, kHidden),
       torch::nn::LeakyReLU(torch::nn::LeakyReLUOptions().negative_slope(0.2)),
@@ -55,7 +58,7 @@ torch::nn::Sequential Generator() {
 // Real or generated: one logit.
 torch::nn::Sequential Discriminator() {
   return torch::nn::Sequential(
-      torch::nn::Flatten(), torch::nn::Linear(kPixels, kHidden),
+      torch::nn::Flatten(), torch::nn::Linear(kPixels, kHidden), torch::nn::BatchNorm1d(kHidden),
       torch::nn::LeakyReLU(torch::nn::LeakyReLUOptions().negative_slope(0.2)),
       torch::nn::Linear(kHidden, 1));
 }

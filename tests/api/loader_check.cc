@@ -6,11 +6,13 @@
 //       loader prepared and consumed mid-run; prints each step's micro-batches and epoch
 //   loader_check --case save --ckpt DIR    trains 5 steps, evaluates, saves; prints the position
 //   loader_check --case resume --ckpt DIR  resumes, prints the position, evaluates a full pass
+//       (--val_first: a validation loader prepared before the training loader, in both)
 //   loader_check --case gather --out FILE  GatherForMetrics over a 101-sample evaluation set:
 //       writes the gathered rows (float32) to FILE.R on every rank R
 //   loader_check --case collectives        GatherList, PadAcrossProcesses, Broadcast,
 //       BroadcastObject, SplitBetweenProcesses: prints what each rank got
 //   loader_check --case unsynced           ddp with loss.backward() in place of Backward
+//   loader_check --case ported             cpp/mnist's loop kept whole (backward(), step())
 //   loader_check --case disagree           ddp, then rank 1 changes a weight before Finish
 //   loader_check --case lines --wait FILE  prints a line, then waits for FILE (stdout a pipe)
 //   loader_check --case workers            a loader with workers(3) against one without
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +61,7 @@ TORCH_MODULE(Net);
 
 struct Flags {
   std::string test_case, ckpt, out, wait, eval_with = "prepare", zero_grad = "keep";
+  bool val_first = false;
 };
 
 // --mode (zero_grad case): ddp (the default), zero1, zero2, zero3, local_sgd.
@@ -140,12 +144,19 @@ int Save(const Flags& f) {
   Net net;
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
   Require(accel->Prepare(net, opt));
+  // --val_first: a validation loader prepared before the training loader, and a look at it
+  // before training (the review's F3).
+  std::optional<launch::trainer::DistributedDataLoader<Indexed>> val;
+  if (f.val_first) val.emplace(accel->PrepareDataLoader(Indexed(48), kBatch));
   auto train = accel->PrepareDataLoader(Indexed(256), kBatch);
+  if (val) val->Next();
   while (accel->step() < 5) TrainStep(*accel, net, train);
   accel->Print("evaluated=" + std::to_string(Evaluate(*accel, net, f.eval_with)));
   Require(accel->SaveState(f.ckpt));
   accel->Print("saved epoch=" + std::to_string(accel->epoch()) +
-               " batch=" + std::to_string(train.cursor().batch));
+               " batch=" + std::to_string(train.cursor().batch) +
+               " samples=" + std::to_string(accel->samples_seen()) +
+               " training=" + std::to_string(train.is_training_loader()));
   Require(accel->Finish());
   return 0;
 }
@@ -156,9 +167,12 @@ int Resume(const Flags& f) {
   Net net;
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
   Require(accel->Prepare(net, opt));
+  std::optional<launch::trainer::DistributedDataLoader<Indexed>> val;
+  if (f.val_first) val.emplace(accel->PrepareDataLoader(Indexed(48), kBatch));
   auto train = accel->PrepareDataLoader(Indexed(256), kBatch);
   auto loaded = accel->LoadState(f.ckpt);
   Require(loaded.status());
+  if (f.val_first) TrainStep(*accel, net, train);  // the loader order cannot be mended here
   accel->Print("resumed step=" + std::to_string(accel->step()) + " epoch=" +
                std::to_string(accel->epoch()) + " batch=" + std::to_string(train.cursor().batch));
   accel->Print("evaluated=" + std::to_string(Evaluate(*accel, net, f.eval_with)));
@@ -225,6 +239,27 @@ int Unsynced(const Flags&) {
     accel->Accumulate();
     torch::nn::functional::cross_entropy(net(batch.data), batch.target).backward();  // the bug
     accel->Step();
+  }
+  Require(accel->Finish());
+  return 0;
+}
+
+// cpp/mnist with only Create, Prepare and PrepareDataLoader added: loss.backward() and
+// optimizer.step() kept. Prints "batch I" before each Next(); the second Next() must stop it.
+int Ported(const Flags&) {
+  auto accel = Make(1);
+  torch::manual_seed(1);
+  Net net;
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  Require(accel->Prepare(net, opt));
+  auto train = accel->PrepareDataLoader(Indexed(256), kBatch);
+  for (int i = 0; i < 8; ++i) {
+    std::printf("batch %d\n", i);
+    std::fflush(stdout);
+    torch::data::Example<> batch = train.Next();
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(net(batch.data), batch.target).backward();
+    opt.step();
   }
   Require(accel->Finish());
   return 0;
@@ -333,13 +368,14 @@ int main(int argc, char** argv) {
   launch::trainer::check::UseLastValue(app);
   app.add_option(
       "--case", f.test_case,
-      "windows|save|resume|gather|collectives|unsynced|disagree|lines|zero_grad|workers");
+      "windows|save|resume|gather|collectives|unsynced|ported|disagree|lines|zero_grad|workers");
   app.add_option("--ckpt", f.ckpt, "the checkpoint directory (save, resume)");
   app.add_option("--out", f.out, "the output file (gather, zero_grad)");
   app.add_option("--wait", f.wait, "the file to wait for (lines)");
   app.add_option("--mode", g_mode, "ddp|zero1|zero2|zero3|local_sgd (zero_grad)");
   app.add_option("--zero_grad", f.zero_grad, "keep|zero|none (zero_grad)");
   app.add_option("--eval_with", f.eval_with, "prepare|eval (windows)");
+  app.add_flag("--val_first", f.val_first, "save, resume: a loader prepared before training's");
   if (int code = launch::trainer::check::ParseFlags(app, argc, argv); code >= 0) return code;
   if (f.test_case == "windows") return Windows(f);
   if (f.test_case == "save") return Save(f);
@@ -347,6 +383,7 @@ int main(int argc, char** argv) {
   if (f.test_case == "gather") return Gather(f);
   if (f.test_case == "collectives") return Collectives(f);
   if (f.test_case == "unsynced") return Unsynced(f);
+  if (f.test_case == "ported") return Ported(f);
   if (f.test_case == "disagree") return Disagree(f);
   if (f.test_case == "lines") return Lines(f);
   if (f.test_case == "zero_grad") return ZeroGrad(f);

@@ -5,6 +5,7 @@
 //
 //   models_check --mode gan [--steps S] --out FILE        two models, two optimizers, alternating
 //   models_check --mode gan --reference --world W --out FILE
+//     --batchnorm: both models with a BatchNorm1d (cpp/dcgan's models have BatchNorm2d)
 //   models_check --mode gan_no_accumulate                 the GAN loop without Accumulate(): error
 //   models_check --mode nosync [--steps S] --out FILE     NoSync(model) then a synced micro-batch
 //   models_check --mode nosync --reference --world W --out FILE
@@ -49,16 +50,24 @@ class Blobs : public torch::data::datasets::Dataset<Blobs> {
 struct Flags {
   std::string mode = "gan", out, ckpt, log;
   int steps = 10, world = 1, die_at = 0;
-  bool reference = false;
+  bool reference = false, batchnorm = false;
 };
 
-torch::nn::Sequential Generator() {
-  return torch::nn::Sequential(torch::nn::Linear(kNoise, 16), torch::nn::Tanh(),
-                               torch::nn::Linear(16, kFeatures));
+// With `batchnorm`, a BatchNorm1d after the first layer: statistics of each rank's own rows,
+// running statistics as buffers, which DDP makes rank 0's before each synchronised forward.
+torch::nn::Sequential Generator(bool batchnorm) {
+  torch::nn::Sequential net(torch::nn::Linear(kNoise, 16));
+  if (batchnorm) net->push_back(torch::nn::BatchNorm1d(16));
+  net->push_back(torch::nn::Tanh());
+  net->push_back(torch::nn::Linear(16, kFeatures));
+  return net;
 }
-torch::nn::Sequential Discriminator() {
-  return torch::nn::Sequential(torch::nn::Linear(kFeatures, 16), torch::nn::Tanh(),
-                               torch::nn::Linear(16, 1));
+torch::nn::Sequential Discriminator(bool batchnorm) {
+  torch::nn::Sequential net(torch::nn::Linear(kFeatures, 16));
+  if (batchnorm) net->push_back(torch::nn::BatchNorm1d(16));
+  net->push_back(torch::nn::Tanh());
+  net->push_back(torch::nn::Linear(16, 1));
+  return net;
 }
 torch::nn::Sequential Classifier() {
   return torch::nn::Sequential(torch::nn::Linear(kFeatures, 16), torch::nn::Tanh(),
@@ -117,21 +126,32 @@ void Require(const launch::Status& s, const char* what) {
 }
 
 // --- gan: the discriminator steps on real and detached fake rows, then the generator through
-// the (just stepped) discriminator. Each model's replicas must stay bit-identical.
+// the (just stepped) discriminator. Each model's replicas must stay bit-identical. The reference
+// runs each rank's rows through the models on their own (BatchNorm's statistics are a rank's)
+// and averages the ranks' losses, which is what averaging their gradients computes.
 int GanReference(const Flags& f) {
   Blobs data;
   torch::manual_seed(kSeed);
-  auto g = Generator();
-  auto d = Discriminator();
+  auto g = Generator(f.batchnorm);
+  auto d = Discriminator(f.batchnorm);
   auto opt_g = Sgd(*g), opt_d = Sgd(*d);
   for (int step = 0; step < f.steps; ++step) {
-    auto real = data.x_.index_select(0, GlobalRows(step, f.world));
-    auto fake = g->forward(Noise(step, f.world));
+    const torch::Tensor noise = Noise(step, f.world);
+    std::vector<torch::Tensor> fakes;
+    for (int64_t r = 0; r < f.world; ++r)
+      fakes.push_back(g->forward(noise.slice(0, r * kBatch, (r + 1) * kBatch)));
     opt_d->zero_grad();
-    (Bce(d->forward(real), 1) + Bce(d->forward(fake.detach()), 0)).backward();
+    torch::Tensor d_loss = torch::zeros({});
+    for (int64_t r = 0; r < f.world; ++r) {
+      auto real = data.x_.index_select(0, Rows(step, r, f.world));
+      d_loss = d_loss + Bce(d->forward(real), 1) + Bce(d->forward(fakes[r].detach()), 0);
+    }
+    (d_loss / f.world).backward();
     opt_d->step();
     opt_g->zero_grad();
-    Bce(d->forward(fake), 1).backward();
+    torch::Tensor g_loss = torch::zeros({});
+    for (int64_t r = 0; r < f.world; ++r) g_loss = g_loss + Bce(d->forward(fakes[r]), 1);
+    (g_loss / f.world).backward();
     opt_g->step();
   }
   WriteFloats(f.out, Concat(*g, *d));
@@ -143,8 +163,8 @@ int Gan(const Flags& f, bool accumulate) {
   // Ranks start from different weights (rank 0 from the reference's): Prepare broadcasts rank
   // 0's, for each model.
   torch::manual_seed(kSeed + static_cast<uint64_t>(accel->rank()));
-  auto g = Generator();
-  auto d = Discriminator();
+  auto g = Generator(f.batchnorm);
+  auto d = Discriminator(f.batchnorm);
   Require(accel->Prepare(g.ptr(), Sgd(*g)), "Prepare(G)");
   Require(accel->Prepare(d.ptr(), Sgd(*d)), "Prepare(D)");
   auto loader = accel->PrepareDataLoader(Blobs(), kBatch);
@@ -156,6 +176,8 @@ int Gan(const Flags& f, bool accumulate) {
     accel->ZeroGrad(*d);  // what the generator's loss left in the discriminator
     accel->Backward(Bce(d->forward(batch.data), 1) + Bce(d->forward(fake.detach()), 0));
     if (!accel->Step(*d)) return 3;
+    // With BatchNorm: this backward syncs the discriminator's buffers after the forward below
+    // saved them (cpp/dcgan's loop aborted here at 2 ranks).
     accel->Backward(Bce(d->forward(fake), 1));
     if (!accel->Step(*g)) return 3;
   }
@@ -364,6 +386,7 @@ int main(int argc, char** argv) {
   app.add_option("--die_at", f.die_at,
                  "rank 1 SIGKILLs itself after the save of this step (resume)");
   app.add_flag("--reference", f.reference, "plain LibTorch in one process");
+  app.add_flag("--batchnorm", f.batchnorm, "gan: a BatchNorm1d in both models");
   if (int code = launch::trainer::check::ParseFlags(app, argc, argv); code >= 0) return code;
   if (f.mode == "gan") return f.reference ? GanReference(f) : Gan(f, /*accumulate=*/true);
   if (f.mode == "gan_no_accumulate") return Gan(f, /*accumulate=*/false);

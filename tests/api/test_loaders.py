@@ -53,6 +53,22 @@ class LoadersTest(unittest.TestCase):
         log = self.launch(2, "--case", "resume", "--ckpt", ckpt).stdout
         self.assertIn("resumed step=5 epoch=0 batch=5", log)
 
+    def test_a_loader_prepared_before_the_training_loader_does_not_take_its_place(self):
+        # The review's F3: a validation loader prepared first, and drawn from before training.
+        # The loader the loop trains on is the training loader: its epoch, samples and position
+        # are the ones recorded, so the checkpoint resumes where training stood.
+        ckpt = os.path.join(self.tmp, "ckpt")
+        r = self.launch(2, "--case", "save", "--ckpt", ckpt, "--val_first")
+        self.assertIn("saved epoch=0 batch=5 samples=20 training=1", r.stdout)
+        self.assertIn("the loop trains on a loader prepared after another one", r.stdout)
+        log = self.launch(2, "--case", "resume", "--ckpt", ckpt).stdout
+        self.assertIn("resumed step=5 epoch=0 batch=5", log)
+        # A LoadState into that order has given the position to the first loader before the
+        # loop showed which one trains: named, not trained on the wrong batches.
+        r = self.launch(2, "--case", "resume", "--ckpt", ckpt, "--val_first", ok=False)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("Prepare the training loader first", r.stdout + r.stderr)
+
     def test_an_eval_loader_prepared_after_a_resume_evaluates_the_whole_set(self):
         ckpt = os.path.join(self.tmp, "ckpt")
         self.launch(2, "--case", "save", "--ckpt", ckpt)
@@ -95,20 +111,33 @@ class LoadersTest(unittest.TestCase):
 
     # --- Ported loops work or fail loudly ----------------------------------------------------
 
-    def test_loss_backward_instead_of_backward_fails_at_step_on_both_ranks(self):
+    def run_both_ranks(self, case):
         # Each rank on its own (torchrun's environment by hand), so that neither is stopped by
         # an agent before it says why: both must fail, naming the fix, and neither may hang.
         env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(harness.free_port()), LOCAL_WORLD_SIZE="2")
-        procs = [subprocess.Popen([CHECK, "--case", "unsynced"],
+        procs = [subprocess.Popen([CHECK, "--case", case],
                                   env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                  for r in range(2)]
+        results = []
         for r, p in enumerate(procs):
             out, err = p.communicate(timeout=120)
             self.assertNotEqual(p.returncode, 0, out + err)
-            self.assertIn(f"Step(): rank {r} has gradients that no Accelerator::Backward", err)
-            self.assertIn("Replace loss.backward() with accel->Backward(loss)", err)
+            self.assertIn(f"rank {r}: a backward pass outside Accelerator::Backward", err)
+            self.assertIn("Replace loss.backward() with accel->Backward(loss) and "
+                          "optimizer.step() with accel->Step()", err)
+            results.append(out)
+        return results
+
+    def test_loss_backward_instead_of_backward_fails_at_step_on_both_ranks(self):
+        self.run_both_ranks("unsynced")
+
+    def test_a_ported_loop_keeping_backward_and_step_fails_at_its_second_batch(self):
+        # cpp/mnist with Prepare and PrepareDataLoader only: the first iteration's
+        # loss.backward() is named when the loop asks for its second batch, not at Finish.
+        for out in self.run_both_ranks("ported"):
+            self.assertEqual(out.split(), ["batch", "0", "batch", "1"], out)
 
     def test_optimizer_zero_grad_in_every_mode_equals_the_loop_without_it(self):
         # cpp/mnist's optimizer.zero_grad() before Backward: detach_ + zero_ (LibTorch 1.13),

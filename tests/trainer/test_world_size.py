@@ -58,12 +58,12 @@ class WorldSizeChangeTest(unittest.TestCase):
         self.out = os.path.join(self.tmp, "out")
         self.trace = os.path.join(self.tmp, "trace")
 
-    def run_segment(self, cfg, world, restart, stop_after=None):
+    def run_segment(self, cfg, world, restart, stop_after=None, args=()):
         """Runs `world` ranks; with `stop_after`, SIGTERMs rank 0 once metrics.jsonl passes that
         step (train checkpoints and exits 143). Returns (results, steps before, steps after)."""
         before = metrics(self.out)[-1]["step"] if os.path.exists(
             os.path.join(self.out, "metrics.jsonl")) else 0
-        procs, _ = start_ranks(cfg, world, restart=restart,
+        procs, _ = start_ranks(cfg, world, args, restart=restart,
                                extra_env={"LAUNCH_TRACE_SAMPLES": self.trace})
         if stop_after is not None:
             reached = wait_for_step(self.out, before + stop_after, timeout=90)
@@ -89,6 +89,8 @@ class WorldSizeChangeTest(unittest.TestCase):
         self.assertIn(f"written by 3 data-parallel ranks after {30 * s1} of epoch 0's "
                       f"{TRAIN_SAMPLES} samples", log2)
         self.assertIn("dealt over 2 ranks", log2)
+        self.assertIn("the global batch is 20 (2 x 10); the run began with 30 (3 x 10): "
+                      "train.batch_size 15 keeps it", log2)
         # 3 ranks again, to the end.
         third, _, s3 = self.run_segment(cfg, 3, restart=2)
         log3 = third[0][1]
@@ -158,6 +160,37 @@ class WorldSizeChangeTest(unittest.TestCase):
         self.assertIn("local_sgd: the checkpoint holds 2 replicas and this run has 3 ranks",
                       third[0][1])
         self.assertEqual(final(self.out)["strategy"], "local_sgd")
+
+    def test_a_resume_keeping_the_global_batch_keeps_the_learning_rate_curve(self):
+        """The review's F1: 3 ranks x batch 4, stopped, resumed as 2 x 6 (the global batch
+        kept, as docs/trainer.md advises). The cosine schedule is as long as it was, and every
+        step's rate is the one an uninterrupted 2 x 6 run has there (it jumped 0.0435 ->
+        0.0356 when the length was counted with the new per-rank batch in the old world)."""
+        extra = "  parallel: {mode: ddp}"
+        body = CONFIG.replace("epochs: {epochs}", "epochs: 1")
+        ref_out = os.path.join(self.tmp, "ref")
+        ref = write_config(self.tmp, body.format(out=ref_out, samples=SAMPLES, batch=6,
+                                                 epochs=1, lr=LR, extra=extra), name="ref.yaml")
+        results = wait_all(start_ranks(ref, 2)[0], timeout=180)
+        for rc, out, err in results:
+            self.assertEqual(rc, 0, out + err)
+        want = {m["step"]: m["lr"] for m in metrics(ref_out)}
+        self.assertEqual(len(want), TRAIN_SAMPLES // 12)
+
+        cfg = write_config(self.tmp, body.format(out=self.out, samples=SAMPLES, batch=4,
+                                                 epochs=1, lr=LR, extra=extra))
+        _, _, s1 = self.run_segment(cfg, 3, restart=0, stop_after=20)
+        second, _, s2 = self.run_segment(cfg, 2, restart=1,
+                                         args=("--batch_size", "6", "--resume_allow_changes",
+                                               "true"))
+        self.assertIn("the LR schedule (1000 steps, at", second[0][1])
+        self.assertNotIn("the global batch is", second[0][1])  # said only when it changed
+        got = {m["step"]: m["lr"] for m in metrics(self.out)}
+        self.assertEqual(s2, len(want))
+        self.assertEqual(sorted(got), sorted(want))
+        for step in sorted(want):
+            self.assertLess(abs(got[step] - want[step]), 1e-6 * LR, f"step {step} (resumed "
+                            f"after {s1}): {got[step]} against {want[step]}")
 
 
 if __name__ == "__main__":

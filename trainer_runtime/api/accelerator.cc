@@ -52,6 +52,7 @@ Accelerator::Accelerator(const config::TrainConfig& options, const DistEnv& env)
 void Accelerator::SetLayout(const ParallelLayout& layout) {
   layout_ = std::make_unique<ParallelLayout>(layout);
   origin_data_world_ = data_parallel_size();
+  origin_batch_size_ = options_.batch_size;
 }
 
 const ParallelLayout& Accelerator::layout() const { return *layout_; }
@@ -319,9 +320,9 @@ std::vector<torch::Tensor> Accelerator::parameters() const {
 
 // --- Data ------------------------------------------------------------------------------------
 
-bool Accelerator::AttachCursor(std::shared_ptr<LoaderCursor> cursor) {
+void Accelerator::AttachCursor(std::shared_ptr<LoaderCursor> cursor) {
   // Only the accelerator holds the training cursor once its loader and every copy are gone.
-  if (cursor_ && cursor_.use_count() > 1) return false;
+  if (cursor_ && cursor_.use_count() > 1) return;
   if (cursor_ && !restored_cursor_) {
     // A training loader made anew (e.g. each epoch) goes on where the last one stood.
     LoaderCursor at;
@@ -332,7 +333,36 @@ bool Accelerator::AttachCursor(std::shared_ptr<LoaderCursor> cursor) {
   }
   cursor_ = std::move(cursor);
   ApplyRestoredCursor();
-  return true;
+}
+
+void Accelerator::Served(const std::shared_ptr<LoaderCursor>& cursor, int64_t rows) {
+  CheckNoStrayGradients();  // the first batch after a ported loop's loss.backward()
+  if (cursor == cursor_) CountSamples(rows);
+  if (training_confirmed_) return;
+  last_served_ = cursor;
+  last_served_rows_ = rows;
+}
+
+void Accelerator::ConfirmTrainingCursor() {
+  if (training_confirmed_) return;
+  std::shared_ptr<LoaderCursor> last = last_served_.lock();
+  if (!last) return;  // no loader served yet (or the loop brings its own data)
+  training_confirmed_ = true;
+  last_served_.reset();
+  if (last == cursor_) return;
+  // A loader prepared before the training loader (a validation set) was the training cursor
+  // until now: what it counted is not training.
+  LAUNCH_CHECK(!restored_before_confirmed_,
+               "the loop trains on a loader prepared after another one, but LoadState gave the "
+               "checkpoint's position to the first loader PrepareDataLoader made; the batch "
+               "just served came from the start of the data. Prepare the training loader "
+               "first (or make the other an evaluation loader: PrepareEvalLoader)");
+  Print(
+      "train: the loop trains on a loader prepared after another one: that one is the "
+      "training loader (epoch, samples seen, checkpoint position), not the first");
+  cursor_ = std::move(last);
+  samples_seen_ = last_served_rows_;
+  samples_seen_global_ = last_served_rows_ * data_parallel_size();
 }
 
 void Accelerator::ApplyRestoredCursor() {
@@ -362,6 +392,7 @@ void Accelerator::ApplyRestoredCursor() {
     resharded_from_ = 0;
   }
   restored_cursor_.reset();  // once: a later loader is not moved by it
+  restored_before_confirmed_ = !training_confirmed_;
   if (prepared_) MarkBoundary();
 }
 
@@ -380,6 +411,8 @@ void Accelerator::TraceBatch(int64_t epoch, const std::vector<int64_t>& position
 
 void Accelerator::Accumulate() {
   LAUNCH_CHECK(prepared_);
+  CheckNoStrayGradients();
+  ConfirmTrainingCursor();
   const bool end_of_data = options_.sync_with_dataloader && cursor_ && cursor_->last_was_end;
   const bool closes = micro_in_window_ + 1 >= options_.gradient_accumulation_steps || end_of_data;
   if (micro_in_window_ == 0) Timeline::Get().BeginStep(step_ + 1);
@@ -523,6 +556,7 @@ bool Accelerator::Step() {
     redo_ = true;
     return false;
   }
+  CheckNoStrayGradients();
   if (!backward_since_step_) CheckNoUnsyncedGradients();
   if (!window_closes_) return false;
   backward_since_step_ = false;
@@ -597,16 +631,23 @@ std::string Accelerator::allreduce_transport() const {
 }
 
 Status Accelerator::Finish() {
-  // A peer lost at the last step boundary: its replacement comes straight here.
-  if (peer_lost_) LAUNCH_RETURN_IF_ERROR(Recover());
-  LAUNCH_RETURN_IF_ERROR(WaitForCheckpoint());
-  finished_ = true;  // saves from here on are synchronous: the run is about to end
-  for (Pair& pair : pairs_)
-    if (pair.strategy) pair.strategy->Finish(step_);
-  SyncBuffers();
-  LAUNCH_RETURN_IF_ERROR(CheckReplicasAgree());
-  if (options_.timeline.steps > 0) WriteTimeline();
-  return Status::Ok();
+  Status finished = [&]() -> Status {
+    // A peer lost at the last step boundary: its replacement comes straight here.
+    if (peer_lost_) LAUNCH_RETURN_IF_ERROR(Recover());
+    LAUNCH_RETURN_IF_ERROR(WaitForCheckpoint());
+    finished_ = true;  // saves from here on are synchronous: the run is about to end
+    for (Pair& pair : pairs_)
+      if (pair.strategy) pair.strategy->Finish(step_);
+    SyncBuffers();
+    LAUNCH_RETURN_IF_ERROR(CheckReplicasAgree());
+    if (options_.timeline.steps > 0) WriteTimeline();
+    return Status::Ok();
+  }();
+  // Said here too: a program that only tests ok() (`if (!accel->Finish().ok()) return 1;`)
+  // would otherwise end with nothing on stderr for launch's failure report to show.
+  if (!finished.ok())
+    std::fprintf(stderr, "train: rank %d: %s\n", rank(), finished.ToString().c_str());
+  return finished;
 }
 
 void Accelerator::WriteTimeline() {

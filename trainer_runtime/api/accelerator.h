@@ -435,6 +435,9 @@ class Accelerator {
   // The data-parallel world size the run started with (restored by LoadState): a program whose
   // run length is counted in steps (an LR schedule over `epochs`) counts them in that world.
   int64_t origin_data_world() const { return origin_data_world_; }
+  // The per-rank batch size of that world (options().batch_size unless LoadState restored
+  // another): with origin_data_world, the global batch the run's length was counted in.
+  int64_t origin_batch_size() const { return origin_batch_size_; }
   // Where a program's LR schedule stood when the world size last changed: from step `step` on,
   // the schedule's position is position + (s - step) * slope at step s (train stretches the
   // schedule's rest over the steps the new world has left). Saved and restored with the state;
@@ -453,7 +456,8 @@ class Accelerator {
   // Ends training: Local SGD's final average when steps were taken since the last one, and
   // SyncBuffers(); then, in ddp and local_sgd, checks that every rank holds the same
   // parameters (their checksum, final.json's param_checksum): Internal naming the ranks whose
-  // parameters differ from rank 0's. COLLECTIVE.
+  // parameters differ from rank 0's. COLLECTIVE. An error is also written to stderr
+  // ("train: rank R: ..."), for programs that only test ok().
   Status Finish();
   // ddp: every rank takes rank 0's buffers (running statistics), so evaluation and saved
   // weights agree across ranks, as evaluating through PyTorch's DDP forward does; pipeline:
@@ -620,10 +624,20 @@ class Accelerator {
 
  private:
   Accelerator(const config::TrainConfig& options, const DistEnv& env);
-  // A new DistributedDataLoader's cursor: returns whether it is the training loader (the first,
-  // or the first made after the training loader and its copies were destroyed, which goes on
-  // at its position), and then applies a restored position.
-  bool AttachCursor(std::shared_ptr<LoaderCursor> cursor);
+  // A new DistributedDataLoader's cursor: becomes the training cursor when it is the first, or
+  // the first made after the training loader and its copies were destroyed (which goes on at
+  // its position), and then takes a restored position.
+  void AttachCursor(std::shared_ptr<LoaderCursor> cursor);
+  bool IsTrainingCursor(const std::shared_ptr<LoaderCursor>& cursor) const {
+    return cursor == cursor_;
+  }
+  // A DistributedDataLoader's Next() served `rows` rows from `cursor`: counted when it is the
+  // training cursor, remembered for ConfirmTrainingCursor; a ported loop's loss.backward() is
+  // named here (CheckNoStrayGradients).
+  void Served(const std::shared_ptr<LoaderCursor>& cursor, int64_t rows);
+  // The first Accumulate() after a loader served: the loader the loop drew its batch from is
+  // the training loader (data_loader.h).
+  void ConfirmTrainingCursor();
   // Moves the training cursor to the position LoadState restored, once.
   void ApplyRestoredCursor();
   void SetLayout(const ParallelLayout& layout);
@@ -751,6 +765,7 @@ class Accelerator {
   int64_t samples_seen_ = 0;
   int64_t samples_seen_global_ = 0;
   int64_t origin_data_world_ = 1;    // data_world_ until LoadState
+  int64_t origin_batch_size_ = 0;    // options_.batch_size until LoadState
   int64_t restored_data_world_ = 0;  // LoadState
   ScheduleAnchor schedule_anchor_;
   int64_t resharded_from_ = 0;  // LoadState at another world size: the old data world
@@ -768,6 +783,12 @@ class Accelerator {
   int64_t checkpoints_saved_ = 0;
   double checkpoint_blocking_ms_ = 0;
   std::optional<LoaderCursor> restored_cursor_;  // LoadState before PrepareDataLoader
+  // The loader that served last, and its rows; whether the first Accumulate() confirmed the
+  // training cursor; whether LoadState's position went to a cursor not confirmed yet.
+  std::weak_ptr<LoaderCursor> last_served_;
+  int64_t last_served_rows_ = 0;
+  bool training_confirmed_ = false;
+  bool restored_before_confirmed_ = false;
   // In-place recovery: on; a collective failed for a lost peer (what, when); the last Step()
   // abandoned its step; this process is a replacement; the group generation; the recoveries;
   // the store (a rank 0 that hosts it keeps it) and the watch on it for losses elsewhere; the
@@ -800,6 +821,11 @@ class Accelerator {
   // Step without a Backward since the last step: a CHECK failure naming the fix when the
   // prepared parameters have gradients anyway (loss.backward() in a loop that needs Backward).
   void CheckNoUnsyncedGradients() const;
+  // A CHECK failure naming the fix when a prepared model's strategy saw a gradient computed
+  // outside Backward (TakeStrayGradients: loss.backward() in a ported loop, whose
+  // optimizer.step() would train each rank on its own). Local and cheap: the training loader's
+  // Next(), Accumulate() and Step() ask, so the first iteration's mistake stops the second.
+  void CheckNoStrayGradients();
   // Finish: in ddp and local_sgd every rank's parameter checksum equals rank 0's, or Internal
   // naming the ranks that differ. COLLECTIVE.
   Status CheckReplicasAgree();

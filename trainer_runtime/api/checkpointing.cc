@@ -197,6 +197,7 @@ TrainState Accelerator::CurrentTrainState() const {
   state.epoch_offset = cursor_ ? cursor_->offset() : 0;
   state.samples_seen_global = samples_seen_global_;
   state.origin_data_world = origin_data_world_;
+  state.origin_batch_size = origin_batch_size_;
   state.anchor_step = schedule_anchor_.step;
   state.anchor_position = schedule_anchor_.position;
   state.anchor_slope = schedule_anchor_.slope;
@@ -581,6 +582,7 @@ void Accelerator::LoadTrainState(const TrainState& state) {
                : std::max<int64_t>(1, state.world_size / (world_size() / data_world));
   restored_data_world_ = recorded ? state.data_world : 0;
   origin_data_world_ = state.origin_data_world > 0 ? state.origin_data_world : old_world;
+  origin_batch_size_ = state.origin_batch_size > 0 ? state.origin_batch_size : options_.batch_size;
   samples_seen_global_ = recorded ? state.samples_seen_global : state.samples_seen * old_world;
   samples_seen_ = old_world == data_world ? state.samples_seen : samples_seen_global_ / data_world;
   LoaderCursor cursor;

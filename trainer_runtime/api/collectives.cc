@@ -291,6 +291,19 @@ void Accelerator::CheckNoUnsyncedGradients() const {
                          "with accel->Backward(loss), or use accel->ForwardBackward");
 }
 
+void Accelerator::CheckNoStrayGradients() {
+  if (!AveragesGradients()) return;
+  bool stray = false;
+  for (Pair& pair : pairs_)
+    if (pair.strategy && pair.strategy->TakeStrayGradients()) stray = true;
+  LAUNCH_CHECK(!stray, "rank " + std::to_string(rank()) +
+                           ": a backward pass outside Accelerator::Backward (loss.backward()) "
+                           "computed gradients of a prepared model; they were not averaged over "
+                           "the ranks, so stepping on them trains each rank on its own (the "
+                           "replicas drift apart). Replace loss.backward() with "
+                           "accel->Backward(loss) and optimizer.step() with accel->Step()");
+}
+
 Status Accelerator::CheckReplicasAgree() {
   if (!strategy_ || !pg_ || !strategy_->ReplicasBitEqual()) return Status::Ok();
   // Along the data axis: each rank against the replica 0 that holds the same part of the

@@ -11,7 +11,12 @@
 //
 // Each loader has its own position. Exactly one loader is the accelerator's training loader:
 // the first one PrepareDataLoader makes (or, once that one and all its copies are destroyed,
-// the next one, which continues at its position). Only the training loader closes accumulation
+// the next one, which continues at its position), until the loop's first Accumulate() shows
+// otherwise: when the batch served last before it came from another loader (a validation
+// loader prepared first), that loader becomes the training loader, as if prepared first (with
+// a LoadState before it, whose position went to the first loader: a CHECK failure naming the
+// order, since the batch already served came from the wrong place). Only the training loader
+// closes accumulation
 // windows at its epoch's end (sync_with_dataloader), sets Accelerator::epoch(), counts
 // samples_seen, is recorded by SaveState and restored by LoadState. Any other loader (an
 // evaluation or a second training set made with PrepareDataLoader) starts at its epoch 0 and
@@ -74,7 +79,7 @@ class DistributedDataLoader {
     cursor_->batches_this_epoch = cursor_->batches_per_epoch;
     cursor_->num_samples = sampler_.num_samples();
     cursor_->global_batch = batch_size * accel->data_parallel_size();
-    train_ = accel_->AttachCursor(cursor_);
+    accel_->AttachCursor(cursor_);
   }
 
   // Full batches per epoch on this rank (0 when the shard is smaller than one batch); an epoch
@@ -105,12 +110,12 @@ class DistributedDataLoader {
     return *this;
   }
   // Whether this is the accelerator's training loader (see the top of this file).
-  bool is_training_loader() const { return train_; }
+  bool is_training_loader() const { return accel_->IsTrainingCursor(cursor_); }
 
   // The next batch, moving to the next epoch after the last one.
   // REQUIRES: batches_per_epoch() > 0.
   torch::data::Example<> Next() {
-    const bool trace = train_ && accel_->tracing();
+    const bool trace = is_training_loader() && accel_->tracing();
     std::vector<int64_t> places;
     std::vector<int64_t> positions =
         sampler_.Batch(cursor_->epoch, cursor_->batch, cursor_->start, trace ? &places : nullptr);
@@ -119,7 +124,7 @@ class DistributedDataLoader {
     torch::data::Example<> batch =
         prefetch_ ? TakePrefetched() : loader_internal::Fetch(*dataset_, indices);
     Advance(*cursor_);
-    if (train_) accel_->CountSamples(static_cast<int64_t>(indices.size()));
+    accel_->Served(cursor_, static_cast<int64_t>(indices.size()));
     return accel_->ToDevice(std::move(batch));
   }
 
@@ -208,7 +213,6 @@ class DistributedDataLoader {
   int64_t batch_size_;
   ShardedSampler sampler_;
   std::shared_ptr<LoaderCursor> cursor_;
-  bool train_ = false;
   std::shared_ptr<Prefetch> prefetch_;  // workers(n > 0)
 };
 

@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <unordered_map>
@@ -231,6 +232,8 @@ class DdpStrategy : public ParallelStrategy {
     hooked_ = true;
     for (auto& p : params_) {
       p.register_hook([this](const at::Tensor& grad) {
+        if (!in_backward_.load(std::memory_order_relaxed))
+          stray_.store(true, std::memory_order_relaxed);
         MutexLock lock(&mu_);
         last_grad_time_ = Clock::now();
         return grad;
@@ -259,6 +262,7 @@ class DdpStrategy : public ParallelStrategy {
   void SyncBuffers() override { BroadcastBuffers(); }
 
   void BeforeBackward(const torch::Tensor& loss, bool sync) override {
+    in_backward_.store(true, std::memory_order_relaxed);
     pg_->TakeLaunchTimes();  // forget launches outside this backward
     // With find_unused_parameters the reducer walks the graph back from the loss and marks the
     // parameters it does not reach ready at once (their gradients stay undefined when no rank
@@ -272,6 +276,7 @@ class DdpStrategy : public ParallelStrategy {
     // backward() returns only after the reducer finalised: every bucket was all-reduced and
     // copied back into .grad. The time from the last gradient to here is communication the
     // backward pass could not hide.
+    in_backward_.store(false, std::memory_order_relaxed);
     auto backward_end = Clock::now();
     Clock::time_point last_grad;
     {
@@ -288,6 +293,8 @@ class DdpStrategy : public ParallelStrategy {
   }
 
   int64_t num_buckets() const override { return num_buckets_; }
+
+  bool TakeStrayGradients() override { return stray_.exchange(false, std::memory_order_relaxed); }
 
  private:
   // The reducer makes each gradient an autograd view of its bucket (narrow + view), which a
@@ -316,6 +323,10 @@ class DdpStrategy : public ParallelStrategy {
   bool bf16_buckets_;                    // parallel.comm_hook bf16
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as PyTorch's does
   bool hooked_ = false;                  // the gradient-time hooks are registered
+  // Between BeforeBackward and AfterBackward (the hooks run on autograd's threads); a hook
+  // outside that span sets stray_ (TakeStrayGradients).
+  std::atomic<bool> in_backward_{false};
+  std::atomic<bool> stray_{false};
   std::vector<at::Tensor> params_;
   std::unique_ptr<c10d::Reducer> reducer_;
   int64_t num_buckets_ = 0;

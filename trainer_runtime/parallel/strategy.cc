@@ -101,8 +101,14 @@ Status ParallelStrategy::LoadModelState(const std::string& dir, torch::optim::Op
 void ParallelStrategy::BroadcastBuffers() {
   if (model_->NamedBuffers().empty()) return;
   auto start = Clock::now();
+  // Rank 0's values are written through a view with its own version counter (Python's
+  // `.data`): a forward of this model may already have saved the buffers for its backward (a
+  // GAN's discriminator under the generator's loss, then its second Backward in the micro-batch
+  // syncs here), and BatchNorm saves its running statistics without reading them in training
+  // mode's backward. A bumped counter would abort that backward ("modified by an inplace
+  // operation"), as PyTorch's DDP does with broadcast_buffers=True.
   std::vector<at::Tensor> buffers;
-  for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b);
+  for (auto& [name, b] : model_->NamedBuffers()) buffers.push_back(b.variable_data());
   BroadcastFromRank0(pg_, std::move(buffers));
   stats_.blocking_comm_ms += MsSince(start);
 }

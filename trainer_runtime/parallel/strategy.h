@@ -149,6 +149,11 @@ class ParallelStrategy {
   // Whether Backward must average the gradients for the replicas to stay equal (ddp, zero): a
   // plain loss.backward() in the loop is then a bug Step names.
   virtual bool AveragesGradients() const { return false; }
+  // Whether a gradient of the model's parameters was computed outside BeforeBackward ..
+  // AfterBackward since the last call (a loss.backward() the accelerator did not run, so it was
+  // not averaged), and forgets it. ddp sees every gradient through its parameter hooks; the
+  // other strategies answer false.
+  virtual bool TakeStrayGradients() { return false; }
   // Whether every replica along the data axis holds bit-identical parameters between steps
   // (ddp, Local SGD after its final average): Finish checks it.
   virtual bool ReplicasBitEqual() const { return false; }

@@ -25,7 +25,7 @@ namespace {
 
 // "meta" holds the integer fields in this order. Fields are only ever appended: an older file
 // has a shorter tensor, and the fields it lacks keep their defaults. "schedule": the doubles.
-std::array<int64_t*, 11> IntFields(TrainState& s) {
+std::array<int64_t*, 12> IntFields(TrainState& s) {
   return {&s.step,
           &s.epoch,
           &s.batch_in_epoch,
@@ -36,7 +36,8 @@ std::array<int64_t*, 11> IntFields(TrainState& s) {
           &s.epoch_offset,
           &s.samples_seen_global,
           &s.origin_data_world,
-          &s.anchor_step};
+          &s.anchor_step,
+          &s.origin_batch_size};
 }
 
 torch::Tensor MetaTensor(TrainState s) {

@@ -32,6 +32,7 @@ struct TrainState {
   int64_t epoch_offset = 0;         // global samples of `epoch` consumed: the next batch's position
   int64_t samples_seen_global = 0;  // samples taken by all data-parallel ranks, all runs
   int64_t origin_data_world = 0;    // data-parallel world the run started with (0: data_world)
+  int64_t origin_batch_size = 0;    // its per-rank batch size (0: unknown, from before it was kept)
   // A program's LR-schedule anchor (Accelerator::ScheduleAnchor): step -1 = none.
   int64_t anchor_step = -1;
   double anchor_position = 0;

@@ -67,11 +67,14 @@ Status Trainer::Prepare() {
   if (peeked_ && peeked_->data_world > 0) {
     const int64_t origin =
         peeked_->origin_data_world > 0 ? peeked_->origin_data_world : peeked_->data_world;
+    // In that world's batch size too: a resume that keeps the global batch (the docs'
+    // advice) changes the per-rank one, and the schedule must keep its length.
+    const int64_t origin_batch =
+        peeked_->origin_batch_size > 0 ? peeked_->origin_batch_size : cfg_.batch_size;
     if (origin != accel_->data_parallel_size())
-      schedule_steps_ =
-          RunSteps(ShardedSampler(static_cast<int64_t>(data_.train_indices.size()), 0,
-                                  static_cast<int>(origin), cfg_.batch_size, cfg_.seed)
-                       .batches_per_epoch());
+      schedule_steps_ = RunSteps(ShardedSampler(static_cast<int64_t>(data_.train_indices.size()), 0,
+                                                static_cast<int>(origin), origin_batch, cfg_.seed)
+                                     .batches_per_epoch());
   }
 
   SetPhase("building the model");
@@ -105,6 +108,20 @@ Status Trainer::Prepare() {
       accel_->AddRunSetting(kScheduleKey, std::to_string(schedule_steps_));
   }
   if (accel_->step() > 0) SetRunLength();
+  const int64_t origin_global = accel_->origin_data_world() * accel_->origin_batch_size();
+  const int64_t global = accel_->data_parallel_size() * cfg_.batch_size;
+  if (accel_->step() > 0 && origin_global != global)
+    accel_->Print(
+        "train: the global batch is " + std::to_string(global) + " (" +
+        std::to_string(accel_->data_parallel_size()) + " x " + std::to_string(cfg_.batch_size) +
+        "); the run began with " + std::to_string(origin_global) + " (" +
+        std::to_string(accel_->origin_data_world()) + " x " +
+        std::to_string(accel_->origin_batch_size()) +
+        (origin_global % accel_->data_parallel_size() == 0
+             ? "): train.batch_size " +
+                   std::to_string(origin_global / accel_->data_parallel_size()) + " keeps it"
+             : "), which " + std::to_string(accel_->data_parallel_size()) +
+                   " ranks cannot split evenly"));
 
   int64_t num_params = 0;
   for (auto& p : accel_->parameters()) num_params += p.numel();
@@ -500,7 +517,11 @@ Status Trainer::Run() {
   }
   loop_s_ = Seconds(Clock::now() - train_start_);
   SetPhase("finishing", /*between_steps=*/true);
-  LAUNCH_RETURN_IF_ERROR(accel_->Finish());
+  // Finish writes its own error; a stop by signal keeps its code (exit 143).
+  if (Status finished = accel_->Finish(); !finished.ok())
+    return finished.code() == Status::Code::kInterrupted
+               ? finished
+               : Status::Internal("the end of training failed (the line above says why)");
   double eval_loss = 0, eval_acc = 0;
   Evaluate(&eval_loss, &eval_acc);
   // The final train loss: the last step's loss averaged over the ranks that compute it.
