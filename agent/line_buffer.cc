@@ -43,6 +43,18 @@ void LineBuffer::Flush(std::string_view prefix, std::string* out) {
   partial_.clear();
 }
 
+std::string EraseAfterRedraws(std::string_view chunk, bool* after_cr) {
+  std::string out;
+  out.reserve(chunk.size() + 3);
+  for (char c : chunk) {
+    // "\r\n" ends the redraw's row as it stands: nothing to erase.
+    if (*after_cr && c != '\n' && c != '\r') out += "\x1b[K";
+    out.push_back(c);
+    *after_cr = c == '\r';
+  }
+  return out;
+}
+
 void TailLines::Feed(std::string_view data) {
   while (!data.empty()) {
     size_t nl = data.find('\n');

@@ -31,6 +31,13 @@ class LineBuffer {
   bool after_cr_ = false;  // the last line left ended in '\r' (a '\n' next completes "\r\n")
 };
 
+// For a terminal: `chunk` (whole lines from LineBuffers, in the order the console shows them)
+// with ESC[K, "erase to the end of the line", before every line that follows a redraw (a line
+// that ended in '\r' leaves the cursor at the start of its row): a shorter line written over a
+// progress bar, another rank's or the bar's next state, would otherwise leave the bar's tail
+// on screen. `*after_cr` carries the state from one chunk to the next (false at first).
+std::string EraseAfterRedraws(std::string_view chunk, bool* after_cr);
+
 // Keeps the last `capacity` lines seen (for the failure report's stderr tail).
 class TailLines {
  public:

@@ -35,6 +35,20 @@ TEST_CASE("CarriageReturnRedrawsLeaveAtOnceAndCrLfIsOneLineEnd") {
   CHECK(b.empty());
 }
 
+TEST_CASE("ATerminalErasesTheRestOfARedrawBeforeTheLineWrittenOverIt") {
+  bool after_cr = false;
+  // rank 0's bar, then rank 1's shorter line over it: ESC[K first, or "0.189554" would show
+  // through as "0.1895" plus the bar's tail.
+  CHECK(EraseAfterRedraws("[rank 0]: [###.] 3/4 loss 0.189554\r", &after_cr) ==
+        "[rank 0]: [###.] 3/4 loss 0.189554\r");
+  CHECK(after_cr);
+  CHECK(EraseAfterRedraws("[rank 1]: 0.1895\n", &after_cr) == "\x1b[K[rank 1]: 0.1895\n");
+  CHECK_FALSE(after_cr);
+  // Within one chunk, and the bar's own next state; "\r\n" keeps the bar's last state.
+  CHECK(EraseAfterRedraws("a\rb\rc\r\nd\n", &after_cr) == "a\r\x1b[Kb\r\x1b[Kc\r\nd\n");
+  CHECK(EraseAfterRedraws("plain\nlines\n", &after_cr) == "plain\nlines\n");
+}
+
 TEST_CASE("OverlongLinesAreSplitAtTheCap") {
   LineBuffer b(4);
   std::string out;

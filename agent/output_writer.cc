@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/line_buffer.h"
 #include "base/log.h"
 #include "base/mutex.h"
 
@@ -57,7 +58,9 @@ struct OutputWriter::State {
     bool broken = false;
     bool closing = false;  // CloseSink: close once empty
     bool closed = false;
-    uint64_t dropped = 0;  // Offer()s dropped since the last notice
+    bool terminal = false;  // AddSink(..., terminal): EraseAfterRedraws
+    bool after_cr = false;  // the last byte queued was a redraw's '\r'
+    uint64_t dropped = 0;   // Offer()s dropped since the last notice
   };
 
   Limits limits;  // set before the thread starts, then read only
@@ -189,17 +192,19 @@ OutputWriter::~OutputWriter() {
   }
 }
 
-OutputWriter::Sink OutputWriter::AddSink(int fd, bool owns_fd) {
+OutputWriter::Sink OutputWriter::AddSink(int fd, bool owns_fd, bool terminal) {
   MutexLock lock(&state_->mu);
   State::SinkState& k = state_->sinks.emplace_back();
   k.fd = fd;
   k.owns_fd = owns_fd;
+  k.terminal = terminal;
   return static_cast<Sink>(state_->sinks.size() - 1);
 }
 
 uint64_t OutputWriter::Write(Sink sink, std::string bytes) {
   MutexLock lock(&state_->mu);
   State::SinkState& k = state_->sinks.at(sink);
+  if (k.terminal) bytes = EraseAfterRedraws(bytes, &k.after_cr);
   k.end += bytes.size();
   if (k.broken || k.closing || state_->stop || bytes.empty()) {
     k.done += bytes.size();
@@ -328,7 +333,7 @@ std::optional<ConsoleSink> ConsoleWriterFor(int fd) {
   }
   if (registry.entries.empty()) std::atexit(FlushConsolesAtExit);
   auto* writer = new OutputWriter();  // never destroyed, see ConsoleRegistry
-  ConsoleSink console{writer, writer->AddSink(fd, /*owns_fd=*/false)};
+  ConsoleSink console{writer, writer->AddSink(fd, /*owns_fd=*/false, log::AnsiTerminal(fd))};
   registry.entries.push_back({st.st_dev, st.st_ino, fd, console});
   return console;
 }

@@ -58,10 +58,11 @@ class OutputWriter {
   OutputWriter& operator=(const OutputWriter&) = delete;
 
   // A new sink writing to `fd`; with `owns_fd` the writer closes it (after CloseSink, or when the
-  // writer goes).
+  // writer goes). A `terminal` sink erases a progress bar's rest before the line written over
+  // it (EraseAfterRedraws, line_buffer.h): positions count the bytes as written.
   // REQUIRES: an `fd` not owned stays open while anything is queued for it, and after the
   // writer goes until the write in progress ends (the console's descriptors: always).
-  Sink AddSink(int fd, bool owns_fd);
+  Sink AddSink(int fd, bool owns_fd, bool terminal = false);
   // Queues `bytes` (never drops them unless the sink is broken or closed). Returns the sink's
   // position after them, to compare with Done().
   uint64_t Write(Sink sink, std::string bytes);
@@ -94,7 +95,8 @@ class OutputWriter {
 // The writer of a console descriptor (launch's stdout or stderr, or what a test passes as
 // WorkerGroupSpec::console_*_fd): one per open file (by fstat identity), so a stdout and a stderr
 // that are the same pipe or terminal share one queue and one line order, across worker groups
-// (restarts) and with launch's own lines. Created on first use, never destroyed. At exit
+// (restarts) and with launch's own lines. A terminal's (base/log.h AnsiTerminal) is a terminal
+// sink. Created on first use, never destroyed. At exit
 // (std::atexit) every console writer gets at most kExitFlushLimit in all to write what it holds;
 // whatever is left is dropped, and counted on stderr when stderr itself is not what is stalled.
 // nullopt for a descriptor that is not open. Does not own the descriptor.

@@ -283,6 +283,12 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     std::map<std::string, std::string> env_map = BaseEnvironment(spec_);
     if (!cgroup_.empty()) env_map[kJobCgroupEnv] = cgroup_;  // for the shim, not the worker
     for (const auto& [k, v] : ContractEnvironment(spec_, local_rank)) env_map[k] = v;
+    // Through the agent's pipe a worker cannot see that the console is a terminal; `train`
+    // draws its progress bar when this says so (the agent passes each redraw on at once).
+    if ((console_mask & kStdout) && console_out_ && log::AnsiTerminal(spec_.console_stdout_fd))
+      env_map["LAUNCH_CONSOLE_TTY"] = "1";
+    else
+      env_map.erase("LAUNCH_CONSOLE_TTY");  // a nested launch's console is not the outer one's
     // PyTorch 2.x's TCPStore (init_process_group's env://) asks for its libuv server unless
     // USE_LIBUV=0, and fails at once where PyTorch was built without libuv (Debian 13's 2.6:
     // torchrun fails there with "use_libuv was requested but PyTorch was build without libuv

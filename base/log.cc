@@ -18,11 +18,7 @@ std::function<void(std::string)>& Sink() {
 // rather than spdlog: three line kinds do not pay for two more shared libraries, whose
 // relocation is a measurable part of `launch`'s start.)
 bool Colours() {
-  static const bool colours = [] {
-    const char* term = std::getenv("TERM");
-    return ::isatty(STDERR_FILENO) == 1 && term != nullptr && *term != '\0' &&
-           std::strcmp(term, "dumb") != 0;
-  }();
+  static const bool colours = AnsiTerminal(STDERR_FILENO);
   return colours;
 }
 
@@ -48,6 +44,11 @@ void Emit(const char* colour, const std::string& text) {
 void Info(const std::string& message) { Emit("\033[32m", message); }                       // green
 void Warn(const std::string& message) { Emit("\033[33m\033[1m", "warning: " + message); }  // yellow
 void Error(const std::string& message) { Emit("\033[31m\033[1m", "error: " + message); }   // red
+bool AnsiTerminal(int fd) {
+  const char* term = std::getenv("TERM");
+  return ::isatty(fd) == 1 && term != nullptr && *term != '\0' && std::strcmp(term, "dumb") != 0;
+}
+
 void SetSink(std::function<void(std::string line)> sink) { Sink() = std::move(sink); }
 
 }  // namespace launch::log

@@ -21,4 +21,8 @@ void Error(const std::string& message);  // "[launch] error: ..."
 // An empty function restores the default.
 void SetSink(std::function<void(std::string line)> sink);
 
+// Whether `fd` is a terminal that takes ANSI escapes (colours, erasing a line): a tty, and TERM
+// set and not "dumb".
+bool AnsiTerminal(int fd);
+
 }  // namespace launch::log

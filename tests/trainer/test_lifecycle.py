@@ -376,16 +376,16 @@ train:
   resume: never
 """
 
-    def test_progress_bar_on_a_terminal(self):
+    @staticmethod
+    def on_a_terminal(argv, env, stderr_too=False):
+        """Runs `argv` with stdout (and stderr) on a pseudo-terminal; returns (rc, text)."""
         import pty
-        tmp = harness.tmpdir()
-        cfg = write_config(tmp, self.CONFIG.format(out=os.path.join(tmp, "o")))
         master, slave = pty.openpty()
-        proc = subprocess.Popen([TRAIN, cfg], stdout=slave, stderr=subprocess.PIPE,
-                                env=rank_env(0, 1, free_port()))
+        proc = subprocess.Popen(argv, stdout=slave,
+                                stderr=slave if stderr_too else subprocess.DEVNULL, env=env)
         os.close(slave)
         chunks = []
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
                 data = os.read(master, 4096)
@@ -396,14 +396,43 @@ train:
             chunks.append(data)
         os.close(master)
         proc.wait(timeout=30)
-        proc.stderr.close()
-        text = b"".join(chunks).decode(errors="replace")
-        self.assertEqual(proc.returncode, 0)
+        return proc.returncode, b"".join(chunks).decode(errors="replace")
+
+    def test_progress_bar_on_a_terminal(self):
+        tmp = harness.tmpdir()
+        cfg = write_config(tmp, self.CONFIG.format(out=os.path.join(tmp, "o")))
+        rc, text = self.on_a_terminal([TRAIN, cfg], rank_env(0, 1, free_port()))
+        self.assertEqual(rc, 0)
         self.assertIn("\r[", text)
         self.assertIn("30/30", text)
         self.assertIn("ETA", text)
         self.assertIn("samples/s", text)
         self.assertNotIn("step 10/30", text)
+
+    @unittest.skipUnless(HAVE_LAUNCH, NO_LAUNCH)
+    def test_progress_bar_under_launch_when_its_console_is_a_terminal(self):
+        # Through the agent's pipe train cannot see the terminal: launch says so. Rank 0 draws
+        # the bar in place; every line written over a redraw (rank 1's, launch's, the bar's
+        # next state) first erases the redraw's rest (ESC[K), so no tail of it stays on screen.
+        tmp = harness.tmpdir()
+        cfg = write_config(tmp, self.CONFIG.format(out=os.path.join(tmp, "o")))
+        env = dict(os.environ, TERM="xterm")
+        env.pop("LAUNCH_CONSOLE_TTY", None)
+        rc, text = self.on_a_terminal([LAUNCH, "--num_processes", "2", cfg], env, stderr_too=True)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("[rank 0]: [", text)
+        self.assertIn("30/30", text)
+        self.assertNotIn("[rank 1]: [#", text)  # one bar: rank 0's
+        self.assertNotIn("step 10/30", text)     # the bar instead of the lines
+        for i, c in enumerate(text[:-1]):
+            if c == "\r" and text[i + 1] not in "\r\n":
+                self.assertTrue(text.startswith("\x1b[K", i + 1), repr(text[i - 40:i + 40]))
+        # Not a terminal: no bar, the plain lines.
+        r = subprocess.run([LAUNCH, "--num_processes", "2", cfg], capture_output=True,
+                           text=True, timeout=120, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("\r", r.stdout)
+        self.assertIn("step 10/30", r.stdout)
 
     def test_plain_lines_and_metrics_when_not_a_terminal(self):
         tmp = harness.tmpdir()

@@ -58,6 +58,12 @@ void Trainer::Report(double loss, double samples_per_s, double comm_ms) {
                          ? elapsed / steps_this_run_ * static_cast<double>(total_steps_ - done)
                          : NAN;
   if (tty_) {
+    // At most ten redraws a second (and the last): each is a write, and under launch a line
+    // the agent passes on.
+    const auto now = Clock::now();
+    if (done != total_steps_ && done != 1 && now - last_redraw_ < std::chrono::milliseconds(100))
+      return;
+    last_redraw_ = now;
     const int width = 24;
     const int filled = static_cast<int>(width * done / std::max<int64_t>(1, total_steps_));
     std::string bar(static_cast<size_t>(filled), '#');

@@ -27,7 +27,8 @@ Status Trainer::Prepare() {
   if (accel_->env().recover_generation == 0 && accel_->env().restart_count == 0) {
     LAUNCH_ASSIGN_OR_RETURN(die_at_, ParseDieAt(std::getenv("LAUNCH_TEST_SIGKILL_AT")));
   }
-  tty_ = accel_->IsMainProcess() && ::isatty(STDOUT_FILENO);
+  // A bar where a person watches: stdout a terminal, or under launch its console.
+  tty_ = accel_->IsMainProcess() && (::isatty(STDOUT_FILENO) || accel_->env().console_tty);
   // The pipeline's send/recv use shared memory exactly when the all-reduce does (one decision
   // per group, process_group.h).
   if (accel_->world_size() > 1)

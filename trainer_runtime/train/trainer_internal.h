@@ -203,6 +203,7 @@ class Trainer {
   std::unique_ptr<Accelerator> accel_;
   AcceleratorInternals internals() const { return AcceleratorInternals(*accel_); }
   bool tty_ = false;
+  Clock::time_point last_redraw_;  // the progress bar's (Report)
   Dataset data_;
   Criterion criterion_;
   std::optional<DistributedDataLoader<TrainRows>> loader_;

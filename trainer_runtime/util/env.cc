@@ -113,6 +113,7 @@ StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
   if (!Find(env, {"ACCELERATE_USE_CPU"}, &text).empty())
     d.use_cpu = ToLower(Trim(text)) == "true" || Trim(text) == "1";
   if (!Find(env, {"LAUNCH_TEST_SHARE_GPU"}, &text).empty()) d.test_share_gpu = Trim(text) == "1";
+  if (!Find(env, {"LAUNCH_CONSOLE_TTY"}, &text).empty()) d.console_tty = Trim(text) == "1";
   if (!Find(env, {"LAUNCH_RECOVER"}, &text).empty()) {
     const std::string mode = Trim(text);
     if (mode != "in_place" && mode != "restart" && !mode.empty())

@@ -56,6 +56,9 @@ struct DistEnv {
   // two ranks on one device): every local rank computes on CUDA device LOCAL_RANK modulo the
   // visible devices, and CUDA tensors travel over Gloo (compat/platform.h). Never for training.
   bool test_share_gpu = false;
+  // LAUNCH_CONSOLE_TTY=1: the agent's console is a terminal (agent/worker_group.cc), which a
+  // worker writing into the agent's pipe cannot see for itself.
+  bool console_tty = false;
   // LAUNCH_RECOVER=in_place (launch --recover in_place): the agent replaces a dead worker alone
   // and the others wait for it (accelerator.h, "In-place recovery"); "restart" or unset: off.
   bool recover_in_place = false;
