@@ -144,7 +144,9 @@ class ElasticAgent {
     if (!s.ok()) {
       // In use: another agent of this job (or a standalone `launch rdzv-server`) hosts it; if
       // it is something else, the client's handshake fails naming the address. Not local: the
-      // server runs elsewhere. Either way this agent joins as a client.
+      // server runs elsewhere. Either way this agent joins as a client. Remembered: a refusal
+      // from that server then means another job holds the port (OnFailed).
+      port_taken_ = must;
       return Status::Ok();
     }
     server_ = server;
@@ -416,6 +418,23 @@ class ElasticAgent {
                                                                 : kExitFailure;
     if (interrupt_signal_ != 0) return;  // our own leaving; the signal decides the exit code
     log::Error(SanitizeForTerminal(status.message()));
+    const bool foreign_id = status.message().find("run_id mismatch") != std::string::npos;
+    if (port_taken_ && (foreign_id || status.code() == Status::Code::kAuthFailed)) {
+      log::Error(
+          "machine_rank " + std::to_string(options_.node_rank) +
+          " was to host the rendezvous, but " +
+          rdzv::FormatEndpoint(options_.endpoint_host, options_.endpoint_port) +
+          " was already taken on this machine, by another job's rendezvous (" +
+          (foreign_id ? "its run id is the other one above" : "it refused this job's rdzv_token") +
+          "): give this job its own --master_port, or stop the other job");
+    } else if (foreign_id && options_.run_id_derived) {
+      log::Info(
+          "a run id that --rdzv_id does not give is derived from the node's command: the "
+          "program (and its file's contents), its arguments, the trainer's settings, "
+          "--nnodes and --max_restarts. The nodes ran different commands (or another "
+          "job's nodes joined this rendezvous): run the same command everywhere, or give "
+          "every node the same --rdzv_id");
+    }
     if (failure.report) PrintReport(*failure.report);
     StopWorkersThen(After::kExit, code);
   }
@@ -480,6 +499,7 @@ class ElasticAgent {
   asio::steady_timer drain_timer_;
   std::chrono::steady_clock::time_point drain_deadline_;
   std::shared_ptr<rdzv::RendezvousServer> server_;
+  bool port_taken_ = false;  // machine_rank 0 found the rendezvous port in use (MaybeHostServer)
   std::string hosted_endpoint_;  // host:port of server_, for messages
   std::shared_ptr<rdzv::RendezvousClient> client_;
   std::unique_ptr<GroupSupervisor> group_;

@@ -47,6 +47,9 @@ struct ElasticAgentOptions {
   int endpoint_port = 29500;
   std::string token;  // rdzv_token / LAUNCH_RDZV_TOKEN; empty = none
   std::string run_id = "default";
+  // Whether run_id was derived from the command (no --rdzv_id): a run-id mismatch is then
+  // explained by what the id is made of.
+  bool run_id_derived = false;
   int min_nodes = 1;
   int max_nodes = 1;
   int node_rank = -1;  // machine_rank; -1 = assigned

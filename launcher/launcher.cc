@@ -164,6 +164,7 @@ agent::ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& c
   o.endpoint_port = cfg.main_process_port > 0 ? cfg.main_process_port : 29500;
   o.token = cfg.rdzv_token;
   o.run_id = plan.run_id;
+  o.run_id_derived = cfg.run_id.empty();
   o.min_nodes = cfg.min_nodes;
   o.max_nodes = cfg.max_nodes;
   o.node_rank = cfg.machine_rank;

@@ -47,13 +47,8 @@ void RendezvousClient::Resolve() {
                                                       tcp::resolver::results_type results) {
                             if (self->finished_) return;
                             if (ec || results.empty()) {
-                              std::string why = "cannot resolve rendezvous host '" +
-                                                self->options_.host + "' (" + self->endpoint_text_ +
-                                                "): " + (ec ? ec.message() : "no addresses");
-                              if (!self->warned_resolve_ && self->options_.log)
-                                self->options_.log(why + "; retrying until join_timeout");
-                              self->warned_resolve_ = true;
-                              self->RetryLater(why);
+                              self->RetryLater("cannot resolve '" + self->options_.host +
+                                               "': " + (ec ? ec.message() : "no addresses"));
                               return;
                             }
                             self->endpoints_.clear();
@@ -166,6 +161,17 @@ void RendezvousClient::RetryLater(const std::string& why) {
     f.message = "cannot reach the rendezvous server at " + endpoint_text_ + within;
     Fail(Status::Timeout(f.message), f);
     return;
+  }
+  // Said at once and every kWaitReport while it lasts: a typo in the address, or a node 0 that
+  // is not up yet, must not look like a hang for join_timeout (600 s by default).
+  // (A re-join after a lost server has its own reports: ElasticAgent's.)
+  if (!reconnecting_ && options_.log && (!reported_wait_ || now - *reported_wait_ >= kWaitReport)) {
+    reported_wait_ = now;
+    const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline_ - now).count();
+    options_.log("waiting for the rendezvous server at " + endpoint_text_ + ": " + why +
+                 "; retrying until join_timeout (" +
+                 std::to_string(static_cast<long long>(options_.join.join_timeout_s)) + " s, " +
+                 std::to_string(static_cast<long long>(left)) + " s left)");
   }
   auto delay = std::min(retry_delay_,
                         std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now));
@@ -360,7 +366,7 @@ void RendezvousClient::Reconnect(int master_port) {
   lost_ = false;
   reconnecting_ = true;
   if (master_port > 0) options_.join.master_port = master_port;
-  warned_resolve_ = false;
+  reported_wait_.reset();
   retry_delay_ = std::chrono::milliseconds(20);
   last_connect_error_.clear();
   Start();

@@ -44,6 +44,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -139,7 +140,9 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   boost::asio::steady_timer heartbeat_timer_;
   std::vector<boost::asio::ip::tcp::endpoint> endpoints_;  // from the latest resolution
   size_t next_endpoint_ = 0;                               // the one Connect() tries
-  bool warned_resolve_ = false;
+  // When RetryLater last said why it waits (at once, then every kWaitReport).
+  std::optional<std::chrono::steady_clock::time_point> reported_wait_;
+  static constexpr std::chrono::seconds kWaitReport{10};
   std::chrono::steady_clock::time_point deadline_;
   std::chrono::milliseconds retry_delay_{20};
   std::string last_connect_error_;

@@ -8,9 +8,10 @@ import stat
 import random
 import shutil
 import subprocess
+import time
 import unittest
 
-from harness import LAUNCH, tmpdir
+from harness import LAUNCH, free_port, tmpdir
 
 MEMORY_LIMIT = 1 << 30  # far above what a real config needs; an unbounded allocation hits it
 
@@ -172,6 +173,61 @@ class RefusalsNameTheirSetting(unittest.TestCase):
         self.assertIn(f"give `--config_file {cfg} -- true ...`", r.stderr)
         r = self.launch("--config_file", cfg, "--", "true")
         self.assertEqual(r.returncode, 0, r.stderr)
+
+
+class RendezvousMessagesTest(unittest.TestCase):
+    """What a node says when the rendezvous is not what it expects (the ecosystem review's
+    silent or misleading cases): said at once, naming the cause."""
+
+    def test_a_refused_endpoint_is_said_at_once_and_until_join_timeout(self):
+        port = free_port()
+        start = time.monotonic()
+        r = subprocess.run([LAUNCH, "--nnodes", "2", "--node_rank", "1", "--master_addr",
+                            "127.0.0.1", "--master_port", str(port), "--rdzv_conf",
+                            "join_timeout=3", "--", "true"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"waiting for the rendezvous server at 127.0.0.1:{port}: Connection "
+                      "refused; retrying until join_timeout (3 s", r.stderr)
+        self.assertIn(f"cannot reach the rendezvous server at 127.0.0.1:{port} within 3 s",
+                      r.stderr)
+        self.assertLess(time.monotonic() - start, 30)
+
+    def test_another_jobs_rendezvous_on_the_port_is_named_as_such(self):
+        port = str(free_port())
+        base = [LAUNCH, "--nnodes", "2", "--master_addr", "127.0.0.1", "--master_port", port]
+        first = subprocess.Popen(base + ["--node_rank", "0", "--", "true"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            line, deadline = "", time.monotonic() + 30
+            while "hosting the rendezvous" not in line and time.monotonic() < deadline:
+                line = first.stderr.readline()
+                if not line:
+                    break
+            self.assertIn("hosting the rendezvous", line)
+            # Another job's node 0 on the same port: it cannot host, so it joined the other.
+            r = subprocess.run(base + ["--node_rank", "0", "--", "false"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("run_id mismatch", r.stderr)
+            self.assertIn(f"was already taken on this machine, by another job's rendezvous "
+                          f"(its run id is the other one above): give this job its own "
+                          f"--master_port", r.stderr)
+            # A node of another command: what the derived id is made of.
+            r = subprocess.run(base + ["--node_rank", "1", "--", "false"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("is derived from the node's command", r.stderr)
+            self.assertIn("give every node the same --rdzv_id", r.stderr)
+            # With --rdzv_id given, the derivation is not the cause.
+            r = subprocess.run(base + ["--node_rank", "1", "--rdzv_id", "mine", "--", "true"],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("run_id mismatch", r.stderr)
+            self.assertNotIn("is derived from the node's command", r.stderr)
+        finally:
+            first.terminate()
+            first.communicate(timeout=60)
 
 
 if __name__ == "__main__":
