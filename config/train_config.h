@@ -213,7 +213,9 @@ struct TrainConfig {
   int64_t checkpoint_keep = 1;
   std::string resume = "auto";  // auto | never | PATH of a checkpoint file
   int64_t log_every = 10;       // optimizer steps between plain log lines
-  int64_t eval_every = 0;       // optimizer steps between evaluations; 0 = only at the end
+  // train writes TensorBoard event files to output_dir/tensorboard (Accelerator::Log).
+  bool tensorboard = false;
+  int64_t eval_every = 0;  // optimizer steps between evaluations; 0 = only at the end
   // A per-rank trace of optimizer steps [from_step, from_step + steps) (trainer_runtime/
   // timeline.h), written to output_dir/timeline.json; steps 0 = none.
   struct Timeline {

@@ -454,6 +454,9 @@ std::vector<TrainKey> BuildTable() {
       Value("resume_allow_changes", FIELD(resume_allow_changes),
             "resume although trajectory settings changed (they are listed)"),
       Range("log_every", FIELD(log_every), 1, kBig, "optimizer steps between log lines"),
+      Value("tensorboard", FIELD(tensorboard),
+            "TensorBoard event files in output_dir/tensorboard: loss, learning rate, "
+            "throughput, evaluation"),
       Range("eval_every", FIELD(eval_every), 0, kBig,
             "optimizer steps between evaluations; 0 = only at the end"),
       Range("timeline.from_step", FIELD(timeline.from_step), 1, kBig,

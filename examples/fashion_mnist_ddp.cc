@@ -16,7 +16,8 @@
 // no limit), --data DIR (the IDX files; Debian's dataset-fashion-mnist by default),
 // --config FILE.yaml (read the options from the file's `train:` section instead of the ones
 // set in code below; --accumulate and --epochs still win), --save PATH (write the trained
-// weights for PyTorch: torch.load(PATH) gives the state dict).
+// weights for PyTorch: torch.load(PATH) gives the state dict), --tensorboard DIR (the losses
+// and the test accuracy as TensorBoard scalars, in DIR/tensorboard: `tensorboard --logdir DIR`).
 // The last line printed is `test_accuracy=0.XXXX`.
 
 #include <chrono>
@@ -63,10 +64,10 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 Status Run(int argc, char** argv) {
-  LAUNCH_ASSIGN_OR_RETURN(
-      examples::Flags flags,
-      examples::Flags::Parse(argc, argv,
-                             {"epochs", "accumulate", "max_steps", "data", "config", "save"}));
+  LAUNCH_ASSIGN_OR_RETURN(examples::Flags flags,
+                          examples::Flags::Parse(argc, argv,
+                                                 {"epochs", "accumulate", "max_steps", "data",
+                                                  "config", "save", "tensorboard"}));
 
   // 1. Options: the same struct `train` fills from a job file's `train:` section, so a YAML
   //    file means the same thing here. Set in code, or read from --config.
@@ -86,6 +87,8 @@ Status Run(int argc, char** argv) {
   LAUNCH_ASSIGN_OR_RETURN(int64_t epochs,
                           flags.GetInt("epochs", options.epochs > 0 ? options.epochs : 1));
   LAUNCH_ASSIGN_OR_RETURN(int64_t max_steps, flags.GetInt("max_steps", options.max_steps));
+  const bool tensorboard = flags.Has("tensorboard");
+  if (tensorboard) options.output_dir = flags.Get("tensorboard", "");  // Log writes under it
 
   const launch::config::ParallelMode mode = options.parallel.mode;
   if (mode == launch::config::ParallelMode::kDp || options.parallel.pipelined()) {
@@ -133,6 +136,8 @@ Status Run(int argc, char** argv) {
         double mean_loss = accel->Mean(loss.item<double>());
         accel->Print("epoch " + std::to_string(epoch + 1) + " step " +
                      std::to_string(accel->step()) + " loss " + examples::Fixed(mean_loss, 4));
+        if (tensorboard)
+          LAUNCH_RETURN_IF_ERROR(accel->Log({{"train/loss", mean_loss}}, accel->step()));
       }
       if (max_steps > 0 && accel->step() >= max_steps) {
         done = true;
@@ -154,6 +159,7 @@ Status Run(int argc, char** argv) {
   // 7. The trained weights for PyTorch: torch.load(PATH) in Python gives the state dict.
   const std::string save = flags.Get("save", "");
   if (!save.empty()) LAUNCH_RETURN_IF_ERROR(accel->SaveForPython(save));
+  if (tensorboard) LAUNCH_RETURN_IF_ERROR(accel->Log({{"test/accuracy", accuracy}}, accel->step()));
   accel->Print(examples::AccuracyLine(accuracy));
   return Status::Ok();
 }

@@ -92,13 +92,23 @@ class ExamplesOutOfTreeTest(unittest.TestCase):
                                         f" includes \"{inc}\", which is not installed")
 
     def test_fashion_mnist_ddp_one_epoch_on_two_processes(self):
-        r = self.launch_example("fashion_mnist_ddp", "--epochs", "1")
+        board = harness.tmpdir()
+        r = self.launch_example("fashion_mnist_ddp", "--epochs", "1", "--tensorboard", board)
         self.assertEqual(r.returncode, 0, describe(r))
         accuracy = last_accuracy(r)
         self.assertIsNotNone(accuracy, describe(r))
         self.assertGreaterEqual(accuracy, DDP_ONE_EPOCH_MIN, describe(r))
         # Only the main process prints: one accuracy line, not one per rank.
         self.assertEqual(r.stdout.count("test_accuracy="), 1, describe(r))
+        # Accelerator::Log, through the installed package (its protobuf dependency): one event
+        # file, written by the main process, with both tags.
+        files = os.listdir(os.path.join(board, "tensorboard"))
+        self.assertEqual(len(files), 1, files)
+        with open(os.path.join(board, "tensorboard", files[0]), "rb") as f:
+            data = f.read()
+        self.assertIn(b"brain.Event:2", data)
+        self.assertIn(b"train/loss", data)
+        self.assertIn(b"test/accuracy", data)
 
     def test_fashion_mnist_ddp_reads_the_train_section_of_a_config_file(self):
         config = os.path.join(harness.tmpdir(), "train.yaml")

@@ -364,6 +364,90 @@ class ResumeTest(unittest.TestCase):
         self.check_resumed(out, ref, stdout)
 
 
+def _crc32c(data):
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xFFFFFFFF
+
+
+def _masked(data):
+    crc = _crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def _fields(buf):
+    """{field number: [values]} of a protobuf message: varints as ints, 64-bit fields as
+    doubles, 32-bit ones as floats, length-delimited ones as bytes."""
+    import struct
+    out, i = {}, 0
+    def varint():
+        nonlocal i
+        value, shift = 0, 0
+        while True:
+            b = buf[i]
+            i += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return value
+    while i < len(buf):
+        key = varint()
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value = varint()
+        elif wire == 1:
+            value = struct.unpack("<d", buf[i:i + 8])[0]
+            i += 8
+        elif wire == 5:
+            value = struct.unpack("<f", buf[i:i + 4])[0]
+            i += 4
+        elif wire == 2:
+            n = varint()
+            value = buf[i:i + n]
+            i += n
+        else:
+            raise ValueError(f"wire type {wire}")
+        out.setdefault(number, []).append(value)
+    return out
+
+
+def tensorboard_events(path):
+    """The Events of a TensorBoard event file, each record's framing checked: dicts with
+    wall_time, step, file_version or values [(tag, value)]."""
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    events, at = [], 0
+    while at < len(data):
+        header = data[at:at + 8]
+        (n,) = struct.unpack("<Q", header)
+        (crc,) = struct.unpack("<I", data[at + 8:at + 12])
+        assert crc == _masked(header), f"length CRC at {at}"
+        body = data[at + 12:at + 12 + n]
+        (crc,) = struct.unpack("<I", data[at + 12 + n:at + 16 + n])
+        assert crc == _masked(body), f"data CRC at {at}"
+        at += 16 + n
+        e = _fields(body)
+        event = {"wall_time": e[1][0], "step": e.get(2, [0])[0]}
+        if 3 in e:
+            event["file_version"] = e[3][0].decode()
+        event["values"] = []
+        for summary in e.get(5, []):
+            for value in _fields(summary).get(1, []):
+                v = _fields(value)
+                event["values"].append((v[1][0].decode(), v[2][0]))
+        events.append(event)
+    return events
+
+
+def as_float32(x):
+    import struct
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
 @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class OutputTest(unittest.TestCase):
     CONFIG = """
@@ -433,6 +517,45 @@ train:
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertNotIn("\r", r.stdout)
         self.assertIn("step 10/30", r.stdout)
+
+    def test_tensorboard_event_files_hold_the_metrics(self):
+        # `tensorboard: true`: output_dir/tensorboard/events.out.tfevents.*, read here with a
+        # reader of our own (record framing with CRC-32C, protobuf's wire format) and, where
+        # TensorBoard is installed, with its own.
+        tmp = harness.tmpdir()
+        out = os.path.join(tmp, "o")
+        cfg = write_config(tmp, self.CONFIG.format(out=out) + "  tensorboard: true\n"
+                           "  eval_every: 10\n")
+        r = subprocess.run([TRAIN, cfg], capture_output=True, text=True, timeout=60,
+                           env=rank_env(0, 1, free_port()))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        files = os.listdir(os.path.join(out, "tensorboard"))
+        self.assertEqual(len(files), 1, files)
+        self.assertTrue(files[0].startswith("events.out.tfevents."), files)
+        path = os.path.join(out, "tensorboard", files[0])
+        events = tensorboard_events(path)
+        self.assertEqual(events[0]["file_version"], "brain.Event:2")
+        scalars = {}
+        for e in events[1:]:
+            for tag, value in e["values"]:
+                scalars.setdefault(tag, {})[e["step"]] = value
+        train, evals = metrics(out), metrics(out, evals=True)
+        self.assertEqual(sorted(scalars["train/loss"]), [m["step"] for m in train])
+        for m in train:  # float32 in the file
+            self.assertEqual(scalars["train/loss"][m["step"]], as_float32(m["loss"]))
+            self.assertEqual(scalars["train/learning_rate"][m["step"]], as_float32(m["lr"]))
+        self.assertEqual([10, 20], [m["step"] for m in evals])
+        self.assertEqual(sorted(scalars["eval/loss"]), [10, 20, 30])  # and the final one
+        for m in evals:
+            self.assertEqual(scalars["eval/accuracy"][m["step"]], as_float32(m["eval_accuracy"]))
+        try:
+            from tensorboard.backend.event_processing import event_accumulator
+        except ImportError:
+            self.skipTest(harness.env_dependent("TensorBoard is not installed (Debian has no "
+                                                "package): its own reader not tried"))
+        acc = event_accumulator.EventAccumulator(path)
+        acc.Reload()
+        self.assertEqual([e.step for e in acc.Scalars("train/loss")], [m["step"] for m in train])
 
     def test_plain_lines_and_metrics_when_not_a_terminal(self):
         tmp = harness.tmpdir()

@@ -39,6 +39,7 @@
 #include "trainer_runtime/parallel/strategy.h"
 #include "trainer_runtime/parallel/strategy_factory.h"
 #include "trainer_runtime/state/checkpoint.h"
+#include "trainer_runtime/state/tensorboard.h"
 #include "trainer_runtime/util/loop_util.h"
 #include "trainer_runtime/util/timeline.h"
 
@@ -187,6 +188,14 @@ void Accelerator::Print(const std::string& line) const {
   if (!IsMainProcess()) return;
   std::printf("%s\n", line.c_str());
   std::fflush(stdout);
+}
+
+Status Accelerator::Log(const std::vector<std::pair<std::string, double>>& values, int64_t step) {
+  if (!IsMainProcess()) return Status::Ok();
+  if (!events_) {
+    LAUNCH_ASSIGN_OR_RETURN(events_, EventFileWriter::Create(options_.output_dir + "/tensorboard"));
+  }
+  return events_->AddScalars(step, values);
 }
 
 c10d::ProcessGroup* Accelerator::control() const { return pg_ ? &pg_->inner() : nullptr; }

@@ -117,6 +117,7 @@ class Store;
 namespace launch::trainer {
 
 class CountingProcessGroup;
+class EventFileWriter;
 class LossWatch;
 class Model;
 class ParallelLayout;
@@ -173,6 +174,11 @@ class Accelerator {
   // Prints `line` and a newline on the main process only (rank 0; in pipeline mode the last
   // stage of the first replica, which has the loss), flushed at once.
   void Print(const std::string& line) const;
+  // TensorBoard, as accelerate's log(values, step): on the main process, one event at `step`
+  // holding `values` (tag, value; e.g. {"train/loss", 0.52}) appended to an event file in
+  // options().output_dir/tensorboard/ (made on the first call; `tensorboard --logdir` reads
+  // it); nothing on the other ranks. IoError naming the file. (state/tensorboard.h)
+  Status Log(const std::vector<std::pair<std::string, double>>& values, int64_t step);
 
   // --- Model and optimizer -----------------------------------------------------------------
   // Hands over the user's model and optimizer (over model->parameters()). Broadcasts rank 0's
@@ -743,7 +749,8 @@ class Accelerator {
   Status LoadPairState(const std::string& dir, const std::string& step_dir, size_t i,
                        int64_t written_by);
   std::vector<std::string> ChangedSettingsAt(const std::string& dir, int64_t step) const;
-  std::shared_ptr<LoaderCursor> cursor_;  // the training loader's (AttachCursor)
+  std::shared_ptr<LoaderCursor> cursor_;     // the training loader's (AttachCursor)
+  std::unique_ptr<EventFileWriter> events_;  // Log's, made on its first call
   std::function<double(int64_t)> lr_schedule_;
   bool lr_is_factor_ = false;  // lr_schedule_ is SetLrLambda's factor, not a rate
   bool prepared_ = false;

@@ -29,6 +29,17 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
   if (const PipelineEngine* engine = internals().pipeline())
     line["peak_live_microbatches"] = engine->peak_live();
   line["epoch"] = accel_->epoch();
+  if (cfg_.tensorboard) {
+    std::vector<std::pair<std::string, double>> scalars = {
+        {"train/loss", loss},
+        {"train/learning_rate", accel_->learning_rate()},
+        {"train/samples_per_s", static_cast<double>(samples) / step_s},
+        {"train/step_ms", step_ms},
+        {"train/comm_ms", comm_ms}};
+    if (const double mfu = Mfu(RankFlops(samples) / step_s); std::isfinite(mfu))
+      scalars.emplace_back("train/mfu", mfu);
+    LAUNCH_RETURN_IF_ERROR(accel_->Log(scalars, accel_->step()));
+  }
   return AppendMetrics(line);
 }
 
@@ -36,7 +47,14 @@ Status Trainer::WriteEvalLine(double loss, double accuracy) {
   if (!accel_->IsMainProcess()) return Status::Ok();
   ordered_json line = {{"step", accel_->step()}, {"eval_loss", loss}};
   if (!std::isnan(accuracy)) line["eval_accuracy"] = accuracy;
+  if (cfg_.tensorboard) LAUNCH_RETURN_IF_ERROR(LogEval(loss, accuracy));
   return AppendMetrics(line);
+}
+
+Status Trainer::LogEval(double loss, double accuracy) {
+  std::vector<std::pair<std::string, double>> scalars = {{"eval/loss", loss}};
+  if (!std::isnan(accuracy)) scalars.emplace_back("eval/accuracy", accuracy);
+  return accel_->Log(scalars, accel_->step());
 }
 
 Status Trainer::AppendMetrics(const ordered_json& line) {

@@ -525,6 +525,8 @@ Status Trainer::Run() {
                : Status::Internal("the end of training failed (the line above says why)");
   double eval_loss = 0, eval_acc = 0;
   Evaluate(&eval_loss, &eval_acc);
+  // The last evaluation goes to final.json, and to TensorBoard as the run's last point.
+  if (cfg_.tensorboard) LAUNCH_RETURN_IF_ERROR(LogEval(eval_loss, eval_acc));
   // The final train loss: the last step's loss averaged over the ranks that compute it.
   const double mean_loss = accel_->MeanLoss(std::isnan(last_loss_) ? 0.0 : last_loss_);
   const double train_loss = std::isnan(last_loss_) ? last_loss_ : mean_loss;

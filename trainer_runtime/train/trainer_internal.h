@@ -164,6 +164,8 @@ class Trainer {
   void Evaluate(double* loss, double* accuracy);
   // metrics.jsonl's line for an evaluation during training: step, eval_loss, eval_accuracy.
   Status WriteEvalLine(double loss, double accuracy);
+  // An evaluation's loss (and accuracy unless NaN) as TensorBoard scalars at this step.
+  Status LogEval(double loss, double accuracy);
   Status WriteMetricsLine(const Accelerator::CommStats& comm, double loss, double step_s,
                           int64_t samples);
   Status AppendMetrics(const ordered_json& line);  // one line, flushed; IoError naming the file
