@@ -2,6 +2,7 @@
 sbatch templates, signals from scancel reaching the workers, and two nodes when this launch
 supports several machines. Skips only when the SLURM daemons are not installed."""
 
+import json
 import os
 import re
 import shutil
@@ -120,9 +121,16 @@ class SlurmTest(unittest.TestCase):
 
     def test_srun_one_node_two_workers(self):
         if os.path.exists(QUICKSTART) and os.path.exists(harness.TRAIN):
+            # The README's job, briefly: srun's part is the start, not the 3 epochs (the whole
+            # job is test_lifecycle's).
+            out = os.path.join(self.dir, "quickstart")
             r = self.srun("-N1", "--ntasks-per-node=1", harness.LAUNCH, "--num_processes", "2",
-                          QUICKSTART, timeout=600)
+                          QUICKSTART, "--", "--max_steps", "30", "--output_dir", out,
+                          timeout=600)
             self.check(r)
+            with open(os.path.join(out, "final.json")) as f:
+                done = json.load(f)
+            self.assertEqual((done["steps"], done["world_size"]), (30, 2), done)
             return
         # Without the trainer: the same command shape with a program that prints its contract.
         r = self.srun("-N1", "--ntasks-per-node=1", harness.LAUNCH, "--num_processes", "2", "--",
