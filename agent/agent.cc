@@ -134,6 +134,7 @@ int RunLocalAgent(const AgentOptions& options, asio::io_context& io,
     ctx.max_restarts = options.max_restarts;
     ctx.will_restart = will_restart;
     ctx.python = options.python;
+    ctx.python_choice = options.python_choice;
     std::string report = FormatFailureReport(*result, ctx);
     // Through the console's writer (never a blocking write on the loop), in order with the
     // workers' lines.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/failure_report.h"
 #include "agent/worker_group.h"
 
 namespace launch::agent {
@@ -22,8 +23,10 @@ struct AgentOptions {
   // Per-attempt log folders <log_root>/attempt_<k>/ are created when non-empty; the group's
   // log_dir is pointed at them.
   std::string log_root;
-  // The workers' interpreter and what chose it, when they run Python (ReportContext::python).
+  // The workers' interpreter and what chose it, when they run Python (ReportContext::python),
+  // and how a user chooses another, as it reaches these workers (ReportContext::python_choice).
   std::string python;
+  std::string python_choice = kPythonChoice;
 };
 
 // Runs until the workers succeed (returns 0), fail with no restarts left (returns the root

@@ -383,7 +383,8 @@ class ElasticAgent {
     if (!first.error_message.empty())  // its TORCHELASTIC_ERROR_FILE says more than stderr
       report.stderr_tail = "error: " + first.error_message + "\n" + first.error_traceback;
     // Every node's report shows it: the interpreter is this node's.
-    std::string hint = MissingModuleHint(first, options_.local.python);
+    std::string hint =
+        MissingModuleHint(first, options_.local.python, options_.local.python_choice);
     if (!hint.empty()) report.stderr_tail += "\n" + hint;
     report.time_us =
         std::chrono::duration_cast<std::chrono::microseconds>(first.time.time_since_epoch())

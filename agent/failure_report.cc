@@ -20,7 +20,8 @@ std::string FormatTime(std::chrono::system_clock::time_point t) {
   return out;
 }
 
-std::string MissingModuleHint(const WorkerExit& exit, const std::string& python) {
+std::string MissingModuleHint(const WorkerExit& exit, const std::string& python,
+                              const std::string& python_choice) {
   if (python.empty() || exit.time - exit.started > std::chrono::minutes(1)) return "";
   // The message is the error file's when the script used @record, else a line of stderr.
   std::vector<std::string> lines = exit.stderr_tail;
@@ -31,8 +32,8 @@ std::string MissingModuleHint(const WorkerExit& exit, const std::string& python)
     if (at == std::string::npos) continue;
     std::string module = Trim(line.substr(at + kMarker.size()));
     return "hint: the workers' Python is " + python + ", which cannot import " + module +
-           ". If it is installed for another interpreter, choose that one with --python PATH "
-           "(or PYTHON_EXEC), or activate its virtualenv or conda environment before launch.";
+           ". If it is installed for another interpreter, choose that one with " + python_choice +
+           ", or activate its virtualenv or conda environment before launch.";
   }
   return "";
 }
@@ -67,7 +68,7 @@ std::string FormatFailureReport(const GroupResult& result, const ReportContext& 
     o << "  last " << root.stderr_tail.size() << " line(s) of its stderr:\n";
     for (const auto& line : root.stderr_tail) o << "    " << line << "\n";
   }
-  std::string hint = MissingModuleHint(root, ctx.python);
+  std::string hint = MissingModuleHint(root, ctx.python, ctx.python_choice);
   if (!hint.empty()) o << "  " << hint << "\n";
   if (result.failures.size() > 1) {
     o << "other failures:\n";

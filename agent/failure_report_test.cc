@@ -35,6 +35,14 @@ TEST_CASE("AMissingModuleAtStartNamesTheInterpreterAndHowToChooseAnother") {
   ctx.python.clear();  // not a Python program: no hint
   CHECK(FormatFailureReport(result, ctx).find("hint:") == std::string::npos);
 
+  // A --hostfile host's hint names what reaches it: the head's --python and the hosts'
+  // .launch_env, never the head's PYTHON_EXEC alone.
+  ctx.python = python;
+  ctx.python_choice = kHostfilePythonChoice;
+  const std::string remote = FormatFailureReport(result, ctx);
+  CHECK(remote.find("--python PATH on the head's command line") != std::string::npos);
+  CHECK(remote.find(".launch_env") != std::string::npos);
+
   // From @record's error file as well as from stderr.
   WorkerExit recorded = FailedAfter(std::chrono::seconds(1), {});
   recorded.error_message = "ModuleNotFoundError: No module named 'numpy'";

@@ -44,6 +44,13 @@ using config::Origin;
 
 namespace {
 
+// This launch is a --hostfile host, started by a head (--head_stdin): what the user can set
+// for it is the head's command line and the hosts' .launch_env, not the head's environment.
+bool g_started_by_head = false;
+std::string PythonChoice() {
+  return g_started_by_head ? agent::kHostfilePythonChoice : agent::kPythonChoice;
+}
+
 // The flags that set config keys come from config::FlagSettings(), the table the YAML file and
 // the environment go through; only the flags about this invocation itself are declared here.
 const char* kGroupConfig = "Config";
@@ -283,6 +290,7 @@ agent::AgentOptions MakeAgentOptions(const LaunchConfig& cfg, const Plan& plan,
   // The workers' side of it (trainer_runtime: accelerator.h, "In-place recovery").
   if (cfg.recover_in_place) g.extra_env["LAUNCH_RECOVER"] = "in_place";
   if (!plan.python.empty()) opts.python = plan.python + " (" + plan.python_origin + ")";
+  opts.python_choice = PythonChoice();
   return opts;
 }
 
@@ -744,13 +752,12 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
                                    "): build with -DLAUNCH_BUILD_TRAINER=ON");
     if (under_python) {
       auto origin = cfg.origins.find("python");
-      return Status::InvalidConfig(
-          "cannot run the Python interpreter (" +
-          (origin == cfg.origins.end()
-               ? std::string("python3 on PATH")
-               : "python: " + cfg.python + ", " + origin->second.ToString()) +
-          "): " + resolved.status().message() +
-          "; choose one with --python PATH or PYTHON_EXEC, or activate its environment");
+      return Status::InvalidConfig("cannot run the Python interpreter (" +
+                                   (origin == cfg.origins.end() ? std::string("python3 on PATH")
+                                                                : "python: " + cfg.python + ", " +
+                                                                      origin->second.ToString()) +
+                                   "): " + resolved.status().message() + "; choose one with " +
+                                   PythonChoice() + ", or activate its environment");
     }
     return Status::InvalidConfig("cannot run the program: " + resolved.status().message());
   }
@@ -885,6 +892,7 @@ int Main(int argc, char** argv) {
   if (!args.empty() && (args[0] == "--head_stdin" || args[0] == "--head-stdin")) {
     args.erase(args.begin());
     if (int rc = AcceptHead(); rc != kExitOk) return rc;
+    g_started_by_head = true;
   }
   StatusOr<CommandLine> command = ParseCommandLine(args);
   if (!command.ok()) {

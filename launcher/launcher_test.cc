@@ -403,7 +403,7 @@ TEST_CASE("PlanNamesTheInterpreterAndWhatChoseIt") {
   CHECK(plan.status().message().find("cannot run the Python interpreter (python: "
                                      "/nonexistent/venv/bin/python, environment VIRTUAL_ENV)") ==
         0);
-  CHECK(plan.status().message().find("--python PATH or PYTHON_EXEC") != std::string::npos);
+  CHECK(plan.status().message().find("--python PATH (or PYTHON_EXEC)") != std::string::npos);
 }
 
 }  // namespace
