@@ -263,6 +263,11 @@ std::vector<TrainKey> BuildTable() {
       Value("model.batch_norm", FIELD(model.batch_norm), "batch norm in each block")
           .When(Model(ModelType::kCnn), kCnn)
           .Identity(),
+      Value("model.channels_last", FIELD(model.channels_last),
+            "batch norm on channels-last activations (faster; false: NCHW, more exact on "
+            "LibTorch 1.13)")
+          .When(Model(ModelType::kCnn), kCnn)
+          .Identity(),
       List("model.input", FIELD(model.input_shape), 1, "one image's [channels, height, width]")
           .When(Model(ModelType::kCnn), kCnn)
           .Identity(),

@@ -418,15 +418,15 @@ TEST_CASE("NoDecayLeavesOutBiasesAndNormalisationLayers") {
             .weight_decay() == 0.05);
 }
 
-TEST_CASE("TheCnnBatchNormGradientIsAsExactAsFloatAllows") {
-  // The review's F4: with channels-last input, LibTorch 1.13's CPU batch norm put 5e-3 of
-  // error into bn1's weight gradient (one step on 28x28 images, against float64); NCHW input
-  // keeps it near float rounding. The same model in float and in double, same weights.
+// The relative error of `name`'s gradient on 64 Fashion-MNIST test images: the CNN in float
+// against the same weights in double.
+double CnnGradientError(bool channels_last, const std::string& name) {
   config::ModelConfig m;
   m.type = config::ModelType::kCnn;
   m.cnn_channels = {8, 16};
   m.cnn_hidden = 64;
   m.input_shape = {1, 28, 28};
+  m.channels_last = channels_last;
   torch::manual_seed(7);
   auto single = CreateModel(m);
   REQUIRE(single.ok());
@@ -440,28 +440,35 @@ TEST_CASE("TheCnnBatchNormGradientIsAsExactAsFloatAllows") {
   }
   (*wide)->module().to(torch::kDouble);
   // Real images: their statistics (a large mean against the spread after a convolution) are
-  // what a one-pass sum of squares loses precision on. The test split's first 64.
+  // what a one-pass sum of squares loses precision on.
   auto data = IdxDataset::Load(kFashionMnistDir, IdxSplit::kTest);
   REQUIRE_MESSAGE(data.ok(), data.status().ToString());
   std::vector<size_t> first(64);
   for (size_t i = 0; i < first.size(); ++i) first[i] = i;
   const torch::data::Example<> batch = data->get_batch(first);
-  const torch::Tensor images = batch.data, labels = batch.target;
-  auto grad_of = [&](Model& model, torch::Dtype dtype, const std::string& name) {
-    torch::nn::functional::cross_entropy(model.Forward(images.to(dtype)), labels).backward();
+  auto grad_of = [&](Model& model, torch::Dtype dtype) {
+    torch::nn::functional::cross_entropy(model.Forward(batch.data.to(dtype)), batch.target)
+        .backward();
     for (auto& [n, p] : model.NamedParameters())
       if (n == name) return p.grad().to(torch::kDouble);
     return torch::Tensor();
   };
+  const torch::Tensor f = grad_of(**single, torch::kFloat);
+  const torch::Tensor d = grad_of(**wide, torch::kDouble);
+  REQUIRE(f.defined());
+  return ((f - d).norm() / d.norm()).item<double>();
+}
+
+TEST_CASE("TheCnnBatchNormIsAsExactAsItsLayoutAllows") {
+  // The review's F4: LibTorch 1.13's batch norm on channels-last input put 3.5e-3 of error into
+  // bn1's weight gradient; on NCHW (model.channels_last: false) it is near float rounding.
+  // Channels-last stays the default (faster) and is held to what docs/trainer.md says of it.
   for (const std::string name : {"bn1.weight", "conv1.weight"}) {
-    (*single)->module().zero_grad();
-    (*wide)->module().zero_grad();
-    const torch::Tensor f = grad_of(**single, torch::kFloat, name);
-    const torch::Tensor d = grad_of(**wide, torch::kDouble, name);
-    REQUIRE(f.defined());
-    const double rel = ((f - d).norm() / d.norm()).item<double>();
-    INFO(name << " relative error " << rel);
-    CHECK(rel < 5e-4);
+    const double nchw = CnnGradientError(false, name);
+    const double nhwc = CnnGradientError(true, name);
+    INFO(name << ": NCHW " << nchw << ", channels-last " << nhwc);
+    CHECK(nchw < 5e-4);
+    CHECK(nhwc < 1e-2);
   }
 }
 

@@ -161,16 +161,17 @@ class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
 
  private:
   torch::Tensor ConvBlock(size_t i, torch::Tensor x) {
-    // Activations in channels-last (NHWC) layout for ReLU, max-pool and the next convolution:
-    // LibTorch's CPU max-pool and its backward are several times faster on it than on NCHW,
-    // and oneDNN's convolution keeps the layout. BatchNorm alone takes NCHW: LibTorch 1.13's
-    // CPU batch norm on channels-last input loses precision in its statistics (the gradient
-    // of bn1's weight on 64 Fashion-MNIST images, against the same model in float64: 3.5e-3
-    // relative error, 3.9e-7 on NCHW; trainer_runtime_test checks it). A 1-channel input
-    // cannot carry the layout, hence the conversion after each convolution.
+    // Activations in channels-last (NHWC) layout: LibTorch's CPU max-pool and its backward
+    // are several times faster on it than on NCHW, and oneDNN's convolution keeps the layout.
+    // BatchNorm too, unless model.channels_last is false: LibTorch 1.13's CPU batch norm on
+    // channels-last input sums its statistics less exactly (the gradient of bn1's weight on 64
+    // Fashion-MNIST images, against the same model in float64: 3.5e-3 relative error, 3.9e-7
+    // on NCHW; trainer_runtime_test checks both), and converting around it costs the
+    // quickstart's CNN about a quarter of its throughput on 2 cores. A 1-channel input cannot
+    // carry the layout, hence the conversion after each convolution.
+    const bool nchw_norm = !norms_.empty() && !cfg_.channels_last;
     x = convs_[i]->forward(x);
-    x = x.contiguous(norms_.empty() ? at::MemoryFormat::ChannelsLast
-                                    : at::MemoryFormat::Contiguous);
+    x = x.contiguous(nchw_norm ? at::MemoryFormat::Contiguous : at::MemoryFormat::ChannelsLast);
     if (!norms_.empty()) {
       SyncBatchNorm& bn = norms_[i];
       if (RecomputingForCheckpoint() && bn->is_training()) {
@@ -181,7 +182,7 @@ class CnnImpl : public torch::nn::Cloneable<CnnImpl>, public TensorForward {
       } else {
         x = bn->forward(x);
       }
-      x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      if (nchw_norm) x = x.contiguous(at::MemoryFormat::ChannelsLast);
     }
     return torch::max_pool2d(torch::relu(x), 2);
   }
