@@ -7,19 +7,12 @@ import os
 import subprocess
 import unittest
 
+import test_lifecycle
 from trainer_helpers import TRAIN, free_port, metrics, rank_env, write_config
 import harness
 
-CONFIG = """
-train:
-  output_dir: {out}
-  model: {{type: mlp, layers: [16, 32, 4]}}
-  data: {{type: synthetic, samples: 2000}}
-  max_steps: 30
-  eval_every: 10
-  tensorboard: true
-  resume: never
-"""
+# test_lifecycle's 30-step job, with an evaluation every 10 steps and the event files.
+CONFIG = test_lifecycle.OutputTest.CONFIG + "  eval_every: 10\n  tensorboard: true\n"
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))

@@ -10,12 +10,14 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
   if (!accel_->IsMainProcess()) return Status::Ok();
   const double step_ms = step_s * 1000;
   const double comm_ms = std::min(comm.blocking_comm_ms, step_ms);
+  const double lr = accel_->learning_rate(), samples_per_s = samples / step_s;
+  const double flops = RankFlops(samples) / step_s, mfu = Mfu(flops);
   ordered_json line = {{"step", accel_->step()},
                        {"loss", loss},
-                       {"lr", accel_->learning_rate()},
-                       {"samples_per_s", static_cast<double>(samples) / step_s},
-                       {"tflops", RankFlops(samples) / step_s / 1e12},
-                       {"mfu", Mfu(RankFlops(samples) / step_s)},
+                       {"lr", lr},
+                       {"samples_per_s", samples_per_s},
+                       {"tflops", flops / 1e12},
+                       {"mfu", mfu},
                        {"comm_ms", comm_ms},
                        {"compute_ms", step_ms - comm_ms},
                        {"step_ms", step_ms},
@@ -30,14 +32,12 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
     line["peak_live_microbatches"] = engine->peak_live();
   line["epoch"] = accel_->epoch();
   if (cfg_.tensorboard) {
-    std::vector<std::pair<std::string, double>> scalars = {
-        {"train/loss", loss},
-        {"train/learning_rate", accel_->learning_rate()},
-        {"train/samples_per_s", static_cast<double>(samples) / step_s},
-        {"train/step_ms", step_ms},
-        {"train/comm_ms", comm_ms}};
-    if (const double mfu = Mfu(RankFlops(samples) / step_s); std::isfinite(mfu))
-      scalars.emplace_back("train/mfu", mfu);
+    std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss},
+                                                           {"train/learning_rate", lr},
+                                                           {"train/samples_per_s", samples_per_s},
+                                                           {"train/step_ms", step_ms},
+                                                           {"train/comm_ms", comm_ms}};
+    if (std::isfinite(mfu)) scalars.emplace_back("train/mfu", mfu);
     LAUNCH_RETURN_IF_ERROR(accel_->Log(scalars, accel_->step()));
   }
   return AppendMetrics(line);
