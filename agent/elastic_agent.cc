@@ -281,6 +281,11 @@ class ElasticAgent {
     spec.max_restarts = a.max_restarts;
     spec.run_id = a.run_id;
     spec.recover_generation = a.generation;
+    if (a.generation > 0 && a.lost_ms_ago > 0) {
+      spec.recover_lost_at =
+          std::chrono::system_clock::now() - std::chrono::milliseconds(a.lost_ms_ago);
+      spec.recover_lost_by = "the rendezvous (node " + std::to_string(a.node_rank) + " lost)";
+    }
     const int assigned_round = a.round;
     if (options_.local.recover_in_place) {
       // A survivor waits for a replacement until the rendezvous has given up on one: it notices

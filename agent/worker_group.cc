@@ -136,7 +136,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     }
     StartStallWatch();
     for (int lr = 0; lr < spec.local_world_size; ++lr) {
-      Status s = StartOne(lr, spec_.recover_generation);
+      Status s =
+          StartOne(lr, spec_.recover_generation, spec_.recover_lost_at, spec_.recover_lost_by);
       if (!s.ok()) {
         KillAndReapAll();
         return s;
@@ -264,9 +265,11 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   }
 
   // `generation`: its LAUNCH_RECOVER_GENERATION (0: none); `lost_at`: when the worker it
-  // replaces was seen dead (LAUNCH_RECOVER_LOST_AT_MS), for recovery times measured from it.
+  // replaces was seen dead (LAUNCH_RECOVER_LOST_AT_MS), for recovery times measured from it, and
+  // `lost_by` who saw it (LAUNCH_RECOVER_LOST_BY; empty: this rank's agent).
   Status StartOne(int local_rank, int generation,
-                  std::optional<std::chrono::system_clock::time_point> lost_at = std::nullopt) {
+                  std::optional<std::chrono::system_clock::time_point> lost_at = std::nullopt,
+                  const std::string& lost_by = "") {
     auto w = std::make_unique<Worker>(io_);
     w->local_rank = local_rank;
     w->rank = spec_.rank_offset + local_rank;
@@ -311,6 +314,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       env_map["LAUNCH_RECOVER_LOST_AT_MS"] = std::to_string(
           std::chrono::duration_cast<std::chrono::milliseconds>(lost_at->time_since_epoch())
               .count());
+    if (lost_at && !lost_by.empty()) env_map["LAUNCH_RECOVER_LOST_BY"] = lost_by;
     if (!error_dir_.empty()) {
       w->exit.error_file = error_dir_ + "/rank_" + std::to_string(w->rank) + ".error.json";
       ::unlink(w->exit.error_file.c_str());  // a previous attempt's must not be read as this one's

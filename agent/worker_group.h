@@ -32,6 +32,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,6 +122,11 @@ struct WorkerGroupSpec {
   // lost node's place in a running round (the rendezvous assigned it that generation), whose
   // workers join the survivors' recovery instead of starting a run.
   int recover_generation = 0;
+  // With recover_generation: when the rendezvous noticed the loss of the node whose place this
+  // one takes (its workers' LAUNCH_RECOVER_LOST_AT_MS, so that recovery times count from the
+  // first notice in the job: for a host that went silent, the rendezvous' heartbeat deadline).
+  std::optional<std::chrono::system_clock::time_point> recover_lost_at;
+  std::string recover_lost_by;  // who noticed it: "the rendezvous (node 1 lost)"
 };
 
 struct WorkerExit {

@@ -203,7 +203,11 @@ struct TrainConfig {
   int gradient_accumulation_steps = 1;
   bool sync_each_batch = false;      // true: all-reduce every micro-batch (no no_sync)
   bool sync_with_dataloader = true;  // the accumulation window also closes at the loader's end
-  int local_sgd_steps = 0;           // > 0: no gradient all-reduce; average params every K steps
+  // Seconds one collective waits for a peer before it fails (the process group forms under the
+  // init timeout instead). Longer than launch's stall report (--stall_timeout, 1800 s), which
+  // names the rank that hangs, so a hang is reported before it times out.
+  double collective_timeout_s = 3600;
+  int local_sgd_steps = 0;  // > 0: no gradient all-reduce; average params every K steps
   struct LocalSgd {
     OuterOptimizer outer = OuterOptimizer::kAverage;
     double outer_lr = 0.7;        // nesterov: DiLoCo's defaults

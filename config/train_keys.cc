@@ -381,6 +381,9 @@ std::vector<TrainKey> BuildTable() {
       // ---- parallel (a mode's keys are accepted with any mode: a flag may change the mode)
       Enum("parallel.mode", FIELD(parallel.mode), kParallelModes, "how processes share the work")
           .Identity(),
+      Range("collective_timeout", FIELD(collective_timeout_s), 1.0, 604800.0,
+            "seconds a collective waits for a peer before it fails (the group forms under the "
+            "init timeout); a lost peer is noticed sooner under --recover in_place"),
       Range("parallel.bucket_cap_mb", FIELD(parallel.bucket_cap_mb), 0.001, 1e5,
             "ddp: gradient bucket size (the first bucket is 1 MB)"),
       Range("parallel.replicas", FIELD(parallel.replicas), 1, 1024,

@@ -385,6 +385,7 @@ Fields ToFields(const Assignment& m) {
            {"master_port", std::to_string(m.master_port)},
            {"run_id", m.run_id}};
   if (m.generation > 0) f["generation"] = std::to_string(m.generation);
+  if (m.lost_ms_ago > 0) f["lost_ms_ago"] = std::to_string(m.lost_ms_ago);
   // The node table is one field (tab-separated columns, one line per node) so a job of any
   // size stays within kMaxFields.
   std::string table;
@@ -413,6 +414,7 @@ StatusOr<Assignment> ParseAssignment(const Fields& f) {
   LAUNCH_RETURN_IF_ERROR(GetInt(f, "master_port", 1, 65535, &m.master_port));
   LAUNCH_RETURN_IF_ERROR(GetString(f, "run_id", kMaxShortString, &m.run_id));
   LAUNCH_RETURN_IF_ERROR(GetInt(f, "generation", 0, kBig, &m.generation, /*required=*/false));
+  LAUNCH_RETURN_IF_ERROR(GetInt(f, "lost_ms_ago", 0, kBig, &m.lost_ms_ago, /*required=*/false));
   // These two end up in the workers' environment (MASTER_ADDR, TORCHELASTIC_RUN_ID): accept
   // only an IP address and printable text.
   if (!IsIpAddress(m.master_addr))

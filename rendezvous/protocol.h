@@ -220,6 +220,10 @@ struct Assignment {
   // in_place): its workers start with LAUNCH_RECOVER_GENERATION = generation and join the
   // survivors' recovery. Optional on the wire (absent = 0).
   int generation = 0;
+  // With a generation: how long before this ASSIGN the server noticed the loss of the node whose
+  // place this one takes, in ms (its workers' recovery times count from then). A duration, not
+  // a time: the server's clock and this node's need not agree. Optional (absent = 0).
+  int lost_ms_ago = 0;
   // By node rank (encoded as one field, one line of at most kMaxNodeRowSize bytes per node).
   // The server sends it empty: each node gets only its own row above, since a table in every
   // node's ASSIGN is O(n^2) bytes per round.

@@ -319,6 +319,9 @@ TEST_CASE("ReplaceMessagesRoundTripAndRecoverFieldsAreOptional") {
   as.generation = 4;
   REQUIRE(ParseAssignment(ToFields(as)).ok());
   CHECK(ParseAssignment(ToFields(as))->generation == 4);
+  CHECK(ToFields(as).count("lost_ms_ago") == 0);
+  as.lost_ms_ago = 1250;
+  CHECK(ParseAssignment(ToFields(as))->lost_ms_ago == 1250);
   // The new types pass the header check; the next number does not.
   std::string frame = EncodeFrame(MessageType::kReplaced, ToFields(a));
   REQUIRE(DecodeFrame(frame).ok());

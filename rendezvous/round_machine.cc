@@ -635,6 +635,7 @@ void RoundMachine::FillVacancy(SessionId id, Session& s, int64_t now_us) {
   a.rank_offset = v.rank_offset;
   a.local_world_size = local_world_size;
   a.generation = generation_;
+  a.lost_ms_ago = static_cast<int>(std::min<int64_t>((now_us - v.since_us) / 1000, 1 << 30));
   Send(id, MessageType::kAssign, ToFields(a));
   Log(Describe(s) + " takes the place of node " + std::to_string(v.node_rank) + " in round " +
       std::to_string(round_) + " (ranks " + std::to_string(v.rank_offset) + "-" +

@@ -770,7 +770,9 @@ TEST_CASE("ALostNodeLeavesItsPlaceToAReplacementNodeInTheRunningRound") {
   d.Succeed(a);
   d.Succeed(c);
   CHECK_FALSE(d.Done(a));
-  // A node asking for that rank takes the place: same round, ranks, master; a generation.
+  d.Advance(milliseconds(700));
+  // A node asking for that rank takes the place: same round, ranks, master; a generation, and
+  // how long ago the loss was noticed (its workers' recovery times count from then).
   SessionId r = d.Joined(Recovering(3, 1, 2), "10.0.0.9");
   REQUIRE(d.Assignments(r).size() == 1);
   const Assignment got = d.Assignments(r)[0];
@@ -781,6 +783,8 @@ TEST_CASE("ALostNodeLeavesItsPlaceToAReplacementNodeInTheRunningRound") {
   CHECK(got.master_addr == before.master_addr);
   CHECK(got.master_port == before.master_port);
   CHECK(got.generation == 1);
+  CHECK(got.lost_ms_ago == (kRootCauseWindow * 2 + milliseconds(700)).count());
+  CHECK(before.lost_ms_ago == 0);
   CHECK(got.restart_count == before.restart_count);  // the round's, as the survivors have it
   CHECK(d.m.restarts_used() == 1);
   CHECK(d.m.vacant_node() == -1);

@@ -100,8 +100,13 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
 }
 
 StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainConfig& options,
-                                                           const DistEnv& env,
+                                                           const DistEnv& given_env,
                                                            double init_timeout_s) {
+  // Every group this process forms waits this long in a collective (the init timeout is for
+  // forming them): what survives a slow peer is this setting's, not how long ranks take to start.
+  DistEnv env = given_env;
+  env.collective_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(options.collective_timeout_s * 1000));
   // The configuration's own rules (config/train_keys.h), for options built in code: what
   // launch and train checked with the keys' places, here with the real world size.
   LAUNCH_ASSIGN_OR_RETURN(const ParallelLayout layout, ParallelLayout::Create(options, env));
@@ -136,10 +141,12 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
       // The survivors' recovery times count from when the agent saw the rank this one replaces
       // die, if no survivor noticed earlier. Only a report depends on it: a failure is ignored.
       if (env.recover_lost_at_ms > 0)
-        (void)NoteLoss(*accel->store_, env.recover_generation - 1,
-                       {std::chrono::system_clock::time_point(
-                            std::chrono::milliseconds(env.recover_lost_at_ms)),
-                        "the agent of rank " + std::to_string(env.rank)});
+        (void)NoteLoss(
+            *accel->store_, env.recover_generation - 1,
+            {std::chrono::system_clock::time_point(
+                 std::chrono::milliseconds(env.recover_lost_at_ms)),
+             env.recover_lost_by.empty() ? "the agent of rank " + std::to_string(env.rank)
+                                         : env.recover_lost_by});
       // Its own generation, or a newer one when another replacement started meanwhile.
       LAUNCH_RETURN_IF_ERROR(AnnounceGeneration(*accel->store_, env.recover_generation));
       LAUNCH_ASSIGN_OR_RETURN(

@@ -144,6 +144,7 @@ class Accelerator {
   // overrides `init_timeout_s`) and, with more than one process, joins the process group (a
   // TCPStore at MASTER_ADDR:MASTER_PORT, Gloo). InvalidConfig for an unusable option combination
   // (named by its train.* key) or a malformed environment; Timeout when the others did not come.
+  // Once formed, a collective waits `options.collective_timeout_s` for a peer before it fails.
   // The process keeps the memory a step frees for the next step (util/allocator.h; opt out with
   // LAUNCH_KEEP_FREED_MEMORY=0). With parallel.tensor > 1 it also forms the tensor group.
   static StatusOr<std::unique_ptr<Accelerator>> Create(const config::TrainConfig& options,

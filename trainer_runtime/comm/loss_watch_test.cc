@@ -113,10 +113,10 @@ TEST_CASE("LossWatchFiresWhenTheStoreFails") {
   CHECK(Contains(calls.whys()[0], "the job's store failed"));
 }
 
-TEST_CASE("AbandonFailsAPeersBlockedGlooReceiveAtOnce") {
-  // Two ranks of a Gloo group on threads (no shared memory); rank 1 waits for a message rank 0
-  // never sends. Rank 0 abandons the group: rank 1's receive fails long before the group's
-  // 60 s timeout, with the error a closed connection gives.
+// Two ranks of a Gloo group on threads (no shared memory: both ranks are this process),
+// formed under a 60 s timeout; `collective_timeout` as Accelerator::Create sets it.
+std::vector<c10::intrusive_ptr<CountingProcessGroup>> FormTwoRanks(
+    std::chrono::milliseconds collective_timeout = std::chrono::milliseconds(0)) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<c10::intrusive_ptr<CountingProcessGroup>> groups(2);
   std::vector<std::string> errors(2);
@@ -126,6 +126,7 @@ TEST_CASE("AbandonFailsAPeersBlockedGlooReceiveAtOnce") {
     env.world_size = 2;
     env.master_addr = "127.0.0.1";
     env.tuning.shm_allreduce = false;
+    env.collective_timeout = collective_timeout;
     StatusOr<c10::intrusive_ptr<CountingProcessGroup>> pg =
         CreateGroupOver(store, "world", rank, 2, env, std::chrono::seconds(60));
     if (pg.ok())
@@ -138,6 +139,13 @@ TEST_CASE("AbandonFailsAPeersBlockedGlooReceiveAtOnce") {
   peer.join();
   REQUIRE(errors[0] == "");
   REQUIRE(errors[1] == "");
+  return groups;
+}
+
+TEST_CASE("AbandonFailsAPeersBlockedGlooReceiveAtOnce") {
+  // Rank 1 waits for a message rank 0 never sends. Rank 0 abandons the group: rank 1's receive
+  // fails long before the group's 60 s timeout, with the error a closed connection gives.
+  std::vector<c10::intrusive_ptr<CountingProcessGroup>> groups = FormTwoRanks();
 
   std::string received_error;
   const auto started = std::chrono::steady_clock::now();
@@ -157,6 +165,27 @@ TEST_CASE("AbandonFailsAPeersBlockedGlooReceiveAtOnce") {
   INFO(received_error);
   CHECK(seconds < 30);  // the group's own timeout is 60 s
   CHECK(IsLostPeerError(received_error));
+}
+
+TEST_CASE("ACollectiveWaitsTheCollectiveTimeoutNotTheOneTheGroupFormedUnder") {
+  // Formed under 60 s, collectives bounded at 1 s: rank 0's all-reduce, which rank 1 never
+  // joins, fails with Gloo's timeout after about a second; the group was not changed for it.
+  std::vector<c10::intrusive_ptr<CountingProcessGroup>> groups =
+      FormTwoRanks(std::chrono::seconds(1));
+  std::vector<at::Tensor> t = {at::ones({4})};
+  std::string error;
+  const auto started = std::chrono::steady_clock::now();
+  try {
+    groups[0]->allreduce(t, c10d::AllreduceOptions())->wait();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  INFO(error);
+  CHECK(seconds >= 0.9);
+  CHECK(seconds < 20);  // the formation timeout, 60 s, would be the bound without the setting
+  CHECK(Contains(error, "imed out"));
 }
 
 }  // namespace

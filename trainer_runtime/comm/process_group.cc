@@ -594,6 +594,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::S
                                                 const GlooBinding& binding) {
   compat::GroupOptions options;
   options.timeout = timeout;
+  options.collective_timeout = env.collective_timeout;
   options.gloo_device = GlooDevice(binding);
   // Gloo's worker threads run the collectives: 2 as PyTorch, or LAUNCH_GLOO_THREADS.
   options.gloo_threads = env.tuning.gloo_threads;
@@ -707,15 +708,18 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
   // After Gloo formed, so every rank is known to reach the store. Its own prefix per group and
   // restart, like Gloo's: a restarted job builds a fresh segment.
   auto shm_store = c10::make_intrusive<c10d::PrefixStore>("launch_shm" + tag, store);
+  // The transports' operations wait for a peer as long as Gloo's collectives do.
+  const std::chrono::milliseconds collective_timeout =
+      env.collective_timeout.count() > 0 ? env.collective_timeout : timeout;
   ShmAllReduceOptions shm_options;
-  shm_options.timeout = timeout;
+  shm_options.timeout = collective_timeout;
   LAUNCH_ASSIGN_OR_RETURN(
       ShmSetup shm,
       ShmAllReduce::Create(*shm_store, rank, size, env.tuning.shm_allreduce, shm_options));
   std::unique_ptr<ShmPointToPoint> p2p;
   if (shm.shm) {
     ShmPointToPointOptions p2p_options;
-    p2p_options.timeout = timeout;
+    p2p_options.timeout = collective_timeout;
     p2p = std::make_unique<ShmPointToPoint>(shm_store, rank, size, shm.shm->pids(), p2p_options);
   }
   // Ranks on several hosts: shared memory inside each, Gloo between the hosts' leaders. Its own

@@ -269,13 +269,13 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool 
 // and none has LAUNCH_SHM_ALLREDUCE=0, or the hierarchical all-reduce when the ranks span hosts
 // and some host has several of them (LAUNCH_SHM_ALLREDUCE=0 on any rank turns both off); all
 // ranks decide alike, see allreduce_transport(); its
-// operations fail within the same `timeout`. COLLECTIVE among the group's ranks; waits at most
-// `timeout` for them. Errors name the group, the store and where this rank's Gloo bound
-// (GlooBinding::Describe): Timeout "... did not form within 300 s: ..." only when the timeout
-// passed; IoError "... failed after 0.02 s (of its 300 s timeout): ..." when Gloo gave up
-// earlier (a peer's address refused), with a hint when that peer announced a loopback address;
-// ChooseGlooBinding's errors as they are. The log's transport names the binding too. Every
-// group a worker builds is made here (the layout's axis groups: parallel/layout.h).
+// operations wait for a peer at most `env.collective_timeout` (0: `timeout`). COLLECTIVE among
+// the group's ranks; waits at most `timeout` for them to form it. Errors name the group, the store
+// and where this rank's Gloo bound (GlooBinding::Describe): Timeout "... did not form within 300 s:
+// ..." only when the timeout passed; IoError "... failed after 0.02 s (of its 300 s timeout): ..."
+// when Gloo gave up earlier (a peer's address refused), with a hint when that peer announced a
+// loopback address; ChooseGlooBinding's errors as they are. The log's transport names the binding
+// too. Every group a worker builds is made here (the layout's axis groups: parallel/layout.h).
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     const c10::intrusive_ptr<c10d::Store>& store, const std::string& name, int rank, int size,
     const DistEnv& env, std::chrono::milliseconds timeout);

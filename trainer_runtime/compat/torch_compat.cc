@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <gloo/context.h>
+#include <gloo/transport/context.h>
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -152,13 +154,48 @@ bool CarriesOverNccl(c10d::ProcessGroup& group, c10::DeviceType device) {
 #endif
 }
 
+namespace {
+
+// gloo::Context keeps its timeouts in protected members, and its setter is not inline: a
+// LibTorch that carries Gloo inside itself (pip's) exports none of Gloo's symbols. A class
+// derived from it may name the members (pointers to members formed through it).
+struct GlooContextAccess : ::gloo::Context {
+  // Sets the timeout of the collectives that run on `context` from now on (gloo's algorithm
+  // options start from it) and of its send/recv (the transport context's).
+  static void SetTimeout(::gloo::Context& context, std::chrono::milliseconds timeout) {
+    context.*(&GlooContextAccess::timeout_) = timeout;
+    const std::shared_ptr<::gloo::transport::Context>& transport =
+        context.*(&GlooContextAccess::transportContext_);
+    if (transport) transport->setTimeout(timeout);
+  }
+};
+
+// Gloo's group with one timeout for forming (the store's waits, the pairs' connections) and
+// another for its collectives. c10d has one for both; its collectives take the timeout of the
+// context they run on (1.13 through gloo's options, 2.x when no per-call timeout is given), so
+// the contexts get the collectives' timeout once the group has formed.
+class GlooGroup : public c10d::ProcessGroupGloo {
+ public:
+  GlooGroup(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+            c10::intrusive_ptr<Options> options, std::chrono::milliseconds collective_timeout)
+      : ProcessGroupGloo(store, rank, size, std::move(options)) {
+    for (const std::shared_ptr<::gloo::Context>& context : contexts_)
+      GlooContextAccess::SetTimeout(*context, collective_timeout);
+  }
+};
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::ProcessGroup> NewProcessGroup(const c10::intrusive_ptr<c10d::Store>& store,
                                                        int rank, int size,
                                                        const GroupOptions& options) {
+  const std::chrono::milliseconds collective_timeout =
+      options.collective_timeout.count() > 0 ? options.collective_timeout : options.timeout;
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   if (options.gloo_device) gloo_options->devices.push_back(options.gloo_device);
   gloo_options->threads = options.gloo_threads;
-  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, gloo_options);
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> gloo =
+      c10::make_intrusive<GlooGroup>(store, rank, size, gloo_options, collective_timeout);
 #if TORCH_VERSION_MAJOR >= 2
   // torch.distributed's init_process_group(backend="cpu:gloo,cuda:nccl") in C++: one group
   // whose collectives dispatch on the tensors' device to the backend registered for it.
@@ -170,7 +207,7 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewProcessGroup(const c10::intrusive_ptr<
 #if defined(USE_C10D_NCCL)
   if (options.cuda_device >= 0 && !options.cuda_over_gloo) {
     auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
-    nccl_options->timeout = options.timeout;
+    nccl_options->timeout = collective_timeout;
     // NCCL keys its own rendezvous off the store too; a prefix keeps it apart from Gloo's.
     auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("nccl", store);
     auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(nccl_store, rank, size, nccl_options);

@@ -90,7 +90,9 @@ bool HasNccl();
 bool CarriesOverNccl(c10d::ProcessGroup& group, c10::DeviceType device);
 
 struct GroupOptions {
-  std::chrono::milliseconds timeout{300000};
+  std::chrono::milliseconds timeout{300000};  // how long the group waits to form
+  // How long each collective waits for a peer; 0: `timeout`.
+  std::chrono::milliseconds collective_timeout{0};
   std::shared_ptr<::gloo::transport::Device> gloo_device;
   int gloo_threads = 2;
   // The CUDA device this rank computes on (Platform::cuda_device), or -1 on the CPU.

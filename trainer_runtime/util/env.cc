@@ -1,5 +1,6 @@
 #include "trainer_runtime/util/env.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "base/strings.h"
@@ -125,6 +126,10 @@ StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
   LAUNCH_RETURN_IF_ERROR(ReadInt(env, {"LAUNCH_RECOVER_WAIT_S"}, 1, &d.recover_wait_s));
   LAUNCH_RETURN_IF_ERROR(ReadBounded(env, "LAUNCH_RECOVER_LOST_AT_MS", 1,
                                      std::numeric_limits<long long>::max(), &d.recover_lost_at_ms));
+  // Only printed: printable and short, or not at all.
+  if (!Find(env, {"LAUNCH_RECOVER_LOST_BY"}, &text).empty() && text.size() <= 100 &&
+      std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7f; }))
+    d.recover_lost_by = text;
   d.from_launcher = has_rank || has_world;
   if (has_rank != has_world)
     return Status::InvalidConfig(

@@ -9,6 +9,7 @@
 // once (as leveldb's Options carries its Env) and handed to where they are used, which read no
 // environment themselves.
 
+#include <chrono>
 #include <cstddef>
 #include <map>
 #include <optional>
@@ -68,10 +69,18 @@ struct DistEnv {
   // LAUNCH_RECOVER_LOST_AT_MS: when the agent saw the worker this replacement replaces die
   // (milliseconds since the epoch); 0: not given.
   long long recover_lost_at_ms = 0;
+  // LAUNCH_RECOVER_LOST_BY: who saw that loss first, for the recovery's report ("the rendezvous
+  // (node 1 lost)"); empty: this rank's agent.
+  std::string recover_lost_by;
   // LAUNCH_RECOVER_WAIT_S: how long a survivor waits for a replacement's generation, in whole
   // seconds; 0 (unset): the init timeout. The multi-node agent sets it to cover the rendezvous'
   // detection of a lost node and its wait for a replacement (join_timeout).
   int recover_wait_s = 0;
+  // How long one collective of the groups this process forms waits for a peer before it fails
+  // (Gloo's, NCCL's and the shared-memory transports' operations): not read from the
+  // environment; Accelerator::Create sets it from train.collective_timeout. 0: the timeout the
+  // group was formed with (CreateGroupOver's).
+  std::chrono::milliseconds collective_timeout{0};
   // CUDA_VISIBLE_DEVICES as given ("" included: no device visible); nullopt when unset. Named
   // in errors about devices (compat/platform.h); LibTorch itself applies it.
   std::optional<std::string> cuda_visible_devices;
