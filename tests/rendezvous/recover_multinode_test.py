@@ -190,8 +190,8 @@ class RecoverMultiNodeTest(unittest.TestCase):
 
     def test_host_1_gone_silent_is_replaced_and_the_survivors_learn_it_at_once(self):
         # Host 1 loses power: its network goes first, so nothing (no FIN, no RST) reaches the
-        # survivors, whose Gloo would wait for host 1's leader until the group's timeout (60 s
-        # here; 300 s by default). The new host's replacements announce their generation in
+        # survivors, whose Gloo would wait for host 1's leader until the group's collective
+        # timeout (train.collective_timeout, 3600 s). The new host's replacements announce their generation in
         # the store, which the survivors watch.
         self.lose_host_1(silent=True)
 
@@ -208,7 +208,7 @@ class RecoverMultiNodeTest(unittest.TestCase):
         job.wait_for(0, r"are recovered in place: waiting up to 60 s \(join_timeout\) for a node "
                         r"to join as machine_rank 1")
         job.start(hosts[2], 1)  # a fresh machine, as machine_rank 1
-        # Both survivors recover long before the group's 60 s timeout would have let them.
+        # Both survivors recover long before the group's collective timeout would let them.
         for rank in (0, 1):
             job.wait_for(0, rf"rank {rank}: recovered", timeout=30)
         codes = job.wait(indices=[0, 2])

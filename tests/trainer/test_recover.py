@@ -172,8 +172,8 @@ class RecoverInPlaceTest(unittest.TestCase):
         # 3 never talks to rank 1, and rank 2 neither to rank 0. Each survivor that sees the
         # loss abandons the broken group (its connections close under the others) and every
         # survivor watches the store for the replacement's generation (and for the store's own
-        # loss, with rank 0): none waits out the group's timeout (LAUNCH_INIT_TIMEOUT_S=60
-        # here; Gloo's 300 s by default).
+        # loss, with rank 0): none waits out the group's collective timeout
+        # (train.collective_timeout, 3600 s).
         gloo = {"LAUNCH_SHM_ALLREDUCE": "0"}
         ref, ref_out, _ = self.run_job("gloo4_ref", "", env=gloo, world=4)
         self.assertEqual(ref.returncode, 0, ref.stderr[-4000:])
