@@ -110,7 +110,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     Worker(asio::io_context& io) : out(io), err(io), pidfd(io) {}
     int local_rank = 0;
     int rank = 0;
-    pid_t pid = -1;
+    pid_t pid = -1;             // its exec shim's (the process this agent spawned and reaps)
+    uint64_t spawned_ns = 0;    // MonotonicNanos() just before the spawn
     int generation = 0;  // LAUNCH_RECOVER_GENERATION (0: a first worker)
     bool reaped = false;
     std::string prefix;
@@ -335,6 +336,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     }
     req.stdout_fd = out_pipe[1];
     req.stderr_fd = err_pipe[1];
+    const uint64_t spawned_ns = MonotonicNanos();
     StatusOr<SpawnedProcess> proc = Spawn(req);
     ::close(out_pipe[1]);
     ::close(err_pipe[1]);
@@ -344,6 +346,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       return proc.status();
     }
     w->pid = proc->pid;
+    w->spawned_ns = spawned_ns;
     w->exit.started = std::chrono::system_clock::now();
     w->out.pipe.assign(out_pipe[0]);
     w->err.pipe.assign(err_pipe[0]);
@@ -503,7 +506,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     WorkerExit& e = w->exit;
     e.local_rank = w->local_rank;
     e.rank = w->rank;
-    e.pid = w->pid;
+    e.pid = ReportedPid(*w);
     e.status = ExitStatus::FromWaitStatus(st);
     e.time = std::chrono::system_clock::now();
     e.stopped_by_agent = stopping_;
@@ -539,6 +542,16 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
                  started.message());
     }
     Settle(w);
+  }
+
+  // The pid reports name for `w`: the worker's own, which it wrote into its collective ring (as
+  // the stall report names it), rather than its exec shim's; the shim's when the worker made no
+  // ring (a program without collectives) or the ring is an earlier worker's of that rank.
+  pid_t ReportedPid(const Worker& w) const {
+    if (!watch_) return w.pid;
+    StatusOr<RingSnapshot> ring = ReadCollectiveRing(watch_->RingPath(w.rank));
+    if (ring.ok() && ring->pid > 0 && ring->created_ns >= w.spawned_ns) return ring->pid;
+    return w.pid;
   }
 
   // A reaped worker that is not replaced: a failure unless it exited 0; the group ends once
@@ -608,7 +621,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     for (auto& w : workers_) {
       for (const auto& line : w->tail.Lines()) {
         for (auto& f : result_.failures)
-          if (f.pid == w->pid) f.stderr_tail.push_back(line);
+          if (f.rank == w->rank && f.started == w->exit.started) f.stderr_tail.push_back(line);
       }
     }
     if (failed_) {

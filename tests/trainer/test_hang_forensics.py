@@ -148,9 +148,10 @@ class HangForensicsTest(unittest.TestCase):
         frames = report[5:]
         self.assertGreater(len(frames), 3, report)
         self.assertTrue(all(f.startswith("    ") and "[0x" in f for f in frames), report)
-        # The failure path names the stall as the root cause's error.
-        self.assertRegex(text, r"root cause: rank 1 .*\n  error: stalled: no collective completed "
-                               r"for 5\.0 s \(--stall_timeout\)")
+        # The failure path names the stall as the root cause's error, and the same process:
+        # the worker's pid, not its exec shim's.
+        self.assertRegex(text, rf"root cause: rank 1 \(local_rank 1, pid {stopped}\).*\n  error: "
+                               r"stalled: no collective completed for 5\.0 s \(--stall_timeout\)")
         self.assert_nothing_left(job)
 
     def test_a_skipped_collective_is_named_as_a_desync(self):
