@@ -469,6 +469,7 @@ class ElasticAgent {
   }
 
   void PrintReport(const rdzv::FailureReport& r) {
+    if (!options_.print_failure_report) return;
     std::string text = rdzv::FormatFailureReport(r);
     for (const std::string& line : Split(text, '\n')) log::Info(line);
   }

@@ -50,6 +50,9 @@ struct ElasticAgentOptions {
   // Whether run_id was derived from the command (no --rdzv_id): a run-id mismatch is then
   // explained by what the id is made of.
   bool run_id_derived = false;
+  // Whether this node prints the job's failure report (the rendezvous' root cause, the same on
+  // every node). A --hosts head's hosts share one console: there only node 0 prints it.
+  bool print_failure_report = true;
   int min_nodes = 1;
   int max_nodes = 1;
   int node_rank = -1;  // machine_rank; -1 = assigned

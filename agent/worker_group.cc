@@ -110,9 +110,9 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     Worker(asio::io_context& io) : out(io), err(io), pidfd(io) {}
     int local_rank = 0;
     int rank = 0;
-    pid_t pid = -1;             // its exec shim's (the process this agent spawned and reaps)
-    uint64_t spawned_ns = 0;    // MonotonicNanos() just before the spawn
-    int generation = 0;  // LAUNCH_RECOVER_GENERATION (0: a first worker)
+    pid_t pid = -1;           // its exec shim's (the process this agent spawned and reaps)
+    uint64_t spawned_ns = 0;  // MonotonicNanos() just before the spawn
+    int generation = 0;       // LAUNCH_RECOVER_GENERATION (0: a first worker)
     bool reaped = false;
     std::string prefix;
     Stream out, err;

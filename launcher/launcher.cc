@@ -129,6 +129,8 @@ agent::ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& c
   o.token = cfg.rdzv_token;
   o.run_id = plan.run_id;
   o.run_id_derived = cfg.run_id.empty();
+  // A --hosts head shows every host's output on one console: one failure report, node 0's.
+  o.print_failure_report = !g_started_by_head || cfg.machine_rank == 0;
   o.min_nodes = cfg.min_nodes;
   o.max_nodes = cfg.max_nodes;
   o.node_rank = cfg.machine_rank;

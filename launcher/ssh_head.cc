@@ -175,6 +175,7 @@ int RunHead(const HeadJob& job) {
   int result = kExitOk;
   bool failed = false, stopping = false;
   std::optional<Clock::time_point> stop_at, kill_at;
+  const Remote* first_failed = nullptr;  // the first host whose launch ended non-zero
   auto stop_all = [&](const std::string& why) {
     if (!stopping) log::Info("stopping every host: " + why);
     stopping = true;
@@ -336,8 +337,7 @@ int RunHead(const HeadJob& job) {
       if (r.code != 0 && !failed && !stopping) {
         failed = true;
         result = r.code;
-        log::Error(Describe(r) + " failed (exit " + std::to_string(r.code) +
-                   "); its output above names the cause");
+        first_failed = &r;
         stop_at = Clock::now() + kPeersFollow;
       }
     }
@@ -353,6 +353,23 @@ int RunHead(const HeadJob& job) {
   g_signal_pipe = -1;
   ::close(sig_pipe[0]);
   ::close(sig_pipe[1]);
+  if (first_failed) {
+    // A failed job ends every host with the root cause's code, in whatever order their ssh
+    // ends; node 0 hosts the rendezvous, which decided the root cause, and prints its report
+    // (the others leave it to node 0: one report per job). A host that failed alone (a
+    // rendezvous it could not reach) is the one to name.
+    const Remote& node0 = remotes[0];
+    if (node0.exited && node0.ready && node0.code != 0) {
+      result = node0.code;
+      log::Error("the job failed (exit " + std::to_string(node0.code) +
+                 "): node 0's failure "
+                 "report above (" +
+                 node0.prefix + "...) names the root cause");
+    } else {
+      log::Error(Describe(*first_failed) + " failed (exit " + std::to_string(first_failed->code) +
+                 "); its output above names the cause");
+    }
+  }
   return result;
 }
 

@@ -13,6 +13,7 @@ made for the test), and the head, in host 0, starts every node over real ssh.
     starts."""
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -278,13 +279,19 @@ PidFile none
         out, err = p.communicate(timeout=120)
         self.assertEqual(p.returncode, 7, out + err)
         self.assertIn(f"{hosts[1].addr}: [rank 3]: rank 3 fails", err)
-        # Both hosts' launches name the root cause: rank 3's exit 7.
+        # Both hosts' launches name the root cause, rank 3's exit 7, in a line each; the
+        # failure report is printed once, by node 0, and the head points at it (not at whichever
+        # host's ssh ended first).
         for h in hosts:
             lines = [l for l in err.splitlines() if l.startswith(f"{h.addr}: ") and "rank 3" in l
                      and "7" in l and "fails" not in l]
             self.assertTrue(lines, f"{h.addr} does not name rank 3's failure:\n{err}")
-        # The head names the first host that ended with it (either may be first).
-        self.assertRegex(err, r"\[launch\] error: \S+ \(node [01], .*\) failed \(exit 7\)")
+        reports = [l for l in err.splitlines() if "root cause: rank 3" in l]
+        self.assertEqual(len(reports), 1, err)
+        self.assertTrue(reports[0].startswith(f"{hosts[0].addr}: "), err)
+        self.assertRegex(err.rstrip().splitlines()[-1],
+                         r"\[launch\] error: the job failed \(exit 7\): node 0's failure report "
+                         rf"above \({re.escape(hosts[0].addr)}: \.\.\.\) names the root cause")
         self.assert_nothing_left(hosts)
 
     def test_unreachable_host_is_named_and_the_job_stops(self):
