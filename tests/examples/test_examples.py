@@ -160,6 +160,23 @@ class ExamplesOutOfTreeTest(unittest.TestCase):
             self.assertTrue(math.isfinite(float(value)), describe(r))
             self.assertGreater(float(value), 0.0, describe(r))
 
+    def test_the_readme_snippet_is_quickstart_cc_and_trains(self):
+        # README.md's library snippet is examples/quickstart.cc's Train() as it is (the build
+        # above compiled that file with -Wall -Wextra -Werror: no dropped Status), and it runs.
+        with open(os.path.join(harness.REPO, "examples", "quickstart.cc")) as f:
+            source = f.read()
+        body = re.search(r"// README begin\n(.*?)// README end\n", source, re.S)
+        self.assertIsNotNone(body, "quickstart.cc lost its README markers")
+        with open(os.path.join(harness.REPO, "README.md")) as f:
+            readme = f.read()
+        self.assertIn("```cpp\n" + body.group(1) + "```\n", readme)
+        work = harness.tmpdir()
+        r = harness.run([os.path.join(self.prefix, "bin", "launch"), "--num_processes", "2", "--",
+                         self.example("quickstart")], timeout=300, cwd=work)
+        self.assertEqual(r.returncode, 0, describe(r))
+        self.assertTrue(os.path.exists(os.path.join(work, "model.pt")), describe(r))
+        self.assertTrue(os.path.exists(os.path.join(work, "ckpt", "latest")), describe(r))
+
     def test_bad_flag_and_missing_data_exit_non_zero_with_a_message(self):
         r = harness.run([self.example("fashion_mnist_ddp"), "--epoch", "1"], timeout=60)
         self.assertNotEqual(r.returncode, 0)
