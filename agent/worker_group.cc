@@ -506,7 +506,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     WorkerExit& e = w->exit;
     e.local_rank = w->local_rank;
     e.rank = w->rank;
-    e.pid = ReportedPid(*w);
+    // Reports name the worker's own pid (as the stall report does, from its ring), not its exec
+    // shim's; the shim's for a worker that made no ring (a program without collectives).
+    const std::optional<RingSnapshot> ring = OwnRing(*w);
+    e.pid = ring ? ring->pid : w->pid;
     e.status = ExitStatus::FromWaitStatus(st);
     e.time = std::chrono::system_clock::now();
     e.stopped_by_agent = stopping_;
@@ -517,7 +520,16 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       }
     }
     result_.exits.push_back(e);
-    if (!e.status.success() && !stopping_ && e.status.signaled && spec_.replace_in_place) {
+    // A first worker that died before its process group formed leaves the others waiting for it
+    // in the group's formation, where no loss reaches them: there is no step to recover, so the
+    // group restarts at once instead. (A replacement is awaited by the survivors' recovery.)
+    const bool formed = w->generation > 0 || ring.has_value();
+    if (!e.status.success() && !stopping_ && e.status.signaled && spec_.replace_in_place && !formed)
+      log::Warn("rank " + std::to_string(w->rank) +
+                " died before its process group formed: "
+                "nothing to recover in place, every worker restarts");
+    if (!e.status.success() && !stopping_ && e.status.signaled && spec_.replace_in_place &&
+        formed) {
       // The slot stays pending (MaybeFinish waits) until the agent decides; its pipes drain
       // meanwhile (its last lines come out before a replacement's).
       ++pending_decisions_;
@@ -544,14 +556,13 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     Settle(w);
   }
 
-  // The pid reports name for `w`: the worker's own, which it wrote into its collective ring (as
-  // the stall report names it), rather than its exec shim's; the shim's when the worker made no
-  // ring (a program without collectives) or the ring is an earlier worker's of that rank.
-  pid_t ReportedPid(const Worker& w) const {
-    if (!watch_) return w.pid;
+  // The collective ring `w` wrote, if it wrote one: a worker makes it once its first process
+  // group has formed (an earlier worker's of that rank does not count).
+  std::optional<RingSnapshot> OwnRing(const Worker& w) const {
+    if (!watch_) return std::nullopt;
     StatusOr<RingSnapshot> ring = ReadCollectiveRing(watch_->RingPath(w.rank));
-    if (ring.ok() && ring->pid > 0 && ring->created_ns >= w.spawned_ns) return ring->pid;
-    return w.pid;
+    if (ring.ok() && ring->pid > 0 && ring->created_ns >= w.spawned_ns) return *ring;
+    return std::nullopt;
   }
 
   // A reaped worker that is not replaced: a failure unless it exited 0; the group ends once

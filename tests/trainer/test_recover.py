@@ -194,6 +194,21 @@ class RecoverInPlaceTest(unittest.TestCase):
                     self.assertLess(float(seconds), 30, text[-4000:])
                 self.check_clean(marker)
 
+    def test_a_rank_lost_before_the_group_formed_restarts_every_worker_at_once(self):
+        # Rank 1 dies while the others form the first group: there is no step to recover, and
+        # nothing would tell them of the loss in Gloo's formation, where they would wait the
+        # init timeout (60 s here) for it. The agent restarts the group at once instead.
+        r, out, marker = self.run_job("before_join", "1:0:join")
+        text = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, text[-4000:])
+        self.assertIn("rank 1 died before its process group formed: nothing to recover in place, "
+                      "every worker restarts", text)
+        self.assertNotIn("did not form within", text)
+        self.assertNotIn("starting a replacement", text)
+        self.assertEqual(final(out)["param_checksum"],
+                         final(self.reference[1])["param_checksum"], text[-4000:])
+        self.check_clean(marker)
+
     def test_recoveries_count_against_max_restarts(self):
         # One restart: the first death is recovered in place, the second ends the job.
         r, out, marker = self.run_job("budget", "1:6:backward,2:15:backward", max_restarts=1)

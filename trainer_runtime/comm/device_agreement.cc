@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include "trainer_runtime/compat/torch_compat.h"
+
 namespace launch::trainer {
 namespace {
 
@@ -58,10 +60,8 @@ Status CheckDeviceKindsAgree(c10d::ProcessGroup& group, const Platform& platform
     const int64_t* data = codes.data_ptr<int64_t>();
     kinds.assign(data, data + codes.numel());
   } catch (const std::exception& e) {
-    const auto* c10 = dynamic_cast<const c10::Error*>(&e);
     return Status::IoError("rank " + std::to_string(rank) +
-                           ": comparing the ranks' devices failed: " +
-                           (c10 ? c10->what_without_backtrace() : e.what()));
+                           ": comparing the ranks' devices failed: " + compat::ErrorText(e));
   }
   return DeviceKindsAgree(kinds, rank, platform);
 }

@@ -656,20 +656,21 @@ StatusOr<c10::intrusive_ptr<c10d::Store>> ConnectStore(const DistEnv& env, bool 
     opts.timeout = timeout;
     return c10::intrusive_ptr<c10d::Store>(compat::NewTcpStore(env.master_addr, opts));
   } catch (const std::exception& e) {
+    const std::string why = compat::ErrorText(e);
     if (host)
       return Status::IoError("rank " + std::to_string(env.rank) +
                              " could not host the process-group store at " + where +
-                             " (is the port in use?): " + e.what());
+                             " (is the port in use?): " + why);
     const std::string head =
         "rank " + std::to_string(env.rank) + " could not reach the process-group store at " + where;
     const std::string seconds = std::to_string(timeout.count() / 1000) + " s";
     // A signal ends the wait sooner (the agent stopping this rank): not a timeout.
     const auto elapsed = std::chrono::steady_clock::now() - started;
-    if (!TimedOut(e.what(), elapsed, timeout))
+    if (!TimedOut(why, elapsed, timeout))
       return Status::IoError(head + ": failed after " + Seconds(elapsed) + " (of its " + seconds +
-                             " timeout): " + e.what());
+                             " timeout): " + why);
     return Status::Timeout(head + " within " + seconds +
-                           " (is MASTER_ADDR right and rank 0 running?): " + e.what());
+                           " (is MASTER_ADDR right and rank 0 running?): " + why);
   }
 }
 
@@ -699,11 +700,12 @@ StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateGroupOver(
     const std::string where = what + ", this rank on " + binding->Describe();
     // Gloo throws at once when a peer's address refuses the connection; only a failure at the
     // deadline is the deadline's.
-    const std::string hint = LoopbackPeerHint(e.what(), *binding, env.master_addr);
-    if (TimedOut(e.what(), elapsed, timeout))
-      return Status::Timeout(where + ", did not form within " + seconds + ": " + e.what() + hint);
+    const std::string why = compat::ErrorText(e);
+    const std::string hint = LoopbackPeerHint(why, *binding, env.master_addr);
+    if (TimedOut(why, elapsed, timeout))
+      return Status::Timeout(where + ", did not form within " + seconds + ": " + why + hint);
     return Status::IoError(where + ", failed after " + Seconds(elapsed) + " (of its " + seconds +
-                           " timeout): " + e.what() + hint);
+                           " timeout): " + why + hint);
   }
   // After Gloo formed, so every rank is known to reach the store. Its own prefix per group and
   // restart, like Gloo's: a restarted job builds a fresh segment.

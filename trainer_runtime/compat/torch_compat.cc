@@ -44,6 +44,11 @@ std::exception_ptr ErrorPtr(std::string message) {
   return std::make_exception_ptr(MakeError(std::move(message)));
 }
 
+std::string ErrorText(const std::exception& e) {
+  const auto* c10 = dynamic_cast<const c10::Error*>(&e);
+  return c10 ? c10->what_without_backtrace() : e.what();
+}
+
 c10::intrusive_ptr<c10d::TCPStore> NewTcpStore(const std::string& host,
                                                c10d::TCPStoreOptions options) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)

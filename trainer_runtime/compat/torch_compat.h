@@ -63,6 +63,8 @@ std::string LoadedLibTorchPath();
 c10::Error MakeError(std::string message);
 // The same as an exception_ptr, for Future::setError.
 std::exception_ptr ErrorPtr(std::string message);
+// What `e` says, for a message: a c10::Error without the C++ backtrace 1.13 appends to what().
+std::string ErrorText(const std::exception& e);
 
 // A TCPStore client (and server, when `options.isServer`) at `host`, on the classic server.
 c10::intrusive_ptr<c10d::TCPStore> NewTcpStore(const std::string& host,

@@ -23,6 +23,17 @@ Status Trainer::Prepare() {
   if (cfg_.model.type != config::ModelType::kTorchScript && cfg_.model.dropout == 0)
     cfg_.parallel.dp_seeded_replicas = false;
   SetPhase("joining the process group");
+  {
+    // LAUNCH_TEST_SIGKILL_AT's join, read from the environment the group has not confirmed yet.
+    LAUNCH_ASSIGN_OR_RETURN(std::vector<DieAt> die,
+                            ParseDieAt(std::getenv("LAUNCH_TEST_SIGKILL_AT")));
+    const char* rank = std::getenv("RANK");
+    const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    const bool first =
+        (!restart || std::string(restart) == "0") && !std::getenv("LAUNCH_RECOVER_GENERATION");
+    for (const DieAt& d : die)
+      if (d.phase == "join" && first && rank && std::to_string(d.rank) == rank) ::raise(SIGKILL);
+  }
   LAUNCH_ASSIGN_OR_RETURN(accel_, Accelerator::Create(cfg_, opts_.init_timeout_s));
   if (accel_->env().recover_generation == 0 && accel_->env().restart_count == 0) {
     LAUNCH_ASSIGN_OR_RETURN(die_at_, ParseDieAt(std::getenv("LAUNCH_TEST_SIGKILL_AT")));

@@ -89,6 +89,7 @@ class TrainRows : public torch::data::datasets::BatchDataset<TrainRows, torch::d
 // the gradients were averaged) or checkpoint (before the checkpoint after step STEP). PHASE stop:
 // before the forward, the rank says so on stderr and stops itself (SIGSTOP) instead, holding the
 // others in step STEP's collectives, so that a test can take its whole host away at that point.
+// PHASE join (STEP 0): before it joins the process group, while the others form it.
 struct DieAt {
   int rank = -1;
   int64_t step = 0;
@@ -103,10 +104,10 @@ inline StatusOr<std::vector<DieAt>> ParseDieAt(const char* text) {
     long long rank = 0, step = 0;
     if (parts.size() != 3 || !ParseInt64(parts[0], &rank) || !ParseInt64(parts[1], &step) ||
         (parts[2] != "forward" && parts[2] != "backward" && parts[2] != "optimizer" &&
-         parts[2] != "checkpoint" && parts[2] != "stop"))
+         parts[2] != "checkpoint" && parts[2] != "stop" && parts[2] != "join"))
       return Status::InvalidConfig(
           "environment LAUNCH_TEST_SIGKILL_AT: expected RANK:STEP:PHASE (forward, backward, "
-          "optimizer, checkpoint or stop), got '" +
+          "optimizer, checkpoint, stop or join), got '" +
           item + "'");
     out.push_back({static_cast<int>(rank), static_cast<int64_t>(step), parts[2]});
   }
