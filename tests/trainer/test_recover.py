@@ -9,6 +9,9 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
+import time
 import unittest
 
 from trainer_helpers import LAUNCH, TRAIN, final, metrics, write_config
@@ -138,6 +141,52 @@ class RecoverInPlaceTest(unittest.TestCase):
                                r"\(first noticed [^)]+\): group generation 2 with the replacement")
         self.assertNotIn("resumed from", text)
         self.assertNotRegex(text, r"restart \d of 3\b(?!, in place)")
+        self.check_clean(marker)
+
+    def test_rank0_lost_during_a_recovery_takes_the_store_and_everyone_meets_in_the_next(self):
+        # Rank 1 dies in step 9; while rank 0 (the store's host) recovers, it is SIGKILLed too.
+        # Rank 2, the survivor, loses the store while it waits in it for rank 1's replacement;
+        # it meets everyone again in the store rank 0's replacement hosts, in that one's
+        # generation: one recovery, in place, bit-identical.
+        out = os.path.join(self.dir, "store_lost")
+        cfg = write_config(self.dir, JOB.format(out=out, steps=STEPS, mode="ddp", ckpt=0),
+                           name="store_lost.yaml")
+        marker = harness.unique_marker("recover")
+        env = dict(os.environ, LAUNCH_TEST_SIGKILL_AT="1:9:backward", RECOVER_TEST_MARKER=marker,
+                   LAUNCH_INIT_TIMEOUT_S="60")
+        proc = subprocess.Popen([LAUNCH, "--nproc_per_node", str(WORLD), "--run_id", marker,
+                                 "--recover", "in_place", "--max_restarts", "3", cfg],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env=env)
+        lines = []
+        with proc:
+            try:
+                for line in proc.stdout:
+                    lines.append(line)
+                    m = re.search(r"train: rank 0 \(pid (\d+)\): lost a peer during step", line)
+                    if m:
+                        # Rank 2 waits in the store by then (it saw the loss as rank 0 did);
+                        # rank 1's replacement takes longer than this to start.
+                        time.sleep(0.15)
+                        os.kill(int(m.group(1)), signal.SIGKILL)
+                rc = proc.wait(timeout=240)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        text = "".join(lines)
+        self.assertEqual(rc, 0, text[-4000:])
+        self.assertEqual(final(out)["param_checksum"],
+                         final(self.reference[1])["param_checksum"], text[-4000:])
+        replaced = [int(x) for x in re.findall(r"starting a replacement for rank (\d+) alone", text)]
+        self.assertEqual(replaced, [1, 0], text[-4000:])
+        # (Rank 2 says "the store failed while waiting" when the kill found it in the store, as
+        # it mostly does; found before, it reconnects as after rank 0's loss alone.)
+        self.assertEqual(len(re.findall(r"replacement \(generation 2\) took the state of step 8",
+                                        text)), 2, text[-4000:])
+        self.assertRegex(text, r"train: rank 2: recovered [0-9.]+ s after the failure "
+                               r"\(first noticed [^)]+\): group generation 2 with the replacement")
+        self.assertNotIn("in-place recovery failed", text)
+        self.assertNotIn("resumed from", text)
         self.check_clean(marker)
 
     def test_kill_during_a_checkpoint_skips_it_and_ends_bit_identical(self):

@@ -139,20 +139,19 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
                             ConnectStore(env, env.rank == 0 && !env.use_agent_store, timeout));
     if (env.recover_generation > 0) {
       // The survivors' recovery times count from when the agent saw the rank this one replaces
-      // die, if no survivor noticed earlier. Only a report depends on it: a failure is ignored.
+      // die, if no survivor noticed earlier. Its own generation, or a newer one when another
+      // replacement started meanwhile.
+      std::string by;
       if (env.recover_lost_at_ms > 0)
-        (void)NoteLoss(
-            *accel->store_, env.recover_generation - 1,
-            {std::chrono::system_clock::time_point(
-                 std::chrono::milliseconds(env.recover_lost_at_ms)),
-             env.recover_lost_by.empty() ? "the agent of rank " + std::to_string(env.rank)
-                                         : env.recover_lost_by});
-      // Its own generation, or a newer one when another replacement started meanwhile.
-      LAUNCH_RETURN_IF_ERROR(AnnounceGeneration(*accel->store_, env.recover_generation));
+        by = env.recover_lost_by.empty() ? "the agent of rank " + std::to_string(env.rank)
+                                         : env.recover_lost_by;
       LAUNCH_ASSIGN_OR_RETURN(
           accel->generation_,
-          JoinGeneration(*accel->store_, env.recover_generation, env.world_size,
-                         RecoverWait(env, timeout), [] { return StopRequested(); }));
+          accel->MeetInNewestGeneration(env.recover_generation - 1,
+                                        std::chrono::system_clock::time_point(
+                                            std::chrono::milliseconds(env.recover_lost_at_ms)),
+                                        by, env.recover_generation, env.recover_generation,
+                                        RecoverWait(env, timeout)));
     }
     LAUNCH_ASSIGN_OR_RETURN(
         accel->pg_, CreateGroupOver(accel->store_, WorldGroupName(accel->generation_), env.rank,

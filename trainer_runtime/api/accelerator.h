@@ -673,6 +673,17 @@ class Accelerator {
   // After a lost peer: waits for the replacement, re-forms the group, takes the live state and
   // resets the step in flight. COLLECTIVE with the replacement.
   Status Recover();
+  // Where survivors and replacements meet (comm/recovery.h): notes that `noticed_by` noticed at
+  // `noticed_at` the loss of a rank of generation `lost_in` (no note when `noticed_by` is
+  // empty), announces `announce` (a replacement's own generation; 0: none),
+  // then waits in the newest generation >= `at_least` until the whole world arrived, and returns
+  // it. When the store fails meanwhile (rank 0, its host, was lost too), a new client meets the
+  // others in the store rank 0's replacement hosts, and the notice and announcement go there.
+  // Within `wait` in all; the store host (a rank 0 that survived) never reconnects.
+  StatusOr<int> MeetInNewestGeneration(int lost_in,
+                                       std::chrono::system_clock::time_point noticed_at,
+                                       const std::string& noticed_by, int announce, int at_least,
+                                       std::chrono::milliseconds wait);
   // Every rank of the new group takes the furthest live rank's state. COLLECTIVE.
   Status ExchangeState();
   // Notes the state at a step boundary that a recovery goes back to.

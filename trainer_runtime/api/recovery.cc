@@ -129,6 +129,48 @@ Status Accelerator::ExchangeState() {
   return Status::Ok();
 }
 
+StatusOr<int> Accelerator::MeetInNewestGeneration(int lost_in,
+                                                  std::chrono::system_clock::time_point noticed_at,
+                                                  const std::string& noticed_by, int announce,
+                                                  int at_least, std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  const bool hosts_store = rank() == 0 && !env_.use_agent_store;
+  for (int store_losses = 0;; ++store_losses) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    // When rank 0 was lost, the store went with it and its replacement hosts a new one at the
+    // same address: a new client, once that one is up. A rank 0 that survived keeps hosting its
+    // own, and the others keep their clients while it answers.
+    if (!hosts_store) {
+      bool alive = true;
+      try {
+        store_->check({kGenerationKey});
+      } catch (const std::exception&) {
+        alive = false;
+      }
+      if (!alive) {
+        LAUNCH_RETURN_IF_ERROR(AwaitStoreHost(env_, std::max(left, std::chrono::milliseconds(0))));
+        LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
+      }
+    }
+    // Before this rank counts itself in: once the group forms, every notice is in the store.
+    // Only reports depend on it: a failure is ignored.
+    if (!noticed_by.empty()) (void)NoteLoss(*store_, lost_in, {noticed_at, noticed_by});
+    if (announce > 0) LAUNCH_RETURN_IF_ERROR(AnnounceGeneration(*store_, announce));
+    StatusOr<int> met =
+        JoinGeneration(*store_, at_least, world_size(), left, [] { return StopRequested(); });
+    // Only the store's failure is worth another round (in the new store), and only as long as
+    // there can be a new one: a rank 0 hosting it, or a third loss of it, ends here.
+    if (met.ok() || met.status().code() != Status::Code::kIoError || hosts_store ||
+        store_losses >= 2 || std::chrono::steady_clock::now() >= deadline)
+      return met;
+    std::fprintf(stderr,
+                 "train: rank %d: the store failed while waiting (%s): rank 0 was lost "
+                 "too; meeting the others in its replacement's\n",
+                 rank(), met.status().message().c_str());
+  }
+}
+
 Status Accelerator::Recover() {
   const int64_t step = step_ + 1;
   const std::chrono::milliseconds wait = RecoverWait(env_, timeout_);
@@ -144,26 +186,10 @@ Status Accelerator::Recover() {
                rank(), static_cast<int>(::getpid()), static_cast<long long>(step),
                lost_what_.c_str(), static_cast<long long>(wait.count() / 1000));
   try {
-    // When rank 0 was the one lost, the store went with it and its replacement hosts a new one
-    // at the same address: a new client, once that one is up. A rank 0 that survived keeps
-    // hosting its own, and the others keep their clients.
-    if (rank() != 0 || env_.use_agent_store) {
-      bool alive = true;
-      try {
-        store_->check({kGenerationKey});
-      } catch (const std::exception&) {
-        alive = false;
-      }
-      if (!alive) {
-        LAUNCH_RETURN_IF_ERROR(AwaitStoreHost(env_, wait));
-        LAUNCH_ASSIGN_OR_RETURN(store_, ConnectStore(env_, /*host=*/false, timeout_));
-      }
-    }
-    // Before this rank counts itself in: once the group forms, every notice is in the store.
-    (void)NoteLoss(*store_, lost_in, {noticed, "rank " + std::to_string(rank())});
-    LAUNCH_ASSIGN_OR_RETURN(const int generation,
-                            JoinGeneration(*store_, generation_ + 1, world_size(), wait,
-                                           [] { return StopRequested(); }));
+    LAUNCH_ASSIGN_OR_RETURN(
+        const int generation,
+        MeetInNewestGeneration(lost_in, noticed, "rank " + std::to_string(rank()),
+                               /*announce=*/0, generation_ + 1, wait));
     generation_ = generation;
     LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
                                                  world_size(), env_, timeout_));
