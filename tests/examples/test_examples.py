@@ -161,15 +161,16 @@ class ExamplesOutOfTreeTest(unittest.TestCase):
             self.assertGreater(float(value), 0.0, describe(r))
 
     def test_the_readme_snippet_is_quickstart_cc_and_trains(self):
-        # README.md's library snippet is examples/quickstart.cc's Train() as it is (the build
-        # above compiled that file with -Wall -Wextra -Werror: no dropped Status), and it runs.
+        # The library snippet of README.md and docs/overview.md is examples/quickstart.cc's
+        # Train() as it is (the build above compiled that file with -Wall -Wextra -Werror: no
+        # dropped Status), and it runs.
         with open(os.path.join(harness.REPO, "examples", "quickstart.cc")) as f:
             source = f.read()
         body = re.search(r"// README begin\n(.*?)// README end\n", source, re.S)
         self.assertIsNotNone(body, "quickstart.cc lost its README markers")
-        with open(os.path.join(harness.REPO, "README.md")) as f:
-            readme = f.read()
-        self.assertIn("```cpp\n" + body.group(1) + "```\n", readme)
+        for doc in ("README.md", os.path.join("docs", "overview.md")):
+            with open(os.path.join(harness.REPO, doc)) as f:
+                self.assertIn("```cpp\n" + body.group(1) + "```\n", f.read(), doc)
         work = harness.tmpdir()
         r = harness.run([os.path.join(self.prefix, "bin", "launch"), "--num_processes", "2", "--",
                          self.example("quickstart")], timeout=300, cwd=work)
