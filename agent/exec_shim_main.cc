@@ -67,14 +67,15 @@ bool WriteControl(const char* dir, const char* file, const char* text) {
 // `launch` is gone (it made the job's cgroup and removes it itself otherwise, and may still start
 // workers in it), also the job's, which fails while another worker's cgroup is left in it: the
 // last shim removes it.
-// The worker's collective ring and stack file (base/collective_ring.h): launch removes them with
-// its workers; once launch is gone (SIGKILLed), nobody else would.
+// The worker's collective ring, stack file and in-place declaration (base/collective_ring.h):
+// launch removes them with its workers; once launch is gone (SIGKILLed), nobody else would.
 void RemoveRingIfLaunchIsGone(pid_t launch_pid) {
   if (getppid() == launch_pid) return;
   const char* ring = std::getenv(launch::kCollectiveRingEnv);
   if (ring == nullptr || ring[0] == '\0') return;
   unlink(ring);
   unlink(launch::StackPathFor(ring).c_str());
+  unlink(launch::InPlacePathFor(ring).c_str());
 }
 
 void RemoveCgroups(pid_t launch_pid) {

@@ -307,6 +307,7 @@ void StallWatch::RemoveFiles() {
   for (int rank : options_.ranks) {
     ::unlink(RingPath(rank).c_str());
     ::unlink(StackPathFor(RingPath(rank)).c_str());
+    ::unlink(InPlacePathFor(RingPath(rank)).c_str());
   }
 }
 

@@ -520,16 +520,22 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       }
     }
     result_.exits.push_back(e);
-    // A first worker that died before its process group formed leaves the others waiting for it
-    // in the group's formation, where no loss reaches them: there is no step to recover, so the
-    // group restarts at once instead. (A replacement is awaited by the survivors' recovery.)
-    const bool formed = w->generation > 0 || ring.has_value();
-    if (!e.status.success() && !stopping_ && e.status.signaled && spec_.replace_in_place && !formed)
-      log::Warn("rank " + std::to_string(w->rank) +
-                " died before its process group formed: "
-                "nothing to recover in place, every worker restarts");
-    if (!e.status.success() && !stopping_ && e.status.signaled && spec_.replace_in_place &&
-        formed) {
+    // Only a worker that said it can be recovered in place (InPlacePathFor: its group formed, its
+    // mode keeps no state on one rank alone) is replaced alone, and a replacement (the survivors
+    // await it). Otherwise a replacement could not be taken in: a first worker dead before its
+    // group formed leaves the others in the group's formation, where no loss reaches them; a
+    // mode with state on each rank has nothing to hand over. Every worker restarts at once then,
+    // as without --recover in_place, instead of after a replacement that spent a restart.
+    const bool died = !e.status.success() && !stopping_ && e.status.signaled;
+    const bool replaceable =
+        w->generation > 0 ||
+        (watch_ && ::access(InPlacePathFor(watch_->RingPath(w->rank)).c_str(), F_OK) == 0);
+    if (died && spec_.replace_in_place && !replaceable)
+      log::Warn("rank " + std::to_string(w->rank) + " cannot be recovered in place (" +
+                (ring ? "its mode keeps state on each rank alone, or it died before Prepare"
+                      : "it died before its process group formed") +
+                "): every worker restarts");
+    if (died && spec_.replace_in_place && replaceable) {
       // The slot stays pending (MaybeFinish waits) until the agent decides; its pipes drain
       // meanwhile (its last lines come out before a replacement's).
       ++pending_decisions_;

@@ -266,17 +266,20 @@ TEST_CASE("ContractEnvironmentIsComplete") {
 
 }  // namespace
 
+// What the trainer does once it can be recovered in place (base/collective_ring.h).
+constexpr const char* kDeclareInPlace = "touch \"$LAUNCH_COLLECTIVE_RING.in_place\"";
+
 TEST_CASE("ADeadWorkerIsReplacedInPlaceWhileItsSiblingsGoOn") {
-  // Rank 1's first worker dies by SIGKILL; its replacement (LAUNCH_RECOVER_GENERATION=1) and
-  // the sibling, which is still the first process, finish. The sibling waits for it (a file).
+  // Rank 1's first worker says it can be recovered in place (as the trainer does once its group
+  // formed), then dies by SIGKILL; its replacement (LAUNCH_RECOVER_GENERATION=1) and the
+  // sibling, which is still the first process, finish. The sibling waits for it (a file).
   Captured cap;
   char dir[] = "/tmp/wg_replace_XXXXXX";
   REQUIRE(mkdtemp(dir) != nullptr);
   const std::string flag = std::string(dir) + "/replaced";
-  const std::string rank1 =
-      "if [ -z \"$LAUNCH_RECOVER_GENERATION\" ]; then kill -9 $$; fi; echo "
-      "$LAUNCH_RECOVER_GENERATION > " +
-      flag;
+  const std::string rank1 = "if [ -z \"$LAUNCH_RECOVER_GENERATION\" ]; then " +
+                            std::string(kDeclareInPlace) +
+                            "; kill -9 $$; fi; echo $LAUNCH_RECOVER_GENERATION > " + flag;
   const std::string rank0 = "i=0; while [ ! -e " + flag +
                             " ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done; echo sibling";
   WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then " + rank1 + "; else " + rank0 + "; fi", 2);
@@ -307,6 +310,24 @@ TEST_CASE("ADeadWorkerIsReplacedInPlaceWhileItsSiblingsGoOn") {
   rmdir(dir);
 }
 
+TEST_CASE("ADeadWorkerThatNeverSaidItCanBeRecoveredInPlaceRestartsTheGroupWithoutAsking") {
+  // Killed before it declared itself (its group not formed, or a mode with state on each rank
+  // alone): nothing is asked, the group fails at once and the log says why.
+  Captured cap;
+  WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 5", 2);
+  int asked = 0;
+  spec.replace_in_place = [&](const WorkerExit&, WorkerGroupSpec::ReplaceDecision decide) {
+    ++asked;
+    decide(1);
+  };
+  GroupResult r = RunGroup(spec, cap.out_fd);
+  CHECK(r.outcome == GroupResult::Outcome::kFailed);
+  CHECK(asked == 0);
+  CHECK(r.replaced.empty());
+  REQUIRE(!r.failures.empty());
+  CHECK(r.failures[0].status.signal == SIGKILL);
+}
+
 TEST_CASE("AWorkerThatExitsWithACodeIsNotReplacedInPlace") {
   // A code of its own means it gave up: the group stops as always, without asking.
   Captured cap;
@@ -326,7 +347,9 @@ TEST_CASE("AWorkerThatExitsWithACodeIsNotReplacedInPlace") {
 
 TEST_CASE("ADeadWorkerIsNotReplacedWhenTheAgentSaysNo") {
   Captured cap;
-  WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 5", 2);
+  WorkerGroupSpec spec =
+      Sh("if [ \"$RANK\" = 1 ]; then " + std::string(kDeclareInPlace) + "; kill -9 $$; fi; sleep 5",
+         2);
   spec.replace_in_place = [](const WorkerExit&, WorkerGroupSpec::ReplaceDecision decide) {
     decide(0);
   };
@@ -342,8 +365,8 @@ TEST_CASE("ADeadWorkersSlotStaysPendingUntilTheAgentDecides") {
   // the replacement gets. The answer comes from the poke, after the worker is gone.
   Captured cap;
   WorkerGroupSpec spec =
-      Sh("if [ -z \"$LAUNCH_RECOVER_GENERATION\" ]; then kill -9 $$; fi; "
-         "echo generation $LAUNCH_RECOVER_GENERATION",
+      Sh("if [ -z \"$LAUNCH_RECOVER_GENERATION\" ]; then " + std::string(kDeclareInPlace) +
+             "; kill -9 $$; fi; echo generation $LAUNCH_RECOVER_GENERATION",
          1);
   WorkerGroupSpec::ReplaceDecision later;
   spec.replace_in_place = [&](const WorkerExit&, WorkerGroupSpec::ReplaceDecision decide) {

@@ -328,6 +328,16 @@ void OnStackDump(int signo) {
 
 int StackDumpSignal() { return SIGRTMIN + 6; }
 
+bool DeclareInPlaceRecovery() {
+  const char* path = std::getenv(kCollectiveRingEnv);
+  if (path == nullptr || *path == '\0') return false;
+  const int fd = ::open(InPlacePathFor(path).c_str(),
+                        O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
+}
+
 void InstallStackDump(const std::string& path) {
   if (path.size() >= sizeof g_stack_path) return;
   std::memcpy(g_stack_path, path.c_str(), path.size() + 1);

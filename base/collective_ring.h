@@ -152,4 +152,15 @@ inline std::string StackPathFor(const std::string& ring_path) { return ring_path
 // thread. Async-signal-safe apart from backtrace()'s first call, which this makes now.
 void InstallStackDump(const std::string& path);
 
+// Beside a worker's ring: the file a worker creates once it can be recovered in place (launch
+// --recover in_place): its process group has formed and its mode keeps no state on one rank
+// alone (ddp; not ZeRO, pipelines, Local SGD). Without it the agent restarts every worker when
+// a rank dies, instead of first spending a restart on a replacement the others cannot take in
+// (they are still forming their group, or nothing could hand it its state). The agent removes it
+// with the ring.
+inline std::string InPlacePathFor(const std::string& ring_path) { return ring_path + ".in_place"; }
+// Creates InPlacePathFor(this process's kCollectiveRingEnv). False when there is no ring path
+// (not started by launch) or the file cannot be made.
+bool DeclareInPlaceRecovery();
+
 }  // namespace launch

@@ -250,8 +250,8 @@ class RecoverInPlaceTest(unittest.TestCase):
         r, out, marker = self.run_job("before_join", "1:0:join")
         text = r.stdout + r.stderr
         self.assertEqual(r.returncode, 0, text[-4000:])
-        self.assertIn("rank 1 died before its process group formed: nothing to recover in place, "
-                      "every worker restarts", text)
+        self.assertIn("rank 1 cannot be recovered in place (it died before its process group "
+                      "formed): every worker restarts", text)
         self.assertNotIn("did not form within", text)
         self.assertNotIn("starting a replacement", text)
         self.assertEqual(final(out)["param_checksum"],
@@ -268,15 +268,20 @@ class RecoverInPlaceTest(unittest.TestCase):
 
     def test_mode_without_in_place_recovery_restarts_everyone(self):
         # Local SGD's replicas differ between averages: a lost rank restarts the job (no
-        # checkpoint here: from step 0), which still ends as an undisturbed run does.
+        # checkpoint here: from step 0), which still ends as an undisturbed run does. The agent
+        # restarts everyone at once, as --recover restart would: with one restart allowed, the
+        # job finishes (a replacement first would have spent it).
         ref, ref_out, _ = self.run_job("lsgd_ref", "", extra=("--", "--local_sgd_steps", "4"))
         self.assertEqual(ref.returncode, 0, ref.stderr[-4000:])
-        r, out, marker = self.run_job("lsgd", "1:9:backward",
+        r, out, marker = self.run_job("lsgd", "1:9:backward", max_restarts=1,
                                       extra=("--", "--local_sgd_steps", "4"))
         text = r.stdout + r.stderr
         self.assertEqual(r.returncode, 0, text[-4000:])
         self.assertIn("in-place recovery needs ddp", text)
-        self.assertRegex(text, r"restart \d of 3\b")
+        self.assertIn("rank 1 cannot be recovered in place (its mode keeps state on each rank "
+                      "alone, or it died before Prepare): every worker restarts", text)
+        self.assertNotIn("starting a replacement", text)
+        self.assertRegex(text, r"restart 1 of 1\b")
         self.assertEqual(final(out)["param_checksum"], final(ref_out)["param_checksum"])
         self.check_clean(marker)
 

@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "base/collective_ring.h"
 #include "base/environment.h"
 #include "base/exit_status.h"
 #include "base/files.h"
@@ -252,6 +253,9 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
           (data_pg_ == pg_ ? std::string("in ") + strategy_->Name() + " mode"
                            : "with " + layout_->Describe()) +
           " a lost rank restarts every worker (from the last checkpoint)");
+  // From here a lost rank of this process is replaced alone (its agent asks the file): the
+  // group has formed and the mode can hand a replacement its state.
+  if (recover_) (void)DeclareInPlaceRecovery();
   if (recover_ && env_.recover_generation > 0) {
     // A replacement: the run's state comes from a live peer (ExchangeState), not from rank 0's
     // broadcast, which the survivors are not making.
