@@ -186,7 +186,13 @@ void RendezvousClient::RetryLater(const std::string& why) {
 void RendezvousClient::OnConnected(tcp::socket socket) {
   conn_ = Connection::Create(std::move(socket), Receiver::kAgent, options_.join.max_nodes);
   heard_since_welcome_ = false;
-  conn_->SetReadTimeout(options_.handshake_timeout);
+  // Bounded by join_timeout as the connection attempt is (Connect), so that a server that
+  // accepts and never answers fails the join at its deadline, not a handshake later.
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline_ - std::chrono::steady_clock::now());
+  conn_->SetReadTimeout(std::max(std::chrono::milliseconds(1),
+                                 std::min<std::chrono::milliseconds>(options_.handshake_timeout,
+                                                                     left)));
   conn_->SetWriteTimeout(options_.write_timeout);
   std::weak_ptr<RendezvousClient> weak = shared_from_this();
   conn_->Start({[weak](MessageType type, Fields fields) {

@@ -7,6 +7,7 @@ import os
 import stat
 import random
 import shutil
+import socket
 import subprocess
 import time
 import unittest
@@ -192,6 +193,24 @@ class RendezvousMessagesTest(unittest.TestCase):
         self.assertIn(f"cannot reach the rendezvous server at 127.0.0.1:{port} within 3 s",
                       r.stderr)
         self.assertLess(time.monotonic() - start, 30)
+
+    def test_an_endpoint_that_accepts_and_never_answers_fails_at_join_timeout(self):
+        # Something listens on the port but says nothing (not a rendezvous server, or a hung
+        # one): the join ends at join_timeout (2 s), not after a whole handshake wait (5 s).
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(8)
+            port = listener.getsockname()[1]
+            start = time.monotonic()
+            r = subprocess.run([LAUNCH, "--nnodes", "2", "--node_rank", "1", "--master_addr",
+                                "127.0.0.1", "--master_port", str(port), "--rdzv_conf",
+                                "join_timeout=2", "--", "true"],
+                               capture_output=True, text=True, timeout=60)
+            took = time.monotonic() - start
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"cannot reach the rendezvous server at 127.0.0.1:{port} within 2 s "
+                      "(join_timeout): no handshake", r.stderr)
+        self.assertLess(took, 4.5, r.stderr)
 
     def test_another_jobs_rendezvous_on_the_port_is_named_as_such(self):
         port = str(free_port())
