@@ -25,6 +25,7 @@
 #include "config/help_format.h"
 #include "config/loader.h"
 #include "config/train_cli.h"
+#include "config/value_text.h"
 #include "launcher/accelerate_env.h"
 #include "launcher/env_report.h"
 #include "launcher/job_identity.h"
@@ -686,6 +687,12 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
     // start), not on the YAML file again: flags and environment reach every rank.
     plan.effective_config = EffectiveConfigPath(cfg, sys);
     argv = {bin_dir + "/train", "--effective_config", plan.effective_config};
+    // A hang is to be reported, naming the rank that hangs, before it times out.
+    if (cfg.stall_timeout_s > 0 && cfg.train.collective_timeout_s <= cfg.stall_timeout_s)
+      Warn("train.collective_timeout (" + config::Num(cfg.train.collective_timeout_s) +
+           " s) is not above --stall_timeout (" + config::Num(cfg.stall_timeout_s) +
+           " s): a hung collective would fail with the transport's timeout before the stall "
+           "report names the rank that hangs");
     argv.insert(argv.end(), cfg.extra_args.begin(), cfg.extra_args.end());
   } else if (cfg.config_path.empty()) {
     return Status::InvalidConfig(

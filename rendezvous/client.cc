@@ -190,9 +190,9 @@ void RendezvousClient::OnConnected(tcp::socket socket) {
   // accepts and never answers fails the join at its deadline, not a handshake later.
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline_ - std::chrono::steady_clock::now());
-  conn_->SetReadTimeout(std::max(std::chrono::milliseconds(1),
-                                 std::min<std::chrono::milliseconds>(options_.handshake_timeout,
-                                                                     left)));
+  conn_->SetReadTimeout(
+      std::max(std::chrono::milliseconds(1),
+               std::min<std::chrono::milliseconds>(options_.handshake_timeout, left)));
   conn_->SetWriteTimeout(options_.write_timeout);
   std::weak_ptr<RendezvousClient> weak = shared_from_this();
   conn_->Start({[weak](MessageType type, Fields fields) {

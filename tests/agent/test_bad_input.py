@@ -176,6 +176,22 @@ class RefusalsNameTheirSetting(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
 
 
+    def test_a_collective_timeout_below_the_stall_report_is_warned_of(self):
+        # The hang would fail with the transport's timeout before the stall report names the
+        # rank that hangs. The defaults (3600 s against 1800 s) are in the right order.
+        train = ("train: {max_steps: 1, model: {type: mlp, layers: [4, 2]}, "
+                 "data: {type: synthetic, samples: 64}, batch_size: 8%s}\n")
+        short = self.write("short.yaml", train % ", collective_timeout: 60")
+        r = self.launch("--stall_timeout", "120", "--print_config", short)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("train.collective_timeout (60 s) is not above --stall_timeout (120 s)",
+                      r.stderr)
+        default = self.write("default.yaml", train % "")
+        r = self.launch("--print_config", default)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("collective_timeout", r.stderr)
+
+
 class RendezvousMessagesTest(unittest.TestCase):
     """What a node says when the rendezvous is not what it expects (the ecosystem review's
     silent or misleading cases): said at once, naming the cause."""
