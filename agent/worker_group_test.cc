@@ -310,17 +310,24 @@ TEST_CASE("ADeadWorkerIsReplacedInPlaceWhileItsSiblingsGoOn") {
   rmdir(dir);
 }
 
-TEST_CASE("ADeadWorkerThatNeverSaidItCanBeRecoveredInPlaceRestartsTheGroupWithoutAsking") {
-  // Killed before it declared itself (its group not formed, or a mode with state on each rank
-  // alone): nothing is asked, the group fails at once and the log says why.
+// Runs two workers whose rank 1 ends by `rank1` under an agent that would replace it; the
+// group's result and how often the agent was asked.
+std::pair<GroupResult, int> RunAskingToReplace(const std::string& rank1) {
   Captured cap;
-  WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then kill -9 $$; fi; sleep 5", 2);
+  WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then " + rank1 + "; fi; sleep 5", 2);
   int asked = 0;
   spec.replace_in_place = [&](const WorkerExit&, WorkerGroupSpec::ReplaceDecision decide) {
     ++asked;
     decide(1);
   };
   GroupResult r = RunGroup(spec, cap.out_fd);
+  return {std::move(r), asked};
+}
+
+TEST_CASE("ADeadWorkerThatNeverSaidItCanBeRecoveredInPlaceRestartsTheGroupWithoutAsking") {
+  // Killed before it declared itself (its group not formed, or a mode with state on each rank
+  // alone): nothing is asked, the group fails at once and the log says why.
+  auto [r, asked] = RunAskingToReplace("kill -9 $$");
   CHECK(r.outcome == GroupResult::Outcome::kFailed);
   CHECK(asked == 0);
   CHECK(r.replaced.empty());
@@ -330,14 +337,7 @@ TEST_CASE("ADeadWorkerThatNeverSaidItCanBeRecoveredInPlaceRestartsTheGroupWithou
 
 TEST_CASE("AWorkerThatExitsWithACodeIsNotReplacedInPlace") {
   // A code of its own means it gave up: the group stops as always, without asking.
-  Captured cap;
-  WorkerGroupSpec spec = Sh("if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 5", 2);
-  int asked = 0;
-  spec.replace_in_place = [&](const WorkerExit&, WorkerGroupSpec::ReplaceDecision decide) {
-    ++asked;
-    decide(1);
-  };
-  GroupResult r = RunGroup(spec, cap.out_fd);
+  auto [r, asked] = RunAskingToReplace("exit 3");
   CHECK(r.outcome == GroupResult::Outcome::kFailed);
   CHECK(asked == 0);
   CHECK(r.replaced.empty());

@@ -10,8 +10,9 @@
 // The file is written only after the last answer, atomically (a temporary file in the same
 // directory, fsync, rename), so Ctrl-C or a closed terminal leaves no file and no partial file
 // behind. What is written always loads with config::LoadYamlFile (checked before writing).
-// Keys carry accelerate's names where accelerate has one (its default_config.yaml's); nproc_per_node,
-// max_restarts, rdzv_token and `train:` are launch's own. Every key carries a comment.
+// Keys carry accelerate's names where accelerate has one (its default_config.yaml's);
+// nproc_per_node, max_restarts, rdzv_token and `train:` are launch's own. Every key carries a
+// comment.
 
 #include <map>
 #include <string>
