@@ -92,8 +92,11 @@ const EnumTable<ParallelMode> kParallelModes = {{"none", ParallelMode::kNone},
                                                 {"ddp", ParallelMode::kDdp},
                                                 {"pipeline", ParallelMode::kPipeline},
                                                 {"zero", ParallelMode::kZero}};
-const EnumTable<PipelineSchedule> kSchedules = {{"gpipe", PipelineSchedule::kGPipe},
-                                                {"1f1b", PipelineSchedule::k1F1B}};
+const EnumTable<PipelineSchedule> kSchedules = {
+    {"gpipe", PipelineSchedule::kGPipe},
+    {"1f1b", PipelineSchedule::k1F1B},
+    {"interleaved_1f1b", PipelineSchedule::kInterleaved1F1B},
+    {"zero_bubble", PipelineSchedule::kZeroBubble}};
 const EnumTable<CommHook> kCommHooks = {{"none", CommHook::kNone}, {"bf16", CommHook::kBf16}};
 const EnumTable<OuterOptimizer> kOuterOptimizers = {{"average", OuterOptimizer::kAverage},
                                                     {"nesterov", OuterOptimizer::kNesterov}};

@@ -30,7 +30,7 @@ enum class OptimizerType { kSgd, kAdam, kAdamW };
 enum class OptimizerImplementation { kAuto, kForLoop, kForeach, kFused };
 enum class SchedulerType { kConstant, kLinear, kCosine };
 enum class ParallelMode { kNone, kDp, kDdp, kPipeline, kZero };
-enum class PipelineSchedule { kGPipe, k1F1B };
+enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble };
 // ddp: how gradient buckets travel (accelerate's DDPCommunicationHookType): as they are, or
 // cast to bfloat16 for the all-reduce and back (PyTorch's bf16_compress_hook).
 enum class CommHook { kNone, kBf16 };
@@ -158,8 +158,13 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   int microbatches = 4;  // pipeline: micro-batches per optimizer step
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
-  std::vector<int64_t> partition;  // pipeline: layers per stage; empty = balance by parameters
-  bool loss_in_replica = true;     // dp: compute the loss inside each replica (scalar gather)
+  // interleaved_1f1b: model chunks each rank holds (Megatron's virtual pipeline stages): the
+  // model is cut into stages x virtual_stages chunks, rank s holding chunks s, s + stages, ...
+  int virtual_stages = 1;
+  // pipeline: layers per chunk (stages x virtual_stages of them, in model order); empty =
+  // balanced by parameters.
+  std::vector<int64_t> partition;
+  bool loss_in_replica = true;  // dp: compute the loss inside each replica (scalar gather)
   // ddp: find the parameters a forward did not use (PyTorch DDP's option of the same name), so
   // a model with an unused head or branch trains; costs a graph walk per synchronised step.
   bool find_unused_parameters = false;

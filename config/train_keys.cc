@@ -400,8 +400,10 @@ std::vector<TrainKey> BuildTable() {
       Range("parallel.microbatches", FIELD(parallel.microbatches), 1, 1 << 20,
             "pipeline: micro-batches per optimizer step"),
       Enum("parallel.schedule", FIELD(parallel.schedule), kSchedules, "pipeline schedule"),
+      Range("parallel.virtual_stages", FIELD(parallel.virtual_stages), 1, 64,
+            "interleaved_1f1b: model chunks per rank"),
       List("parallel.partition", FIELD(parallel.partition), 1,
-           "pipeline: layers per stage; [] = balanced by parameters"),
+           "pipeline: layers per chunk (stages x virtual_stages); [] = balanced by parameters"),
       Value("parallel.loss_in_replica", FIELD(parallel.loss_in_replica),
             "dp: the loss inside each replica (scalar gather)")
           .Identity(Mode(ParallelMode::kDp)),

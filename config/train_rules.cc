@@ -196,19 +196,54 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
     }
   }
   if (p.pipelined()) {
-    if (p.schedule == PipelineSchedule::k1F1B && p.microbatches < p.stages)
+    if ((p.schedule == PipelineSchedule::k1F1B || p.schedule == PipelineSchedule::kZeroBubble) &&
+        p.microbatches < p.stages)
       return Broken("parallel.microbatches",
-                    "1F1B needs at least as many micro-batches (" + N(p.microbatches) +
+                    std::string(p.schedule == PipelineSchedule::k1F1B ? "1F1B" : "zero_bubble") +
+                        " needs at least as many micro-batches (" + N(p.microbatches) +
                         ") as stages (" + N(p.stages) + ")",
                     {"parallel.microbatches", "parallel.stages"});
+    if (p.schedule == PipelineSchedule::kInterleaved1F1B) {
+      if (p.stages < 2)
+        return Broken("parallel.schedule",
+                      "interleaved_1f1b passes each micro-batch around the ranks of a pipeline "
+                      "virtual_stages times; it needs parallel.stages above 1",
+                      {"parallel.schedule", "parallel.stages"});
+      if (p.virtual_stages < 2)
+        return Broken("parallel.virtual_stages",
+                      "interleaved_1f1b needs at least 2 model chunks per rank (got " +
+                          N(p.virtual_stages) + "); with one, use schedule 1f1b",
+                      {"parallel.virtual_stages", "parallel.schedule"});
+      if (p.microbatches % p.stages != 0)
+        return Broken("parallel.microbatches",
+                      "interleaved_1f1b runs micro-batches in groups of parallel.stages (" +
+                          N(p.stages) + "); " + N(p.microbatches) + " is not a multiple of it",
+                      {"parallel.microbatches", "parallel.stages"});
+    }
+    if ((p.schedule == PipelineSchedule::kZeroBubble ||
+         p.schedule == PipelineSchedule::kInterleaved1F1B) &&
+        ((p.data_mode() == ParallelMode::kZero && p.zero_stage >= 2) || t.sync_each_batch))
+      return Broken("parallel.schedule",
+                    std::string(ToString(p.schedule)) +
+                        " leaves a parameter's gradient whole only after the schedule's last "
+                        "pass over it (weight passes run late; each chunk's passes interleave "
+                        "with the others'), so the data axis reduces once per step; it does not "
+                        "combine with reducing each micro-batch (parallel.zero_stage 2 or 3, "
+                        "sync_each_batch): use zero_stage 1 or schedule 1f1b",
+                    {"parallel.schedule", "parallel.zero_stage", "sync_each_batch"});
     if (t.batch_size < p.microbatches)
       return Broken("batch_size",
                     N(t.batch_size) + " is smaller than train.parallel.microbatches " +
                         N(p.microbatches) + "; every micro-batch needs at least one row",
                     {"batch_size", "parallel.microbatches"});
-    if (!p.partition.empty() && static_cast<int>(p.partition.size()) != p.stages)
-      return Broken("parallel.partition", "has " + N(static_cast<int64_t>(p.partition.size())) +
-                                              " entries but stages is " + N(p.stages));
+    if (!p.partition.empty() && static_cast<int>(p.partition.size()) != p.stages * p.virtual_stages)
+      return Broken("parallel.partition",
+                    "has " + N(static_cast<int64_t>(p.partition.size())) +
+                        " entries but the model is cut into " + N(p.stages * p.virtual_stages) +
+                        " chunks (stages " + N(p.stages) +
+                        (p.virtual_stages > 1 ? " x virtual_stages " + N(p.virtual_stages) : "") +
+                        ")",
+                    {"parallel.partition", "parallel.stages", "parallel.virtual_stages"});
     if (t.local_sgd_steps > 0)
       return Broken("local_sgd_steps", "Local SGD does not combine with pipeline mode");
     if (m.type == ModelType::kCnn)
@@ -231,6 +266,11 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                                : N(static_cast<int64_t>(m.torchscript_stages.size()))));
       if (!p.partition.empty())
         return Broken("parallel.partition", "does not apply to a list of TorchScript stages");
+      if (p.virtual_stages > 1)
+        return Broken("parallel.virtual_stages",
+                      "a list of TorchScript stages holds one per rank; interleaving needs the "
+                      "built-in mlp or transformer (or the library's PreparePipeline with chunks)",
+                      {"parallel.virtual_stages", "model.torchscript"});
     }
   }
   return std::nullopt;
@@ -283,6 +323,8 @@ Status ValidateTrain(LaunchConfig* cfg, int world_size) {
       {"parallel.microbatches", p.pipelined(), "a pipeline (stages > 1, or mode pipeline)"},
       {"parallel.schedule", p.pipelined(), "a pipeline (stages > 1, or mode pipeline)"},
       {"parallel.partition", p.pipelined(), "a pipeline (stages > 1, or mode pipeline)"},
+      {"parallel.virtual_stages", p.schedule == PipelineSchedule::kInterleaved1F1B,
+       "schedule interleaved_1f1b"},
   };
   for (const auto& k : mode_keys) {
     auto given = cfg->origins.find(std::string("train.") + k.key);

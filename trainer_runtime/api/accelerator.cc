@@ -35,6 +35,7 @@
 #include "trainer_runtime/compat/platform.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/model.h"
+#include "trainer_runtime/model/pipeline_stages.h"
 #include "trainer_runtime/parallel/layout.h"
 #include "trainer_runtime/parallel/pipeline_engine.h"
 #include "trainer_runtime/parallel/strategy.h"
@@ -289,13 +290,27 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
 
 Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
                                     std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  return PreparePipeline(std::vector<torch::nn::AnyModule>{std::move(stage)}, std::move(optimizer));
+}
+
+Status Accelerator::PreparePipeline(std::vector<torch::nn::AnyModule> chunks,
+                                    std::shared_ptr<torch::optim::Optimizer> optimizer) {
   LAUNCH_CHECK(!prepared_);
   if (!options_.parallel.pipelined())
     return Status::InvalidConfig(
         "PreparePipeline needs a pipeline: train.parallel.stages above 1 or parallel.mode "
         "pipeline (got mode " +
         std::string(config::ToString(options_.parallel.mode)) + ", stages 1)");
-  module_ = stage.ptr();
+  const int virtual_stages = options_.parallel.virtual_stages;
+  if (static_cast<int>(chunks.size()) != virtual_stages)
+    return Status::InvalidConfig("PreparePipeline got " + std::to_string(chunks.size()) +
+                                 " model chunks for this rank; train.parallel.virtual_stages is " +
+                                 std::to_string(virtual_stages));
+  if (chunks.size() == 1) {
+    module_ = chunks.front().ptr();
+  } else {
+    LAUNCH_ASSIGN_OR_RETURN(module_, JoinChunks(chunks));
+  }
   // In place, as Prepare does, so the optimizer's references hold.
   if (!device_.is_cpu()) module_->to(device_);
   model_ = std::make_shared<Model>(module_);
@@ -307,12 +322,13 @@ Status Accelerator::PreparePipeline(torch::nn::AnyModule stage,
   // The engine sums the stage's norm (the data strategy's) over the stages.
   if (tensor_group_)
     data->SetTensorGroup(tensor_group_, SplitParameters(*module_, model_->Parameters()));
-  LAUNCH_ASSIGN_OR_RETURN(
-      std::unique_ptr<PipelineEngine> engine,
-      PipelineEngine::Create(
-          options_, env_, *platform_, *layout_, pg_, model_,
-          [stage](const torch::Tensor& x) mutable { return stage.forward<torch::Tensor>(x); },
-          std::move(data), timeout_));
+  std::vector<PipelineEngine::ForwardFn> forwards;
+  for (torch::nn::AnyModule& chunk : chunks)
+    forwards.push_back(
+        [chunk](const torch::Tensor& x) mutable { return chunk.forward<torch::Tensor>(x); });
+  LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<PipelineEngine> engine,
+                          PipelineEngine::Create(options_, env_, *platform_, *layout_, pg_, model_,
+                                                 std::move(forwards), std::move(data), timeout_));
   strategy_ = std::move(engine);
   // Stages start from their first replica's weights, as Prepare's broadcast under ddp.
   strategy_->Setup();

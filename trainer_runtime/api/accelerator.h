@@ -203,6 +203,12 @@ class Accelerator {
   // REQUIRES: options().parallel.pipelined() (stages > 1, or mode pipeline).
   Status PreparePipeline(torch::nn::AnyModule stage,
                          std::shared_ptr<torch::optim::Optimizer> optimizer);
+  // The same with this rank's chunks of an interleaved pipeline (parallel.schedule
+  // interleaved_1f1b, virtual_stages v): chunks stage_index() + k x num_stages() for k < v, in
+  // that order (pipeline_stages.h: JoinChunks, whose parameters the optimizer is over).
+  // InvalidConfig when their number is not parallel.virtual_stages.
+  Status PreparePipeline(std::vector<torch::nn::AnyModule> chunks,
+                         std::shared_ptr<torch::optim::Optimizer> optimizer);
   std::shared_ptr<torch::optim::Optimizer> optimizer() const { return optimizer_; }
   // Stages per pipeline, this rank's stage; data-parallel ranks (replicas), this rank's replica.
   int num_stages() const;

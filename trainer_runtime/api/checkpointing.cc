@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -543,6 +544,28 @@ StatusOr<bool> Accelerator::LoadStateAt(const std::string& dir, std::optional<in
   return true;
 }
 
+namespace {
+
+// Whether this rank's folder of a checkpoint cut as this layout is holds the parameters `model`
+// has: the same cut can hold other layers, as an interleaved pipeline's rank keeps several
+// chunks, so another virtual_stages gives its stage folder other parameters.
+bool HoldsItsParameters(const std::vector<ShardFolder>& folders, const ParallelLayout& layout,
+                        const Model& model) {
+  for (const ShardFolder& f : folders) {
+    if (f.stage != layout.coordinate(Axis::kStage) ||
+        f.tensor != layout.coordinate(Axis::kTensor) || !HasShardedOptimizerState(f.path))
+      continue;
+    StatusOr<std::vector<std::string>> names = ShardIndexNames(f.path);
+    if (!names.ok()) return true;  // loading says what is wrong with the folder
+    std::set<std::string> held(names->begin(), names->end()), mine;
+    for (const auto& [name, p] : model.NamedParameters()) mine.insert(name);
+    return held == mine;
+  }
+  return true;
+}
+
+}  // namespace
+
 Status Accelerator::LoadPairState(const std::string& dir, const std::string& step_dir, size_t i,
                                   int64_t written_by) {
   Pair& pair = pairs_[i];
@@ -551,7 +574,8 @@ Status Accelerator::LoadPairState(const std::string& dir, const std::string& ste
   const int tensor = layout_->degree(Axis::kTensor);
   const std::vector<ShardFolder> folders =
       ShardFoldersOf(i == 0 ? step_dir : step_dir + "/pair" + std::to_string(i));
-  if (CutAs(folders, stages, tensor))
+  if (CutAs(folders, stages, tensor) &&
+      (!pipelined || HoldsItsParameters(folders, *layout_, *pair.model)))
     return pair.strategy->LoadModelState(PairDir(step_dir, i), *pair.optimizer, written_by);
   // Another layout wrote it: this rank's folder is made from the checkpoint's, in a scratch
   // folder of its own, and loaded as if this layout had written it.

@@ -2,8 +2,12 @@
 // built-in models (BuildStage).
 #include "trainer_runtime/model/pipeline_stages.h"
 
+#include <algorithm>
+#include <set>
+
 #include "trainer_runtime/model/layers.h"
 #include "trainer_runtime/model/model.h"
+#include "trainer_runtime/model/split_backward.h"
 
 namespace launch::trainer {
 namespace {
@@ -28,7 +32,8 @@ class MlpStageImpl : public torch::nn::Module, public TensorForward {
   torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
   torch::Tensor forward(torch::Tensor x) {
     for (size_t i = 0; i < layers_.size(); ++i) {
-      x = layers_[i]->forward(x);
+      // Linear's maths, its weight gradient left for later in a zero-bubble schedule.
+      x = SplitLinear(x, layers_[i]->weight, layers_[i]->bias);
       if (first_ + static_cast<int64_t>(i) + 1 < num_layers_) {
         x = torch::relu(x);
         if (dropout_ > 0) x = torch::dropout(x, dropout_, is_training());
@@ -156,6 +161,51 @@ StatusOr<torch::nn::AnyModule> BuildStage(const config::TrainConfig& cfg, int st
                             e.what_without_backtrace());
   }
   return any;
+}
+
+StatusOr<std::vector<torch::nn::AnyModule>> BuildStageChunks(const config::TrainConfig& cfg,
+                                                             int stage,
+                                                             const std::vector<int64_t>& sizes,
+                                                             const TensorGroupPtr& tensor) {
+  std::vector<torch::nn::AnyModule> chunks;
+  const int stages = cfg.parallel.stages;
+  // Without interleaving (and for a TorchScript list, never interleaved) the stage's own.
+  const int count =
+      sizes.size() > static_cast<size_t>(stages) ? static_cast<int>(sizes.size()) : stage + 1;
+  for (int chunk = stage; chunk < count; chunk += stages) {
+    LAUNCH_ASSIGN_OR_RETURN(torch::nn::AnyModule one, BuildStage(cfg, chunk, sizes, tensor));
+    chunks.push_back(std::move(one));
+  }
+  return chunks;
+}
+
+StatusOr<std::shared_ptr<torch::nn::Module>> JoinChunks(
+    const std::vector<torch::nn::AnyModule>& chunks) {
+  auto joined = std::make_shared<torch::nn::Module>("Chunks");
+  std::set<std::string> names;
+  auto claim = [&](const std::string& name, size_t chunk) -> Status {
+    if (names.insert(name).second) return Status::Ok();
+    return Status::InvalidArgument("JoinChunks: chunk " + std::to_string(chunk) + " has a '" +
+                                   name +
+                                   "' as an earlier chunk does; name each chunk's modules as "
+                                   "the whole model does (SequentialStage keeps its indices)");
+  };
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const std::shared_ptr<torch::nn::Module> chunk = chunks[c].ptr();
+    for (const auto& item : chunk->named_children()) {
+      LAUNCH_RETURN_IF_ERROR(claim(item.key(), c));
+      joined->register_module(item.key(), item.value());
+    }
+    for (const auto& item : chunk->named_parameters(/*recurse=*/false)) {
+      LAUNCH_RETURN_IF_ERROR(claim(item.key(), c));
+      joined->register_parameter(item.key(), item.value(), item.value().requires_grad());
+    }
+    for (const auto& item : chunk->named_buffers(/*recurse=*/false)) {
+      LAUNCH_RETURN_IF_ERROR(claim(item.key(), c));
+      joined->register_buffer(item.key(), item.value());
+    }
+  }
+  return joined;
 }
 
 StatusOr<torch::nn::AnyModule> SequentialStage(const torch::nn::Sequential& whole,

@@ -31,6 +31,16 @@ StatusOr<torch::nn::AnyModule> SequentialStage(const torch::nn::Sequential& whol
                                                const std::vector<int64_t>& layers_per_stage,
                                                int stage);
 
+// Interleaved schedules (train.parallel.schedule interleaved_1f1b): each rank holds several
+// chunks of the model, rank s of P the chunks s, s + P, s + 2P, ... of P x v (cut them with
+// SequentialStage or BuildStage, whose `stage` is then the chunk's index) and hands them to
+// Accelerator::PreparePipeline as a list. JoinChunks makes them one module for the optimizer and
+// the checkpoints: each chunk's submodules, parameters and buffers under their own names (the
+// whole model's, so they do not clash); the tensors are shared, not copied. InvalidArgument
+// naming a name two chunks both use.
+StatusOr<std::shared_ptr<torch::nn::Module>> JoinChunks(
+    const std::vector<torch::nn::AnyModule>& chunks);
+
 // Pipeline stages of the built-in models. LayerCosts: parameter count of each partitionable
 // layer (the balancing cost for PartitionLayers). BuildStage: stage `stage` of `sizes` layers
 // each, built from the whole model made from cfg.seed so its initial weights equal a single
@@ -41,5 +51,10 @@ std::vector<int64_t> LayerCosts(const config::ModelConfig& m);
 StatusOr<torch::nn::AnyModule> BuildStage(const config::TrainConfig& cfg, int stage,
                                           const std::vector<int64_t>& sizes,
                                           const TensorGroupPtr& tensor = TensorGroupPtr());
+// Rank `stage`'s chunks of the built-in model cut into `sizes` (stages x virtual_stages chunks):
+// BuildStage of chunks stage, stage + stages, ...; one (BuildStage's) without interleaving.
+StatusOr<std::vector<torch::nn::AnyModule>> BuildStageChunks(
+    const config::TrainConfig& cfg, int stage, const std::vector<int64_t>& sizes,
+    const TensorGroupPtr& tensor = TensorGroupPtr());
 
 }  // namespace launch::trainer

@@ -4,6 +4,8 @@
 #include <map>
 #include <unordered_set>
 
+#include "trainer_runtime/model/split_backward.h"
+
 namespace launch::trainer {
 namespace {
 
@@ -164,7 +166,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, Tens
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
   const torch::Tensor input = options_.sequence_parallel_ ? GatherFromSequenceRegion(x, group_)
                                                           : CopyToTensorRegion(x, group_);
-  torch::Tensor y = torch::nn::functional::linear(input, weight, bias);
+  torch::Tensor y = SplitLinear(input, weight, bias);
   if (!options_.gather_output_) return y;
   if (options_.fused_ == 1) return GatherFromTensorRegion(y, group_);
   // Gathered blocks come rank by rank; each rank's holds its share of every fused block.
@@ -220,8 +222,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, TensorGrou
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
   const torch::Tensor input = input_is_parallel_ ? x : ScatterToTensorRegion(x, group_);
   // Linear's own maths when whole (bit for bit).
-  if (Unsplit(group_)) return torch::nn::functional::linear(input, weight, bias);
-  torch::Tensor partial = torch::nn::functional::linear(input, weight);
+  if (Unsplit(group_)) return SplitLinear(input, weight, bias);
+  torch::Tensor partial = SplitLinear(input, weight);
   torch::Tensor y = sequence_parallel_ ? ReduceScatterToSequenceRegion(partial, group_)
                                        : ReduceFromTensorRegion(partial, group_);
   if (!bias.defined()) return y;

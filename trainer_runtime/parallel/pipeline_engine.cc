@@ -12,6 +12,7 @@
 #include "base/host.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/model/autocast.h"
+#include "trainer_runtime/model/split_backward.h"
 #include "trainer_runtime/parallel/strategy.h"
 #include "trainer_runtime/util/loop_util.h"
 #include "trainer_runtime/util/timeline.h"
@@ -21,9 +22,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Activations travel with a fixed-size header: ndim, up to 6 sizes, scalar type.
-constexpr int kHeaderLen = 8;
-constexpr int kMaxDims = kHeaderLen - 2;
+// Activations travel with a fixed-size header: ndim, up to 6 sizes, scalar type, and the chunk
+// and micro-batch of the op that takes it (a check that the two ranks' schedules agree).
+constexpr int kHeaderLen = 10;
+constexpr int kMaxDims = 6;
+constexpr int kDtypeAt = 7, kChunkAt = 8, kMicroAt = 9;
 constexpr int kActivationTag = 0;
 constexpr int kGradientTag = 1;
 
@@ -37,27 +40,52 @@ PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const Platform& p
       device_(platform.device()),
       autocast_dtype_(platform.autocast().dtype),
       world_(std::move(world)) {
-  ops_ = BuildPipelineSchedule(cfg.parallel.schedule, stages(), stage(), microbatches_);
+  const int chunks = cfg.parallel.schedule == config::PipelineSchedule::kInterleaved1F1B
+                         ? cfg.parallel.virtual_stages
+                         : 1;
+  ops_ = BuildPipelineSchedule(cfg.parallel.schedule, stages(), stage(), microbatches_, chunks);
   for (size_t i = 0; i < ops_.size(); ++i) {
-    // This engine runs one chunk per rank and whole backwards (GPipe, 1F1B); the interleaved
-    // and zero-bubble schedules of pipeline_schedule.h are not run by it yet.
-    LAUNCH_CHECK(ops_[i].chunk == 0 && (ops_[i].kind == PipeOp::Kind::kForward ||
-                                        ops_[i].kind == PipeOp::Kind::kBackward));
-    if (ops_[i].kind == PipeOp::Kind::kBackward) last_backward_ = i;
+    if (ops_[i].kind == PipeOp::Kind::kBackward || ops_[i].kind == PipeOp::Kind::kBackwardInput)
+      last_backward_ = i;
+    if (ops_[i].kind == PipeOp::Kind::kBackwardWeight) sync_after_ = true;
   }
+  sync_after_ = sync_after_ || chunks > 1;
+  // Under autocast the Linear maths run in a lower precision than the store's (split_backward.h):
+  // the input passes then do the whole backward and the weight passes nothing.
+  split_backward_ = cfg.parallel.schedule == config::PipelineSchedule::kZeroBubble &&
+                    autocast_dtype_ == c10::ScalarType::Undefined;
 }
 
 StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
     const config::TrainConfig& cfg, const DistEnv& env, const Platform& platform,
     const ParallelLayout& layout, c10::intrusive_ptr<CountingProcessGroup> world,
-    std::shared_ptr<Model> model, ForwardFn forward, std::unique_ptr<ParallelStrategy> data,
-    std::chrono::milliseconds timeout) {
+    std::shared_ptr<Model> model, std::vector<ForwardFn> forwards,
+    std::unique_ptr<ParallelStrategy> data, std::chrono::milliseconds timeout) {
   std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, platform, layout, world));
+  const size_t chunks =
+      static_cast<size_t>(engine->ops_.empty() ? 1
+                                               : std::max_element(
+                                                     engine->ops_.begin(), engine->ops_.end(),
+                                                     [](const PipeOp& a, const PipeOp& b) {
+                                                       return a.chunk < b.chunk;
+                                                     })->chunk +
+                                                     1);
+  if (forwards.size() != chunks)
+    return Status::InvalidConfig("the pipeline's schedule (train.parallel.schedule " +
+                                 std::string(config::ToString(cfg.parallel.schedule)) + ") runs " +
+                                 std::to_string(chunks) + " model chunks on each rank; got " +
+                                 std::to_string(forwards.size()));
+  if (engine->sync_after_ && data->SyncGradients(/*window_closes=*/false))
+    return Status::InvalidConfig(
+        "train.parallel.schedule " + std::string(config::ToString(cfg.parallel.schedule)) +
+        ": the data strategy reduces every micro-batch (parallel.zero_stage 2 or 3, "
+        "sync_each_batch), but under this schedule a parameter's gradient is whole only after "
+        "the schedule's last pass over it; use zero_stage 1 or schedule 1f1b");
   LAUNCH_ASSIGN_OR_RETURN(engine->stage_pg_,
                           CreateAxisGroup(layout, Axis::kStage, env, world, timeout));
   engine->stage_model_ = std::move(model);
   engine->model_ = engine->stage_model_.get();
-  engine->forward_ = std::move(forward);
+  engine->forwards_ = std::move(forwards);
   engine->data_ = std::move(data);
   return engine;
 }
@@ -100,14 +128,16 @@ StepCommStats PipelineEngine::TakeStepStats() {
   return out;
 }
 
-void PipelineEngine::SendActivation(const torch::Tensor& t) {
+void PipelineEngine::SendActivation(const torch::Tensor& t, int chunk, int micro) {
   TORCH_CHECK(t.dim() <= kMaxDims, "pipeline activations may have at most ", kMaxDims,
               " dimensions, got ", t.dim());
   auto header = torch::zeros({kHeaderLen}, torch::kLong);
   auto h = header.accessor<int64_t, 1>();
   h[0] = t.dim();
   for (int64_t i = 0; i < t.dim(); ++i) h[1 + i] = t.size(i);
-  h[kHeaderLen - 1] = static_cast<int64_t>(t.scalar_type());
+  h[kDtypeAt] = static_cast<int64_t>(t.scalar_type());
+  h[kChunkAt] = chunk;
+  h[kMicroAt] = micro;
   torch::Tensor body = t.contiguous();
   for (torch::Tensor* part : {&header, &body}) {
     std::vector<at::Tensor> v = {*part};
@@ -116,18 +146,22 @@ void PipelineEngine::SendActivation(const torch::Tensor& t) {
   }
 }
 
-torch::Tensor PipelineEngine::RecvActivation() {
+torch::Tensor PipelineEngine::RecvActivation(int chunk, int micro) {
   Timeline::Scope span("pipeline", "idle: receive activation from rank " + std::to_string(Prev()));
   auto header = torch::empty({kHeaderLen}, torch::kLong);
   std::vector<at::Tensor> hv = {header};
   world_->recv(hv, Prev(), kActivationTag)->wait();
   auto h = header.accessor<int64_t, 1>();
   TORCH_CHECK(h[0] >= 0 && h[0] <= kMaxDims, "corrupt activation header from rank ", Prev());
+  TORCH_CHECK(h[kChunkAt] == chunk && h[kMicroAt] == micro, "pipeline: rank ", Prev(),
+              " sent the activation of micro-batch ", h[kMicroAt], " for chunk ", h[kChunkAt],
+              " where this rank runs micro-batch ", micro, " of chunk ", chunk,
+              ": the two ranks run different schedules");
   std::vector<int64_t> sizes;
   for (int64_t i = 0; i < h[0]; ++i) sizes.push_back(h[1 + i]);
-  auto body = torch::empty(sizes, torch::TensorOptions()
-                                      .dtype(static_cast<c10::ScalarType>(h[kHeaderLen - 1]))
-                                      .device(device_));
+  auto body = torch::empty(
+      sizes,
+      torch::TensorOptions().dtype(static_cast<c10::ScalarType>(h[kDtypeAt])).device(device_));
   std::vector<at::Tensor> bv = {body};
   world_->recv(bv, Prev(), kActivationTag)->wait();
   return body;
@@ -151,29 +185,48 @@ torch::Tensor PipelineEngine::ForwardBackward(const torch::Tensor& x, const torc
   if (!rows_ok.ok()) throw compat::MakeError(rows_ok.message());
   const auto chunks = SplitRows(batch, microbatches_);
   // Which backward passes the data strategy synchronises: the window's last, or every one
-  // where it reduces each micro-batch (zero stages 2 and 3, sync_each_batch).
+  // where it reduces each micro-batch (zero stages 2 and 3, sync_each_batch); none when it
+  // synchronises after the schedule.
   const bool every = data_->SyncGradients(/*window_closes=*/false);
   struct Live {
-    torch::Tensor input;   // requires grad on every stage but the first
-    torch::Tensor output;  // activation sent on, or the weighted loss on the last stage
+    torch::Tensor input;   // requires grad on every chunk but the model's first
+    torch::Tensor output;  // activation sent on, or the weighted loss on the last chunk
     int64_t bytes = 0;
+    c10::intrusive_ptr<WeightGradStore> weights;  // split backwards: the weight pass' inputs
   };
-  std::map<int, Live> live;
+  using Key = std::pair<int, int>;  // (chunk, micro-batch)
+  std::map<Key, Live> live;         // forward ran, input gradient not yet
+  std::map<Key, Live> waiting;      // input gradient ran, weight pass not yet
   int64_t live_bytes = 0;
   double busy = 0, loss_sum = 0;
+  auto name = [&](const char* what, const PipeOp& op) {
+    std::string out = std::string(what) + " micro-batch " + std::to_string(op.micro);
+    if (virtual_stages() > 1) out += " chunk " + std::to_string(op.chunk);
+    return out;
+  };
   const auto window_start = Clock::now();
   for (size_t i = 0; i < ops_.size(); ++i) {
     const PipeOp& op = ops_[i];
+    const Key key{op.chunk, op.micro};
     const auto [offset, rows] = chunks[static_cast<size_t>(op.micro)];
     const double weight = scale * static_cast<double>(rows) / static_cast<double>(batch);
     if (op.kind == PipeOp::Kind::kForward) {
-      torch::Tensor input = first() ? x.narrow(0, offset, rows) : RecvActivation();
-      if (!first() && input.is_floating_point()) input.requires_grad_(true);
+      torch::Tensor input =
+          FirstChunk(op.chunk) ? x.narrow(0, offset, rows) : RecvActivation(op.chunk, op.micro);
+      if (!FirstChunk(op.chunk) && input.is_floating_point()) input.requires_grad_(true);
       const auto t0 = Clock::now();
-      Timeline::Scope span("pipeline", "forward micro-batch " + std::to_string(op.micro));
-      torch::Tensor out = StageForward(input);
-      Live entry{input, out, 0};
-      if (last()) {
+      Timeline::Scope span("pipeline", name("forward", op));
+      Live entry{input, torch::Tensor(), 0, {}};
+      torch::Tensor out;
+      if (split_backward_) {
+        entry.weights = c10::make_intrusive<WeightGradStore>();
+        WeightGradStore::Scope split(entry.weights.get());
+        out = StageForward(op.chunk, input);
+      } else {
+        out = StageForward(op.chunk, input);
+      }
+      entry.output = out;
+      if (LastChunk(op.chunk)) {
         torch::Tensor loss;
         {
           AutocastScope amp(device_.type(), autocast_dtype_);
@@ -183,50 +236,97 @@ torch::Tensor PipelineEngine::ForwardBackward(const torch::Tensor& x, const torc
         entry.output = loss * weight;
       }
       busy += Seconds(Clock::now() - t0);
-      if (!last()) SendActivation(out.detach());
+      // The next rank's chunk: the same one, or from the last rank the next one on the first.
+      if (!LastChunk(op.chunk)) SendActivation(out.detach(), op.chunk + (last() ? 1 : 0), op.micro);
       entry.bytes = input.numel() * input.element_size() + out.numel() * out.element_size();
       live_bytes += entry.bytes;
-      live.emplace(op.micro, std::move(entry));
-      totals_.peak_live = std::max(totals_.peak_live, static_cast<int>(live.size()));
-      totals_.peak_boundary_bytes = std::max(totals_.peak_boundary_bytes, live_bytes);
-    } else {
-      auto it = live.find(op.micro);
-      TORCH_CHECK(it != live.end(), "schedule runs backward of micro-batch ", op.micro,
-                  " before its forward");
+      live.emplace(key, std::move(entry));
+    } else if (op.kind == PipeOp::Kind::kBackward || op.kind == PipeOp::Kind::kBackwardInput) {
+      auto it = live.find(key);
+      TORCH_CHECK(it != live.end(), "schedule runs backward of micro-batch ", op.micro, " chunk ",
+                  op.chunk, " before its forward");
       Live entry = std::move(it->second);
       live.erase(it);
-      live_bytes -= entry.bytes;
       torch::Tensor grad;
-      if (!last()) {
+      if (!LastChunk(op.chunk)) {
         grad = torch::empty_like(entry.output);
         std::vector<at::Tensor> gv = {grad};
         Timeline::Scope span("pipeline",
                              "idle: receive gradient from rank " + std::to_string(Next()));
         world_->recv(gv, Next(), kGradientTag)->wait();
       }
-      const bool sync = sync_ && (every || i == last_backward_);
+      const bool sync = !sync_after_ && sync_ && (every || i == last_backward_);
       const auto t0 = Clock::now();
-      Timeline::Scope span("pipeline", "backward micro-batch " + std::to_string(op.micro));
+      Timeline::Scope span(
+          "pipeline",
+          name(op.kind == PipeOp::Kind::kBackward ? "backward" : "backward (input gradient)", op));
       data_->BeforeBackward(entry.output, sync);
-      if (last()) {
+      if (LastChunk(op.chunk)) {
         torch::autograd::backward({entry.output});
       } else {
         torch::autograd::backward({entry.output}, {grad});
       }
       data_->AfterBackward(sync);
       busy += Seconds(Clock::now() - t0);
-      if (!first()) {
+      if (!FirstChunk(op.chunk)) {
         torch::Tensor g = entry.input.grad().contiguous();
         std::vector<at::Tensor> v = {g};
         pending_sends_.push_back(world_->send(v, Prev(), kGradientTag));
         pending_tensors_.push_back(g);
       }
+      if (op.kind == PipeOp::Kind::kBackwardInput) {
+        // What the weight pass needs stays: the store's inputs and output gradients.
+        const int64_t kept = entry.weights ? entry.weights->bytes() : 0;
+        live_bytes += kept - entry.bytes;
+        waiting.emplace(key, Live{{}, {}, kept, std::move(entry.weights)});
+      } else {
+        live_bytes -= entry.bytes;
+      }
+    } else {
+      auto it = waiting.find(key);
+      TORCH_CHECK(it != waiting.end(), "schedule runs the weight pass of micro-batch ", op.micro,
+                  " chunk ", op.chunk, " before its input gradient");
+      Live entry = std::move(it->second);
+      waiting.erase(it);
+      const auto t0 = Clock::now();
+      Timeline::Scope span("pipeline", name("backward (weight gradients)", op));
+      if (entry.weights) {
+        data_->BeforeBackward(torch::Tensor(), /*sync=*/false);
+        entry.weights->Flush();
+        data_->AfterBackward(/*sync=*/false);
+      }
+      busy += Seconds(Clock::now() - t0);
+      live_bytes -= entry.bytes;
     }
+    totals_.peak_live = std::max(totals_.peak_live, static_cast<int>(live.size() + waiting.size()));
+    totals_.peak_boundary_bytes = std::max(totals_.peak_boundary_bytes, live_bytes);
   }
   WaitSends();
+  if (sync_after_ && sync_ && data_->SyncGradients(/*window_closes=*/true)) {
+    const auto t0 = Clock::now();
+    SyncAfterSchedule();
+    busy += Seconds(Clock::now() - t0);
+  }
   totals_.busy_s += busy;
   totals_.window_s += Seconds(Clock::now() - window_start);
   return torch::tensor(loss_sum, torch::kDouble);
+}
+
+void PipelineEngine::SyncAfterSchedule() {
+  Timeline::Scope span("pipeline", "synchronise gradients after the schedule");
+  // A backward whose only work is the gradient hooks: zero added to each gradient this rank
+  // has, so the data strategy reduces them as at the end of a window's last backward. A
+  // parameter without a gradient stays without (ddp's find_unused_parameters sees it unused).
+  torch::Tensor root;
+  for (const torch::Tensor& p : stage_model_->Parameters()) {
+    if (!p.grad().defined()) continue;
+    torch::Tensor zero = (p * 0).sum();
+    root = root.defined() ? root + zero : zero;
+  }
+  if (!root.defined()) return;
+  data_->BeforeBackward(root, /*sync=*/true);
+  torch::autograd::backward({root});
+  data_->AfterBackward(/*sync=*/true);
 }
 
 double PipelineEngine::GradNormSquared() {
@@ -246,12 +346,13 @@ double PipelineEngine::ClipGradNorm(double max_norm) {
   return norm;
 }
 
-torch::Tensor PipelineEngine::StageForward(const torch::Tensor& input) {
-  if (autocast_dtype_ == c10::ScalarType::Undefined) return forward_(input);
+torch::Tensor PipelineEngine::StageForward(int chunk, const torch::Tensor& input) {
+  ForwardFn& forward = forwards_[static_cast<size_t>(chunk)];
+  if (autocast_dtype_ == c10::ScalarType::Undefined) return forward(input);
   torch::Tensor out;
   {
     AutocastScope amp(device_.type(), autocast_dtype_);
-    out = forward_(input);
+    out = forward(input);
   }
   // Activations cross stage boundaries as float32: the receiving stage's buffers, its input
   // gradient and every stage's parameters stay float32, as in the other modes.
@@ -260,14 +361,14 @@ torch::Tensor PipelineEngine::StageForward(const torch::Tensor& input) {
 
 torch::Tensor PipelineEngine::Forward(const torch::Tensor& inputs) {
   torch::NoGradGuard no_grad;
-  torch::Tensor in = first() ? inputs : RecvActivation();
-  torch::Tensor out = StageForward(in);
-  if (!last()) {
-    SendActivation(out);
-    WaitSends();
-    return torch::Tensor();
+  torch::Tensor out;
+  for (int c = 0; c < virtual_stages(); ++c) {
+    torch::Tensor in = FirstChunk(c) ? inputs : RecvActivation(c, -1);
+    out = StageForward(c, in);
+    if (!LastChunk(c)) SendActivation(out, c + (last() ? 1 : 0), -1);
   }
-  return out;
+  WaitSends();
+  return last() ? out : torch::Tensor();
 }
 
 std::vector<double> PipelineEngine::Stats(uint64_t checksum) const {

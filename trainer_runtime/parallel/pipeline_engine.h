@@ -1,10 +1,16 @@
 #pragma once
 
 // The pipeline step engine: this rank is one stage of a pipeline. It runs the stage's schedule
-// (GPipe or 1F1B, see pipeline_schedule.h) over the micro-batches of a batch, moves activations
-// forward and their gradients back with the world group's send/recv to the neighbours the
-// layout names along the stage axis (shared-memory rings when the ranks share a host, Gloo
-// otherwise: process_group.h), and clips by the norm over every stage.
+// (GPipe, 1F1B, interleaved 1F1B or ZB-H1, see pipeline_schedule.h) over the micro-batches of a
+// batch, moves activations forward and their gradients back with the world group's send/recv to
+// the neighbours the layout names along the stage axis (shared-memory rings when the ranks share
+// a host, Gloo otherwise: process_group.h), and clips by the norm over every stage.
+//
+// Interleaved 1F1B: the rank holds v chunks of the model (chunk c is the model's chunk
+// c x P + stage), so a micro-batch goes round the ranks v times: the last rank's chunk c sends on
+// to the first rank's chunk c + 1 and the gradients come back the same way. ZB-H1: each backward
+// runs in two halves (model/split_backward.h): the input's gradient, sent back at once, and the
+// Linear layers' weight gradients, which the schedule runs later, in what would be idle time.
 //
 // It is a ParallelStrategy (strategy.h) that runs forward and backward itself, as dp does, and
 // wraps the data strategy of the stage's data group (the same stage of the other pipeline
@@ -16,6 +22,13 @@
 //
 // Layout (layout.h): world = tensor x data x stage, stage outermost; the stage's neighbours and
 // its checkpoint folder (stage<s>/, the layout's ShardName) come from the layout.
+//
+// With several chunks or split backwards the passes that touch a parameter are no longer one
+// backward at the window's end, so the data strategy synchronises once after the schedule: a
+// backward that adds zero to every gradient runs its hooks (ddp's reducer, ZeRO's buckets) as the
+// last backward of a window would. The reduction then follows the compute instead of overlapping
+// it. Not with strategies that reduce every micro-batch (ZeRO stages 2 and 3, sync_each_batch):
+// with split backwards a micro-batch's gradient is whole only at its weight pass (refused).
 //
 // Loss weighting: micro-batch m of a batch of B rows is weighted by rows_m / B (and by `scale`,
 // 1 / accumulation steps), so the gradients equal one process on the whole batch even when the
@@ -53,8 +66,9 @@ class PipelineEngine : public ParallelStrategy {
  public:
   using ForwardFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
-  // This rank's stage of `cfg`'s pipeline: `model` is the stage's parameter view, `forward`
-  // runs it, `data` is the data strategy over the stage's data group (CreateStrategy), which
+  // This rank's stage of `cfg`'s pipeline: `model` is the stage's parameter view, `forwards`
+  // run its chunks (one each of parallel.virtual_stages), `data` is the data strategy over the
+  // stage's data group (CreateStrategy), which
   // the engine owns. `world` is the job's group (null for one process): send/recv between
   // stages. Joins the stage group (CreateAxisGroup: COLLECTIVE over the world) for the norm.
   // The stage computes on `platform`'s device (the model is already there) under its autocast.
@@ -62,8 +76,8 @@ class PipelineEngine : public ParallelStrategy {
   static StatusOr<std::unique_ptr<PipelineEngine>> Create(
       const config::TrainConfig& cfg, const DistEnv& env, const Platform& platform,
       const ParallelLayout& layout, c10::intrusive_ptr<CountingProcessGroup> world,
-      std::shared_ptr<Model> model, ForwardFn forward, std::unique_ptr<ParallelStrategy> data,
-      std::chrono::milliseconds timeout);
+      std::shared_ptr<Model> model, std::vector<ForwardFn> forwards,
+      std::unique_ptr<ParallelStrategy> data, std::chrono::milliseconds timeout);
 
   const char* Name() const override { return "pipeline"; }
   // The data strategy's name ("ddp", "zero", "none").
@@ -75,6 +89,7 @@ class PipelineEngine : public ParallelStrategy {
   int replica() const { return layout_.coordinate(Axis::kData); }
   bool first() const { return stage() == 0; }
   bool last() const { return stage() == stages() - 1; }
+  int virtual_stages() const { return static_cast<int>(forwards_.size()); }
   const std::vector<PipeOp>& schedule() const { return ops_; }
 
   // --- The seam (strategy.h): the data strategy's, but for forward and backward ---------------
@@ -133,13 +148,22 @@ class PipelineEngine : public ParallelStrategy {
  private:
   PipelineEngine(const config::TrainConfig& cfg, const Platform& platform,
                  const ParallelLayout& layout, c10::intrusive_ptr<CountingProcessGroup> world);
-  // forward_ under autocast when mixed precision is bf16, the output back in float32.
-  torch::Tensor StageForward(const torch::Tensor& input);
-  void SendActivation(const torch::Tensor& t);
-  torch::Tensor RecvActivation();
+  // Chunk `chunk`'s forward, under autocast when mixed precision is bf16, the output back in
+  // float32.
+  torch::Tensor StageForward(int chunk, const torch::Tensor& input);
+  // An activation for the next rank's chunk `chunk`, micro-batch `micro` (-1: inference), which
+  // the receiver checks against the op it runs.
+  void SendActivation(const torch::Tensor& t, int chunk, int micro);
+  torch::Tensor RecvActivation(int chunk, int micro);
   void WaitSends();
-  int Prev() const { return layout_.Neighbour(Axis::kStage, -1); }
-  int Next() const { return layout_.Neighbour(Axis::kStage, +1); }
+  // The ranks before and after along the stage axis; with chunks the first rank's previous is
+  // the last rank (chunk c - 1 there) and the last rank's next the first.
+  int Prev() const { return layout_.Neighbour(Axis::kStage, first() ? stages() - 1 : -1); }
+  int Next() const { return layout_.Neighbour(Axis::kStage, last() ? 1 - stages() : +1); }
+  bool FirstChunk(int chunk) const { return first() && chunk == 0; }
+  bool LastChunk(int chunk) const { return last() && chunk == virtual_stages() - 1; }
+  // The data strategy's synchronisation after a schedule whose passes each ran unsynchronised.
+  void SyncAfterSchedule();
 
   struct Totals {
     double busy_s = 0;    // forward + backward compute (no waiting)
@@ -157,9 +181,13 @@ class PipelineEngine : public ParallelStrategy {
   std::unique_ptr<ParallelStrategy> data_;             // over the stage's data group
   bool sync_ = true;  // the current pass closes a window the data strategy synchronises
   std::shared_ptr<Model> stage_model_;  // model_ (strategy.h) points at it
-  ForwardFn forward_;
+  std::vector<ForwardFn> forwards_;     // one per chunk
   std::vector<PipeOp> ops_;
   size_t last_backward_ = 0;  // index in ops_ of the pass' last backward
+  // Backwards split into input and weight passes (ZB-H1; not under autocast: split_backward.h).
+  bool split_backward_ = false;
+  // The data strategy synchronises after the schedule, not in its last backward (header).
+  bool sync_after_ = false;
   Totals totals_;
   double clip_ms_ = 0;  // the last ClipGradNorm's communication
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;

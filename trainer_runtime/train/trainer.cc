@@ -14,9 +14,9 @@ Status Trainer::Prepare() {
   const bool pipelined = cfg_.parallel.pipelined();
   if (pipelined && cfg_.model.type != config::ModelType::kTorchScript) {
     // Before joining anything: a bad partition fails at once with its key named.
-    LAUNCH_ASSIGN_OR_RETURN(
-        partition_,
-        PartitionLayers(LayerCosts(cfg_.model), cfg_.parallel.stages, cfg_.parallel.partition));
+    LAUNCH_ASSIGN_OR_RETURN(partition_,
+                            PartitionLayers(LayerCosts(cfg_.model), cfg_.parallel.stages,
+                                            cfg_.parallel.partition, cfg_.parallel.virtual_stages));
   }
   // A built-in model draws random numbers only for dropout: without it, DP replicas need no
   // seeded streams and run their forward passes concurrently (same results, faster).
@@ -289,15 +289,20 @@ Status Trainer::PrepareReplica() {
 }
 
 Status Trainer::PreparePipelineStage() {
+  // This rank's chunks: one, or virtual_stages of an interleaved schedule.
   LAUNCH_ASSIGN_OR_RETURN(
-      torch::nn::AnyModule stage,
-      BuildStage(cfg_, accel_->stage_index(), partition_, accel_->tensor_group()));
-  Model view(stage.ptr());
+      std::vector<torch::nn::AnyModule> chunks,
+      BuildStageChunks(cfg_, accel_->stage_index(), partition_, accel_->tensor_group()));
+  std::shared_ptr<torch::nn::Module> stage = chunks.front().ptr();
+  if (chunks.size() > 1) {
+    LAUNCH_ASSIGN_OR_RETURN(stage, JoinChunks(chunks));
+  }
+  Model view(stage);
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> made,
                           MakeOptimizer(cfg_.optimizer, view));
   auto optimizer = std::shared_ptr<torch::optim::Optimizer>(std::move(made));
   SeedDropout();
-  return accel_->PreparePipeline(stage, optimizer);
+  return accel_->PreparePipeline(std::move(chunks), optimizer);
 }
 
 Status Trainer::MaybeResume() {

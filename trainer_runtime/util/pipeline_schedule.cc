@@ -11,8 +11,12 @@
 namespace launch::trainer {
 
 std::vector<PipeOp> BuildPipelineSchedule(config::PipelineSchedule schedule, int stages, int stage,
-                                          int microbatches) {
+                                          int microbatches, int virtual_stages) {
   using Kind = PipeOp::Kind;
+  if (schedule == config::PipelineSchedule::kInterleaved1F1B)
+    return BuildInterleavedSchedule(stages, stage, microbatches, virtual_stages);
+  if (schedule == config::PipelineSchedule::kZeroBubble)
+    return BuildZeroBubbleSchedule(stages, stage, microbatches);
   std::vector<PipeOp> ops;
   ops.reserve(static_cast<size_t>(2 * microbatches));
   if (schedule == config::PipelineSchedule::kGPipe) {
@@ -221,22 +225,74 @@ std::string ScheduleToString(const std::vector<PipeOp>& ops) {
   return out;
 }
 
-double TheoreticalBubble(int stages, int microbatches) {
-  return static_cast<double>(stages - 1) / static_cast<double>(microbatches + stages - 1);
+bool ReceiveOrderMatches(const std::vector<std::vector<PipeOp>>& ranks, int virtual_stages,
+                         std::string* mismatch) {
+  const int stages = static_cast<int>(ranks.size());
+  const int global = stages * virtual_stages;
+  // (sender, receiver, gradient?) -> the receiving ops' (chunk, micro), in the order sent, and
+  // in the order received.
+  using Link = std::tuple<int, int, bool>;
+  std::map<Link, std::vector<std::pair<int, int>>> sent, received;
+  for (int r = 0; r < stages; ++r) {
+    const int next = (r + 1) % stages, prev = (r + stages - 1) % stages;
+    for (const PipeOp& op : ranks[static_cast<size_t>(r)]) {
+      const int g = op.chunk * stages + r;
+      if (op.kind == PipeOp::Kind::kForward) {
+        if (g > 0) received[{prev, r, false}].push_back({op.chunk, op.micro});
+        if (g < global - 1) sent[{r, next, false}].push_back({(g + 1) / stages, op.micro});
+      } else if (op.kind == PipeOp::Kind::kBackward || op.kind == PipeOp::Kind::kBackwardInput) {
+        if (g < global - 1) received[{next, r, true}].push_back({op.chunk, op.micro});
+        if (g > 0) sent[{r, prev, true}].push_back({(g - 1) / stages, op.micro});
+      }
+    }
+  }
+  for (const auto& [link, order] : sent) {
+    if (received[link] == order) continue;
+    const auto& [from, to, grad] = link;
+    if (mismatch)
+      *mismatch = std::string(grad ? "gradients" : "activations") + " from rank " +
+                  std::to_string(from) + " to rank " + std::to_string(to) +
+                  " are received in another order than sent";
+    return false;
+  }
+  for (const auto& [link, order] : received) {
+    if (order.empty() || sent.count(link)) continue;
+    if (mismatch)
+      *mismatch = "rank " + std::to_string(std::get<1>(link)) + " waits for messages rank " +
+                  std::to_string(std::get<0>(link)) + " never sends";
+    return false;
+  }
+  return true;
 }
 
-StatusOr<std::vector<int64_t>> PartitionLayers(const std::vector<int64_t>& layer_costs, int stages,
-                                               const std::vector<int64_t>& explicit_partition) {
+double TheoreticalBubble(int stages, int microbatches, config::PipelineSchedule schedule,
+                         int virtual_stages) {
+  // Idle pass times per stage over the step's, in units of a forward pass of one chunk.
+  int work = microbatches;  // GPipe, 1F1B: M forwards (and 2M for the backwards, in 3(M+P-1))
+  if (schedule == config::PipelineSchedule::kInterleaved1F1B) work = virtual_stages * microbatches;
+  if (schedule == config::PipelineSchedule::kZeroBubble) work = 3 * microbatches;
+  return static_cast<double>(stages - 1) / static_cast<double>(work + stages - 1);
+}
+
+StatusOr<std::vector<int64_t>> PartitionLayers(const std::vector<int64_t>& layer_costs,
+                                               int pipeline_stages,
+                                               const std::vector<int64_t>& explicit_partition,
+                                               int virtual_stages) {
   const int64_t layers = static_cast<int64_t>(layer_costs.size());
+  const int stages = pipeline_stages * virtual_stages;  // the chunks the model is cut into
+  const std::string what =
+      virtual_stages > 1
+          ? "train.parallel.stages x virtual_stages (" + std::to_string(pipeline_stages) + " x " +
+                std::to_string(virtual_stages) + " = " + std::to_string(stages) + ")"
+          : "train.parallel.stages " + std::to_string(stages);
   if (stages > layers)
-    return Status::InvalidConfig("train.parallel.stages " + std::to_string(stages) +
-                                 " is more than the model's " + std::to_string(layers) +
-                                 " layers (train.model.layers); every stage needs at least one");
+    return Status::InvalidConfig(what + " is more than the model's " + std::to_string(layers) +
+                                 " layers (train.model.layers); every chunk needs at least one");
   if (!explicit_partition.empty()) {
     if (static_cast<int>(explicit_partition.size()) != stages)
-      return Status::InvalidConfig(
-          "train.parallel.partition has " + std::to_string(explicit_partition.size()) +
-          " entries but train.parallel.stages is " + std::to_string(stages));
+      return Status::InvalidConfig("train.parallel.partition has " +
+                                   std::to_string(explicit_partition.size()) + " entries but " +
+                                   what + " asks for " + std::to_string(stages));
     int64_t sum = 0;
     for (size_t i = 0; i < explicit_partition.size(); ++i) {
       if (explicit_partition[i] < 1)

@@ -56,10 +56,21 @@ struct PipeOp {
   }
 };
 
-// Operations of `stage` (0-based) for one optimizer step of `microbatches` micro-batches.
-// REQUIRES: 0 <= stage < stages, microbatches >= 1.
+// Operations of `stage` (0-based) for one optimizer step of `microbatches` micro-batches, any
+// schedule (`virtual_stages`: interleaved 1F1B's chunks per rank, below).
+// REQUIRES: 0 <= stage < stages, microbatches >= 1, and the conditions of the builders below.
 std::vector<PipeOp> BuildPipelineSchedule(config::PipelineSchedule schedule, int stages, int stage,
-                                          int microbatches);
+                                          int microbatches, int virtual_stages = 1);
+
+// The messages a schedule sends between two ranks, in order, for one kind of traffic: what
+// `ranks[from]` sends to `to` (activations forward, input gradients back) as (chunk, micro) of
+// the receiving op. Both transports match messages in order per (sender, receiver, tag), so a
+// schedule is runnable only if each receiver posts its receives in the order they are sent
+// (the engine checks activations at run time by their headers; ReceiveOrderMatches proves it
+// for every schedule in the unit tests).
+// true when every rank receives, from each sender and of each kind, in the order it is sent.
+bool ReceiveOrderMatches(const std::vector<std::vector<PipeOp>>& ranks, int virtual_stages,
+                         std::string* mismatch);
 
 // Interleaved 1F1B on rank `stage` of `stages` (P), each rank holding `virtual_stages` (v)
 // chunks: forwards go through the chunks in groups of P micro-batches (micro-batches 0..P-1 on
@@ -107,16 +118,23 @@ int PeakLiveMicrobatches(const std::vector<PipeOp>& ops);
 // (weights), a chunk other than 0 is written after '@': "F4@1".
 std::string ScheduleToString(const std::vector<PipeOp>& ops);
 
-// (P-1)/(M+P-1).
-double TheoreticalBubble(int stages, int microbatches);
+// The idle fraction of `schedule` when every chunk's passes take equal time (a backward twice a
+// forward, its halves one each): (P-1)/(M+P-1) for GPipe and 1F1B, (P-1)/(v*M+P-1) for
+// interleaved 1F1B, (P-1)/(3M+P-1) for ZB-H1 (M >= P).
+double TheoreticalBubble(int stages, int microbatches,
+                         config::PipelineSchedule schedule = config::PipelineSchedule::k1F1B,
+                         int virtual_stages = 1);
 
 // How many layers each stage gets. `explicit_partition` (train.parallel.partition) wins when
 // non-empty; else consecutive layers are balanced by `layer_costs` (parameter counts) by
 // minimising the largest stage (every stage gets at least one layer). InvalidConfig, naming the
 // keys, when there are more stages than layers, or the explicit partition has the wrong length,
 // a non-positive entry, or does not sum to the number of layers.
+// With `virtual_stages` above 1 the model is cut into stages x virtual_stages chunks the same way
+// (interleaved 1F1B: rank s holds chunks s, s + stages, ...).
 StatusOr<std::vector<int64_t>> PartitionLayers(const std::vector<int64_t>& layer_costs, int stages,
-                                               const std::vector<int64_t>& explicit_partition);
+                                               const std::vector<int64_t>& explicit_partition,
+                                               int virtual_stages = 1);
 
 // Splits `batch` rows into `chunks` consecutive, non-empty chunks whose sizes differ by at most
 // one (the first batch % chunks chunks get the extra row). Returns (offset, rows) per chunk.

@@ -65,6 +65,9 @@ TEST_CASE("theoretical bubble is (P-1)/(M+P-1)") {
   CHECK(TheoreticalBubble(1, 8) == doctest::Approx(0.0));
   CHECK(TheoreticalBubble(2, 4) == doctest::Approx(0.2));
   CHECK(TheoreticalBubble(4, 16) == doctest::Approx(3.0 / 19.0));
+  CHECK(TheoreticalBubble(2, 8, PipelineSchedule::kInterleaved1F1B, 2) ==
+        doctest::Approx(1.0 / 17));
+  CHECK(TheoreticalBubble(2, 4, PipelineSchedule::kZeroBubble) == doctest::Approx(1.0 / 13));
 }
 
 TEST_CASE("balanced partition minimises the largest stage; explicit partitions are checked") {
@@ -180,6 +183,8 @@ TEST_CASE("Interleaved 1F1B runs every chunk of every micro-batch without deadlo
   // 1/17 from 1/9.
   const PipeRun run = SimulatePipeline(Interleaved(2, 8, 2), 2, PipeCosts{0.5, 1.0, 0, 0});
   CHECK(run.bubble == doctest::Approx(1.0 / 17));
+  CHECK(run.bubble ==
+        doctest::Approx(TheoreticalBubble(2, 8, PipelineSchedule::kInterleaved1F1B, 2)));
 }
 
 TEST_CASE("ZB-H1 splits each backward, keeps 1F1B's peak memory and a third of its bubble") {
@@ -205,8 +210,54 @@ TEST_CASE("ZB-H1 splits each backward, keeps 1F1B's peak memory and a third of i
       CHECK(zb.makespan <= base.makespan);
       CHECK(zb.bubble < base.bubble);
       // Idle passes per stage: P - 1 against 1F1B's 3(P - 1).
-      if (micro >= stages) CHECK(zb.makespan == doctest::Approx(3.0 * micro + stages - 1));
+      if (micro >= stages) {
+        CHECK(zb.makespan == doctest::Approx(3.0 * micro + stages - 1));
+        CHECK(zb.bubble ==
+              doctest::Approx(TheoreticalBubble(stages, micro, PipelineSchedule::kZeroBubble)));
+      }
     }
+}
+
+TEST_CASE("Every schedule receives each link's messages in the order they are sent") {
+  // Both transports match messages in order per (sender, receiver, tag): an activation or
+  // gradient taken out of order would train on another micro-batch's.
+  for (int stages : {2, 3, 4})
+    for (int groups : {1, 2, 3}) {
+      const int micro = groups * stages;
+      CAPTURE(stages);
+      CAPTURE(micro);
+      std::string why;
+      for (auto sched :
+           {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B, PipelineSchedule::kZeroBubble}) {
+        std::vector<std::vector<PipeOp>> ranks;
+        for (int s = 0; s < stages; ++s)
+          ranks.push_back(BuildPipelineSchedule(sched, stages, s, micro));
+        CHECK_MESSAGE(ReceiveOrderMatches(ranks, 1, &why), why);
+      }
+      for (int v : {2, 3}) {
+        CAPTURE(v);
+        CHECK_MESSAGE(ReceiveOrderMatches(Interleaved(stages, micro, v), v, &why), why);
+      }
+    }
+  // A receiver that takes two micro-batches the other way round is found.
+  auto ranks = Interleaved(2, 2, 2);
+  std::swap(ranks[1][0], ranks[1][1]);
+  std::string why;
+  CHECK_FALSE(ReceiveOrderMatches(ranks, 2, &why));
+  CHECK(why == "activations from rank 0 to rank 1 are received in another order than sent");
+}
+
+TEST_CASE("With virtual stages the model is cut into stages x virtual_stages chunks") {
+  auto cut = PartitionLayers({10, 10, 10, 10}, 2, {}, 2);
+  REQUIRE(cut.ok());
+  CHECK(*cut == std::vector<int64_t>{1, 1, 1, 1});
+  auto too_few = PartitionLayers({1, 1, 1}, 2, {}, 2);
+  REQUIRE_FALSE(too_few.ok());
+  CHECK(too_few.status().message().find("stages x virtual_stages (2 x 2 = 4)") !=
+        std::string::npos);
+  auto wrong = PartitionLayers({1, 1, 1, 1}, 2, {2, 2}, 2);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK(wrong.status().message().find("has 2 entries") != std::string::npos);
 }
 
 }  // namespace
