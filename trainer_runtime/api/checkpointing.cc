@@ -579,10 +579,9 @@ Status Accelerator::LoadPairState(const std::string& dir, const std::string& ste
     return pair.strategy->LoadModelState(PairDir(step_dir, i), *pair.optimizer, written_by);
   // Another layout wrote it: this rank's folder is made from the checkpoint's, in a scratch
   // folder of its own, and loaded as if this layout had written it.
-  if (rank() == 0)
-    Print("train: the checkpoint in " + step_dir + " was cut as " + DescribeCut(folders) +
-          "; each rank re-cuts its shard for " + layout_->Describe() +
-          " from the folders that hold its parameters");
+  Print("train: the checkpoint in " + step_dir + " was cut as " + DescribeCut(folders) +
+        "; each rank re-cuts its shard for " + layout_->Describe() +
+        " from the folders that hold its parameters");
   const std::string scratch = dir + "/.recut-rank" + std::to_string(rank());
   std::error_code ec;
   std::filesystem::remove_all(scratch, ec);  // one a killed run left
