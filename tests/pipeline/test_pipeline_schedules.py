@@ -92,15 +92,15 @@ class ScheduleNumericsTest(unittest.TestCase):
             self.reference_of[out] = (model, data, batch)
         return self.references[key]
 
-    def near(self, out, ref_out, stages=0, tolerance=1.0, losses=True):
+    def near(self, out, ref_out, stages=0, losses=True):
         got = compare(out, ref_out, stages)
         self.assertTrue(got["same"], got)
-        self.assertLessEqual(got["ratio"], tolerance,
+        self.assertLessEqual(got["ratio"], 1.0,
                              "the pipeline ended elsewhere than one process (ratio to "
                              "assert_close's tolerance)")
         # Far from where one step leaves the model: agreeing with the reference means something.
         moved = compare(out, self.reference(*self.reference_of[ref_out], steps=1))
-        self.assertGreater(moved["ratio"], 100 * max(got["ratio"], tolerance))
+        self.assertGreater(moved["ratio"], 100)
         if losses:  # the logged loss is the whole batch's (with one replica)
             a, b = metrics(out), metrics(ref_out)
             self.assertEqual([m["step"] for m in a], [m["step"] for m in b])
@@ -166,17 +166,17 @@ class ScheduleNumericsTest(unittest.TestCase):
 
     def test_tensor_parallel_stages_under_both_schedules_match_one_process(self):
         # tensor 2 x stages 2: Megatron's layers inside interleaved chunks (with sequence
-        # parallelism) and inside ZB-H1's split backward; tolerances as the tensor-parallel
-        # tests' (the split sums reorder).
-        ref = self.reference(model=TRANSFORMER, data=TEXT)
+        # parallelism) and inside ZB-H1's split backward, 20 steps (the issue's goal).
+        ref = self.reference(model=TRANSFORMER, data=TEXT, steps=20)
         for extra in ("schedule: interleaved_1f1b, virtual_stages: 2, sequence_parallel: true",
                       "schedule: zero_bubble"):
             with self.subTest(extra=extra):
                 cfg, out = config(self.tmp, extra[10:14], "{mode: pipeline, tensor: 2, stages: 2, "
-                                  f"microbatches: 4, {extra}}}", model=TRANSFORMER, data=TEXT)
+                                  f"microbatches: 4, {extra}}}", model=TRANSFORMER, data=TEXT,
+                                  steps=20)
                 log = train(cfg, 4)
                 self.assertIn("tensor 2 x stage 2", log)
-                self.near(out, ref, tolerance=10)
+                self.near(out, ref)
 
     def test_a_checkpoint_resumes_under_another_schedule(self):
         # Interleaved (rank 0: layers 0 and 2) for 6 steps, then ZB-H1 (rank 0: layers 0 and 1):
