@@ -94,6 +94,11 @@ class RecoverInPlaceTest(unittest.TestCase):
         self.assertEqual(final(out)["param_checksum"],
                          final(self.reference[1])["param_checksum"], text[-4000:])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
+        # final.json describes the whole run, not the part since the last recovery (nor the
+        # replacement's part when rank 0 was replaced): the same collectives as undisturbed.
+        for key in ("allreduces_total", "pair_exchanges_total", "reduce_scatters_total",
+                    "allgathers_total", "samples_seen"):
+            self.assertEqual(final(out)[key], final(self.reference[1])[key], key)
         replaced = [int(x) for x in re.findall(r"starting a replacement for rank (\d+) alone", text)]
         return text, replaced, marker
 
@@ -110,6 +115,8 @@ class RecoverInPlaceTest(unittest.TestCase):
         for rank, pid in re.findall(r"train: rank (\d+) \(pid (\d+)\): lost a peer", text):
             self.assertIn(int(pid), pids[int(rank)])
         self.assertIn("replacement (generation 1) took the state of step", text)
+        self.assertEqual(final(self.reference[1])["recoveries"], 0)
+        self.assertEqual(final(os.path.join(self.dir, name))["recoveries"], len(lost))
         self.assertNotIn("resumed from", text)  # no checkpoint read
         self.check_clean(marker)
         return text

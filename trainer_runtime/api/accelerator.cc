@@ -263,6 +263,7 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
     LAUNCH_RETURN_IF_ERROR(ExchangeState());
     strategy_->Reform(pg_);
     joined_from_peer_ = true;
+    ++recoveries_;  // the one this process joined in (the survivors count it in Recover)
     std::fprintf(stderr,
                  "train: rank %d: replacement (generation %d) took the state of step %lld from "
                  "rank %d, %.2f s after it began to join\n",

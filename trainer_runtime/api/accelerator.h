@@ -413,6 +413,8 @@ class Accelerator {
   // This process is a replacement that received the run's state from a live peer in Prepare.
   bool joined_from_peer() const { return joined_from_peer_; }
   // Recoveries this process took part in (as a survivor or as the replacement).
+  // In-place recoveries in the run so far (a replacement takes the count from the rank that
+  // hands it the state).
   int64_t recoveries() const { return recoveries_; }
   // LR schedules, applied by Step() before each optimizer step, as functions of the optimizer
   // steps done (0 for the first step). Unset: the optimizer's own learning rates are left
@@ -831,12 +833,21 @@ class Accelerator {
   std::unique_ptr<LossWatch> loss_watch_;
   std::optional<std::chrono::steady_clock::time_point> report_cost_since_;
   int recovered_from_ = -1;  // the rank whose state the last recovery took
+  // The run's collectives (final.json's totals) and in-place recoveries: a recovery re-forms
+  // the group, whose counts start again, so the totals carry the run's count before it.
+  struct RunCounts {
+    int64_t allreduces = 0, pair_exchanges = 0, reduce_scatters = 0, allgathers = 0;
+    int64_t recoveries = 0;
+  };
+  RunCounts carried_;          // added to the current group's counts
+  RunCounts RunTotals() const;  // the run's, so far
   struct Boundary {
     LoaderCursor cursor;
     bool has_cursor = false;
     int64_t samples_seen = 0;
     int64_t samples_seen_global = 0;
     std::vector<torch::Tensor> buffers;  // clones of the model's buffers
+    RunCounts counts;                    // RunTotals() then: a redone step counts once
   } boundary_;
   std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting
 

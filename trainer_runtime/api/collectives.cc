@@ -132,22 +132,31 @@ Accelerator::CommStats Accelerator::TakeCommStats() {
 
 int64_t Accelerator::num_buckets() const { return strategy_ ? strategy_->num_buckets() : 0; }
 
-// Gradient communication is the gradient group's (the world's unless other axes split it).
-int64_t AcceleratorInternals::allreduces_total() const {
-  return a_.data_pg_ ? a_.data_pg_->allreduce_count() : 0;
+// Gradient communication is the gradient group's (the world's unless other axes split it), over
+// the whole run: the groups before an in-place recovery's are carried.
+Accelerator::RunCounts Accelerator::RunTotals() const {
+  RunCounts t = carried_;
+  if (data_pg_) {
+    t.allreduces += data_pg_->allreduce_count();
+    t.reduce_scatters += data_pg_->reduce_scatter_count();
+    t.allgathers += data_pg_->allgather_count();
+  }
+  if (pg_) t.pair_exchanges += pg_->recorded_count();
+  t.recoveries = recoveries_;
+  return t;
 }
 
+int64_t AcceleratorInternals::allreduces_total() const { return a_.RunTotals().allreduces; }
+
 int64_t AcceleratorInternals::pair_exchanges_total() const {
-  return a_.pg_ ? a_.pg_->recorded_count() : 0;
+  return a_.RunTotals().pair_exchanges;
 }
 
 int64_t AcceleratorInternals::reduce_scatters_total() const {
-  return a_.data_pg_ ? a_.data_pg_->reduce_scatter_count() : 0;
+  return a_.RunTotals().reduce_scatters;
 }
 
-int64_t AcceleratorInternals::allgathers_total() const {
-  return a_.data_pg_ ? a_.data_pg_->allgather_count() : 0;
-}
+int64_t AcceleratorInternals::allgathers_total() const { return a_.RunTotals().allgathers; }
 
 std::vector<int64_t> AcceleratorInternals::StateBytes() const {
   const trainer::StateBytes b = a_.strategy_->MemoryBytes(*a_.optimizer_);

@@ -48,6 +48,7 @@ void Accelerator::MarkBoundary() {
   if (cursor_) boundary_.cursor = *cursor_;
   boundary_.samples_seen = samples_seen_;
   boundary_.samples_seen_global = samples_seen_global_;
+  boundary_.counts = RunTotals();
   // The buffers as they are now: a redone forward must not count its batch twice in running
   // statistics. Copied into the same tensors every step (no allocation).
   const auto buffers = model_->NamedBuffers();
@@ -76,6 +77,9 @@ TrainState Accelerator::BoundaryTrainState() const {
 
 Status Accelerator::ExchangeState() {
   const int world = world_size();
+  // The run's counts at the boundary whose state a survivor hands over (taken now: the cursor's
+  // restoration below marks a new boundary, in the new group).
+  const RunCounts held = boundary_.counts;
   // Who holds the run's state and how far along: slot r is rank r's steps done + 1, or 0 for a
   // replacement. A survivor may be a step ahead of the others: the dead rank's part of the last
   // all-reduce reached it before the others gave up. Its state is then the complete one.
@@ -126,6 +130,26 @@ Status Accelerator::ExchangeState() {
   for (auto& p : model_->Parameters())
     if (p.grad().defined()) p.mutable_grad().zero_();
   ApplyRestoredCursor();
+  // The run's counts at the boundary of the state handed over, from its holder (a replacement
+  // has none of its own): the abandoned step's collectives and this exchange's are not the
+  // run's, the redone step's will be.
+  auto counts = torch::zeros({5}, torch::kLong);
+  if (rank() == src) {
+    const RunCounts& c = held;
+    counts = torch::tensor(
+        {c.allreduces, c.pair_exchanges, c.reduce_scatters, c.allgathers, c.recoveries},
+        torch::kLong);
+  }
+  v = {counts};
+  pg_->broadcast(v, from_src)->wait();
+  const auto got = counts.accessor<int64_t, 1>();
+  carried_ = RunCounts{};
+  recoveries_ = 0;
+  const RunCounts now = RunTotals();  // this group's, so far: the exchange's own
+  carried_ = RunCounts{got[0] - now.allreduces, got[1] - now.pair_exchanges,
+                       got[2] - now.reduce_scatters, got[3] - now.allgathers, 0};
+  recoveries_ = got[4];
+  boundary_.counts = RunTotals();
   return Status::Ok();
 }
 
@@ -193,9 +217,10 @@ Status Accelerator::Recover() {
     generation_ = generation;
     LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
                                                  world_size(), env_, timeout_));
-    LAUNCH_RETURN_IF_ERROR(ExchangeState());
-    // In-place recovery runs where the data axis is the world (ddp): its group is the new one.
+    // In-place recovery runs where the data axis is the world (ddp): its group is the new one
+    // (before the exchange, which carries the run's counts over to it).
     data_pg_ = pg_;
+    LAUNCH_RETURN_IF_ERROR(ExchangeState());
     // The broken group goes with the old reducer here.
     strategy_->Reform(pg_);
     if (loss_watch_)

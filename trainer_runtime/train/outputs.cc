@@ -218,7 +218,7 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   summary["peak_source"] = peak_.source;
   summary["peak_rss_mb"] = std::move(rss_mb);
   if (cuda) summary["peak_device_memory_mb"] = std::move(device_mb);
-  // In-place recovery: the recoveries rank 0 (the main process) took part in.
+  // In-place recovery: the run's recoveries (a replacement took the count with the state).
   if (accel_->recovers_in_place()) summary["recoveries"] = accel_->recoveries();
   if (pipelined) summary["pipeline"] = std::move(pipeline);
   // Hierarchical collectives: what rank 0, host 0's leader, ran across hosts (hierarchical.h).
