@@ -388,6 +388,23 @@ Status AskTrainer(Prompter& p, ConfigAnswers* a) {
         p.AskInt("How many micro-batches per step? (at least the number of stages)",
                  std::max(a->microbatches, a->stages), a->stages, 1 << 20));
   }
+  // The built-in transformer's 4 heads and byte vocabulary split over 1, 2 or 4 processes; dp's
+  // replicas run in one process and split nothing.
+  if (a->model == "transformer" && a->parallel_mode != "dp") {
+    const std::vector<int> degrees = {1, 2, 4};
+    LAUNCH_ASSIGN_OR_RETURN(
+        int degree,
+        p.Choose("Split each layer over several processes (tensor parallelism)?",
+                 {"no: each process holds whole layers",
+                  "over 2 processes (the world must be a multiple of 2 x the pipeline stages)",
+                  "over 4 processes (the world must be a multiple of 4 x the pipeline stages)"},
+                 a->tensor >= 4   ? 2
+                 : a->tensor >= 2 ? 1
+                                  : 0));
+    a->tensor = degrees[static_cast<size_t>(degree)];
+  } else {
+    a->tensor = 1;
+  }
   LAUNCH_ASSIGN_OR_RETURN(a->gradient_accumulation_steps,
                           p.AskInt("Gradient accumulation: micro-batches per optimizer step?",
                                    a->gradient_accumulation_steps, 1, 1 << 20));
@@ -692,6 +709,7 @@ StatusOr<ConfigAnswers> LoadAnswers(const std::string& path) {
     a.zero_stage = t.parallel.zero_stage;
     a.local_sgd_steps = t.local_sgd_steps;
     a.stages = std::max(2, t.parallel.stages);
+    a.tensor = t.parallel.tensor;
     a.microbatches = t.parallel.microbatches;
     a.gradient_accumulation_steps = t.gradient_accumulation_steps;
     a.batch_size = static_cast<int>(t.batch_size);
@@ -867,6 +885,7 @@ std::string RenderConfigYaml(const ConfigAnswers& a) {
   if (dp)
     Entry(y, "replicas", Raw(config::TrainDefault("parallel.replicas")),
           config::TrainDoc("parallel.replicas"));
+  if (a.tensor > 1) Entry(y, "tensor", Raw(a.tensor), config::TrainDoc("parallel.tensor"));
   if (a.parallel_mode == "pipeline") {
     Entry(y, "stages", Raw(a.stages), "processes per pipeline");
     Entry(y, "microbatches", Raw(a.microbatches), "per optimizer step");

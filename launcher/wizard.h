@@ -72,6 +72,7 @@ struct ConfigAnswers {
                                        // instead of all-reducing gradients (Local SGD)
   int stages = 2;                      // pipeline
   int microbatches = 4;                // pipeline
+  int tensor = 1;                      // transformer: processes each layer is split over
   int gradient_accumulation_steps = 1;
   int batch_size = 32;
   int max_steps = 300;

@@ -137,6 +137,15 @@ TEST_CASE("TrainerAnswersRenderEveryMode") {
   CHECK(text.train.parallel.mode == config::ParallelMode::kDp);
   CHECK(text.nproc_per_node == "1");  // dp drives its replicas from one process
 
+  // The transformer split over 2 processes, inside pipeline stages: tensor 2 x stages 2.
+  a.parallel_mode = "pipeline";
+  a.tensor = 2;
+  a.nproc_per_node = "4";
+  LaunchConfig split = LoadRendered(a);
+  CHECK(split.train.parallel.tensor == 2);
+  CHECK(split.train.parallel.stages == 2);
+  a.tensor = 1;
+
   a.model = "cnn";
   a.data = "idx";
   a.data_path = dir;  // a folder (the loader checks it is one)
@@ -170,6 +179,7 @@ TEST_CASE("LoadAnswersReadsBackWhatWasWritten") {
   a.parallel_mode = "pipeline";
   a.stages = 4;
   a.microbatches = 8;
+  a.tensor = 2;
   a.gradient_accumulation_steps = 3;
   a.batch_size = 7;
   a.max_steps = 99;
@@ -196,6 +206,7 @@ TEST_CASE("LoadAnswersReadsBackWhatWasWritten") {
   CHECK(back->parallel_mode == "pipeline");
   CHECK(back->stages == 4);
   CHECK(back->microbatches == 8);
+  CHECK(back->tensor == 2);
   CHECK(back->gradient_accumulation_steps == 3);
   CHECK(back->batch_size == 7);
   CHECK(back->max_steps == 99);

@@ -258,6 +258,29 @@ class WizardTest(unittest.TestCase):
             self.assertRegex(shown, r"train.parallel.mode: zero\s+# " + path)
             self.assertRegex(shown, r"train.parallel.zero_stage: 2\s+# " + path)
 
+    def test_trainer_tensor_degree_is_offered_for_the_transformer_and_loads(self):
+        path = os.path.join(self.dir, "tensor.yaml")
+        s = self.start("--config_file", path)
+        self.answer(s, ("Where will the job run?", ENTER), ("Which devices", "1" + ENTER),
+                    ("processes per machine?", "4" + ENTER), ("Mixed precision?", ENTER),
+                    ("restart after a failure?", ENTER), ("built-in trainer", "y" + ENTER),
+                    ("Which model?", "3" + ENTER),  # transformer
+                    ("Path of the text corpus?", "/usr/share/common-licenses/GPL-3" + ENTER),
+                    ("local SGD: no gradient all-reduce", "6" + ENTER),  # pipeline
+                    ("How many pipeline stages?", ENTER), ("micro-batches per step?", ENTER),
+                    ("tensor parallelism", "2" + ENTER),  # over 2 processes
+                    ("per optimizer step? [1]:", ENTER), ("Batch size", ENTER),
+                    ("optimizer steps?", ENTER), ("checkpoints?", ENTER))
+        s.expect("Wrote " + path)
+        self.assertEqual(s.wait(), 0, s.text())
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+        self.assertEqual(doc["train"]["parallel"]["tensor"], 2)
+        self.assertEqual(doc["train"]["parallel"]["stages"], 2)
+        shown = self.print_config(path)
+        if shown is not None:
+            self.assertRegex(shown, r"train.parallel.tensor: 2\s+# " + path)
+
     def test_script_sharding_is_offered_for_gpu_jobs_without_the_trainer(self):
         path = os.path.join(self.dir, "fsdp.yaml")
         s = self.start("--config_file", path)
