@@ -839,7 +839,7 @@ class Accelerator {
     int64_t allreduces = 0, pair_exchanges = 0, reduce_scatters = 0, allgathers = 0;
     int64_t recoveries = 0;
   };
-  RunCounts carried_;          // added to the current group's counts
+  RunCounts carried_;           // added to the current group's counts
   RunCounts RunTotals() const;  // the run's, so far
   struct Boundary {
     LoaderCursor cursor;

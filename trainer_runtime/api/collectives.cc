@@ -148,9 +148,7 @@ Accelerator::RunCounts Accelerator::RunTotals() const {
 
 int64_t AcceleratorInternals::allreduces_total() const { return a_.RunTotals().allreduces; }
 
-int64_t AcceleratorInternals::pair_exchanges_total() const {
-  return a_.RunTotals().pair_exchanges;
-}
+int64_t AcceleratorInternals::pair_exchanges_total() const { return a_.RunTotals().pair_exchanges; }
 
 int64_t AcceleratorInternals::reduce_scatters_total() const {
   return a_.RunTotals().reduce_scatters;
