@@ -48,6 +48,7 @@ if(LAUNCH_BUILD_TRAINER)
     trainer_runtime/model/pipeline_stages.h
     trainer_runtime/model/activation_checkpoint.h
     trainer_runtime/model/shard_unit.h
+    trainer_runtime/model/split_backward.h
     trainer_runtime/model/sync_batchnorm.h)
 endif()
 

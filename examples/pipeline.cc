@@ -8,11 +8,18 @@
 // With 4 processes there are two pipelines of two stages, and each stage's gradients are also
 // averaged with the same stage of the other pipeline (pipeline x data parallel).
 //
-// Flags: --epochs E (1), --max_steps S (0 = no limit), --data DIR.
+// --schedule interleaved_1f1b cuts the model into 4 chunks instead, each process holding two
+// that are not adjacent (chunks 0 and 2, 1 and 3), so each micro-batch goes round the two
+// processes twice and the pipeline idles less; zero_bubble splits each backward into the input's
+// gradient and the weights' (for layers that compute with SplitLinear; these torch::nn::Linear
+// layers back-propagate whole in the first half), gpipe runs every forward first.
+//
+// Flags: --epochs E (1), --max_steps S (0 = no limit), --data DIR, --schedule S (1f1b).
 // The last line printed (by the last stage) is `test_accuracy=0.XXXX`.
 
 #include <cstdint>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,8 +41,9 @@ using launch::trainer::IdxDataset;
 using launch::trainer::IdxSplit;
 
 Status Run(int argc, char** argv) {
-  LAUNCH_ASSIGN_OR_RETURN(examples::Flags flags,
-                          examples::Flags::Parse(argc, argv, {"epochs", "max_steps", "data"}));
+  LAUNCH_ASSIGN_OR_RETURN(
+      examples::Flags flags,
+      examples::Flags::Parse(argc, argv, {"epochs", "max_steps", "data", "schedule"}));
   LAUNCH_ASSIGN_OR_RETURN(int64_t epochs, flags.GetInt("epochs", 1));
   LAUNCH_ASSIGN_OR_RETURN(int64_t max_steps, flags.GetInt("max_steps", 0));
 
@@ -43,12 +51,25 @@ Status Run(int argc, char** argv) {
   options.parallel.mode = launch::config::ParallelMode::kPipeline;
   options.parallel.stages = 2;        // processes per pipeline
   options.parallel.microbatches = 4;  // a batch of 64 flows as 4 micro-batches of 16
-  options.parallel.schedule = launch::config::PipelineSchedule::k1F1B;
+  using launch::config::PipelineSchedule;
+  const std::string schedule = flags.Get("schedule", "1f1b");
+  const std::map<std::string, PipelineSchedule> schedules = {
+      {"gpipe", PipelineSchedule::kGPipe},
+      {"1f1b", PipelineSchedule::k1F1B},
+      {"interleaved_1f1b", PipelineSchedule::kInterleaved1F1B},
+      {"zero_bubble", PipelineSchedule::kZeroBubble}};
+  if (!schedules.count(schedule))
+    return Status::InvalidArgument("--schedule: '" + schedule +
+                                   "' is not gpipe, 1f1b, interleaved_1f1b or zero_bubble");
+  options.parallel.schedule = schedules.at(schedule);
+  const bool interleaved =
+      options.parallel.schedule == launch::config::PipelineSchedule::kInterleaved1F1B;
+  if (interleaved) options.parallel.virtual_stages = 2;  // model chunks per process
   options.batch_size = 64;
   options.optimizer.lr = 1e-3;
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Accelerator> accel, Accelerator::Create(options));
   accel->Print("pipeline: " + std::to_string(accel->num_stages()) + " stages x " +
-               std::to_string(accel->data_parallel_size()) + " pipeline(s), 1F1B, " +
+               std::to_string(accel->data_parallel_size()) + " pipeline(s), " + schedule + ", " +
                std::to_string(options.parallel.microbatches) + " micro-batches");
 
   const std::string dir = flags.Get("data", launch::trainer::kFashionMnistDir);
@@ -63,12 +84,22 @@ Status Run(int argc, char** argv) {
   torch::nn::Sequential whole(torch::nn::Flatten(), torch::nn::Linear(28 * 28, 256),
                               torch::nn::ReLU(), torch::nn::Linear(256, 128), torch::nn::ReLU(),
                               torch::nn::Linear(128, 10));
-  LAUNCH_ASSIGN_OR_RETURN(
-      torch::nn::AnyModule stage,
-      launch::trainer::SequentialStage(whole, /*layers_per_stage=*/{3, 3}, accel->stage_index()));
+  // Interleaved: four chunks (Flatten + Linear | ReLU | Linear + ReLU | Linear), this process's
+  // being chunks stage_index() and stage_index() + 2.
+  const std::vector<int64_t> cut =
+      interleaved ? std::vector<int64_t>{2, 1, 2, 1} : std::vector<int64_t>{3, 3};
+  std::vector<torch::nn::AnyModule> chunks;
+  for (int c = accel->stage_index(); c < static_cast<int>(cut.size()); c += accel->num_stages()) {
+    LAUNCH_ASSIGN_OR_RETURN(torch::nn::AnyModule chunk,
+                            launch::trainer::SequentialStage(whole, cut, c));
+    chunks.push_back(chunk);
+  }
+  // One module holding this process's chunks under the whole model's names.
+  LAUNCH_ASSIGN_OR_RETURN(std::shared_ptr<torch::nn::Module> stage,
+                          launch::trainer::JoinChunks(chunks));
   auto optimizer = std::make_shared<torch::optim::Adam>(
-      stage.ptr()->parameters(), torch::optim::AdamOptions(options.optimizer.lr));
-  LAUNCH_RETURN_IF_ERROR(accel->PreparePipeline(stage, optimizer));
+      stage->parameters(), torch::optim::AdamOptions(options.optimizer.lr));
+  LAUNCH_RETURN_IF_ERROR(accel->PreparePipeline(chunks, optimizer));
 
   // Both stages take the same batches: the first uses the images, the last the labels.
   auto loader = accel->PrepareDataLoader(std::move(train), options.batch_size);
@@ -98,7 +129,7 @@ Status Run(int argc, char** argv) {
 
   // Evaluation runs the test images through the pipeline too: the first stage feeds them and
   // the last returns the logits (undefined on the first stage, which then counts nothing).
-  stage.ptr()->eval();
+  stage->eval();
   double accuracy = examples::TestAccuracy(
       *accel, test, [&](const torch::Tensor& images) { return accel->PipelineForward(images); });
   accel->Print(examples::AccuracyLine(accuracy));

@@ -67,9 +67,9 @@ class ExamplesOutOfTreeTest(unittest.TestCase):
     def example(self, name):
         return os.path.join(self.exbuild, name)
 
-    def launch_example(self, name, *args, timeout=600):
-        return harness.run([os.path.join(self.prefix, "bin", "launch"), "--num_processes", "2",
-                            "--", self.example(name), *args], timeout=timeout)
+    def launch_example(self, name, *args, timeout=600, processes=2):
+        return harness.run([os.path.join(self.prefix, "bin", "launch"), "--num_processes",
+                            str(processes), "--", self.example(name), *args], timeout=timeout)
 
     def test_install_has_programs_libraries_package_and_every_included_header(self):
         for path in ["bin/launch", "bin/train", "bin/launch-exec",
@@ -79,7 +79,8 @@ class ExamplesOutOfTreeTest(unittest.TestCase):
                      "include/launch/base/status.h", "include/launch/config/loader.h",
                      "include/launch/trainer_runtime/api/accelerator.h",
                      "include/launch/trainer_runtime/data/idx.h",
-                     "include/launch/trainer_runtime/model/pipeline_stages.h"]:
+                     "include/launch/trainer_runtime/model/pipeline_stages.h",
+                     "include/launch/trainer_runtime/model/split_backward.h"]:
             self.assertTrue(os.path.exists(os.path.join(self.prefix, path)), path)
         include = os.path.join(self.prefix, "include", "launch")
         quoted = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
@@ -139,12 +140,34 @@ class ExamplesOutOfTreeTest(unittest.TestCase):
         self.assertGreaterEqual(accuracy, SHORT_RUN_MIN, describe(r))
 
     def test_pipeline_short_run(self):
-        r = self.launch_example("pipeline", "--max_steps", "150")
-        self.assertEqual(r.returncode, 0, describe(r))
-        self.assertIn("2 stages", r.stdout)
-        accuracy = last_accuracy(r)
-        self.assertIsNotNone(accuracy, describe(r))
-        self.assertGreaterEqual(accuracy, SHORT_RUN_MIN, describe(r))
+        for schedule in ("1f1b", "interleaved_1f1b"):
+            with self.subTest(schedule=schedule):
+                r = self.launch_example("pipeline", "--max_steps", "150", "--schedule", schedule)
+                self.assertEqual(r.returncode, 0, describe(r))
+                self.assertIn("2 stages x 1 pipeline(s), " + schedule, r.stdout)
+                accuracy = last_accuracy(r)
+                self.assertIsNotNone(accuracy, describe(r))
+                self.assertGreaterEqual(accuracy, SHORT_RUN_MIN, describe(r))
+
+    def test_tensor_parallel_block_of_ones_own_trains_as_one_process(self):
+        # The recipe's attention and MLP blocks and a class-split head with the vocabulary-
+        # parallel cross-entropy: split over 2 processes, against the same model whole.
+        runs = {}
+        for tensor in (2, 1):
+            r = self.launch_example("tensor_parallel", "--tensor", str(tensor), "--max_steps",
+                                    "100", processes=tensor)
+            self.assertEqual(r.returncode, 0, describe(r))
+            self.assertIn(f"tensor {tensor} x data 1", r.stdout)
+            losses = [float(x) for x in re.findall(r"step \d+ loss (\d+\.\d+)", r.stdout)]
+            self.assertEqual(len(losses), 2, describe(r))
+            runs[tensor] = (losses, last_accuracy(r))
+        (split, split_acc), (whole, whole_acc) = runs[2], runs[1]
+        for a, b in zip(split, whole):
+            self.assertAlmostEqual(a, b, delta=2e-4)
+        self.assertLess(whole[1], whole[0])
+        self.assertIsNotNone(split_acc)
+        self.assertAlmostEqual(split_acc, whole_acc, delta=0.003)
+        self.assertGreaterEqual(split_acc, SHORT_RUN_MIN)
 
     def test_gan_two_models_stay_bit_identical_across_ranks(self):
         # Two models, two optimizers, alternating steps: each model's replicas must agree bit
