@@ -103,10 +103,13 @@ struct TrainRuleViolation {
 // them with the place of the key, and the trainer runtime (Accelerator::Create) for
 // configurations built in code, as "train.<key>: <message>". `world_size` is the job's process
 // count, 0 when not known (launch across elastic nodes; a rule about it then waits for the
-// runtime).
-std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int world_size);
+// runtime). `builtin_model` false leaves out the rules that tie the layout to `train`'s own
+// models (tensor parallelism splits the built-in transformer: its heads and vocabulary), for a
+// program that brings its own model (Accelerator::Create).
+std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int world_size,
+                                                  bool builtin_model = true);
 // InvalidConfig "train.<key>: <message>" for the first broken rule, else Ok.
-Status CheckTrainRulesStatus(const TrainConfig& t, int world_size);
+Status CheckTrainRulesStatus(const TrainConfig& t, int world_size, bool builtin_model = true);
 
 // Once all layers are applied (YAML, environment, flags): derived defaults (weight_decay for
 // the optimizer type, idx data's directory), then the rules and the data files' presence.

@@ -36,7 +36,8 @@ std::string N(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int world_size) {
+std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int world_size,
+                                                  bool builtin_model) {
   if (t.gradient_accumulation_steps < 1)
     return Broken("gradient_accumulation_steps", "must be at least 1");
   if (t.local_sgd_steps < 0) return Broken("local_sgd_steps", "must be 0 (off) or positive");
@@ -168,7 +169,7 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                   "shards the sequence over the tensor-parallel ranks; it needs parallel.tensor "
                   "above 1",
                   {"parallel.sequence_parallel", "parallel.tensor"});
-  if (p.tensor > 1) {
+  if (p.tensor > 1 && builtin_model) {
     if (m.type != ModelType::kTransformer)
       return Broken("parallel.tensor",
                     std::string("splits the built-in transformer's layers; model.type ") +
@@ -276,8 +277,8 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
   return std::nullopt;
 }
 
-Status CheckTrainRulesStatus(const TrainConfig& t, int world_size) {
-  std::optional<TrainRuleViolation> v = CheckTrainRules(t, world_size);
+Status CheckTrainRulesStatus(const TrainConfig& t, int world_size, bool builtin_model) {
+  std::optional<TrainRuleViolation> v = CheckTrainRules(t, world_size, builtin_model);
   if (!v) return Status::Ok();
   return Status::InvalidConfig("train." + v->key + ": " + v->message);
 }

@@ -31,7 +31,9 @@ Axis AxisOf(Use use) {
 
 StatusOr<ParallelLayout> ParallelLayout::Create(const config::TrainConfig& cfg,
                                                 const DistEnv& env) {
-  LAUNCH_RETURN_IF_ERROR(config::CheckTrainRulesStatus(cfg, env.world_size));
+  // The model is the program's: `train` checked its built-in model's rules when it loaded them.
+  LAUNCH_RETURN_IF_ERROR(
+      config::CheckTrainRulesStatus(cfg, env.world_size, /*builtin_model=*/false));
   return FromDegrees(env.world_size, env.rank, cfg.parallel.stages, cfg.parallel.tensor);
 }
 
