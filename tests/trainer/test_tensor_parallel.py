@@ -33,7 +33,8 @@ train:
 """
 
 # Loads two model.pt files (Debian's python3 has torch; the runner's may not): their names,
-# shapes and the largest difference.
+# shapes, the largest difference and the largest in units of PyTorch's float32 assert_close
+# tolerance (atol 1e-5 + rtol 1.3e-6 x |b|): at most 1 passes assert_close.
 COMPARE = r"""
 import json, sys, torch
 def load(paths):  # a pipeline's stages: one file each, together the model
@@ -44,7 +45,9 @@ def load(paths):  # a pipeline's stages: one file each, together the model
 a, b = load(sys.argv[1]), load(sys.argv[2])
 same = sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a)
 diff = max((a[k] - b[k]).abs().max().item() for k in a) if same else None
-print(json.dumps({"same_names_and_shapes": same, "max_abs_diff": diff}))
+ratio = max(((a[k] - b[k]).abs() / (1e-5 + 1.3e-6 * b[k].abs())).max().item()
+            for k in a) if same else None
+print(json.dumps({"same_names_and_shapes": same, "max_abs_diff": diff, "ratio": ratio}))
 """
 
 
@@ -88,11 +91,14 @@ class TensorParallelTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         got = json.loads(r.stdout)
         self.assertTrue(got["same_names_and_shapes"], got)
+        self.ratio = got["ratio"]
         return got["max_abs_diff"]
 
     def check_near(self, split_out, whole_out, tol=5e-5, stages=1):
         diff = self.compare(split_out, whole_out, stages)
         self.assertLess(diff, tol, "the split model ended elsewhere than the whole one")
+        # The issue's goal: within torch.testing.assert_close's float32 tolerances.
+        self.assertLessEqual(self.ratio, 1.0, f"max abs difference {diff:g}")
         a, b = metrics(split_out), metrics(whole_out)
         self.assertEqual([m["step"] for m in a], [m["step"] for m in b])
         for x, y in zip(a, b):
