@@ -67,11 +67,13 @@ class PipelineEngine : public ParallelStrategy {
   using ForwardFn = std::function<torch::Tensor(const torch::Tensor&)>;
 
   // This rank's stage of `cfg`'s pipeline: `model` is the stage's parameter view, `forwards`
-  // run its chunks (one each of parallel.virtual_stages), `data` is the data strategy over the
-  // stage's data group (CreateStrategy), which
-  // the engine owns. `world` is the job's group (null for one process): send/recv between
-  // stages. Joins the stage group (CreateAxisGroup: COLLECTIVE over the world) for the norm.
-  // The stage computes on `platform`'s device (the model is already there) under its autocast.
+  // run its chunks (one, or parallel.virtual_stages under interleaved 1F1B: InvalidConfig
+  // otherwise), `data` is the data strategy over the stage's data group (CreateStrategy), which
+  // the engine owns (InvalidConfig when it reduces every micro-batch under a schedule that
+  // synchronises after the schedule). `world` is the job's group (null for one process):
+  // send/recv between stages. Joins the stage group (CreateAxisGroup: COLLECTIVE over the
+  // world) for the norm. The stage computes on `platform`'s device (the model is already there)
+  // under its autocast.
   // REQUIRES: `layout` was built from `cfg` (its validation covers the pipeline's rules).
   static StatusOr<std::unique_ptr<PipelineEngine>> Create(
       const config::TrainConfig& cfg, const DistEnv& env, const Platform& platform,
