@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -955,6 +956,12 @@ int Main(int argc, char** argv) {
         "every node");
   int rc = multi_node ? agent::RunElasticAgent(MakeElasticAgentOptions(cfg, *plan, opts))
                       : agent::RunLocalAgent(opts);
+  // The job is over, and the agent's signal handlers went with it (asio restores the default
+  // actions): a signal now (the head's ssh session closing, a late Ctrl-C) would end launch
+  // before ~JobCgroup removes the job's cgroup and reaps its reaper, which would then outlive it
+  // as an orphan. What is left is bounded clean-up, and the exit code is the job's already.
+  for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE})
+    ::signal(signo, SIG_IGN);
   if (self_test) {
     if (rc == 0) {
       std::printf("launch test: PASSED (%d process(es) on this machine%s)\n", plan->nproc_per_node,
