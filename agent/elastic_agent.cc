@@ -76,21 +76,8 @@ class ElasticAgent {
     co.token = options_.token;
     co.local_address = options_.local_address;
     co.log = [](const std::string& line) { log::Warn(line); };
-    co.join.run_id = options_.run_id;
-    co.join.min_nodes = options_.min_nodes;
-    co.join.max_nodes = options_.max_nodes;
-    co.join.node_rank = options_.node_rank;
-    co.join.local_world_size = options_.local.group.local_world_size;
+    co.join = MakeJoin();
     co.join.master_port = *port;
-    co.join.hostname = !options_.hostname.empty() ? options_.hostname
-                       : !Hostname().empty()      ? Hostname()
-                                                  : "unknown";
-    co.join.fingerprint = options_.fingerprint;
-    co.join.max_restarts = options_.max_restarts;
-    co.join.join_timeout_s = options_.join_timeout_s;
-    co.join.last_call_timeout_s = options_.last_call_timeout_s;
-    co.join.heartbeat_timeout_s = options_.heartbeat_timeout_s;
-    co.join.recover_in_place = options_.local.recover_in_place;
     rdzv::ClientEvents events;
     events.on_assigned = [this](const rdzv::Assignment& a) { OnAssigned(a); };
     events.on_restart = [this](const rdzv::RestartNotice& n) { OnRestart(n); };
@@ -106,6 +93,26 @@ class ElasticAgent {
   }
 
  private:
+  // This node's JOIN, less the workers' store port (reserved after the server is up).
+  rdzv::JoinRequest MakeJoin() const {
+    rdzv::JoinRequest join;
+    join.run_id = options_.run_id;
+    join.min_nodes = options_.min_nodes;
+    join.max_nodes = options_.max_nodes;
+    join.node_rank = options_.node_rank;
+    join.local_world_size = options_.local.group.local_world_size;
+    join.hostname = !options_.hostname.empty() ? options_.hostname
+                    : !Hostname().empty()      ? Hostname()
+                                               : "unknown";
+    join.fingerprint = options_.fingerprint;
+    join.max_restarts = options_.max_restarts;
+    join.join_timeout_s = options_.join_timeout_s;
+    join.last_call_timeout_s = options_.last_call_timeout_s;
+    join.heartbeat_timeout_s = options_.heartbeat_timeout_s;
+    join.recover_in_place = options_.local.recover_in_place;
+    return join;
+  }
+
   Status MaybeHostServer() {
     using Host = ElasticAgentOptions::HostServer;
     if (options_.host_server == Host::kNever) return Status::Ok();
@@ -139,6 +146,11 @@ class ElasticAgent {
     so.default_heartbeat_timeout =
         std::chrono::milliseconds(static_cast<long long>(options_.heartbeat_timeout_s * 1000));
     so.log = [](const std::string& line) { log::Info("rendezvous: " + line); };
+    // Another job's agent may reach the port before this agent's own JOIN: it must be the one
+    // refused, not this job.
+    so.expected_join = MakeJoin();
+    so.expected_origin = "the agent hosting this rendezvous (host " +
+                         SanitizeForTerminal(so.expected_join->hostname) + ")";
     auto server = rdzv::RendezvousServer::Create(io_, so);
     Status s = server->Listen();
     if (!s.ok()) {

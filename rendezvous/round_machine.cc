@@ -152,13 +152,18 @@ Effects RoundMachine::OnHeartbeat(SessionId id, int64_t now_us) {
   return Take();
 }
 
+void RoundMachine::Expect(JoinRequest spec, std::string origin) {
+  expected_ = std::move(spec);
+  expected_origin_ = std::move(origin);
+}
+
 std::string RoundMachine::SpecMismatch(const Session& s, const JoinRequest& j) const {
-  const JoinRequest& spec = *spec_;
+  const JoinRequest& spec = spec_ ? *spec_ : *expected_;
+  const std::string& origin = spec_ ? spec_origin_ : expected_origin_;
   std::string who = Describe(s);
   auto mismatch = [&](const std::string& field, const std::string& mine,
                       const std::string& theirs) {
-    return field + " mismatch: " + who + " has " + mine + " but " + spec_origin_ +
-           ", the first to join, has " + theirs;
+    return field + " mismatch: " + who + " has " + mine + " but " + origin + " has " + theirs;
   };
   if (j.run_id != spec.run_id) return mismatch("run_id", Quote(j.run_id), Quote(spec.run_id));
   if (j.min_nodes != spec.min_nodes || j.max_nodes != spec.max_nodes)
@@ -201,6 +206,11 @@ Effects RoundMachine::OnJoin(SessionId id, JoinRequest join, int64_t now_us) {
     return Take();
   }
   if (!spec_) {
+    std::string mismatch = expected_ ? SpecMismatch(s, join) : "";
+    if (!mismatch.empty()) {
+      Refuse(id, s, mismatch, true);
+      return Take();
+    }
     if (join.node_rank >= join.max_nodes) {
       Refuse(id, s,
              "machine_rank " + std::to_string(join.node_rank) + " is not below num_machines " +
@@ -209,7 +219,7 @@ Effects RoundMachine::OnJoin(SessionId id, JoinRequest join, int64_t now_us) {
       return Take();
     }
     spec_ = join;
-    spec_origin_ = Describe(s);
+    spec_origin_ = Describe(s) + ", the first to join,";
     state_ = JobState::kWaiting;
     round_ = 0;
     restarts_used_ = 0;

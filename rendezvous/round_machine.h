@@ -94,6 +94,13 @@ class RoundMachine {
   // `default_heartbeat_timeout`: the liveness deadline before a job's spec is known.
   explicit RoundMachine(std::chrono::milliseconds default_heartbeat_timeout);
 
+  // The spec of the job this machine is for, known before any JOIN: the hosting agent's own.
+  // Until the first JOIN sets the spec, a join that disagrees with it is refused alone, as any
+  // mismatch is once the job forms: another job's agent that reaches this port before the
+  // host's own agent has joined must not make that job the one formed here. `origin` names
+  // its holder in the refusal ("the agent hosting this rendezvous on host a").
+  void Expect(JoinRequest spec, std::string origin);
+
   // A connection completed the handshake. `remote_address`: the peer's address as the server
   // sees it; `local_address`: the server's own address on that connection (what the peer
   // reached). REQUIRES: `id` new.
@@ -207,8 +214,10 @@ class RoundMachine {
   Effects out_;  // effects of the input being handled
 
   JobState state_ = JobState::kIdle;
-  std::optional<JoinRequest> spec_;  // from the first JOIN
-  std::string spec_origin_;          // "host a (10.0.0.1)": who set the spec
+  std::optional<JoinRequest> spec_;      // from the first JOIN
+  std::string spec_origin_;              // "host a (10.0.0.1), the first to join": who set it
+  std::optional<JoinRequest> expected_;  // Expect(): checked while spec_ is unset
+  std::string expected_origin_;
   int round_ = 0;
   int restarts_used_ = 0;
   int generation_ = 0;  // the newest in-place generation granted; never reset within a job

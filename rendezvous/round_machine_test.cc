@@ -244,6 +244,26 @@ TEST_CASE("MismatchedRunIdIsRefusedAloneAndTheFormingJobGoesOn") {
   CHECK(d.Assignments(c).size() == 1);
 }
 
+// The hosting agent's server knows its job before its own agent's JOIN arrives: another job's
+// node 0 on the same port, reaching it first from the same address, is the one refused.
+TEST_CASE("AnotherJobJoiningBeforeTheHostsOwnAgentIsRefusedAlone") {
+  Driver d;
+  d.m.Expect(Join(2, 2, 0, 1, "vm"), "the agent hosting this rendezvous (host vm)");
+  JoinRequest other = Join(2, 2, 0, 1, "vm");
+  other.run_id = "other";
+  SessionId stray = d.Joined(other, "127.0.0.1");
+  REQUIRE(d.Refused(stray));
+  CHECK(d.Refused(stray)->config_error);
+  CHECK(Contains(d.Refused(stray)->message, "run_id mismatch"));
+  CHECK(Contains(d.Refused(stray)->message,
+                 "but the agent hosting this rendezvous (host vm) has 'test'"));
+  CHECK(d.m.state() == JobState::kIdle);  // the stray set no spec
+  SessionId host = d.Joined(Join(2, 2, 0, 1, "vm"), "127.0.0.1");
+  SessionId peer = d.Joined(Join(2, 2, 1, 1, "peer"), "127.0.0.1");
+  CHECK(d.Assignments(host).size() == 1);
+  CHECK(d.Assignments(peer).size() == 1);
+}
+
 TEST_CASE("MismatchedRunIdIsRefusedAloneWhileTheJobRuns") {
   Driver d;
   SessionId a = d.Joined(Join(1, 1, -1));

@@ -66,6 +66,7 @@ RendezvousServer::RendezvousServer(boost::asio::io_context& io, ServerOptions op
       sweep_timer_(io),
       stranger_window_start_(std::chrono::steady_clock::now()) {
   for (int t = 0; t < kTimerCount; ++t) timers_.emplace_back(io);
+  if (options_.expected_join) machine_.Expect(*options_.expected_join, options_.expected_origin);
 }
 
 RendezvousServer::~RendezvousServer() { Stop(); }

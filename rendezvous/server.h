@@ -122,6 +122,11 @@ struct ServerOptions {
   std::chrono::milliseconds stranger_log_window{10000};
   // One line per notable event ("round 0 closed: 2 nodes ..."). Null = silent.
   std::function<void(const std::string&)> log;
+  // The hosting agent's own join (RoundMachine::Expect): a join that disagrees with it is
+  // refused even before that agent's own JOIN arrives. Unset for a standalone server, which
+  // takes its spec from whoever joins first.
+  std::optional<JoinRequest> expected_join;
+  std::string expected_origin;  // how refusals name it
 };
 
 class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
