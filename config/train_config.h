@@ -219,6 +219,9 @@ struct TrainConfig {
     double outer_momentum = 0.9;  // nesterov
   } local_sgd;
   int64_t checkpoint_every = 100;  // optimizer steps; 0 = only at the end
+  // In-place recovery of a mode whose state exists on one rank alone (zero, local_sgd): steps
+  // between the in-memory snapshots every rank rolls back to after a loss (Accelerator).
+  int64_t recover_snapshot_every = 50;
   // Checkpoints written by a forked child while training goes on (Accelerator::SaveState).
   bool checkpoint_async = false;
   // Checkpoints (step folders) kept under the checkpoint folder: the last K; 1 = only the

@@ -460,6 +460,9 @@ std::vector<TrainKey> BuildTable() {
             "write checkpoints in a forked child while training goes on"),
       Range("checkpoint_keep", FIELD(checkpoint_keep), 1, kBig,
             "checkpoints kept: the last K steps (1 = only the latest)"),
+      Range("recover_snapshot_every", FIELD(recover_snapshot_every), 1, kBig,
+            "under --recover in_place, optimizer steps between the in-memory snapshots that "
+            "zero and local_sgd roll back to after a lost rank"),
       Value("resume", FIELD(resume), "auto | never | PATH of a checkpoint file"),
       Value("resume_allow_changes", FIELD(resume_allow_changes),
             "resume although trajectory settings changed (they are listed)"),

@@ -247,10 +247,14 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
   if (tensor_group_)
     strategy_->SetTensorGroup(tensor_group_, SplitParameters(*module_, model_->Parameters()));
   // Recovery re-forms the world group, which the strategy must communicate over.
-  recover_ =
-      env_.recover_in_place && pg_ && strategy_->SupportsInPlaceRecovery() && data_pg_ == pg_;
+  // ddp hands a replacement the live state; a mode whose state exists on one rank alone goes
+  // back to the newest in-memory snapshot (RollBack).
+  snapshots_ = env_.recover_in_place && pg_ && data_pg_ == pg_ &&
+               !strategy_->SupportsInPlaceRecovery() && strategy_->RecoversFromSnapshots();
+  recover_ = env_.recover_in_place && pg_ && data_pg_ == pg_ &&
+             (strategy_->SupportsInPlaceRecovery() || snapshots_);
   if (env_.recover_in_place && pg_ && !recover_)
-    Print(std::string("train: in-place recovery needs ddp over every rank; ") +
+    Print(std::string("train: in-place recovery needs ddp, zero or local_sgd over every rank; ") +
           (data_pg_ == pg_ ? std::string("in ") + strategy_->Name() + " mode"
                            : "with " + layout_->Describe()) +
           " a lost rank restarts every worker (from the last checkpoint)");
@@ -258,16 +262,23 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
   // group has formed and the mode can hand a replacement its state.
   if (recover_) (void)DeclareInPlaceRecovery();
   if (recover_ && env_.recover_generation > 0) {
-    // A replacement: the run's state comes from a live peer (ExchangeState), not from rank 0's
-    // broadcast, which the survivors are not making.
-    LAUNCH_RETURN_IF_ERROR(ExchangeState());
-    strategy_->Reform(pg_);
+    // A replacement: the run's state comes from a live peer (ExchangeState) or its keeper's
+    // copy of the lost rank's snapshot (RollBack), not from rank 0's broadcast, which the
+    // survivors are not making.
+    if (snapshots_) {
+      strategy_->Reform(pg_);
+      LAUNCH_RETURN_IF_ERROR(RollBack());
+    } else {
+      LAUNCH_RETURN_IF_ERROR(ExchangeState());
+      strategy_->Reform(pg_);
+    }
     joined_from_peer_ = true;
     ++recoveries_;  // the one this process joined in (the survivors count it in Recover)
     std::fprintf(stderr,
-                 "train: rank %d: replacement (generation %d) took the state of step %lld from "
+                 "train: rank %d: replacement (generation %d) took the %s of step %lld from "
                  "rank %d, %.2f s after it began to join\n",
-                 rank(), generation_, static_cast<long long>(step_), recovered_from_,
+                 rank(), generation_, snapshots_ ? "snapshot" : "state",
+                 static_cast<long long>(step_), recovered_from_,
                  Seconds(std::chrono::steady_clock::now() - created_at_));
   } else {
     strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
@@ -454,6 +465,8 @@ void Accelerator::Accumulate() {
   if (micro_in_window_ == 0) Timeline::Get().BeginStep(step_ + 1);
   sync_ = strategy_->SyncGradients(closes);
   window_closes_ = closes;
+  // The first snapshot holds what Prepare and LoadState left; after a recovery, a new one.
+  if (snapshots_ && snapshots_held_.empty() && micro_in_window_ == 0) TakeSnapshot();
   if (recover_) torch::manual_seed(MicroBatchSeed(options_.seed, rank(), step_, micro_in_window_));
   Guarded([&] {
     for (Pair& pair : pairs_)
@@ -541,10 +554,15 @@ torch::Tensor Accelerator::ForwardBackwardWith(const torch::data::Example<>& bat
   }
   if (!strategy_->RunsForwardBackward()) {
     torch::Tensor loss;
-    {
+    // A forward communicates too (ZeRO stage 3 gathers each unit): a lost peer abandons it.
+    const bool ran = Guarded([&] {
       Timeline::Scope span("train", "forward");
       AutocastScope amp = Autocast();
       loss = fn(*module_, batch);
+    });
+    if (!ran) {
+      EndMicroBatch();
+      return torch::zeros({}, torch::kFloat);
     }
     Backward(loss);
     return loss.detach();
@@ -643,6 +661,8 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
   if (first) {
     if (save_pending_) PollPendingSave();
     MarkBoundary();
+    if (snapshots_ && step_ % std::max<int64_t>(1, options_.recover_snapshot_every) == 0)
+      TakeSnapshot();
     if (report_cost_since_ && recovered_from_ == rank()) {
       // The recovery's cost as the job sees it: from the failure to the redone step, done.
       std::fprintf(stderr,
@@ -668,7 +688,12 @@ std::string Accelerator::allreduce_transport() const {
 
 Status Accelerator::Finish() {
   Status finished = [&]() -> Status {
-    // A peer lost at the last step boundary: its replacement comes straight here.
+    // A peer lost at the last step boundary: its replacement comes straight here. Not where
+    // the recovery goes back to a snapshot: the steps since it would not be redone.
+    if (peer_lost_ && snapshots_)
+      return Status::PeerLost("a peer was lost in the run's last step (" + lost_what_ +
+                              "), which a recovery from the snapshot of an earlier step could "
+                              "not redo here: every worker restarts");
     if (peer_lost_) LAUNCH_RETURN_IF_ERROR(Recover());
     LAUNCH_RETURN_IF_ERROR(WaitForCheckpoint());
     finished_ = true;  // saves from here on are synchronous: the run is about to end

@@ -694,6 +694,15 @@ class Accelerator {
                                        std::chrono::milliseconds wait);
   // Every rank of the new group takes the furthest live rank's state. COLLECTIVE.
   Status ExchangeState();
+  // Snapshots (a mode that RecoversFromSnapshots): this rank's image of the step just done,
+  // kept here and sent to its keeper, the rank that keeps a copy of it (on another host where
+  // there is one), which receives its ward's in turn. COLLECTIVE. A peer lost meanwhile leaves
+  // the newest complete snapshot as it was.
+  void TakeSnapshot();
+  // After a loss, in the new group: every rank goes back to the newest snapshot all hold, a
+  // replacement to its keeper's copy of its image. COLLECTIVE.
+  Status RollBack();
+  int KeeperOf(int rank) const;
   // Notes the state at a step boundary that a recovery goes back to.
   void MarkBoundary();
   TrainState BoundaryTrainState() const;
@@ -849,6 +858,17 @@ class Accelerator {
     std::vector<torch::Tensor> buffers;  // clones of the model's buffers
     RunCounts counts;                    // RunTotals() then: a redone step counts once
   } boundary_;
+  // Snapshots: on; one of this rank's (own) with the copy of its ward's, taken at `step`; the
+  // newest complete ones, oldest first (two: a loss during an exchange leaves one that every
+  // rank holds).
+  bool snapshots_ = false;
+  struct Snapshot {
+    int64_t step = -1;
+    std::string own, ward;
+    RunCounts counts;  // RunTotals() then
+  };
+  std::vector<Snapshot> snapshots_held_;
+  double snapshot_ms_ = 0;  // the run's time spent taking snapshots (final.json)
   std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting
 
   bool backward_since_step_ = false;  // Backward (or ForwardBackward) ran since the last step

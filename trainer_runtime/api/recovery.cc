@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -153,6 +154,170 @@ Status Accelerator::ExchangeState() {
   return Status::Ok();
 }
 
+// --- Snapshots: recovery where a rank's state exists on it alone --------------------------------
+
+namespace {
+
+// Point-to-point messages of snapshots travel on the world group's own Gloo pairs (uncounted:
+// final.json's totals are the training's collectives), under a tag nothing else there uses.
+constexpr int kSnapshotTag = 0x534e4150;  // "SNAP"
+
+// Sends `bytes` to `dst` (its size first) on `group`. Throws what the transport throws.
+void SendBytes(c10d::ProcessGroup& group, int dst, const std::string& bytes) {
+  std::vector<at::Tensor> size = {
+      torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong)};
+  group.send(size, dst, kSnapshotTag)->wait();
+  std::vector<at::Tensor> payload = {torch::from_blob(
+      const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kByte)};
+  group.send(payload, dst, kSnapshotTag)->wait();
+}
+
+std::string ReceiveBytes(c10d::ProcessGroup& group, int src) {
+  std::vector<at::Tensor> size = {torch::zeros({1}, torch::kLong)};
+  group.recv(size, src, kSnapshotTag)->wait();
+  const int64_t n = size[0].item<int64_t>();
+  std::vector<at::Tensor> payload = {torch::empty({n}, torch::kByte)};
+  group.recv(payload, src, kSnapshotTag)->wait();
+  return std::string(reinterpret_cast<const char*>(payload[0].data_ptr<uint8_t>()),
+                     static_cast<size_t>(n));
+}
+
+}  // namespace
+
+int Accelerator::KeeperOf(int r) const {
+  // The same local rank on the next host (hosts of equal size, as launch starts them): a host
+  // lost whole leaves every copy of its ranks' images on the next one.
+  const int world = world_size();
+  const int local = env_.local_world_size;
+  const int stride = local > 0 && local < world && world % local == 0 ? local : 1;
+  return (r + stride) % world;
+}
+
+void Accelerator::TakeSnapshot() {
+  if (peer_lost_) return;
+  const auto start = std::chrono::steady_clock::now();
+  Timeline::Scope span("train", "snapshot");
+  Snapshot snap;
+  snap.step = step_;
+  snap.counts = RunTotals();
+  StatusOr<std::string> own = SerializeImage(
+      [&](torch::serialize::OutputArchive& archive) { strategy_->SaveImage(archive, *optimizer_); },
+      CurrentTrainState());
+  if (!own.ok())
+    throw compat::MakeError("rank " + std::to_string(rank()) + ": the snapshot of step " +
+                            std::to_string(step_) + ": " + own.status().message());
+  snap.own = std::move(own).value();
+  const int world = world_size();
+  const int keeper = KeeperOf(rank());
+  int ward = rank();
+  for (int r = 0; r < world; ++r)
+    if (KeeperOf(r) == rank()) ward = r;
+  // Both directions at once: a rank's send to its keeper and its ward's send to it.
+  const bool sent = Guarded([&] {
+    c10d::ProcessGroup& group = pg_->inner();
+    std::string received;
+    std::thread to_keeper([&] { SendBytes(group, keeper, snap.own); });
+    try {
+      received = ReceiveBytes(group, ward);
+    } catch (...) {
+      to_keeper.join();
+      throw;
+    }
+    to_keeper.join();
+    snap.ward = std::move(received);
+  });
+  if (!sent) return;  // a peer was lost meanwhile: Step() recovers from the previous snapshot
+  snapshots_held_.push_back(std::move(snap));
+  if (snapshots_held_.size() > 2) snapshots_held_.erase(snapshots_held_.begin());
+  snapshot_ms_ += 1000 * Seconds(std::chrono::steady_clock::now() - start);
+}
+
+Status Accelerator::RollBack() {
+  const int world = world_size();
+  const bool replacement = !prepared_;
+  // Row r: rank r's newest and previous snapshot steps (-1: none), whether it is a replacement,
+  // its recoveries, and the run's counts at its newest snapshot.
+  constexpr int kCols = 8;
+  auto rows = torch::zeros({world, kCols}, torch::kDouble);
+  {
+    auto row = rows[rank()];
+    const size_t held = snapshots_held_.size();
+    row[0] = held > 0 ? static_cast<double>(snapshots_held_.back().step) : -1.0;
+    row[1] = held > 1 ? static_cast<double>(snapshots_held_.front().step) : -1.0;
+    row[2] = replacement ? 1.0 : 0.0;
+    row[3] = static_cast<double>(recoveries_);
+  }
+  SumInPlace(rows);
+  const auto t = rows.accessor<double, 2>();
+  std::vector<int> survivors, replacements;
+  for (int r = 0; r < world; ++r) (t[r][2] > 0 ? replacements : survivors).push_back(r);
+  if (survivors.empty())
+    return Status::PeerLost("no live rank holds a snapshot (every rank is a replacement)");
+  // The newest step every survivor holds (each keeps two: a loss during an exchange leaves
+  // some a step ahead).
+  int64_t step = -1;
+  for (int r : survivors) {
+    const int64_t newest = static_cast<int64_t>(t[r][0]);
+    if (step < 0 || newest < step) step = newest;
+  }
+  for (int r : survivors)
+    if (step < 0 ||
+        (static_cast<int64_t>(t[r][0]) != step && static_cast<int64_t>(t[r][1]) != step))
+      return Status::PeerLost("rank " + std::to_string(r) +
+                              " holds no snapshot of the step the others can go back to");
+  for (int r : replacements)
+    if (t[KeeperOf(r)][2] > 0)
+      return Status::PeerLost("rank " + std::to_string(r) + " and rank " +
+                              std::to_string(KeeperOf(r)) +
+                              ", which keeps the copy of its snapshot, were both lost");
+  const auto held = std::find_if(snapshots_held_.begin(), snapshots_held_.end(),
+                                 [&](const Snapshot& s) { return s.step == step; });
+  std::string image;
+  try {
+    c10d::ProcessGroup& group = pg_->inner();
+    for (int r : replacements) {
+      if (rank() == KeeperOf(r)) SendBytes(group, r, held->ward);
+      if (rank() == r) image = ReceiveBytes(group, KeeperOf(r));
+    }
+  } catch (const std::exception& e) {
+    return Status::PeerLost(std::string("handing a replacement its snapshot: ") + e.what());
+  }
+  if (!replacement) image = held->own;
+  const std::string what = "the snapshot of step " + std::to_string(step);
+  LAUNCH_ASSIGN_OR_RETURN(TrainState state,
+                          RestoreImage(image, what, [&](torch::serialize::InputArchive& archive) {
+                            return strategy_->LoadImage(archive, *optimizer_);
+                          }));
+  LoadTrainState(state);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model_->Parameters())
+      if (p.grad().defined()) p.mutable_grad().zero_();
+  }
+  ApplyRestoredCursor();
+  // The run's counts at the snapshot (every rank of a data-parallel world issues the same
+  // collectives: a survivor's are everyone's), less this group's own so far.
+  const RunCounts at = replacement ? RunCounts{} : held->counts;
+  auto counts = torch::tensor({at.allreduces, at.pair_exchanges, at.reduce_scatters, at.allgathers,
+                               static_cast<int64_t>(t[survivors[0]][3])},
+                              torch::kLong);
+  c10d::BroadcastOptions from;
+  from.rootRank = survivors[0];
+  std::vector<at::Tensor> v = {counts};
+  pg_->broadcast(v, from)->wait();
+  const auto got = counts.accessor<int64_t, 1>();
+  carried_ = RunCounts{};
+  const RunCounts now = RunTotals();
+  carried_ = RunCounts{got[0] - now.allreduces, got[1] - now.pair_exchanges,
+                       got[2] - now.reduce_scatters, got[3] - now.allgathers, 0};
+  recoveries_ = got[4];
+  // Everyone takes a new one at the next micro-batch: the replacement holds no copy of its
+  // ward's image, and its keeper's copy of its own is of this step.
+  snapshots_held_.clear();
+  recovered_from_ = replacements.empty() ? survivors[0] : KeeperOf(replacements[0]);
+  return Status::Ok();
+}
+
 StatusOr<int> Accelerator::MeetInNewestGeneration(int lost_in,
                                                   std::chrono::system_clock::time_point noticed_at,
                                                   const std::string& noticed_by, int announce,
@@ -220,9 +385,15 @@ Status Accelerator::Recover() {
     // In-place recovery runs where the data axis is the world (ddp): its group is the new one
     // (before the exchange, which carries the run's counts over to it).
     data_pg_ = pg_;
-    LAUNCH_RETURN_IF_ERROR(ExchangeState());
-    // The broken group goes with the old reducer here.
-    strategy_->Reform(pg_);
+    if (snapshots_) {
+      // The strategy drops the abandoned step's work first; then every rank goes back.
+      strategy_->Reform(pg_);
+      LAUNCH_RETURN_IF_ERROR(RollBack());
+    } else {
+      LAUNCH_RETURN_IF_ERROR(ExchangeState());
+      // The broken group goes with the old reducer here.
+      strategy_->Reform(pg_);
+    }
     if (loss_watch_)
       LAUNCH_RETURN_IF_ERROR(WatchGroup(*loss_watch_, env_, timeout_, pg_, generation_));
   } catch (const std::exception& e) {
@@ -247,13 +418,18 @@ Status Accelerator::Recover() {
   const std::string who = first.by == me || first.at >= noticed
                               ? "here"
                               : "by " + first.by + ", here " + Fixed(later, 2) + " s later";
+  const std::string from =
+      snapshots_
+          ? "rolled back to the snapshot of step " + std::to_string(step_) +
+                " (the replacement's from rank " + std::to_string(recovered_from_) +
+                "); redoing steps " + std::to_string(step_ + 1) + " to " + std::to_string(step)
+          : "state of step " + std::to_string(step_) + " from rank " +
+                std::to_string(recovered_from_) + "; redoing step " + std::to_string(step_ + 1);
   std::fprintf(stderr,
                "train: rank %d: recovered %.2f s after the failure (first noticed %s): group "
-               "generation %d with the replacement, state of step %lld from rank %d; redoing step "
-               "%lld\n",
+               "generation %d with the replacement, %s\n",
                rank(), Seconds(std::chrono::steady_clock::now() - *report_cost_since_), who.c_str(),
-               generation_, static_cast<long long>(step_), recovered_from_,
-               static_cast<long long>(step_ + 1));
+               generation_, from.c_str());
   return Status::Ok();
 }
 

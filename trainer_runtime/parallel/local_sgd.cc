@@ -67,6 +67,45 @@ class LocalSgdStrategy : public ParallelStrategy {
     }
   }
   bool SyncGradients(bool) const override { return false; }
+
+  // The replicas differ between averages, and the outer state is every rank's own copy:
+  // recovered from snapshots, the replicas, the inner optimizers' states and the outer state.
+  bool RecoversFromSnapshots() const override { return true; }
+  void Reform(c10::intrusive_ptr<CountingProcessGroup> pg) override {
+    SetGroup(std::move(pg));
+    if (!nesterov_ || !anchor_.empty()) return;
+    // A replacement: LoadImage fills what Setup would have made.
+    for (const torch::Tensor& p : model_->Parameters()) {
+      anchor_.push_back(torch::empty_like(p));
+      momentum_.push_back(torch::empty_like(p));
+    }
+  }
+  void SaveImage(torch::serialize::OutputArchive& archive,
+                 torch::optim::Optimizer& optimizer) override {
+    ParallelStrategy::SaveImage(archive, optimizer);
+    for (const auto& [name, t] : OuterTensors()) archive.write("local_sgd/" + name, t);
+    archive.write("local_sgd/last_averaged", torch::tensor({last_averaged_}, torch::kLong));
+  }
+  Status LoadImage(torch::serialize::InputArchive& archive,
+                   torch::optim::Optimizer& optimizer) override {
+    LAUNCH_RETURN_IF_ERROR(ParallelStrategy::LoadImage(archive, optimizer));
+    try {
+      torch::NoGradGuard no_grad;
+      for (auto& [name, t] : OuterTensors()) {
+        torch::Tensor saved;
+        archive.read("local_sgd/" + name, saved);
+        t.copy_(saved);
+      }
+      torch::Tensor last;
+      archive.read("local_sgd/last_averaged", last);
+      last_averaged_ = last.item<int64_t>();
+    } catch (const c10::Error& e) {
+      return Status::InvalidConfig(std::string("this rank's snapshot: the outer state: ") +
+                                   e.what_without_backtrace());
+    }
+    return Status::Ok();
+  }
+
   void BeforeForward(bool) override {}
   void BeforeBackward(const torch::Tensor&, bool) override {}
   void AfterBackward(bool) override {}

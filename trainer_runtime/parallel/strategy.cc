@@ -21,6 +21,16 @@ void ParallelStrategy::Reform(c10::intrusive_ptr<CountingProcessGroup>) {
   TORCH_CHECK(false, Name(), " cannot go on over a re-formed group (no in-place recovery)");
 }
 
+void ParallelStrategy::SaveImage(torch::serialize::OutputArchive& archive,
+                                 torch::optim::Optimizer& optimizer) {
+  WriteModelKeys(archive, *model_, optimizer);
+}
+
+Status ParallelStrategy::LoadImage(torch::serialize::InputArchive& archive,
+                                   torch::optim::Optimizer& optimizer) {
+  return ReadModelKeys(archive, "this rank's snapshot", *model_, optimizer);
+}
+
 double ParallelStrategy::ClipGradNorm(double max_norm) {
   if (!tensor_group_) return torch::nn::utils::clip_grad_norm_(model_->Parameters(), max_norm);
   // clip_grad_norm_'s rule over the norm of the whole model's gradients.

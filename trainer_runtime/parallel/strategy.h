@@ -169,6 +169,21 @@ class ParallelStrategy {
   // without Setup's broadcast (the state came from a live peer). Gradients must be zero or
   // undefined. REQUIRES: SupportsInPlaceRecovery() (checked: c10::Error).
   virtual void Reform(c10::intrusive_ptr<CountingProcessGroup> pg);
+  // Whether a lost rank can be recovered from snapshots instead (Accelerator, "In-place
+  // recovery"): what the strategy keeps between steps may exist on one rank alone (a ZeRO
+  // shard, a Local SGD replica), so every rank writes it (SaveImage) every
+  // recover_snapshot_every steps, a peer keeps a copy, and after a loss every rank rolls back
+  // to the newest snapshot (LoadImage), the replacement from its peer's copy. Reform then also
+  // readies a replacement that never ran Setup. Such a strategy also supports Reform.
+  virtual bool RecoversFromSnapshots() const { return false; }
+  // Everything of the run's state this rank holds at a step boundary (parameters or their
+  // shard, buffers, `optimizer`'s or the shard optimizer's state, the strategy's own) into
+  // `archive`; throws c10::Error. The default: the model file's keys (WriteModelKeys).
+  virtual void SaveImage(torch::serialize::OutputArchive& archive,
+                         torch::optim::Optimizer& optimizer);
+  // Restores SaveImage's keys, after Reform. InvalidConfig naming the key it cannot restore.
+  virtual Status LoadImage(torch::serialize::InputArchive& archive,
+                           torch::optim::Optimizer& optimizer);
   // dp (dp.h): the strategy runs forward, loss and backward itself (replicas on threads). When
   // true the loop calls ForwardBackward instead of forward, loss and backward().
   virtual bool RunsForwardBackward() const { return false; }

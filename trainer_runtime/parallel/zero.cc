@@ -128,6 +128,105 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
 
   void Setup() override {
     BroadcastModel(pg_, model_);
+    Build();
+  }
+
+  // Each rank's shard of the optimizer state (and in stage 3 of the parameters) exists nowhere
+  // else: recovered from snapshots.
+  bool RecoversFromSnapshots() const override { return true; }
+
+  void Reform(c10::intrusive_ptr<CountingProcessGroup> pg) override {
+    SetGroup(std::move(pg));
+    previous_forward_synced_ = true;  // the next forward broadcasts buffers, as the first does
+    if (units_.empty()) {
+      Build();  // a replacement: LoadImage fills what Setup's broadcast would have
+      return;
+    }
+    // A survivor: nothing of the abandoned step stays; its collectives were the broken group's.
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.clear();
+    next_launch_ = 0;
+    // Stage 3's prefetch order comes back with the snapshot (LoadImage).
+    for (Unit& unit : units_) {
+      unit.work.reset();
+      unit.gather.reset();
+      unit.done = 0;
+      unit.bucket = at::Tensor();
+      if (unit.flat_grad.defined()) unit.flat_grad.zero_();
+      if (!ShardGradIsView()) unit.shard_grad.zero_();
+      if (unit.sharded() && unit.whole && !keep_whole_) {
+        ReleaseStorage(unit.flat_param);
+        unit.whole = false;
+      }
+    }
+    if (stage_ >= 2)
+      for (auto& p : params_) p.mutable_grad() = at::Tensor();
+  }
+
+  // Units by index: the whole buffer of an unsharded one (the same on every rank at a step
+  // boundary), this rank's slice of a stage-3 module's; the buffers; the shard optimizer.
+  void SaveImage(torch::serialize::OutputArchive& archive, Optimizer&) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t u = 0; u < units_.size(); ++u)
+      archive.write("zero/unit" + std::to_string(u),
+                    units_[u].sharded() ? units_[u].shard_param : units_[u].flat_param);
+    for (auto& [name, b] : model_->NamedBuffers()) archive.write("buffer/" + name, b.detach());
+    torch::serialize::OutputArchive opt;
+    shard_optimizer_->save(opt);
+    archive.write("zero/optimizer", opt);
+    // Stage 3 prefetches along the order the forward before ran its units: the replacement
+    // must issue the gathers the others do.
+    archive.write("zero/recording", IndexTensor(recording_));
+    archive.write("zero/order", IndexTensor(order_));
+  }
+
+  Status LoadImage(torch::serialize::InputArchive& archive, Optimizer&) override {
+    std::string key;
+    try {
+      torch::NoGradGuard no_grad;
+      auto restore = [&](const std::string& name, const at::Tensor& dst) {
+        key = name;
+        at::Tensor src;
+        archive.read(name, src);
+        TORCH_CHECK(src.sizes().equals(dst.sizes()), "shape ", src.sizes(), " where ", dst.sizes(),
+                    " was expected");
+        dst.detach().copy_(src);
+      };
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t u = 0; u < units_.size(); ++u)
+        restore("zero/unit" + std::to_string(u),
+                units_[u].sharded() ? units_[u].shard_param : units_[u].flat_param);
+      for (auto& [name, b] : model_->NamedBuffers()) restore("buffer/" + name, b);
+      key = "zero/optimizer";
+      torch::serialize::InputArchive opt;
+      archive.read(key, opt);
+      shard_optimizer_->load(opt);
+      key = "zero/order";
+      recording_ = ReadIndices(archive, "zero/recording");
+      order_ = ReadIndices(archive, "zero/order");
+    } catch (const c10::Error& e) {
+      return Status::InvalidConfig("this rank's snapshot: cannot restore " + key + ": " +
+                                   e.what_without_backtrace());
+    }
+    return Status::Ok();
+  }
+
+  static at::Tensor IndexTensor(const std::vector<size_t>& v) {
+    std::vector<int64_t> values(v.begin(), v.end());
+    return torch::tensor(values, torch::kLong).reshape({static_cast<int64_t>(values.size())});
+  }
+  static std::vector<size_t> ReadIndices(torch::serialize::InputArchive& archive,
+                                         const std::string& key) {
+    at::Tensor t;
+    archive.read(key, t);
+    std::vector<size_t> out;
+    for (int64_t i = 0; i < t.numel(); ++i)
+      out.push_back(static_cast<size_t>(t[i].item<int64_t>()));
+    return out;
+  }
+
+  // Setup less the broadcast: the units, the shard optimizer and the gradient hooks.
+  void Build() {
     params_ = model_->Parameters();
     BuildUnits();
     BuildShardOptimizer();

@@ -477,24 +477,35 @@ Status LoadModelState(const std::string& path, const Model& model,
   return ReadModel(*archive, "checkpoint '" + path + "'", model, optimizer, /*buffers=*/true);
 }
 
-StatusOr<std::string> SerializeReplicaState(const Model& model, torch::optim::Optimizer& optimizer,
-                                            const TrainState& state) {
+void WriteModelKeys(torch::serialize::OutputArchive& archive, const Model& model,
+                    torch::optim::Optimizer& optimizer) {
+  WriteModel(archive, model, optimizer);
+}
+
+Status ReadModelKeys(torch::serialize::InputArchive& archive, const std::string& what,
+                     const Model& model, torch::optim::Optimizer& optimizer) {
+  return ReadModel(archive, what, model, optimizer, /*buffers=*/true);
+}
+
+StatusOr<std::string> SerializeImage(
+    const std::function<void(torch::serialize::OutputArchive&)>& write, const TrainState& state) {
   try {
     torch::serialize::OutputArchive archive;
-    WriteModel(archive, model, optimizer);
+    write(archive);
     archive.write("meta", MetaTensor(state));
     archive.write("schedule", ScheduleTensor(state));
     std::ostringstream out;
     archive.save_to(out);
     return out.str();
   } catch (const c10::Error& e) {
-    return Status::IoError(std::string("serialising the replica's state: ") +
+    return Status::IoError(std::string("serialising this rank's state: ") +
                            e.what_without_backtrace());
   }
 }
 
-StatusOr<TrainState> RestoreReplicaState(const std::string& bytes, const Model& model,
-                                         torch::optim::Optimizer& optimizer, bool buffers) {
+StatusOr<TrainState> RestoreImage(
+    const std::string& bytes, const std::string& what,
+    const std::function<Status(torch::serialize::InputArchive&)>& read) {
   torch::serialize::InputArchive archive;
   torch::Tensor meta, schedule;
   try {
@@ -503,11 +514,25 @@ StatusOr<TrainState> RestoreReplicaState(const std::string& bytes, const Model& 
     archive.read("meta", meta);
     archive.read("schedule", schedule);
   } catch (const c10::Error& e) {
-    return Status::IoError(std::string("reading a peer's replica state: ") +
-                           e.what_without_backtrace());
+    return Status::IoError("reading " + what + ": " + e.what_without_backtrace());
   }
-  LAUNCH_RETURN_IF_ERROR(ReadModel(archive, "a peer's replica state", model, optimizer, buffers));
+  LAUNCH_RETURN_IF_ERROR(read(archive));
   return FromMeta(meta, schedule);
+}
+
+StatusOr<std::string> SerializeReplicaState(const Model& model, torch::optim::Optimizer& optimizer,
+                                            const TrainState& state) {
+  return SerializeImage(
+      [&](torch::serialize::OutputArchive& archive) { WriteModel(archive, model, optimizer); },
+      state);
+}
+
+StatusOr<TrainState> RestoreReplicaState(const std::string& bytes, const Model& model,
+                                         torch::optim::Optimizer& optimizer, bool buffers) {
+  const std::string what = "a peer's replica state";
+  return RestoreImage(bytes, what, [&](torch::serialize::InputArchive& archive) {
+    return ReadModel(archive, what, model, optimizer, buffers);
+  });
 }
 
 std::string ShardFile(const std::string& dir, int64_t rank) {

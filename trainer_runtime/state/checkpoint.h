@@ -9,6 +9,7 @@
 // Internal to trainer_runtime (includes LibTorch).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,23 @@ StatusOr<std::string> SerializeReplicaState(const Model& model, torch::optim::Op
 // tensor whose shape differs (another model).
 StatusOr<TrainState> RestoreReplicaState(const std::string& bytes, const Model& model,
                                          torch::optim::Optimizer& optimizer, bool buffers);
+
+// --- In-place recovery from snapshots (Accelerator, recover_snapshot_every) --------------------
+// What a rank holds of the run's state, in memory: the strategy writes its tensors (and
+// optimizers) into an archive, `state` is added, and the bytes are kept here and by a peer.
+// The model file's keys (WriteModelKeys throws c10::Error; ReadModelKeys names `what` and the
+// first key it cannot restore, as ReadModel does).
+void WriteModelKeys(torch::serialize::OutputArchive& archive, const Model& model,
+                    torch::optim::Optimizer& optimizer);
+Status ReadModelKeys(torch::serialize::InputArchive& archive, const std::string& what,
+                     const Model& model, torch::optim::Optimizer& optimizer);
+// `write`'s keys and `state` as the bytes of one archive. IoError when LibTorch cannot.
+StatusOr<std::string> SerializeImage(
+    const std::function<void(torch::serialize::OutputArchive&)>& write, const TrainState& state);
+// Hands `read` the archive in `bytes` and returns its TrainState. IoError naming `what`.
+StatusOr<TrainState> RestoreImage(
+    const std::string& bytes, const std::string& what,
+    const std::function<Status(torch::serialize::InputArchive&)>& read);
 
 // --- Optimizer state in pieces (ZeRO's shards), independent of how it was cut -------------
 //
