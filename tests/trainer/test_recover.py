@@ -274,17 +274,18 @@ class RecoverInPlaceTest(unittest.TestCase):
         self.check_clean(marker)
 
     def test_mode_without_in_place_recovery_restarts_everyone(self):
-        # Local SGD's replicas differ between averages: a lost rank restarts the job (no
-        # checkpoint here: from step 0), which still ends as an undisturbed run does. The agent
-        # restarts everyone at once, as --recover restart would: with one restart allowed, the
-        # job finishes (a replacement first would have spent it).
-        ref, ref_out, _ = self.run_job("lsgd_ref", "", extra=("--", "--local_sgd_steps", "4"))
+        # A pipeline's stages hold different layers and its groups are the layout's, not the
+        # world: a lost rank restarts the job (no checkpoint here: from step 0), which still ends
+        # as an undisturbed run does. The agent restarts everyone at once, as --recover restart
+        # would: with one restart allowed, the job finishes (a replacement first would have
+        # spent it).
+        pipeline = "pipeline, stages: 3"
+        ref, ref_out, _ = self.run_job("pp_ref", "", mode=pipeline)
         self.assertEqual(ref.returncode, 0, ref.stderr[-4000:])
-        r, out, marker = self.run_job("lsgd", "1:9:backward", max_restarts=1,
-                                      extra=("--", "--local_sgd_steps", "4"))
+        r, out, marker = self.run_job("pp", "1:9:forward", max_restarts=1, mode=pipeline)
         text = r.stdout + r.stderr
         self.assertEqual(r.returncode, 0, text[-4000:])
-        self.assertIn("in-place recovery needs ddp", text)
+        self.assertIn("in-place recovery needs ddp, zero or local_sgd over every rank", text)
         self.assertIn("rank 1 cannot be recovered in place (its mode keeps state on each rank "
                       "alone, or it died before Prepare): every worker restarts", text)
         self.assertNotIn("starting a replacement", text)

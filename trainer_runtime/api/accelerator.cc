@@ -342,6 +342,9 @@ Status Accelerator::PreparePipeline(std::vector<torch::nn::AnyModule> chunks,
                           PipelineEngine::Create(options_, env_, *platform_, *layout_, pg_, model_,
                                                  std::move(forwards), std::move(data), timeout_));
   strategy_ = std::move(engine);
+  if (env_.recover_in_place && pg_)
+    Print("train: in-place recovery needs ddp, zero or local_sgd over every rank; with " +
+          layout_->Describe() + " a lost rank restarts every worker (from the last checkpoint)");
   // Stages start from their first replica's weights, as Prepare's broadcast under ddp.
   strategy_->Setup();
   strategy_->TakeStepStats();

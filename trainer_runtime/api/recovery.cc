@@ -163,10 +163,13 @@ namespace {
 constexpr int kSnapshotTag = 0x534e4150;  // "SNAP"
 
 // Sends `bytes` to `dst` (its size first) on `group`. Throws what the transport throws.
-void SendBytes(c10d::ProcessGroup& group, int dst, const std::string& bytes) {
+// `die_midway` (tests): SIGKILLs this process between the size and the bytes.
+void SendBytes(c10d::ProcessGroup& group, int dst, const std::string& bytes,
+               bool die_midway = false) {
   std::vector<at::Tensor> size = {
       torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong)};
   group.send(size, dst, kSnapshotTag)->wait();
+  if (die_midway) ::raise(SIGKILL);
   std::vector<at::Tensor> payload = {torch::from_blob(
       const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kByte)};
   group.send(payload, dst, kSnapshotTag)->wait();
@@ -212,11 +215,16 @@ void Accelerator::TakeSnapshot() {
   int ward = rank();
   for (int r = 0; r < world; ++r)
     if (KeeperOf(r) == rank()) ward = r;
+  // Tests: LAUNCH_TEST_SIGKILL_IN_SNAPSHOT=RANK:STEP kills a first worker during its copy.
+  bool die = false;
+  if (const char* at = std::getenv("LAUNCH_TEST_SIGKILL_IN_SNAPSHOT");
+      at && env_.recover_generation == 0 && env_.restart_count == 0)
+    die = std::string(at) == std::to_string(rank()) + ":" + std::to_string(step_);
   // Both directions at once: a rank's send to its keeper and its ward's send to it.
   const bool sent = Guarded([&] {
     c10d::ProcessGroup& group = pg_->inner();
     std::string received;
-    std::thread to_keeper([&] { SendBytes(group, keeper, snap.own); });
+    std::thread to_keeper([&] { SendBytes(group, keeper, snap.own, die); });
     try {
       received = ReceiveBytes(group, ward);
     } catch (...) {

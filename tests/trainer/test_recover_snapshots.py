@@ -1,0 +1,173 @@
+"""In-place recovery of the modes whose state exists on one rank alone (zero stages 1-3, Local
+SGD, DiLoCo): every rank keeps an in-memory snapshot of its state every
+train.recover_snapshot_every steps and its keeper a copy; a SIGKILLed rank is replaced alone, every
+rank rolls back to the newest snapshot all hold (the replacement to its keeper's copy) and redoes
+the steps since. The job ends with the parameters and collective totals of an undisturbed run,
+bit for bit, no checkpoint read, nothing left behind. Real `launch` and `train` processes on one
+host; the ranks SIGKILL themselves at a chosen step and phase (LAUNCH_TEST_SIGKILL_AT,
+trainer.cc) or in the middle of their snapshot's copy (LAUNCH_TEST_SIGKILL_IN_SNAPSHOT)."""
+
+import os
+import re
+import shutil
+import unittest
+
+from trainer_helpers import LAUNCH, TRAIN, final, metrics, write_config
+import harness
+
+STEPS = 24
+EVERY = 4
+JOB = """
+train:
+  seed: 5
+  output_dir: {out}
+  model: {{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}}
+  data: {{type: synthetic, samples: 4096}}
+  eval_fraction: 0.0
+  batch_size: 8
+  max_steps: {steps}
+  optimizer: {{type: adamw, lr: 3.0e-3, weight_decay: 0.01}}
+  scheduler: {{type: cosine, warmup_steps: 4}}
+  max_grad_norm: 1.0
+  checkpoint_every: 0
+  resume: never
+  recover_snapshot_every: {every}
+  parallel: {{mode: {mode}, bucket_cap_mb: 25}}
+{extra}
+"""
+
+MODES = {
+    "zero1": ("zero, zero_stage: 1", ""),
+    "zero2": ("zero, zero_stage: 2", ""),
+    "zero3": ("zero, zero_stage: 3", ""),
+    "local_sgd": ("ddp", "  local_sgd_steps: 3"),
+    "diloco": ("ddp", "  local_sgd_steps: 3\n  local_sgd: {outer: nesterov}"),
+}
+TOTALS = ("allreduces_total", "pair_exchanges_total", "reduce_scatters_total",
+          "allgathers_total", "samples_seen")
+
+
+def shm_files(marker):
+    try:
+        return [name for name in os.listdir("/dev/shm") if marker in name]
+    except OSError:
+        return []
+
+
+@unittest.skipUnless(os.path.exists(TRAIN) and os.path.exists(LAUNCH),
+                     harness.needs_setup(f"{TRAIN} or {LAUNCH} not built"))
+class RecoverFromSnapshotsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = harness.tmpdir()
+        cls.references = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    @classmethod
+    def run_job(cls, name, mode, world=3, env=None, max_restarts=3):
+        out = os.path.join(cls.dir, name)
+        parallel, extra = MODES[mode]
+        cfg = write_config(cls.dir, JOB.format(out=out, steps=STEPS, every=EVERY, mode=parallel,
+                                               extra=extra), name=name + ".yaml")
+        marker = harness.unique_marker("snapshot")
+        env = dict(env or {}, RECOVER_TEST_MARKER=marker, LAUNCH_INIT_TIMEOUT_S="60")
+        r = harness.launch("--nproc_per_node", str(world), "--run_id", marker,
+                           "--recover", "in_place", "--max_restarts", str(max_restarts), cfg,
+                           timeout=240, env=env)
+        return r, out, marker
+
+    def reference(self, mode, world=3):
+        key = (mode, world)
+        if key not in self.references:
+            r, out, _ = self.run_job(f"ref_{mode}_{world}", mode, world=world)
+            self.assertEqual(r.returncode, 0, r.stderr[-4000:])
+            self.assertEqual(final(out)["recoveries"], 0)
+            self.references[key] = out
+        return self.references[key]
+
+    def check_clean(self, marker):
+        self.assertEqual(harness.pids_with_marker(marker), [])
+        self.assertEqual(shm_files(marker), [])
+
+    def recover(self, name, mode, kill, lost, back_to, world=3, env=None):
+        """Runs `mode` with `kill` (LAUNCH_TEST_SIGKILL_AT): exit 0, the reference's parameters
+        and totals, one replacement per death in `lost`, each recovery rolled back to the
+        snapshot step in `back_to`."""
+        ref = self.reference(mode, world)
+        r, out, marker = self.run_job(name, mode, world=world,
+                                      env=dict(env or {}, LAUNCH_TEST_SIGKILL_AT=kill or None))
+        text = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, text[-4000:])
+        self.assertEqual(final(out)["param_checksum"], final(ref)["param_checksum"],
+                         text[-4000:])
+        for key in TOTALS:
+            self.assertEqual(final(out)[key], final(ref)[key], key)
+        self.assertEqual(final(out)["recoveries"], len(lost))
+        replaced = [int(x) for x in re.findall(r"starting a replacement for rank (\d+) alone", text)]
+        self.assertEqual(replaced, lost, text[-4000:])
+        # Every survivor went back to the same snapshot; the replacement took its own image
+        # from its keeper.
+        steps = re.findall(r"train: rank \d+: recovered [0-9.]+ s after the failure .*rolled "
+                           r"back to the snapshot of step (\d+)", text)
+        self.assertEqual(sorted(set(int(s) for s in steps)), sorted(set(back_to)), text[-4000:])
+        self.assertEqual(len(steps), (world - 1) * len(lost), text[-4000:])
+        self.assertEqual(len(re.findall(r"replacement \(generation \d+\) took the snapshot of step",
+                                        text)), len(lost), text[-4000:])
+        # Every step ran, the redone ones again: the log's last pass is the whole run.
+        done = [m["step"] for m in metrics(out)]
+        self.assertEqual(sorted(set(done)), list(range(1, STEPS + 1)))
+        self.assertNotIn("resumed from", text)
+        self.assertNotRegex(text, r"restart \d of 3\b(?!, in place)")
+        self.check_clean(marker)
+        return text
+
+    def test_zero1_rank1_killed_in_backward(self):
+        self.recover("z1", "zero1", "1:9:backward", [1], [8])
+
+    def test_zero2_rank0_killed_three_steps_after_the_snapshot(self):
+        # Rank 0 hosts the store: its replacement hosts a new one.
+        self.recover("z2", "zero2", "0:11:backward", [0], [8])
+
+    def test_zero3_rank2_killed_in_forward(self):
+        # Stage 3 gathers each unit in the forward: the loss is seen there.
+        self.recover("z3", "zero3", "2:10:forward", [2], [8])
+
+    def test_zero3_four_ranks_rank0_killed(self):
+        self.recover("z3w4", "zero3", "0:7:backward", [0], [4], world=4)
+
+    def test_local_sgd_rank1_killed_between_averages(self):
+        self.recover("lsgd", "local_sgd", "1:11:backward", [1], [8])
+
+    def test_diloco_rank0_killed(self):
+        text = self.recover("diloco", "diloco", "0:10:optimizer", [0], [8])
+        self.assertIn("took the snapshot of step 8 from rank 1", text)
+
+    def test_two_failures_in_a_row(self):
+        # The second recovery goes back to a snapshot taken after the first.
+        self.recover("two", "zero1", "1:6:backward,2:15:backward", [1, 2], [4, 12])
+
+    def test_kill_during_the_snapshot_copy_goes_back_to_the_previous_one(self):
+        # Rank 1 dies between its image's size and its bytes: its keeper never completes the
+        # snapshot of step 8, so every rank goes back to step 4.
+        self.recover("in_copy", "zero1", "", [1], [4],
+                     env={"LAUNCH_TEST_SIGKILL_IN_SNAPSHOT": "1:8"})
+
+    def test_a_rank_lost_with_its_keeper_restarts_every_worker(self):
+        # Rank 1's image is kept by rank 2: both lost at once leave it nowhere, so the job
+        # restarts every worker (from step 0: no checkpoint) and still ends as undisturbed.
+        ref = self.reference("zero1")
+        r, out, marker = self.run_job("pair", "zero1",
+                                      env={"LAUNCH_TEST_SIGKILL_AT": "1:9:backward,2:9:backward"})
+        text = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, text[-4000:])
+        self.assertIn("rank 1 and rank 2, which keeps the copy of its snapshot, were both lost",
+                      text)
+        self.assertEqual(final(out)["param_checksum"], final(ref)["param_checksum"])
+        self.check_clean(marker)
+
+
+if __name__ == "__main__":
+    unittest.main()
