@@ -637,7 +637,10 @@ bool Accelerator::Step() {
 void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
   Timeline::Scope span("train", "optimizer");
   for (Pair* pair : pairs) {
-    if (options_.max_grad_norm > 0) pair->strategy->ClipGradNorm(options_.max_grad_norm);
+    // The norm and the step communicate too (ZeRO: an all-reduce, an all-gather): a lost peer
+    // leaves the rest of the step undone (Step() then recovers).
+    if (options_.max_grad_norm > 0)
+      Guarded([&] { pair->strategy->ClipGradNorm(options_.max_grad_norm); });
     if (lr_schedule_) {
       const double value = lr_schedule_(step_);
       auto& groups = pair->optimizer->param_groups();
@@ -648,7 +651,7 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
         groups[g].options().set_lr(lr_is_factor_ ? pair->base_lrs[g] * value : value);
       }
     }
-    pair->strategy->Step(*pair->optimizer);
+    Guarded([&] { pair->strategy->Step(*pair->optimizer); });
     pair->took_part = false;
     pair->stepped = true;
   }
@@ -660,7 +663,9 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
     micro_in_window_ = 0;
     counted_ = true;
   }
-  for (Pair* pair : pairs) pair->strategy->AfterOptimizerStep(step_);
+  Guarded([&] {
+    for (Pair* pair : pairs) pair->strategy->AfterOptimizerStep(step_);
+  });
   if (first) {
     if (save_pending_) PollPendingSave();
     MarkBoundary();

@@ -575,6 +575,10 @@ class Accelerator {
   // Finish) — the fork and whatever was not done by then, not the writing behind training.
   int64_t checkpoints_saved() const { return checkpoints_saved_; }
   double checkpoint_blocking_ms() const { return checkpoint_blocking_ms_; }
+  // In-place recovery's snapshots (zero, local_sgd): how many this process took and the time
+  // they blocked it (serialising its state and exchanging the copies with its keeper and ward).
+  int64_t snapshots_taken() const { return snapshots_taken_; }
+  double snapshot_ms() const { return snapshot_ms_; }
   // Restores what SaveState wrote under `dir` (the step named by dir/latest). Returns false when
   // there is none. Every rank loads its own RNG state; ranks agree on the step or fail with
   // Internal naming both. At another world size (logged, saying what happens):
@@ -868,7 +872,8 @@ class Accelerator {
     RunCounts counts;  // RunTotals() then
   };
   std::vector<Snapshot> snapshots_held_;
-  double snapshot_ms_ = 0;  // the run's time spent taking snapshots (final.json)
+  int64_t snapshots_taken_ = 0;
+  double snapshot_ms_ = 0;  // the time spent taking them (final.json)
   std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting
 
   bool backward_since_step_ = false;  // Backward (or ForwardBackward) ran since the last step

@@ -238,6 +238,7 @@ void Accelerator::TakeSnapshot() {
   snapshots_held_.push_back(std::move(snap));
   if (snapshots_held_.size() > 2) snapshots_held_.erase(snapshots_held_.begin());
   snapshot_ms_ += 1000 * Seconds(std::chrono::steady_clock::now() - start);
+  ++snapshots_taken_;
 }
 
 Status Accelerator::RollBack() {
