@@ -67,6 +67,16 @@ int Accelerator::data_parallel_rank() const { return layout_->coordinate(Axis::k
 
 Accelerator::~Accelerator() {
   if (trace_fd_ >= 0) ::close(trace_fd_);
+  // A snapshot still being made (the program ends on an error): its child goes, and the thread,
+  // which holds nothing of this object, is left to the process's exit.
+  if (pending_snapshot_) {
+    if (const pid_t child = pending_snapshot_->child; child > 0) ::kill(child, SIGKILL);
+    if (pending_snapshot_->done) {
+      pending_snapshot_->thread.join();
+    } else {
+      pending_snapshot_->thread.detach();
+    }
+  }
   // A save never committed (the program ends on an error): its writer goes too, and is reaped.
   if (writer_pid_ > 0) {
     ::kill(writer_pid_, SIGKILL);
@@ -469,7 +479,8 @@ void Accelerator::Accumulate() {
   sync_ = strategy_->SyncGradients(closes);
   window_closes_ = closes;
   // The first snapshot holds what Prepare and LoadState left; after a recovery, a new one.
-  if (snapshots_ && snapshots_held_.empty() && micro_in_window_ == 0) TakeSnapshot();
+  if (snapshots_ && snapshots_held_.empty() && !pending_snapshot_ && micro_in_window_ == 0)
+    TakeSnapshot();
   if (recover_) torch::manual_seed(MicroBatchSeed(options_.seed, rank(), step_, micro_in_window_));
   Guarded([&] {
     for (Pair& pair : pairs_)
@@ -704,6 +715,7 @@ Status Accelerator::Finish() {
                               "not redo here: every worker restarts");
     if (peer_lost_) LAUNCH_RETURN_IF_ERROR(Recover());
     LAUNCH_RETURN_IF_ERROR(WaitForCheckpoint());
+    FinishSnapshot(/*block=*/true);
     finished_ = true;  // saves from here on are synchronous: the run is about to end
     for (Pair& pair : pairs_)
       if (pair.strategy) pair.strategy->Finish(step_);

@@ -89,12 +89,14 @@
 // buffers are rank 0's running statistics (broadcast_buffers); when rank 0 is the one lost,
 // its buffers' last updates are lost with it and another rank's are taken.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -575,10 +577,12 @@ class Accelerator {
   // Finish) — the fork and whatever was not done by then, not the writing behind training.
   int64_t checkpoints_saved() const { return checkpoints_saved_; }
   double checkpoint_blocking_ms() const { return checkpoint_blocking_ms_; }
-  // In-place recovery's snapshots (zero, local_sgd): how many this process took and the time
-  // they blocked it (serialising its state and exchanging the copies with its keeper and ward).
+  // In-place recovery's snapshots (zero, local_sgd): how many this process completed, the time
+  // they blocked it (the fork, and waiting for an exchange still under way), and the time
+  // making and exchanging them took behind training.
   int64_t snapshots_taken() const { return snapshots_taken_; }
   double snapshot_ms() const { return snapshot_ms_; }
+  double snapshot_copy_ms() const { return snapshot_copy_ms_; }
   // Restores what SaveState wrote under `dir` (the step named by dir/latest). Returns false when
   // there is none. Every rank loads its own RNG state; ranks agree on the step or fail with
   // Internal naming both. At another world size (logged, saying what happens):
@@ -703,6 +707,9 @@ class Accelerator {
   // there is one), which receives its ward's in turn. COLLECTIVE. A peer lost meanwhile leaves
   // the newest complete snapshot as it was.
   void TakeSnapshot();
+  // The exchange in flight ends: its snapshot becomes the newest held when it completed.
+  // `block`: waits for it; else only when it is done.
+  void FinishSnapshot(bool block);
   // After a loss, in the new group: every rank goes back to the newest snapshot all hold, a
   // replacement to its keeper's copy of its image. COLLECTIVE.
   Status RollBack();
@@ -872,6 +879,17 @@ class Accelerator {
     RunCounts counts;  // RunTotals() then
   };
   std::vector<Snapshot> snapshots_held_;
+  // The one being made and exchanged (a forked child writes the image; a thread exchanges it).
+  struct PendingSnapshot {
+    Snapshot snap;
+    std::thread thread;
+    std::atomic<int> child{-1};  // the pid making the image, until reaped
+    Status status;
+    double copy_ms = 0;
+    std::atomic<bool> done{false};
+  };
+  std::shared_ptr<PendingSnapshot> pending_snapshot_;
+  double snapshot_copy_ms_ = 0;  // behind training: making and exchanging the images
   int64_t snapshots_taken_ = 0;
   double snapshot_ms_ = 0;  // the time spent taking them (final.json)
   std::vector<std::pair<std::string, std::string>> run_settings_;  // AddRunSetting

@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -185,6 +187,17 @@ std::string ReceiveBytes(c10d::ProcessGroup& group, int src) {
                      static_cast<size_t>(n));
 }
 
+bool WriteAll(int fd, const std::string& bytes) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 }  // namespace
 
 int Accelerator::KeeperOf(int r) const {
@@ -197,19 +210,50 @@ int Accelerator::KeeperOf(int r) const {
 }
 
 void Accelerator::TakeSnapshot() {
+  // One exchange at a time: the previous one (recover_snapshot_every steps ago) ends first.
+  FinishSnapshot(/*block=*/true);
   if (peer_lost_) return;
   const auto start = std::chrono::steady_clock::now();
-  Timeline::Scope span("train", "snapshot");
-  Snapshot snap;
-  snap.step = step_;
-  snap.counts = RunTotals();
-  StatusOr<std::string> own = SerializeImage(
-      [&](torch::serialize::OutputArchive& archive) { strategy_->SaveImage(archive, *optimizer_); },
-      CurrentTrainState());
-  if (!own.ok())
+  Timeline::Scope span("train", "snapshot (fork)");
+  auto pending = std::make_shared<PendingSnapshot>();
+  pending->snap.step = step_;
+  pending->snap.counts = boundary_.counts;
+  // As of the last step boundary: the first snapshot (and the first after a recovery) is taken
+  // at the next micro-batch, whose batch the loader has served already.
+  const TrainState state = BoundaryTrainState();
+  // The image is made by a forked child from its copy-on-write view of this moment, while this
+  // process trains on: what the next steps change, the child still sees as it was. It writes
+  // the bytes into a memory file; a thread here reads them and exchanges the copies.
+  const int fd = ::memfd_create("launch-snapshot", MFD_CLOEXEC);
+  if (fd < 0)
     throw compat::MakeError("rank " + std::to_string(rank()) + ": the snapshot of step " +
-                            std::to_string(step_) + ": " + own.status().message());
-  snap.own = std::move(own).value();
+                            std::to_string(step_) + ": memfd_create: " + std::strerror(errno));
+  std::fflush(nullptr);  // nothing buffered is written twice
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // As the checkpoint writer: dies with the worker, never returns into the program.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(1);
+    StatusOr<std::string> image = SerializeImage(
+        [&](torch::serialize::OutputArchive& archive) {
+          strategy_->SaveImage(archive, *optimizer_);
+        },
+        state);
+    if (!image.ok()) {
+      std::fprintf(stderr, "train: rank %d: the snapshot of step %lld: %s\n", rank(),
+                   static_cast<long long>(state.step), image.status().message().c_str());
+      ::_exit(1);
+    }
+    ::_exit(WriteAll(fd, *image) ? 0 : 1);
+  }
+  const int fork_errno = errno;
+  if (child < 0) {
+    ::close(fd);
+    throw compat::MakeError("rank " + std::to_string(rank()) + ": the snapshot of step " +
+                            std::to_string(step_) + ": fork: " + std::strerror(fork_errno));
+  }
+  pending->child = child;
   const int world = world_size();
   const int keeper = KeeperOf(rank());
   int ward = rank();
@@ -220,28 +264,88 @@ void Accelerator::TakeSnapshot() {
   if (const char* at = std::getenv("LAUNCH_TEST_SIGKILL_IN_SNAPSHOT");
       at && env_.recover_generation == 0 && env_.restart_count == 0)
     die = std::string(at) == std::to_string(rank()) + ":" + std::to_string(step_);
-  // Both directions at once: a rank's send to its keeper and its ward's send to it.
-  const bool sent = Guarded([&] {
-    c10d::ProcessGroup& group = pg_->inner();
-    std::string received;
-    std::thread to_keeper([&] { SendBytes(group, keeper, snap.own, die); });
-    try {
-      received = ReceiveBytes(group, ward);
-    } catch (...) {
-      to_keeper.join();
-      throw;
-    }
-    to_keeper.join();
-    snap.ward = std::move(received);
+  // The thread holds what it uses (never this Accelerator): a destructor can leave it behind.
+  pending->thread = std::thread([pending, pg = pg_, fd, keeper, ward, die] {
+    const auto begin = std::chrono::steady_clock::now();
+    pending->status = [&]() -> Status {
+      int wait_status = 0;
+      pid_t got;
+      do {
+        got = ::waitpid(pending->child.load(), &wait_status, 0);
+      } while (got < 0 && errno == EINTR);
+      pending->child = -1;
+      if (got < 0 || !ExitStatus::FromWaitStatus(wait_status).success())
+        return Status::IoError("the process making the image " +
+                               (got < 0 ? std::string(std::strerror(errno))
+                                        : ExitStatus::FromWaitStatus(wait_status).ToString()));
+      struct stat st {};
+      if (::fstat(fd, &st) != 0) return Status::IoError(std::strerror(errno));
+      pending->snap.own.resize(static_cast<size_t>(st.st_size));
+      if (::pread(fd, pending->snap.own.data(), pending->snap.own.size(), 0) != st.st_size)
+        return Status::IoError("reading the image back");
+      // Both directions at once: this rank's image to its keeper, its ward's to it.
+      try {
+        c10d::ProcessGroup& group = pg->inner();
+        std::exception_ptr sent;
+        std::thread to_keeper([&] {
+          try {
+            SendBytes(group, keeper, pending->snap.own, die);
+          } catch (...) {
+            sent = std::current_exception();
+          }
+        });
+        try {
+          pending->snap.ward = ReceiveBytes(group, ward);
+        } catch (...) {
+          to_keeper.join();
+          throw;
+        }
+        to_keeper.join();
+        if (sent) std::rethrow_exception(sent);
+      } catch (const std::exception& e) {
+        return Status::PeerLost(std::string("exchanging snapshots: ") + e.what());
+      }
+      return Status::Ok();
+    }();
+    ::close(fd);
+    pending->copy_ms = 1000 * Seconds(std::chrono::steady_clock::now() - begin);
+    pending->done = true;
   });
-  if (!sent) return;  // a peer was lost meanwhile: Step() recovers from the previous snapshot
-  snapshots_held_.push_back(std::move(snap));
-  if (snapshots_held_.size() > 2) snapshots_held_.erase(snapshots_held_.begin());
+  pending_snapshot_ = std::move(pending);
   snapshot_ms_ += 1000 * Seconds(std::chrono::steady_clock::now() - start);
+  // Tests: LAUNCH_TEST_SNAPSHOT_SYNC=1 waits for the exchange here, so that which snapshot a
+  // recovery goes back to does not depend on how fast the copies travel.
+  if (const char* sync = std::getenv("LAUNCH_TEST_SNAPSHOT_SYNC"); sync && std::string(sync) == "1")
+    FinishSnapshot(/*block=*/true);
+}
+
+void Accelerator::FinishSnapshot(bool block) {
+  if (!pending_snapshot_) return;
+  if (!block && !pending_snapshot_->done) return;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    Timeline::Scope span("train", "snapshot (waiting for the copy)");
+    pending_snapshot_->thread.join();
+  }
+  snapshot_ms_ += 1000 * Seconds(std::chrono::steady_clock::now() - start);
+  std::shared_ptr<PendingSnapshot> done = std::move(pending_snapshot_);
+  snapshot_copy_ms_ += done->copy_ms;
+  if (!done->status.ok()) {
+    // A lost peer (the recovery goes back to the previous snapshot) or a failure to make the
+    // image, which is said: recovery then has only the older one.
+    if (done->status.code() != Status::Code::kPeerLost)
+      std::fprintf(stderr, "train: rank %d: warning: the snapshot of step %lld: %s\n", rank(),
+                   static_cast<long long>(done->snap.step), done->status.message().c_str());
+    return;
+  }
+  snapshots_held_.push_back(std::move(done->snap));
+  if (snapshots_held_.size() > 2) snapshots_held_.erase(snapshots_held_.begin());
   ++snapshots_taken_;
 }
 
 Status Accelerator::RollBack() {
+  // A copy in flight ends (its peer lost, or done): whether it completed decides the step.
+  FinishSnapshot(/*block=*/true);
   const int world = world_size();
   const bool replacement = !prepared_;
   // Row r: rank r's newest and previous snapshot steps (-1: none), whether it is a replacement,
@@ -269,9 +373,12 @@ Status Accelerator::RollBack() {
     const int64_t newest = static_cast<int64_t>(t[r][0]);
     if (step < 0 || newest < step) step = newest;
   }
+  if (step < 0)
+    return Status::PeerLost(
+        "no snapshot was complete on every rank yet (the first is taken "
+        "before the first step, and copied while training goes on)");
   for (int r : survivors)
-    if (step < 0 ||
-        (static_cast<int64_t>(t[r][0]) != step && static_cast<int64_t>(t[r][1]) != step))
+    if (static_cast<int64_t>(t[r][0]) != step && static_cast<int64_t>(t[r][1]) != step)
       return Status::PeerLost("rank " + std::to_string(r) +
                               " holds no snapshot of the step the others can go back to");
   for (int r : replacements)

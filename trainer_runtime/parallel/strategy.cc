@@ -28,6 +28,9 @@ void ParallelStrategy::SaveImage(torch::serialize::OutputArchive& archive,
 
 Status ParallelStrategy::LoadImage(torch::serialize::InputArchive& archive,
                                    torch::optim::Optimizer& optimizer) {
+  // load() keeps the state of a parameter the image has none for (a snapshot before the first
+  // step): the state goes back to the image's, none included.
+  optimizer.state().clear();
   return ReadModelKeys(archive, "this rank's snapshot", *model_, optimizer);
 }
 

@@ -200,6 +200,7 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
       key = "zero/optimizer";
       torch::serialize::InputArchive opt;
       archive.read(key, opt);
+      shard_optimizer_->state().clear();  // as the image has it, none included (strategy.cc)
       shard_optimizer_->load(opt);
       key = "zero/order";
       recording_ = ReadIndices(archive, "zero/recording");
