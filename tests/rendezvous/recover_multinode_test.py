@@ -62,10 +62,16 @@ def start_pids(text):
 class Job:
     """One `launch` per host of a 2-node job; output of each in its own file."""
 
-    def __init__(self, test, hosts, name, kill="", max_restarts=3, join_timeout=60):
+    def __init__(self, test, hosts, name, kill="", max_restarts=3, join_timeout=60, mode="ddp"):
         self.test, self.hosts, self.name = test, hosts, name
         self.out = os.path.join(test.tmp, name)
-        self.cfg = write_config(test.tmp, JOB.format(out=self.out, steps=STEPS, mode="ddp", ckpt=0), f"{name}.yaml")
+        # zero: a snapshot every 4 steps, each copy waited for (which one a recovery goes back
+        # to does not then depend on timing).
+        text = JOB.format(out=self.out, steps=STEPS, mode=mode, ckpt=0)
+        if mode != "ddp":
+            text += "  recover_snapshot_every: 4\n"
+        self.cfg = write_config(test.tmp, text, f"{name}.yaml")
+        self.mode = mode
         self.marker = harness.unique_marker("recovermn")
         self.port = harness.free_port()
         self.kill, self.max_restarts, self.join_timeout = kill, max_restarts, join_timeout
@@ -76,6 +82,8 @@ class Job:
                if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
         env.update(OMP_NUM_THREADS="1", LAUNCH_RDZV_TOKEN="recover-multinode-test",
                    LAUNCH_INIT_TIMEOUT_S="60", RECOVER_TEST_MARKER=self.marker)
+        if self.mode != "ddp":
+            env["LAUNCH_TEST_SNAPSHOT_SYNC"] = "1"
         if self.kill:
             env["LAUNCH_TEST_SIGKILL_AT"] = self.kill
         path = os.path.join(self.test.tmp, f"{self.name}-{len(self.logs)}-{host.name}.log")
@@ -125,26 +133,30 @@ class Job:
 @unittest.skipUnless(os.path.exists(harness.TRAIN) and os.path.exists(harness.LAUNCH),
                      harness.needs_setup("train/launch not built"))
 class RecoverMultiNodeTest(unittest.TestCase):
-    reference = None  # final.json of an undisturbed 2 x 2 run (the first test that needs it)
+    references = {}  # mode: the checksum of an undisturbed 2 x 2 run (the first test needing it)
 
     def setUp(self):
         self.tmp = harness.tmpdir()
         self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
 
-    def checksum_of_undisturbed_run(self, hosts):
-        cls = type(self)
-        if cls.reference is None:
-            job = Job(self, hosts, "reference")
+    def checksum_of_undisturbed_run(self, hosts, mode="ddp"):
+        refs = type(self).references
+        if mode not in refs:
+            job = Job(self, hosts, "reference_" + re.sub(r"\W+", "_", mode), mode=mode)
             job.start_all()
             self.assertEqual(job.wait(), [0, 0], job.all_text()[-6000:])
-            cls.reference = final(job.out)["param_checksum"]
-        return cls.reference
+            refs[mode] = final(job.out)["param_checksum"]
+        return refs[mode]
 
     def check_same_run(self, job, hosts):
         text = job.all_text()
-        self.assertEqual(final(job.out)["param_checksum"], self.checksum_of_undisturbed_run(hosts),
-                         text[-6000:])
-        self.assertEqual([m["step"] for m in metrics(job.out)], list(range(1, STEPS + 1)))
+        self.assertEqual(final(job.out)["param_checksum"],
+                         self.checksum_of_undisturbed_run(hosts, job.mode), text[-6000:])
+        # Every step ran once (ddp redoes the step in flight: logged once), or at least once (a
+        # rollback redoes the steps since the snapshot: each is logged again).
+        steps = [m["step"] for m in metrics(job.out)]
+        self.assertEqual(steps if job.mode == "ddp" else sorted(set(steps)),
+                         list(range(1, STEPS + 1)))
         self.assertNotIn("resumed from", text)  # no checkpoint read
 
     def test_a_worker_killed_on_host_1_is_replaced_alone(self):
@@ -195,10 +207,23 @@ class RecoverMultiNodeTest(unittest.TestCase):
         # the store, which the survivors watch.
         self.lose_host_1(silent=True)
 
-    def lose_host_1(self, silent):
+    def test_zero_host_1_lost_whole_its_ranks_go_back_to_the_copies_host_0_keeps(self):
+        # ZeRO stage 2: ranks 2 and 3 hold the only shards of their optimizer state; their
+        # keepers are ranks 0 and 1, the same local ranks on host 0. The new host's workers take
+        # the lost ranks' images from there, every rank goes back to the snapshot of step 8, and
+        # the job ends as undisturbed.
+        text = self.lose_host_1(silent=False, mode="zero, zero_stage: 2")
+        self.assertEqual(len(re.findall(r"rank [23]: replacement \(generation 1\) took the snapshot "
+                                        r"of step 8 from rank [01]", text)), 2, text[-6000:])
+        self.assertEqual(len(re.findall(r"rank [01]: recovered .* rolled back to the snapshot of "
+                                        r"step 8", text)), 2, text[-6000:])
+
+    def lose_host_1(self, silent, mode="ddp"):
         hosts = make_hosts(self, 3, private_shm=True)
-        self.checksum_of_undisturbed_run(hosts)  # while host 1 is there
-        job = Job(self, hosts, "silent" if silent else "node", kill="2:9:stop")
+        self.checksum_of_undisturbed_run(hosts, mode)  # while host 1 is there
+        name = "silent" if silent else "node"
+        job = Job(self, hosts, name if mode == "ddp" else "zero_" + name, kill="2:9:stop",
+                  mode=mode)
         job.start_all()
         # Rank 2 holds everyone in step 9; then its host goes, with everything on it.
         job.wait_for(1, r"rank 2: LAUNCH_TEST_SIGKILL_AT: stopped before step 9")
@@ -237,6 +262,7 @@ class RecoverMultiNodeTest(unittest.TestCase):
         for seconds in recovered:
             self.assertGreaterEqual(float(seconds), vacant_ms / 1000 - 0.2, job.text(0)[-4000:])
         job.check_clean()
+        return text
 
     def test_host_1_lost_with_no_replacement_restarts_every_node_then_fails_saying_why(self):
         hosts = make_hosts(self, 2, private_shm=True)

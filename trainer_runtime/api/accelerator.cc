@@ -479,8 +479,13 @@ void Accelerator::Accumulate() {
   sync_ = strategy_->SyncGradients(closes);
   window_closes_ = closes;
   // The first snapshot holds what Prepare and LoadState left; after a recovery, a new one.
-  if (snapshots_ && snapshots_held_.empty() && !pending_snapshot_ && micro_in_window_ == 0)
+  // Taken here, as the next step begins, rather than at the boundary: after the last step there
+  // is none, and the run does not wait for a copy nobody will use.
+  if (snapshots_ && micro_in_window_ == 0 &&
+      (snapshot_due_ || (snapshots_held_.empty() && !pending_snapshot_))) {
+    snapshot_due_ = false;
     TakeSnapshot();
+  }
   if (recover_) torch::manual_seed(MicroBatchSeed(options_.seed, rank(), step_, micro_in_window_));
   Guarded([&] {
     for (Pair& pair : pairs_)
@@ -681,7 +686,7 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
     if (save_pending_) PollPendingSave();
     MarkBoundary();
     if (snapshots_ && step_ % std::max<int64_t>(1, options_.recover_snapshot_every) == 0)
-      TakeSnapshot();
+      snapshot_due_ = true;  // taken by the next step's first micro-batch
     if (report_cost_since_ && recovered_from_ == rank()) {
       // The recovery's cost as the job sees it: from the failure to the redone step, done.
       std::fprintf(stderr,

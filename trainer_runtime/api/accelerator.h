@@ -583,6 +583,10 @@ class Accelerator {
   int64_t snapshots_taken() const { return snapshots_taken_; }
   double snapshot_ms() const { return snapshot_ms_; }
   double snapshot_copy_ms() const { return snapshot_copy_ms_; }
+  // The size of this rank's newest image (its keeper holds as much again).
+  int64_t snapshot_bytes() const {
+    return snapshots_held_.empty() ? 0 : static_cast<int64_t>(snapshots_held_.back().own.size());
+  }
   // Restores what SaveState wrote under `dir` (the step named by dir/latest). Returns false when
   // there is none. Every rank loads its own RNG state; ranks agree on the step or fail with
   // Internal naming both. At another world size (logged, saying what happens):
@@ -889,6 +893,7 @@ class Accelerator {
     std::atomic<bool> done{false};
   };
   std::shared_ptr<PendingSnapshot> pending_snapshot_;
+  bool snapshot_due_ = false;  // a boundary of recover_snapshot_every: the next step takes one
   double snapshot_copy_ms_ = 0;  // behind training: making and exchanging the images
   int64_t snapshots_taken_ = 0;
   double snapshot_ms_ = 0;  // the time spent taking them (final.json)

@@ -430,6 +430,7 @@ Status Accelerator::RollBack() {
   // Everyone takes a new one at the next micro-batch: the replacement holds no copy of its
   // ward's image, and its keeper's copy of its own is of this step.
   snapshots_held_.clear();
+  snapshot_due_ = false;
   recovered_from_ = replacements.empty() ? survivors[0] : KeeperOf(replacements[0]);
   return Status::Ok();
 }

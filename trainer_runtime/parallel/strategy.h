@@ -182,6 +182,8 @@ class ParallelStrategy {
   virtual void SaveImage(torch::serialize::OutputArchive& archive,
                          torch::optim::Optimizer& optimizer);
   // Restores SaveImage's keys, after Reform. InvalidConfig naming the key it cannot restore.
+  // May be COLLECTIVE over the group Reform gave (zero gathers what each rank's image holds a
+  // slice of): every rank of the group calls it at the same point.
   virtual Status LoadImage(torch::serialize::InputArchive& archive,
                            torch::optim::Optimizer& optimizer);
   // dp (dp.h): the strategy runs forward, loss and backward itself (replicas on threads). When

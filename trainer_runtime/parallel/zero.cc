@@ -163,13 +163,13 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
       for (auto& p : params_) p.mutable_grad() = at::Tensor();
   }
 
-  // Units by index: the whole buffer of an unsharded one (the same on every rank at a step
-  // boundary), this rank's slice of a stage-3 module's; the buffers; the shard optimizer.
+  // Units by index: this rank's slice of each (the rest of an unsharded unit is the other
+  // ranks' slices, gathered again by LoadImage); the buffers; the shard optimizer.
   void SaveImage(torch::serialize::OutputArchive& archive, Optimizer&) override {
     std::lock_guard<std::mutex> lock(mu_);
+    // A copy: an archive keeps a view's whole storage.
     for (size_t u = 0; u < units_.size(); ++u)
-      archive.write("zero/unit" + std::to_string(u),
-                    units_[u].sharded() ? units_[u].shard_param : units_[u].flat_param);
+      archive.write("zero/unit" + std::to_string(u), OwnSlice(units_[u]).clone());
     for (auto& [name, b] : model_->NamedBuffers()) archive.write("buffer/" + name, b.detach());
     torch::serialize::OutputArchive opt;
     shard_optimizer_->save(opt);
@@ -194,8 +194,15 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
       };
       std::lock_guard<std::mutex> lock(mu_);
       for (size_t u = 0; u < units_.size(); ++u)
-        restore("zero/unit" + std::to_string(u),
-                units_[u].sharded() ? units_[u].shard_param : units_[u].flat_param);
+        restore("zero/unit" + std::to_string(u), OwnSlice(units_[u]));
+      // The unsharded units whole again, from every rank's slice (as Step ends). COLLECTIVE:
+      // every rank loads its image at the same point of RollBack.
+      std::vector<c10::intrusive_ptr<c10d::Work>> gathers;
+      for (auto& unit : units_)
+        if (!unit.sharded())
+          gathers.push_back(pg_->AllGatherFlat(
+              unit.flat_param.narrow(0, rank() * unit.shard, unit.shard), unit.flat_param));
+      for (auto& work : gathers) work->wait();
       for (auto& [name, b] : model_->NamedBuffers()) restore("buffer/" + name, b);
       key = "zero/optimizer";
       torch::serialize::InputArchive opt;
