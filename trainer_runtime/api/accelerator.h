@@ -893,7 +893,7 @@ class Accelerator {
     std::atomic<bool> done{false};
   };
   std::shared_ptr<PendingSnapshot> pending_snapshot_;
-  bool snapshot_due_ = false;  // a boundary of recover_snapshot_every: the next step takes one
+  bool snapshot_due_ = false;    // a boundary of recover_snapshot_every: the next step takes one
   double snapshot_copy_ms_ = 0;  // behind training: making and exchanging the images
   int64_t snapshots_taken_ = 0;
   double snapshot_ms_ = 0;  // the time spent taking them (final.json)
