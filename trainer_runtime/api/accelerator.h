@@ -88,6 +88,13 @@
 // while recovering, throws c10::Error from Step(): the agent then restarts everyone. Limits:
 // buffers are rank 0's running statistics (broadcast_buffers); when rank 0 is the one lost,
 // its buffers' last updates are lost with it and another rank's are taken.
+// zero (stages 1-3) and Local SGD/DiLoCo over the whole world keep state that exists on one
+// rank alone: they recover from snapshots instead. Every options().recover_snapshot_every steps
+// (and before the first) each rank's state is imaged by a forked child and exchanged with its
+// keeper while training goes on; after a loss every rank goes back to the newest snapshot all
+// hold (the replacement to its keeper's copy) and Step() returns false with redo() true as
+// above, the loader then serving the batches of every step since that snapshot again. A rank
+// lost with its keeper, or a loss seen only in Finish, throws: the agent restarts everyone.
 
 #include <atomic>
 #include <chrono>
