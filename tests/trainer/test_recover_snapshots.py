@@ -15,29 +15,10 @@ import shutil
 import unittest
 
 from trainer_helpers import LAUNCH, TRAIN, final, metrics, write_config
+from test_recover import JOB, STEPS, shm_files
 import harness
 
-STEPS = 24
 EVERY = 4
-JOB = """
-train:
-  seed: 5
-  output_dir: {out}
-  model: {{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}}
-  data: {{type: synthetic, samples: 4096}}
-  eval_fraction: 0.0
-  batch_size: 8
-  max_steps: {steps}
-  optimizer: {{type: adamw, lr: 3.0e-3, weight_decay: 0.01}}
-  scheduler: {{type: cosine, warmup_steps: 4}}
-  max_grad_norm: 1.0
-  checkpoint_every: 0
-  resume: never
-  recover_snapshot_every: {every}
-  parallel: {{mode: {mode}, bucket_cap_mb: 25}}
-{extra}
-"""
-
 MODES = {
     "zero1": ("zero, zero_stage: 1", ""),
     "zero2": ("zero, zero_stage: 2", ""),
@@ -45,15 +26,10 @@ MODES = {
     "local_sgd": ("ddp", "  local_sgd_steps: 3"),
     "diloco": ("ddp", "  local_sgd_steps: 3\n  local_sgd: {outer: nesterov}"),
 }
+# test_recover's job, with a snapshot every EVERY steps.
+SNAPSHOTS = f"  recover_snapshot_every: {EVERY}\n"
 TOTALS = ("allreduces_total", "pair_exchanges_total", "reduce_scatters_total",
           "allgathers_total", "samples_seen")
-
-
-def shm_files(marker):
-    try:
-        return [name for name in os.listdir("/dev/shm") if marker in name]
-    except OSError:
-        return []
 
 
 @unittest.skipUnless(os.path.exists(TRAIN) and os.path.exists(LAUNCH),
@@ -72,8 +48,8 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
     def run_job(cls, name, mode, world=3, env=None, max_restarts=3, sync=True):
         out = os.path.join(cls.dir, name)
         parallel, extra = MODES[mode]
-        cfg = write_config(cls.dir, JOB.format(out=out, steps=STEPS, every=EVERY, mode=parallel,
-                                               extra=extra), name=name + ".yaml")
+        text = JOB.format(out=out, steps=STEPS, mode=parallel, ckpt=0) + SNAPSHOTS + extra + "\n"
+        cfg = write_config(cls.dir, text, name=name + ".yaml")
         marker = harness.unique_marker("snapshot")
         env = dict(env or {}, RECOVER_TEST_MARKER=marker, LAUNCH_INIT_TIMEOUT_S="60",
                    LAUNCH_TEST_SNAPSHOT_SYNC="1" if sync else None)

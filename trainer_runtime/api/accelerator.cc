@@ -275,13 +275,7 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
     // A replacement: the run's state comes from a live peer (ExchangeState) or its keeper's
     // copy of the lost rank's snapshot (RollBack), not from rank 0's broadcast, which the
     // survivors are not making.
-    if (snapshots_) {
-      strategy_->Reform(pg_);
-      LAUNCH_RETURN_IF_ERROR(RollBack());
-    } else {
-      LAUNCH_RETURN_IF_ERROR(ExchangeState());
-      strategy_->Reform(pg_);
-    }
+    LAUNCH_RETURN_IF_ERROR(TakeStateOverNewGroup());
     joined_from_peer_ = true;
     ++recoveries_;  // the one this process joined in (the survivors count it in Recover)
     std::fprintf(stderr,

@@ -711,6 +711,10 @@ class Accelerator {
                                        std::chrono::system_clock::time_point noticed_at,
                                        const std::string& noticed_by, int announce, int at_least,
                                        std::chrono::milliseconds wait);
+  // In the group re-formed after a loss, survivors and replacements alike: the strategy goes on
+  // over it and every rank takes the run's state (ExchangeState, or RollBack in a mode that
+  // recovers from snapshots). COLLECTIVE.
+  Status TakeStateOverNewGroup();
   // Every rank of the new group takes the furthest live rank's state. COLLECTIVE.
   Status ExchangeState();
   // Snapshots (a mode that RecoversFromSnapshots): this rank's image of the step just done,

@@ -3,11 +3,14 @@
 // What the files of the Accelerator (accelerator.h) share and no program of a user's sees:
 // what `train` and the tests read of it (AcceleratorInternals), the guard of in-place recovery
 // around collective work, the signal flag's stop test and the seeds a resumed or replacement
-// rank draws from. Not installed.
+// rank draws from, the forked children of checkpoints and snapshots. Not installed.
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include "trainer_runtime/api/accelerator.h"
@@ -50,6 +53,12 @@ class AcceleratorInternals {
 
 // Whether the last signal received asks to stop (SIGTERM, SIGINT): a recovery stops waiting.
 bool StopRequested();
+
+// Forks a child that runs `body` on its copy-on-write view of this moment and exits with what
+// it returns: it dies with this process (PR_SET_PDEATHSIG), and never returns into the program
+// (_exit skips every destructor and atexit handler). Stdio is flushed first, so nothing
+// buffered is written twice. Returns the child's pid, or -1 with errno set.
+pid_t ForkChild(const std::function<int()>& body);
 
 // How long in-place recovery waits for the group of a new generation to fill: across machines
 // a replacement may be a whole new node, so the agent sizes it from the rendezvous' own

@@ -264,26 +264,30 @@ Status Accelerator::SaveState(const std::string& dir) {
   return Status::Ok();
 }
 
+pid_t ForkChild(const std::function<int()>& body) {
+  std::fflush(nullptr);
+  const pid_t parent = ::getpid();
+  const pid_t child = ::fork();
+  if (child != 0) return child;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(1);  // the parent died before the line above
+  ::_exit(body());
+}
+
 Status Accelerator::ForkStateWriter(const std::string& step_dir, const TrainState& state) {
   Timeline::Scope span("train", "checkpoint (fork)");
   // What needs the group happens here (zero stage 3 gathers its parameters); the child only
   // writes files.
   for (Pair& pair : pairs_)
     if (pair.strategy) pair.strategy->BeginSnapshot();
-  std::fflush(nullptr);  // nothing buffered is written twice
-  const pid_t parent = ::getpid();
-  const pid_t child = ::fork();
-  if (child == 0) {
-    // The child dies with the worker, so a kill never leaves a writer behind, and it never
-    // returns into the program: _exit skips every destructor and atexit handler.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
+  // The writer dies with the worker, so a kill never leaves one behind.
+  const pid_t child = ForkChild([&] {
     const Status written = WriteStateFiles(step_dir, state);
     if (!written.ok())
       std::fprintf(stderr, "train: rank %d: writing the checkpoint of step %lld: %s\n", rank(),
                    static_cast<long long>(state.step), written.message().c_str());
-    ::_exit(written.ok() ? 0 : 1);
-  }
+    return written.ok() ? 0 : 1;
+  });
   const int fork_errno = errno;
   for (Pair& pair : pairs_)
     if (pair.strategy) pair.strategy->EndSnapshot();

@@ -78,6 +78,19 @@ TrainState Accelerator::BoundaryTrainState() const {
   return state;
 }
 
+Status Accelerator::TakeStateOverNewGroup() {
+  if (snapshots_) {
+    // The strategy drops the abandoned step's work (or builds a replacement's) first; then
+    // every rank goes back.
+    strategy_->Reform(pg_);
+    return RollBack();
+  }
+  LAUNCH_RETURN_IF_ERROR(ExchangeState());
+  // The broken group goes with the old reducer here.
+  strategy_->Reform(pg_);
+  return Status::Ok();
+}
+
 Status Accelerator::ExchangeState() {
   const int world = world_size();
   // The run's counts at the boundary whose state a survivor hands over (taken now: the cursor's
@@ -228,13 +241,8 @@ void Accelerator::TakeSnapshot() {
   if (fd < 0)
     throw compat::MakeError("rank " + std::to_string(rank()) + ": the snapshot of step " +
                             std::to_string(step_) + ": memfd_create: " + std::strerror(errno));
-  std::fflush(nullptr);  // nothing buffered is written twice
-  const pid_t parent = ::getpid();
-  const pid_t child = ::fork();
-  if (child == 0) {
-    // As the checkpoint writer: dies with the worker, never returns into the program.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(1);
+  // As the checkpoint writer.
+  const pid_t child = ForkChild([&] {
     StatusOr<std::string> image = SerializeImage(
         [&](torch::serialize::OutputArchive& archive) {
           strategy_->SaveImage(archive, *optimizer_);
@@ -243,10 +251,10 @@ void Accelerator::TakeSnapshot() {
     if (!image.ok()) {
       std::fprintf(stderr, "train: rank %d: the snapshot of step %lld: %s\n", rank(),
                    static_cast<long long>(state.step), image.status().message().c_str());
-      ::_exit(1);
+      return 1;
     }
-    ::_exit(WriteAll(fd, *image) ? 0 : 1);
-  }
+    return WriteAll(fd, *image) ? 0 : 1;
+  });
   const int fork_errno = errno;
   if (child < 0) {
     ::close(fd);
@@ -502,15 +510,7 @@ Status Accelerator::Recover() {
     // In-place recovery runs where the data axis is the world (ddp): its group is the new one
     // (before the exchange, which carries the run's counts over to it).
     data_pg_ = pg_;
-    if (snapshots_) {
-      // The strategy drops the abandoned step's work first; then every rank goes back.
-      strategy_->Reform(pg_);
-      LAUNCH_RETURN_IF_ERROR(RollBack());
-    } else {
-      LAUNCH_RETURN_IF_ERROR(ExchangeState());
-      // The broken group goes with the old reducer here.
-      strategy_->Reform(pg_);
-    }
+    LAUNCH_RETURN_IF_ERROR(TakeStateOverNewGroup());
     if (loss_watch_)
       LAUNCH_RETURN_IF_ERROR(WatchGroup(*loss_watch_, env_, timeout_, pg_, generation_));
   } catch (const std::exception& e) {
