@@ -367,10 +367,19 @@ void RendezvousClient::OnClosed(const Status& why) {
   events_.on_lost(Status::PeerLost(f.message));
 }
 
-void RendezvousClient::Reconnect(int master_port) {
+void RendezvousClient::Reconnect(int master_port, const std::string& host, int port) {
   if (finished_ || !lost_) return;
   lost_ = false;
   reconnecting_ = true;
+  if (!host.empty() && (host != options_.host || port != options_.port)) {
+    // Another server: what we learnt about the old endpoint says nothing about it.
+    options_.host = host;
+    options_.port = port;
+    endpoint_text_ = FormatEndpoint(host, port);
+    heard_from_server_ = false;
+    silent_handshakes_ = 0;
+    warned_handshake_ = false;
+  }
   if (master_port > 0) options_.join.master_port = master_port;
   reported_wait_.reset();
   retry_delay_ = std::chrono::milliseconds(20);

@@ -100,8 +100,10 @@ class RendezvousClient : public std::enable_shared_from_this<RendezvousClient> {
   // (0 keeps the previous one).
   void Rejoin(int master_port);
   // After on_lost: connect and JOIN again (retrying until join_timeout from now).
-  // `master_port` as for Rejoin. Ignored unless the client is lost.
-  void Reconnect(int master_port);
+  // `master_port` as for Rejoin. `host`/`port`: the server's new endpoint when another host
+  // took the job over (etcd backend); empty keeps the endpoint. Ignored unless the client is
+  // lost.
+  void Reconnect(int master_port, const std::string& host = "", int port = 0);
   void ReportFailure(const FailureReport& report);
   // REPLACE: may a dead worker be replaced alone? The answer comes through on_replaced. False
   // when nothing was sent (no session with the server now): the caller treats that as a no.

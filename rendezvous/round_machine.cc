@@ -54,6 +54,85 @@ std::chrono::milliseconds RoundMachine::heartbeat_timeout() const {
   return std::chrono::milliseconds(Micros(spec_->heartbeat_timeout_s) / 1000);
 }
 
+std::string EncodeJobRecord(const JobRecord& r) {
+  Fields f = ToFields(r.spec);
+  f["job_spec_origin"] = r.spec_origin;
+  f["job_round"] = std::to_string(r.round);
+  f["job_restarts_used"] = std::to_string(r.restarts_used);
+  f["job_generation"] = std::to_string(r.generation);
+  f["job_num_nodes"] = std::to_string(r.num_nodes);
+  return EncodeFields(f);
+}
+
+StatusOr<JobRecord> DecodeJobRecord(std::string_view text) {
+  StatusOr<Fields> fields = DecodeFields(text);
+  if (!fields.ok()) return Status::ProtocolError("job record: " + fields.status().message());
+  StatusOr<JoinRequest> spec = ParseJoin(*fields);
+  if (!spec.ok()) return Status::ProtocolError("job record: " + spec.status().message());
+  JobRecord r;
+  r.spec = *spec;
+  auto origin = fields->find("job_spec_origin");
+  if (origin == fields->end()) return Status::ProtocolError("job record: no 'job_spec_origin'");
+  r.spec_origin = origin->second;
+  for (auto [key, out] : {std::pair<const char*, int*>{"job_round", &r.round},
+                          {"job_restarts_used", &r.restarts_used},
+                          {"job_generation", &r.generation},
+                          {"job_num_nodes", &r.num_nodes}}) {
+    auto it = fields->find(key);
+    long long v = 0;
+    if (it == fields->end() || !ParseInt64(it->second, &v) || v < 0 || v > (1 << 30))
+      return Status::ProtocolError(std::string("job record: field '") + key +
+                                   "' missing or not a count");
+    *out = static_cast<int>(v);
+  }
+  return r;
+}
+
+std::optional<JobRecord> RoundMachine::Record() const {
+  if (!spec_) return std::nullopt;
+  JobRecord r;
+  r.spec = *spec_;
+  r.spec.clock_us = 0;  // the first joiner's clock then: not part of the spec
+  r.spec_origin = spec_origin_;
+  r.round = round_;
+  r.restarts_used = restarts_used_;
+  r.generation = generation_;
+  r.num_nodes = last_num_nodes_;
+  return r;
+}
+
+Effects RoundMachine::Resume(const JobRecord& record, const std::string& reason, int64_t now_us) {
+  spec_ = record.spec;
+  spec_origin_ = record.spec_origin;
+  round_ = record.round + 1;
+  restarts_used_ = record.restarts_used;
+  generation_ = record.generation;
+  last_num_nodes_ = record.num_nodes;
+  round_started_us_ = now_us;
+  Effect liveness;
+  liveness.kind = Effect::Kind::kLiveness;
+  liveness.heartbeat_timeout = heartbeat_timeout();
+  Emit(std::move(liveness));
+  if (restarts_used_ >= spec_->max_restarts) {
+    state_ = JobState::kFailed;
+    finished_message_ = reason + ", and the job has no restart left (max_restarts " +
+                        std::to_string(spec_->max_restarts) + ")";
+    Log("job '" + SanitizeForTerminal(spec_->run_id) + "' is over: " + finished_message_);
+    return Take();
+  }
+  ++restarts_used_;
+  state_ = JobState::kWaiting;
+  resumed_round_ = round_;
+  const int survivors = std::max(record.num_nodes - 1, spec_->min_nodes);
+  resume_quorum_ = static_cast<size_t>(std::min(survivors, spec_->max_nodes));
+  Arm(TimerId::kJoin, now_us + Micros(spec_->join_timeout_s));
+  Log("taking over job '" + SanitizeForTerminal(spec_->run_id) + "' at round " +
+      std::to_string(round_) + " (restart " + std::to_string(restarts_used_) + " of " +
+      std::to_string(spec_->max_restarts) + "): " + reason + "; waiting for " +
+      std::to_string(resume_quorum_) + " node(s)");
+  return Take();
+}
+
 Effects RoundMachine::Take() {
   Effects out;
   out.swap(out_);
@@ -202,7 +281,10 @@ Effects RoundMachine::OnJoin(SessionId id, JoinRequest join, int64_t now_us) {
   s.hostname = join.hostname;
   if (join.clock_us > 0) s.clock_offset_us = now_us - join.clock_us;
   if (state_ == JobState::kDone || state_ == JobState::kFailed) {
-    Refuse(id, s, "the job on this rendezvous has already finished", false);
+    Refuse(id, s,
+           finished_message_.empty() ? "the job on this rendezvous has already finished"
+                                     : "the job is over: " + finished_message_,
+           false);
     return Take();
   }
   if (!spec_) {
@@ -349,7 +431,11 @@ void RoundMachine::MaybeCloseRound(int64_t now_us) {
   if (joined_ < min_nodes) return;
   // A re-formed round waits for every agent still connected (they are stopping their workers
   // and come back within moments; one that hangs is bounded by join_timeout), and no longer.
-  if (round_ > 0) {
+  if (round_ == resumed_round_) {
+    // Taken over from a lost server: nobody here was told to re-join, so wait for the lost
+    // round's other nodes, then last_call for a node taking the lost host's place.
+    if (joined_ < resume_quorum_) return;
+  } else if (round_ > 0) {
     if (joined_ >= participants_) CloseRound(now_us);
     return;
   }
@@ -420,6 +506,7 @@ void RoundMachine::CloseRound(int64_t now_us) {
   a.restart_count = restarts_used_;
   a.max_restarts = spec_->max_restarts;
   a.num_nodes = static_cast<int>(n);
+  last_num_nodes_ = a.num_nodes;
   a.run_id = spec_->run_id;
   std::vector<int> offsets(n);
   int offset = 0;
@@ -888,6 +975,7 @@ void RoundMachine::FinishJob() {
 
 void RoundMachine::MaybeForget() {
   if ((state_ != JobState::kDone && state_ != JobState::kFailed) || !sessions_.empty()) return;
+  if (!finished_message_.empty()) return;  // a taken-over job that was over: keep saying so
   const std::chrono::milliseconds before = heartbeat_timeout();
   state_ = JobState::kIdle;
   spec_.reset();
@@ -895,6 +983,9 @@ void RoundMachine::MaybeForget() {
   round_ = 0;
   restarts_used_ = 0;
   generation_ = 0;
+  resumed_round_ = -1;
+  resume_quorum_ = 0;
+  last_num_nodes_ = 0;
   vacancy_.reset();
   round_failed_ = false;
   pending_failure_.reset();

@@ -55,6 +55,22 @@ namespace launch::rendezvous {
 
 using SessionId = uint64_t;
 
+// What a rendezvous must remember of a job for another server to take it over when the server's
+// host is lost (launch --rdzv_backend etcd keeps it in the cluster): the spec every JOIN is held
+// to, and the counters that must never go back (rounds, restarts spent, in-place generations).
+// The rest (sessions, timers, the running round's ranks) lives and dies with the connections.
+struct JobRecord {
+  JoinRequest spec;
+  std::string spec_origin;  // who set the spec, for mismatch messages
+  int round = 0;
+  int restarts_used = 0;
+  int generation = 0;
+  int num_nodes = 0;  // nodes of the latest round formed (0: none formed yet)
+};
+// As text (the protocol's field encoding; binary-safe) and back; Decode names what is wrong.
+std::string EncodeJobRecord(const JobRecord& record);
+StatusOr<JobRecord> DecodeJobRecord(std::string_view text);
+
 enum class JobState { kIdle, kWaiting, kRunning, kDone, kFailed };
 
 // The machine's timers; at most one of each is pending.
@@ -100,6 +116,17 @@ class RoundMachine {
   // host's own agent has joined must not make that job the one formed here. `origin` names
   // its holder in the refusal ("the agent hosting this rendezvous on host a").
   void Expect(JoinRequest spec, std::string origin);
+
+  // Takes over the job of `record`, whose server was lost with its host (`reason` names it):
+  // that server's round ended with it, so this machine starts the next round as a restart (one
+  // restart spent; with none left the job is over and every JOIN is refused saying why). The
+  // spec is the record's: a JOIN that disagrees is refused as ever. The round closes once
+  // every node of the lost round but one (the lost host's) has joined, and at least MIN, after
+  // last_call (a replacement node may still come), at once at MAX, or at join_timeout with MIN.
+  // REQUIRES: no JOIN yet.
+  Effects Resume(const JobRecord& record, const std::string& reason, int64_t now_us);
+  // The job's record now; nullopt before the first JOIN set the spec.
+  std::optional<JobRecord> Record() const;
 
   // A connection completed the handshake. `remote_address`: the peer's address as the server
   // sees it; `local_address`: the server's own address on that connection (what the peer
@@ -231,6 +258,10 @@ class RoundMachine {
   std::optional<FailureReport> last_restart_report_;
   int64_t round_started_us_ = 0;
   bool join_extended_ = false;  // this restart round had its one more join_timeout
+  int resumed_round_ = -1;      // Resume(): the round it started, which closes by resume_quorum_
+  size_t resume_quorum_ = 0;
+  int last_num_nodes_ = 0;        // nodes of the latest round formed (JobRecord::num_nodes)
+  std::string finished_message_;  // why JOINs are refused after a Resume() with no restart left
   std::optional<int64_t> timer_at_[kTimerCount];  // deadline of each pending timer
 
   // Kept by Count() over sessions that are not closing.

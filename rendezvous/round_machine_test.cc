@@ -206,6 +206,70 @@ TEST_CASE("ElasticJobClosesAtOnceWhenMaxArrive") {
   CHECK(d.Assignments(a)[0].num_nodes == 2);
 }
 
+TEST_CASE("AServerTakingOverALostOnesRecordGoesOnWithItsCountsAndSpec") {
+  Driver before;
+  JoinRequest j = Join(2, 3, -1);
+  j.max_restarts = 2;
+  j.last_call_timeout_s = 0.5;
+  SessionId a = before.Joined(j, "10.0.0.1"), b = before.Joined(j, "10.0.0.2");
+  before.Joined(j, "10.0.0.3");
+  REQUIRE(before.Assignments(a).size() == 1);
+  std::optional<JobRecord> kept = before.m.Record();
+  REQUIRE(kept.has_value());
+  CHECK(kept->num_nodes == 3);
+  CHECK(kept->round == 0);
+  // Through its text form, as etcd holds it.
+  StatusOr<JobRecord> record = DecodeJobRecord(EncodeJobRecord(*kept));
+  REQUIRE(record.ok());
+  CHECK(record->spec.run_id == j.run_id);
+  CHECK(record->spec_origin == kept->spec_origin);
+  CHECK(!DecodeJobRecord("not a record").ok());
+  (void)b;
+
+  Driver after;  // the new server, on a surviving host
+  after.Apply(after.m.Resume(*record, "the rendezvous host 10.0.0.1 was lost", after.now));
+  CHECK(after.m.round() == 1);
+  CHECK(after.m.restarts_used() == 1);
+  CHECK(after.LogContains("taking over job"));
+  // Another job's agent is refused by the record's spec.
+  JoinRequest stranger = j;
+  stranger.run_id = "other";
+  SessionId s = after.Joined(stranger);
+  REQUIRE(after.Refused(s).has_value());
+  CHECK(Contains(after.Refused(s)->message, "run_id mismatch"));
+  // The lost round had 3 nodes: the 2 survivors close it after last_call.
+  SessionId x = after.Joined(j, "10.0.0.2");
+  after.Advance(milliseconds(2000));
+  CHECK(after.Assignments(x).empty());  // one of the two survivors is not a round
+  SessionId y = after.Joined(j, "10.0.0.3");
+  after.Advance(milliseconds(499));
+  CHECK(after.Assignments(x).empty());  // last_call: a replacement host may still come
+  after.Advance(milliseconds(1));
+  REQUIRE(after.Assignments(x).size() == 1);
+  Assignment got = after.Assignments(y).at(0);
+  CHECK(got.round == 1);
+  CHECK(got.restart_count == 1);
+  CHECK(got.num_nodes == 2);
+  CHECK(got.master_addr == "10.0.0.2");  // a survivor is node 0 now
+  CHECK(after.m.Record()->restarts_used == 1);
+}
+
+TEST_CASE("AServerTakingOverAJobWithNoRestartLeftRefusesEveryJoinSayingWhy") {
+  Driver before;
+  JoinRequest j = Join(1, 2, -1);
+  j.max_restarts = 0;
+  before.Joined(j);
+  StatusOr<JobRecord> record = DecodeJobRecord(EncodeJobRecord(*before.m.Record()));
+  REQUIRE(record.ok());
+  Driver after;
+  after.Apply(after.m.Resume(*record, "the rendezvous host 10.0.0.1 was lost", after.now));
+  for (int i = 0; i < 2; ++i) {  // and the job is not forgotten when its sessions close
+    SessionId x = after.Joined(j);
+    REQUIRE(after.Refused(x).has_value());
+    CHECK(Contains(after.Refused(x)->message, "no restart left"));
+  }
+}
+
 TEST_CASE("JoinTimeoutFailsEveryWaitingAgentListingMissingRanks") {
   Driver d;
   JoinRequest j = Join(3, 3, 0, 1, "alpha");

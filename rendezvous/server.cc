@@ -577,6 +577,22 @@ void RendezvousServer::Apply(Effects effects, int64_t now_us, bool stranger_logs
         break;
     }
   }
+  if (options_.on_record && !stopped_) {
+    std::optional<JobRecord> record = machine_.Record();
+    if (record) {
+      const std::array<int, 4> now{record->round, record->restarts_used, record->generation,
+                                   record->num_nodes};
+      if (now != recorded_) {
+        recorded_ = now;
+        options_.on_record(*record);
+      }
+    }
+  }
+}
+
+void RendezvousServer::Resume(const JobRecord& record, const std::string& reason) {
+  const int64_t now = WallClockMicros();
+  Apply(machine_.Resume(record, reason, now), now);
 }
 
 }  // namespace launch::rendezvous

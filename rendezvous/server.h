@@ -81,6 +81,7 @@
 // Thread-safety: none; every method and callback runs on the io_context's thread.
 // Lifetime: create with Create(); Stop() before dropping the last reference.
 
+#include <array>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -127,6 +128,10 @@ struct ServerOptions {
   // takes its spec from whoever joins first.
   std::optional<JoinRequest> expected_join;
   std::string expected_origin;  // how refusals name it
+  // Called with the job's record (round_machine.h) whenever it changed: after the first JOIN,
+  // and at each new round, restart or in-place generation; the store of a backend that lets
+  // another server take the job over (etcd). Null = kept nowhere.
+  std::function<void(const JobRecord&)> on_record;
 };
 
 class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
@@ -152,6 +157,10 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   // (connection_count() falls to 0 while the io_context runs, bounded by write_timeout);
   // Stop() afterwards drops whatever is left. Idempotent.
   void FailAndStop(const std::string& message);
+
+  // Takes over the job of `record` from a server lost with its host (RoundMachine::Resume).
+  // REQUIRES: no JOIN handled yet.
+  void Resume(const JobRecord& record, const std::string& reason);
 
   JobState state() const { return machine_.state(); }
   int round() const { return machine_.round(); }
@@ -215,6 +224,8 @@ class RendezvousServer : public std::enable_shared_from_this<RendezvousServer> {
   bool failing_ = false;         // FailAndStop: the sessions drain, nothing else happens
   bool accepting_ = false;       // an async_accept is pending
   bool accept_failing_ = false;  // the last accept failed (logged once per episode)
+  // What on_record last saw: round, restarts, generation, nodes (-1: nothing yet).
+  std::array<int, 4> recorded_{-1, -1, -1, -1};
 
   std::map<uint64_t, std::unique_ptr<Session>> sessions_;
   uint64_t next_session_id_ = 1;
