@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <cmath>
 #include <csignal>
@@ -11,6 +12,7 @@
 #include <map>
 #include <optional>
 
+#include "agent/etcd_rendezvous.h"
 #include "agent/failure_report.h"
 #include "agent/output_writer.h"
 #include "agent/ports.h"
@@ -60,7 +62,7 @@ class ElasticAgent {
                 " is not on loopback and no rdzv_token is set: any host that reaches it can join "
                 "this job; give every node the same secret (export LAUNCH_RDZV_TOKEN=$(openssl "
                 "rand -hex 16) before srun, mpirun or ssh)");
-    Status hosted = MaybeHostServer();
+    Status hosted = etcd_mode() ? StartEtcd() : MaybeHostServer();
     if (!hosted.ok()) {
       log::Error(hosted.message());
       return kExitUsage;
@@ -85,11 +87,117 @@ class ElasticAgent {
     events.on_done = [this] { OnDone(); };
     events.on_failed = [this](const Status& s, const rdzv::JobFailure& f) { OnFailed(s, f); };
     events.on_lost = [this](const Status& s) { OnLost(s); };
-    client_ = rdzv::RendezvousClient::Create(io_, co, events);
-    client_->Start();
+    if (etcd_mode()) {
+      // The client connects once etcd says where the job's server is (FindServer).
+      client_options_ = co;
+      client_events_ = events;
+      FindServer("", *port);
+    } else {
+      client_ = rdzv::RendezvousClient::Create(io_, co, events);
+      client_->Start();
+    }
     io_.run();
     group_.reset();  // kills and reaps anything still running (never expected here)
+    etcd_.reset();   // revokes this agent's lease (its claim, if it served)
     return exit_code_;
+  }
+
+  bool etcd_mode() const { return !options_.etcd_endpoints.empty(); }
+
+  // rdzv_backend etcd: this agent's lease, and a server of its own listening on its route to
+  // the cluster, offered to the job in FindServer (idle unless etcd takes the offer).
+  Status StartEtcd() {
+    EtcdRendezvousOptions eo;
+    eo.etcd.endpoints = options_.etcd_endpoints;
+    eo.run_id = options_.run_id;
+    eo.lease_ttl_s = std::max(2, static_cast<int>(std::ceil(options_.heartbeat_timeout_s)));
+    eo.record_ttl_s = std::max(60, static_cast<int>(std::ceil(options_.join_timeout_s)) + 60);
+    auto etcd =
+        EtcdRendezvous::Start(io_, eo, [this](const std::string& why) { OnClaimLost(why); });
+    if (!etcd.ok()) return etcd.status();
+    etcd_ = std::move(*etcd);
+    const std::string host =
+        !options_.local_address.empty() ? options_.local_address : etcd_->local_address();
+    rdzv::ServerOptions so;
+    so.host = host;
+    so.port = 0;
+    so.token = options_.token;
+    so.default_heartbeat_timeout =
+        std::chrono::milliseconds(static_cast<long long>(options_.heartbeat_timeout_s * 1000));
+    so.log = [](const std::string& line) { log::Info("rendezvous: " + line); };
+    so.expected_join = MakeJoin();
+    so.expected_origin = "the agent serving this rendezvous (host " +
+                         SanitizeForTerminal(so.expected_join->hostname) + ")";
+    so.on_record = [this](const rdzv::JobRecord& record) {
+      if (etcd_ && server_) etcd_->Keep(record);
+    };
+    standby_ = rdzv::RendezvousServer::Create(io_, so);
+    Status s = standby_->Listen();
+    if (!s.ok()) return s;
+    offer_ = rdzv::FormatEndpoint(host, standby_->port());
+    log::Info("rendezvous through etcd at " + etcd_->Describe() + " (job '" +
+              SanitizeForTerminal(options_.run_id) + "'); this agent offers to serve it at " +
+              offer_);
+    return Status::Ok();
+  }
+
+  // Asks etcd for the job's server (claiming it for this agent's offer when none serves; `lost`:
+  // the endpoint just lost, whose claim lapses within the lease's TTL), then connects there
+  // with the workers' store port `master_port`.
+  void FindServer(const std::string& lost, int master_port) {
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::milliseconds(static_cast<long long>(options_.join_timeout_s * 1000));
+    etcd_->Find(offer_, lost, deadline,
+                [this, lost, master_port](StatusOr<EtcdRendezvous::Server> found) {
+                  OnServerFound(lost, master_port, std::move(found));
+                });
+  }
+
+  void OnServerFound(const std::string& lost, int master_port,
+                     StatusOr<EtcdRendezvous::Server> found) {
+    if (finished_ || interrupt_signal_ != 0) return;
+    if (!found.ok()) {
+      log::Error(found.status().message());
+      if (client_) client_->Close();
+      Finish(lost.empty() ? kExitUsage : kExitFailure);
+      return;
+    }
+    if (found->ours && !server_) {
+      server_ = std::move(standby_);
+      hosted_endpoint_ = offer_;
+      if (found->record) {
+        const std::string why = lost.empty() ? "the server that held the job is gone"
+                                             : "the rendezvous server at " + lost + " was lost";
+        log::Info("serving the rendezvous at " + offer_ + ": taking the job over (" + why + ")");
+        server_->Resume(*found->record, why);
+      } else {
+        if (!found->record_error.empty())
+          log::Warn("the job's record in etcd cannot be read (" + found->record_error +
+                    "): the job starts over at round 0");
+        log::Info("serving the rendezvous at " + offer_ + " (claimed in etcd)");
+      }
+    }
+    if (!client_) {
+      client_options_.host = found->host;
+      client_options_.port = found->port;
+      client_options_.join.master_port = master_port;
+      client_ = rdzv::RendezvousClient::Create(io_, client_options_, client_events_);
+      client_->Start();
+    } else {
+      client_->Reconnect(master_port, found->host, found->port);
+    }
+  }
+
+  // etcd no longer holds this agent's claim: another agent may serve the job now, so this one
+  // stops serving at once (its agents find the other through etcd) and leaves.
+  void OnClaimLost(const std::string& why) {
+    if (finished_ || !server_) return;
+    log::Error("this agent stops serving the rendezvous at " + hosted_endpoint_ + ": " + why);
+    claim_lost_ = true;
+    server_->Stop();
+    if (client_) client_->Close();
+    StopWorkersThen(After::kExit, kExitFailure);
   }
 
  private:
@@ -270,6 +378,8 @@ class ElasticAgent {
       }
       if (after == After::kRejoin)
         client_->Rejoin(*port);
+      else if (etcd_mode())
+        FindServer(client_->endpoint(), *port);
       else
         client_->Reconnect(*port);
     } else if (after == After::kExit) {
@@ -474,8 +584,11 @@ class ElasticAgent {
     }
     std::string rank =
         options_.node_rank >= 0 ? "machine_rank " + std::to_string(options_.node_rank) : "a node";
-    log::Warn(why + "; stopping the workers and joining again as " + rank + " (for up to " +
-              std::to_string(static_cast<long long>(options_.join_timeout_s)) +
+    log::Warn(why + "; stopping the workers and joining again as " + rank +
+              (etcd_mode() ? " wherever etcd says the job is served (a surviving agent takes it "
+                             "over)"
+                           : "") +
+              " (for up to " + std::to_string(static_cast<long long>(options_.join_timeout_s)) +
               " s, join_timeout)");
     StopWorkersThen(After::kReconnect, 0);
   }
@@ -501,6 +614,9 @@ class ElasticAgent {
     if (!server_ || server_->connection_count() == 0 ||
         std::chrono::steady_clock::now() >= drain_deadline_) {
       if (server_) server_->Stop();
+      if (standby_) standby_->Stop();
+      // The job is over: its keys go (a server whose claim lapsed leaves them to its successor).
+      if (etcd_ && server_ && !claim_lost_) etcd_->Forget();
       signals_.cancel();
       io_.stop();
       return;
@@ -518,6 +634,14 @@ class ElasticAgent {
   asio::steady_timer drain_timer_;
   std::chrono::steady_clock::time_point drain_deadline_;
   std::shared_ptr<rdzv::RendezvousServer> server_;
+  // rdzv_backend etcd: the cluster, this agent's listening server while etcd has not taken its
+  // offer, that offer ("host:port"), and what the client is made with once the server is found.
+  std::unique_ptr<EtcdRendezvous> etcd_;
+  std::shared_ptr<rdzv::RendezvousServer> standby_;
+  std::string offer_;
+  rdzv::ClientOptions client_options_;
+  rdzv::ClientEvents client_events_;
+  bool claim_lost_ = false;
   bool port_taken_ = false;  // machine_rank 0 found the rendezvous port in use (MaybeHostServer)
   std::string hosted_endpoint_;  // host:port of server_, for messages
   std::shared_ptr<rdzv::RendezvousClient> client_;

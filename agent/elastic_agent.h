@@ -20,7 +20,9 @@
 //
 // The agent of the node that owns the endpoint also runs the RendezvousServer on the same
 // io_context: rank 0 when node ranks are explicit, otherwise the first agent on the endpoint's
-// machine that manages to bind it.
+// machine that manages to bind it. With etcd_endpoints, the agent whose claim the etcd cluster
+// took serves it, and when its machine is lost the first survivor to claim it takes the job
+// over (one restart): the others find it through etcd and join again.
 //
 // Exit codes: 0 success; 2 setup errors (bad token, duplicate rank, mismatched run_id or spec,
 // join timeout, unreachable or unresolvable endpoint, port in use); the root cause's exit code
@@ -32,6 +34,7 @@
 // and the local interface that reaches MASTER_ADDR (export_socket_interfaces).
 
 #include <string>
+#include <vector>
 
 #include "agent/agent.h"
 
@@ -71,6 +74,12 @@ struct ElasticAgentOptions {
   enum class HostServer { kAuto, kAlways, kNever };
   HostServer host_server = HostServer::kAuto;
   std::string hostname;  // shown to other nodes; empty = gethostname()
+  // rdzv_backend etcd: the cluster's client endpoints. Every agent then listens with a server
+  // of its own, and the one whose claim etcd takes serves the job (host_server and the
+  // endpoint are unused); when it is lost a survivor takes the job over from its record in
+  // etcd (agent/etcd_rendezvous.h), so no machine's loss ends the job. Empty = the built-in
+  // backend.
+  std::vector<std::string> etcd_endpoints;
   // Give the workers GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME where this host's name would make
   // PyTorch bind loopback (socket_interfaces.h). Off for workers that choose their Gloo address
   // themselves from MASTER_ADDR's route (the built-in trainer: an address is more exact than an

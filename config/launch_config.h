@@ -83,6 +83,13 @@ struct LaunchConfig {
   // 127.0.0.2, 127.0.0.3, ... as stand-in nodes). Empty = chosen by the kernel.
   std::string rdzv_local_addr;
   RdzvConf rdzv_conf;
+  // rdzv_backend: "c10d" (torchrun's "static" and "c10d" too) is launch's own TCP rendezvous,
+  // hosted by node 0's agent at main_process_ip:main_process_port; "etcd" ("etcd-v2") keeps the
+  // rendezvous' state in an etcd cluster, whose client endpoints rdzv_endpoint lists
+  // (etcd_endpoints), and the agents elect which of them serves it (agent/etcd_rendezvous.h).
+  std::string rdzv_backend = "c10d";
+  std::vector<std::string> etcd_endpoints;  // "host:port", from rdzv_endpoint under etcd
+  std::vector<std::string> rdzv_endpoints;  // rdzv_endpoint as given, split at commas
   // The job's machines when this launch is the head that starts them all over ssh (--hostfile
   // FILE, or --hosts h1:2,h2:2; launcher/ssh_head.h); empty = this launch is one node. Flags
   // only: the YAML and the environment reach every host, where they must not start heads.

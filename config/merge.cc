@@ -142,6 +142,19 @@ Status Validate(LaunchConfig* cfg) {
             "one's workers (its slots)");
     }
   }
+  if (cfg->rdzv_backend == "etcd") {
+    if (cfg->rdzv_endpoints.empty())
+      return Status::InvalidConfig(
+          "rdzv_backend etcd needs rdzv_endpoint: the etcd cluster's client endpoints "
+          "(--rdzv_endpoint host1:2379,host2:2379,host3:2379)");
+    cfg->etcd_endpoints = cfg->rdzv_endpoints;
+  } else if (cfg->rdzv_endpoints.size() > 1) {
+    auto it = cfg->origins.find("main_process_ip");
+    return Status::InvalidConfig(
+        (it == cfg->origins.end() ? std::string("rdzv_endpoint") : it->second.ToString()) +
+        ": rdzv_endpoint lists " + std::to_string(cfg->rdzv_endpoints.size()) +
+        " endpoints; only rdzv_backend etcd takes a list (its cluster's members)");
+  }
   if (cfg->machine_rank >= cfg->max_nodes)
     return Status::InvalidConfig(cfg->origins["machine_rank"].ToString() + ": machine_rank " +
                                  std::to_string(cfg->machine_rank) +

@@ -232,9 +232,22 @@ const std::vector<KeyDef>& TopLevelTable() {
           }),
       Key("rdzv_endpoint",
           [](const std::string& s, LaunchConfig* c) {
-            return ParseEndpoint(s, &c->main_process_ip, &c->main_process_port);
+            c->rdzv_endpoints.clear();
+            for (const std::string& item : Split(s, ',')) {
+              std::string host;
+              int port = 0;
+              std::string err = ParseEndpoint(Trim(item), &host, &port);
+              if (!err.empty()) return err;
+              c->rdzv_endpoints.push_back(Trim(item));
+            }
+            // One endpoint is the built-in rendezvous' (or etcd's: Validate sorts it out).
+            if (c->rdzv_endpoints.size() == 1)
+              return ParseEndpoint(s, &c->main_process_ip, &c->main_process_port);
+            return std::string();
           })
-          .Flag({"rdzv_endpoint"}, kGroupNodes, "HOST:PORT or [IPv6]:PORT")
+          .Flag({"rdzv_endpoint"}, kGroupNodes,
+                "HOST:PORT or [IPv6]:PORT; under rdzv_backend etcd the cluster's client "
+                "endpoints, comma-separated")
           .Records({"main_process_ip", "main_process_port"}),
       Key("rdzv_token", Field(&LaunchConfig::rdzv_token))
           .Flag({"rdzv_token"}, kGroupNodes,
@@ -461,10 +474,24 @@ const std::vector<KeyDef>& TopLevelTable() {
                                    "launch starts every worker as a new process"))
           .In(kEnv)
           .Flag({"start_method"}, kGroupCompat, "no effect: every worker is a new process"),
-      Key("rdzv_backend", NoEffect("rdzv_backend", {"static", "c10d"},
-                                   "launch always uses its own TCP rendezvous at rdzv_endpoint"))
+      Key("rdzv_backend",
+          [](const std::string& s, LaunchConfig* c) {
+            const std::string v = ToLower(Trim(s));
+            if (v == "c10d" || v == "static") {
+              c->rdzv_backend = "c10d";
+            } else if (v == "etcd" || v == "etcd-v2") {
+              c->rdzv_backend = "etcd";
+            } else {
+              return "rdzv_backend '" + s +
+                     "': expected c10d or static (launch's own rendezvous on node 0), or etcd "
+                     "or etcd-v2 (its state in an etcd cluster: survives any one machine)";
+            }
+            return std::string();
+          })
           .In(kEnv)
-          .Flag({"rdzv_backend"}, kGroupCompat, "no effect: launch uses its own rendezvous"),
+          .Flag({"rdzv_backend"}, kGroupNodes,
+                "c10d (own rendezvous on node 0) or etcd (rdzv_endpoint lists the etcd cluster)")
+          .Show([](const LaunchConfig& c) { return c.rdzv_backend; }),
       Key("standalone", AnyBool())
           .In(kEnv)
           .Flag({"standalone"}, kGroupCompat,

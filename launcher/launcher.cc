@@ -141,6 +141,7 @@ agent::ElasticAgentOptions MakeElasticAgentOptions(const config::LaunchConfig& c
   o.last_call_timeout_s = cfg.rdzv_conf.last_call_timeout_s;
   o.heartbeat_timeout_s = cfg.rdzv_conf.heartbeat_timeout_s;
   o.local_address = cfg.rdzv_local_addr;
+  if (cfg.rdzv_backend == "etcd") o.etcd_endpoints = cfg.etcd_endpoints;
   // The built-in trainer binds the route to MASTER_ADDR itself (trainer_runtime/comm/
   // process_group.h ChooseGlooBinding); any other program gets the interface in its environment.
   o.export_socket_interfaces = !(cfg.program.empty() && cfg.train.present);
@@ -750,9 +751,9 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
                                    port.status().message());
     plan.master_port = *port;
   }
-  plan.run_id = !cfg.run_id.empty() ? cfg.run_id
-                : cfg.max_nodes > 1 ? DerivedRunId(cfg, sys)
-                                    : sys.NewRunId();
+  plan.run_id = !cfg.run_id.empty()                               ? cfg.run_id
+                : cfg.max_nodes > 1 || cfg.rdzv_backend == "etcd" ? DerivedRunId(cfg, sys)
+                                                                  : sys.NewRunId();
 
   // Output routing, torchrun semantics: --redirects sends streams to files only, --tee to both.
   // A log_dir without either means "tee everything".
@@ -893,7 +894,9 @@ int Main(int argc, char** argv) {
 
   // Several machines: main_process_port is the rendezvous endpoint's port (the workers' own
   // MASTER_PORT comes from the rendezvous), so it must not be picked at random.
-  bool multi_node = cfg.max_nodes > 1;
+  // etcd: an agent meets the others through the cluster even when the job has one node (a
+  // replacement may join it).
+  bool multi_node = cfg.max_nodes > 1 || cfg.rdzv_backend == "etcd";
   if (multi_node && cfg.main_process_port <= 0) cfg.main_process_port = 29500;
   std::string bin_dir = ExecutableDir();
   const HostFacts host = ProbeHost();
