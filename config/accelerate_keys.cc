@@ -541,7 +541,6 @@ const std::map<std::string, std::vector<std::string>>& InertAccelerateKeys() {
       {"compute_environment", {"local_machine"}},
       {"use_mps_device", {"false"}},
       {"use_xpu", {"false"}},
-      {"rdzv_backend", {"static", "c10d"}},
       {"same_network", {"*"}},
       {"main_training_function", {"main"}},
       {"downcast_bf16", {"false", "no"}},

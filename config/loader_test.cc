@@ -2,6 +2,7 @@
 #include "config/train_keys.h"
 
 #include "base/files.h"
+#include "base/test_util.h"
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -135,6 +136,48 @@ TEST_CASE("ElasticNodesAndEndpoints") {
   CHECK(cfg.max_nodes == 4);
   CHECK(cfg.main_process_ip == "::1");
   CHECK(cfg.main_process_port == 29400);
+}
+
+TEST_CASE("EtcdBackendTakesTheClustersEndpointsFromRdzvEndpoint") {
+  auto flags = [](std::vector<std::pair<std::string, std::string>> settings, LaunchConfig* cfg) {
+    for (const auto& [key, value] : settings) {
+      Status s = ApplySetting(key, value, Origin{Origin::Kind::kFlag, "--" + key}, cfg);
+      if (!s.ok()) return s;
+    }
+    return Validate(cfg);
+  };
+  LaunchConfig cfg;
+  REQUIRE(flags({{"nnodes", "3"},
+                 {"rdzv_backend", "etcd-v2"},
+                 {"rdzv_endpoint", "a:2379, b:2379,[::1]:2379"}},
+                &cfg)
+              .ok());
+  CHECK(cfg.rdzv_backend == "etcd");
+  CHECK(cfg.etcd_endpoints == std::vector<std::string>{"a:2379", "b:2379", "[::1]:2379"});
+  LaunchConfig one;
+  REQUIRE(flags({{"rdzv_backend", "etcd"}, {"rdzv_endpoint", "e:2379"}}, &one).ok());
+  CHECK(one.etcd_endpoints == std::vector<std::string>{"e:2379"});
+  LaunchConfig builtin;
+  REQUIRE(flags({{"rdzv_backend", "static"}, {"rdzv_endpoint", "h:29400"}}, &builtin).ok());
+  CHECK(builtin.rdzv_backend == "c10d");
+  CHECK(builtin.main_process_ip == "h");
+  CHECK(builtin.etcd_endpoints.empty());
+  LaunchConfig bad;
+  CHECK(launch::testing::Contains(flags({{"rdzv_backend", "zookeeper"}}, &bad).message(),
+                                  "rdzv_backend 'zookeeper': expected c10d or static"));
+  LaunchConfig none;
+  CHECK(launch::testing::Contains(flags({{"rdzv_backend", "etcd"}}, &none).message(),
+                                  "rdzv_backend etcd needs rdzv_endpoint"));
+  LaunchConfig list;
+  CHECK(launch::testing::Contains(flags({{"rdzv_endpoint", "a:1,b:2"}}, &list).message(),
+                                  "only rdzv_backend etcd takes a list"));
+  LaunchConfig half;
+  CHECK(!flags({{"rdzv_endpoint", "a:1,b"}}, &half).ok());
+  // In the YAML too (accelerate's files say `rdzv_backend: static`).
+  LaunchConfig yaml;
+  REQUIRE(Load("rdzv_backend: etcd\nrdzv_endpoint: 'a:2379,b:2379'\n", &yaml).ok());
+  REQUIRE(Validate(&yaml).ok());
+  CHECK(yaml.etcd_endpoints.size() == 2);
 }
 
 TEST_CASE("StreamSpecsPerRank") {

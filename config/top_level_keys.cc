@@ -488,7 +488,6 @@ const std::vector<KeyDef>& TopLevelTable() {
             }
             return std::string();
           })
-          .In(kEnv)
           .Flag({"rdzv_backend"}, kGroupNodes,
                 "c10d (own rendezvous on node 0) or etcd (rdzv_endpoint lists the etcd cluster)")
           .Show([](const LaunchConfig& c) { return c.rdzv_backend; }),
