@@ -113,6 +113,9 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     pid_t pid = -1;           // its exec shim's (the process this agent spawned and reaps)
     uint64_t spawned_ns = 0;  // MonotonicNanos() just before the spawn
     int generation = 0;       // LAUNCH_RECOVER_GENERATION (0: a first worker)
+    bool spare = false;       // a warm spare waiting for a rank (StartSpare)
+    int spare_index = -1;     // its number, for messages ("[spare 0]")
+    int stdin_w = -1;         // a spare's: the write end of its stdin, for its assignment
     bool reaped = false;
     std::string prefix;
     Stream out, err;
@@ -139,6 +142,13 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     for (int lr = 0; lr < spec.local_world_size; ++lr) {
       Status s =
           StartOne(lr, spec_.recover_generation, spec_.recover_lost_at, spec_.recover_lost_by);
+      if (!s.ok()) {
+        KillAndReapAll();
+        return s;
+      }
+    }
+    for (int i = 0; i < spec.spares; ++i) {
+      Status s = StartSpare();
       if (!s.ok()) {
         KillAndReapAll();
         return s;
@@ -265,28 +275,11 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     return written();
   }
 
-  // `generation`: its LAUNCH_RECOVER_GENERATION (0: none); `lost_at`: when the worker it
-  // replaces was seen dead (LAUNCH_RECOVER_LOST_AT_MS), for recovery times measured from it, and
-  // `lost_by` who saw it (LAUNCH_RECOVER_LOST_BY; empty: this rank's agent).
-  Status StartOne(int local_rank, int generation,
-                  std::optional<std::chrono::system_clock::time_point> lost_at = std::nullopt,
-                  const std::string& lost_by = "") {
-    auto w = std::make_unique<Worker>(io_);
-    w->local_rank = local_rank;
-    w->rank = spec_.rank_offset + local_rank;
-    w->generation = generation;
-    w->prefix = "[rank " + std::to_string(w->rank) + "]: ";
-    w->tail = TailLines(spec_.stderr_tail_lines);
-    int file_mask = local_rank < static_cast<int>(spec_.file_streams.size())
-                        ? spec_.file_streams[local_rank]
-                        : 0;
-    int console_mask = local_rank < static_cast<int>(spec_.console_streams.size())
-                           ? spec_.console_streams[local_rank]
-                           : (kStdout | kStderr);
-
+  // What every process of the group gets, whatever its rank: the base environment, the job's
+  // cgroup for the shim, the console's kind, USE_LIBUV.
+  std::map<std::string, std::string> CommonEnvironment(int console_mask) {
     std::map<std::string, std::string> env_map = BaseEnvironment(spec_);
     if (!cgroup_.empty()) env_map[kJobCgroupEnv] = cgroup_;  // for the shim, not the worker
-    for (const auto& [k, v] : ContractEnvironment(spec_, local_rank)) env_map[k] = v;
     // Through the agent's pipe a worker cannot see that the console is a terminal; `train`
     // draws its progress bar when this says so (the agent passes each redraw on at once).
     if ((console_mask & kStdout) && console_out_ && log::AnsiTerminal(spec_.console_stdout_fd))
@@ -299,13 +292,26 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     // support"). The store of a job's workers is small; its classic server is what 1.13 used and
     // what `train` uses. The user's own setting wins.
     env_map.emplace("USE_LIBUV", "0");
+    return env_map;
+  }
+
+  // What makes a process rank `w->rank` (set before): torchrun's variables, its device, its
+  // collective ring and error file, and for a replacement its generation. `generation`: its
+  // LAUNCH_RECOVER_GENERATION (0: none); `lost_at`: when the worker it replaces was seen dead
+  // (LAUNCH_RECOVER_LOST_AT_MS), for recovery times measured from it, and `lost_by` who saw it
+  // (LAUNCH_RECOVER_LOST_BY; empty: this rank's agent).
+  std::map<std::string, std::string> RankEnvironment(
+      Worker* w, int generation, std::optional<std::chrono::system_clock::time_point> lost_at,
+      const std::string& lost_by, const std::map<std::string, std::string>& common) {
+    std::map<std::string, std::string> env_map = ContractEnvironment(spec_, w->local_rank);
     if (spec_.virtual_local_rank && spec_.gpu_workers) {
       // The device LOCAL_RANK would have picked, as the only one the worker sees.
-      auto visible = env_map.find("CUDA_VISIBLE_DEVICES");
+      auto visible = common.find("CUDA_VISIBLE_DEVICES");
       std::vector<std::string> ids;
-      if (visible != env_map.end()) ids = Split(visible->second, ',');
-      const int device =
-          spec_.node_view.local_rank >= 0 ? spec_.node_view.local_rank + local_rank : local_rank;
+      if (visible != common.end()) ids = Split(visible->second, ',');
+      const int device = spec_.node_view.local_rank >= 0
+                             ? spec_.node_view.local_rank + w->local_rank
+                             : w->local_rank;
       env_map["CUDA_VISIBLE_DEVICES"] =
           device < static_cast<int>(ids.size()) ? Trim(ids[device]) : std::to_string(device);
     }
@@ -321,10 +327,109 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       ::unlink(w->exit.error_file.c_str());  // a previous attempt's must not be read as this one's
       env_map["TORCHELASTIC_ERROR_FILE"] = w->exit.error_file;
     }
+    return env_map;
+  }
+
+  int ConsoleMask(int local_rank) const {
+    return local_rank >= 0 && local_rank < static_cast<int>(spec_.console_streams.size())
+               ? spec_.console_streams[local_rank]
+               : (kStdout | kStderr);
+  }
+
+  Status StartOne(int local_rank, int generation,
+                  std::optional<std::chrono::system_clock::time_point> lost_at = std::nullopt,
+                  const std::string& lost_by = "") {
+    auto w = std::make_unique<Worker>(io_);
+    w->local_rank = local_rank;
+    w->rank = spec_.rank_offset + local_rank;
+    w->generation = generation;
+    w->prefix = "[rank " + std::to_string(w->rank) + "]: ";
+    w->tail = TailLines(spec_.stderr_tail_lines);
+    std::map<std::string, std::string> env_map = CommonEnvironment(ConsoleMask(local_rank));
+    for (auto& [k, v] : RankEnvironment(w.get(), generation, lost_at, lost_by, env_map))
+      env_map[k] = v;
+    Worker* raw = w.get();
+    LAUNCH_RETURN_IF_ERROR(SpawnWorker(std::move(w), env_map, ConsoleMask(local_rank)));
+    OpenLogFiles(raw);
+    return Status::Ok();
+  }
+
+  // A warm spare (WorkerGroupSpec::spares): the program with the group's environment but no
+  // rank of its own yet (LAUNCH_SPARE=1), and a pipe on its stdin through which AssignSpare
+  // hands it a dead rank's environment.
+  Status StartSpare() {
+    auto w = std::make_unique<Worker>(io_);
+    w->spare = true;
+    w->spare_index = next_spare_index_++;
+    w->local_rank = -1;
+    w->rank = -1;
+    w->prefix = "[spare " + std::to_string(w->spare_index) + "]: ";
+    w->tail = TailLines(spec_.stderr_tail_lines);
+    std::map<std::string, std::string> env_map = CommonEnvironment(ConsoleMask(-1));
+    // Rank 0's variables stand in for what the job shares (world size, master) until it has
+    // one; the assignment replaces every rank-dependent one.
+    for (const auto& [k, v] : ContractEnvironment(spec_, 0)) env_map[k] = v;
+    env_map["LAUNCH_SPARE"] = "1";
+    int in_pipe[2];
+    LAUNCH_RETURN_IF_ERROR(MakePipe(in_pipe));
+    w->stdin_w = in_pipe[1];
+    Worker* raw = w.get();
+    Status s = SpawnWorker(std::move(w), env_map, ConsoleMask(-1), in_pipe[0]);
+    ::close(in_pipe[0]);
+    if (!s.ok()) {
+      ::close(in_pipe[1]);
+      return s;
+    }
+    spares_.push_back(raw);
+    return Status::Ok();
+  }
+
+  // The waiting spare `w` becomes rank `spec_.rank_offset + local_rank`, a replacement of
+  // `generation`: its environment goes down its stdin ("KEY=VALUE" lines, an empty line), which
+  // is then closed. IoError when the spare is gone (the caller starts a cold replacement).
+  Status AssignSpare(Worker* w, int local_rank, int generation,
+                     std::optional<std::chrono::system_clock::time_point> lost_at) {
+    spares_.erase(std::find(spares_.begin(), spares_.end(), w));
+    const int index = w->spare_index;
+    w->local_rank = local_rank;
+    w->rank = spec_.rank_offset + local_rank;
+    w->generation = generation;
+    const std::map<std::string, std::string> common = CommonEnvironment(ConsoleMask(local_rank));
+    std::string text;
+    for (const auto& [k, v] : RankEnvironment(w, generation, lost_at, "", common))
+      text += k + "=" + v + "\n";
+    text += "\n";
+    // Well below a pipe's capacity (64 KiB): the write does not block.
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(w->stdin_w, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int e = errno;
+        ::close(w->stdin_w);
+        w->stdin_w = -1;
+        w->spare = true;  // still a spare as far as its exit goes
+        return Status::FromErrno("spare " + std::to_string(index) + " took no rank", e);
+      }
+      done += static_cast<size_t>(n);
+    }
+    ::close(w->stdin_w);
+    w->stdin_w = -1;
+    w->spare = false;
+    w->prefix = "[rank " + std::to_string(w->rank) + "]: ";
+    OpenLogFiles(w);
+    return Status::Ok();
+  }
+
+  // Spawns `w` with `env_map` (and `stdin_fd` as its stdin, -1: /dev/null), its output pipes
+  // read from now on, its exit awaited.
+  Status SpawnWorker(std::unique_ptr<Worker> w, const std::map<std::string, std::string>& env_map,
+                     int console_mask, int stdin_fd = -1) {
     SpawnRequest req;
     req.argv = spec_.argv;
     req.exec_shim = spec_.exec_shim;
     for (const auto& [k, v] : env_map) req.env.push_back(k + "=" + v);
+    req.stdin_fd = stdin_fd;
 
     int out_pipe[2], err_pipe[2];
     LAUNCH_RETURN_IF_ERROR(MakePipe(out_pipe));
@@ -353,16 +458,6 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     w->out.open = w->err.open = true;
     if (console_mask & kStdout) w->out.console = console_out_;
     if (console_mask & kStderr) w->err.console = console_err_;
-    if (files_) {
-      // A replacement's own files: the dead worker's stay as it left them.
-      std::string base = spec_.log_dir + "/rank_" + std::to_string(w->rank) +
-                         (generation > 0 ? ".g" + std::to_string(generation) : "");
-      int fd;
-      if ((file_mask & kStdout) && (fd = OpenLog(base + ".stdout")) >= 0)
-        w->out.file = files_->AddSink(fd, /*owns_fd=*/true);
-      if ((file_mask & kStderr) && (fd = OpenLog(base + ".stderr")) >= 0)
-        w->err.file = files_->AddSink(fd, /*owns_fd=*/true);
-    }
     int pidfd = PidfdOpen(w->pid);
     if (pidfd < 0) {
       int e = errno;
@@ -380,6 +475,21 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     ReadMore(raw, &raw->err);
     WaitExit(raw);
     return Status::Ok();
+  }
+
+  // Rank `w->rank`'s log files: a replacement's own, the dead worker's stay as it left them.
+  void OpenLogFiles(Worker* w) {
+    if (!files_) return;
+    const int file_mask = w->local_rank < static_cast<int>(spec_.file_streams.size())
+                              ? spec_.file_streams[w->local_rank]
+                              : 0;
+    std::string base = spec_.log_dir + "/rank_" + std::to_string(w->rank) +
+                       (w->generation > 0 ? ".g" + std::to_string(w->generation) : "");
+    int fd;
+    if ((file_mask & kStdout) && (fd = OpenLog(base + ".stdout")) >= 0)
+      w->out.file = files_->AddSink(fd, /*owns_fd=*/true);
+    if ((file_mask & kStderr) && (fd = OpenLog(base + ".stderr")) >= 0)
+      w->err.file = files_->AddSink(fd, /*owns_fd=*/true);
   }
 
   int OpenLog(const std::string& path) {
@@ -503,6 +613,19 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     KillWorkerCgroup(w);
     ReadMore(w, &w->out);  // paused pipes: what the worker left in them is read now
     ReadMore(w, &w->err);
+    if (w->spare) {
+      // Never a failure: the job goes on without it (a dead rank then gets a cold replacement).
+      if (w->stdin_w >= 0) ::close(w->stdin_w);
+      w->stdin_w = -1;
+      auto it = std::find(spares_.begin(), spares_.end(), w);
+      if (it != spares_.end()) spares_.erase(it);
+      if (!stopping_)
+        log::Warn("spare " + std::to_string(w->spare_index) + " (pid " + std::to_string(w->pid) +
+                  ") " + ExitStatus::FromWaitStatus(st).ToString() + " before it was needed; " +
+                  std::to_string(spares_.size()) + " spare(s) left");
+      AfterExit();
+      return;
+    }
     WorkerExit& e = w->exit;
     e.local_rank = w->local_rank;
     e.rank = w->rank;
@@ -552,8 +675,23 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     decided_.insert(w);
     --pending_decisions_;
     if (generation > 0 && !stopping_) {
-      // The rank alone is started again; its siblings wait for it in their own recovery.
+      // The rank alone is started again; its siblings wait for it in their own recovery. A
+      // warm spare takes its place when there is one (and another is started for later).
       result_.replaced.push_back(w->exit);
+      while (!spares_.empty()) {
+        Worker* spare = spares_.front();
+        const int index = spare->spare_index;
+        const Status assigned = AssignSpare(spare, w->local_rank, generation, w->exit.time);
+        if (!assigned.ok()) {
+          log::Warn(assigned.message());
+          continue;
+        }
+        log::Info("rank " + std::to_string(w->rank) + ": spare " + std::to_string(index) +
+                  " (started and loaded) takes its place");
+        const Status refilled = StartSpare();
+        if (!refilled.ok()) log::Warn("cannot start another spare: " + refilled.message());
+        return;
+      }
       const Status started = StartOne(w->local_rank, generation, w->exit.time);
       if (started.ok()) return;
       log::Error("cannot start a replacement for rank " + std::to_string(w->rank) + ": " +
@@ -591,6 +729,19 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
         MaybeFireFirstFailure();
         StopInternal(SIGTERM);
       }
+    }
+    AfterExit();
+  }
+
+  // A process of the group ended: once only spares are left they are let go (their stdin
+  // closes: a spare exits 0 at EOF), and once nothing runs the group ends.
+  void AfterExit() {
+    if (live_ > 0 && live_ == static_cast<int>(spares_.size()) && pending_decisions_ == 0) {
+      for (Worker* spare : spares_) {
+        if (spare->stdin_w >= 0) ::close(spare->stdin_w);
+        spare->stdin_w = -1;
+      }
+      StopInternal(SIGTERM);
     }
     if (live_ == 0) {
       // Give pipes held open by escaped grandchildren a bounded time to drain.
@@ -758,6 +909,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       KillWorkerCgroup(w.get());
     }
     for (auto& w : workers_) {
+      if (w->stdin_w >= 0) ::close(w->stdin_w);
+      w->stdin_w = -1;
       boost::system::error_code ignored;
       w->pidfd.close(ignored);
       w->out.pipe.close(ignored);
@@ -808,6 +961,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   std::vector<std::unique_ptr<Worker>> workers_;
   GroupResult result_;
   int live_ = 0;
+  std::vector<Worker*> spares_;  // waiting for a rank, oldest first
+  int next_spare_index_ = 0;
   bool stopping_ = false;        // the agent has signalled the workers
   bool stop_requested_ = false;  // Stop() from outside
   bool failed_ = false;

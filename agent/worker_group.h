@@ -116,6 +116,16 @@ struct WorkerGroupSpec {
   // stopping meanwhile, unset, or a worker that exited with a code of its own (it gave up, e.g.
   // a survivor that could not recover): the failure stops the group as always. REQUIRES: the
   // decision is called exactly once; a call after the group was destroyed does nothing.
+  //
+  // Warm spares (launch --spares N, with replace_in_place): N more processes of the program start
+  // with the group, LAUNCH_SPARE=1 and a pipe on stdin, and wait (LibTorch loaded, data built)
+  // without a rank. A granted replacement is handed to the oldest spare (its rank's environment
+  // down the pipe; its output then carries the rank's prefix and goes to the rank's files) and
+  // another spare starts; without one it is a cold start as above. A spare that ends before it
+  // is needed is logged, never a failure; once only spares are left they are let go (stdin
+  // closed, SIGTERM) and the group ends when they have. Only for programs that implement the
+  // protocol (the built-in trainer, trainer_runtime/util/env.h AwaitSpareAssignment).
+  int spares = 0;
   using ReplaceDecision = std::function<void(int generation)>;
   std::function<void(const WorkerExit&, ReplaceDecision)> replace_in_place;
   // LAUNCH_RECOVER_GENERATION of every worker this group starts (0: none): a node that takes a

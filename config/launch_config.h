@@ -105,6 +105,10 @@ struct LaunchConfig {
   // rank alone while the others wait for it (agent/worker_group.h replace_in_place). Both
   // count against max_restarts.
   bool recover_in_place = false;
+  // Warm spares per machine (`spares`, --spares N; needs recover_in_place and the built-in
+  // trainer): processes started with the job, LibTorch loaded and data built, each of which takes
+  // a dead rank's place without a process start (agent/worker_group.h WorkerGroupSpec::spares).
+  int spares = 0;
   std::string gpu_ids = "all";  // CUDA_VISIBLE_DEVICES for the workers ("all" = leave as is)
   std::string mixed_precision = "no";
   std::string log_dir;                  // per-rank log files under <log_dir>/<run_id>/attempt_<k>/

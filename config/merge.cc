@@ -142,6 +142,13 @@ Status Validate(LaunchConfig* cfg) {
             "one's workers (its slots)");
     }
   }
+  if (cfg->spares > 0 && !cfg->recover_in_place) {
+    auto it = cfg->origins.find("spares");
+    return Status::InvalidConfig(
+        (it == cfg->origins.end() ? std::string("spares") : it->second.ToString()) +
+        ": spares need recover in_place (--recover in_place): a spare takes a dead rank's place "
+        "while the others wait for it");
+  }
   if (cfg->rdzv_backend == "etcd") {
     if (cfg->rdzv_endpoints.empty())
       return Status::InvalidConfig(

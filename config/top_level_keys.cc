@@ -395,6 +395,19 @@ const std::vector<KeyDef>& TopLevelTable() {
           .Show([](const LaunchConfig& c) {
             return std::string(c.recover_in_place ? "in_place" : "restart");
           }),
+      Key("spares",
+          [](const std::string& s, LaunchConfig* c) -> std::string {
+            long long v = 0;
+            if (!ParseInt64(Trim(s), &v) || v < 0 || v > 64)
+              return "expected a number of spare processes per machine from 0 to 64, got '" + s +
+                     "'";
+            c->spares = static_cast<int>(v);
+            return "";
+          })
+          .Flag({"spares"}, kGroupFaults,
+                "warm spare processes per machine (with --recover in_place, the built-in "
+                "trainer): a dead rank's replacement without a process start")
+          .Show([](const LaunchConfig& c) { return std::to_string(c.spares); }),
       Key("stop_grace", Seconds([](LaunchConfig* c) { return &c->stop_grace_s; }))
           .Syn({"shutdown_timeout"})
           .Flag({"stop_grace", "shutdown_timeout"}, kGroupFaults,

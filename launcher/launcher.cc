@@ -251,6 +251,7 @@ agent::AgentOptions MakeAgentOptions(const LaunchConfig& cfg, const Plan& plan,
   opts.recover_in_place = cfg.recover_in_place;
   // The workers' side of it (trainer_runtime: accelerator.h, "In-place recovery").
   if (cfg.recover_in_place) g.extra_env["LAUNCH_RECOVER"] = "in_place";
+  g.spares = cfg.spares;
   if (!plan.python.empty()) opts.python = plan.python + " (" + plan.python_origin + ")";
   opts.python_choice = PythonChoice();
   return opts;
@@ -597,6 +598,13 @@ StatusOr<Plan> MakePlan(const LaunchConfig& cfg, const std::string& bin_dir, con
     return it == env.end() ? nullptr : it->second.c_str();
   };
   Plan plan;
+  if (cfg.spares > 0 && !(cfg.program.empty() && cfg.train.present)) {
+    auto origin = cfg.origins.find("spares");
+    return Status::InvalidConfig(
+        (origin == cfg.origins.end() ? std::string("spares") : origin->second.ToString()) +
+        ": spares need the built-in trainer (a train: section): only it waits for a rank as a "
+        "spare; a program of your own would start running at once");
+  }
   // Worker count on this node.
   bool force_cpu = cfg.distributed_type == config::DistributedType::kMultiCpu;
   int gpus = force_cpu ? 0 : VisibleGpus(host.gpus, env);

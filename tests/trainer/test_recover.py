@@ -60,7 +60,7 @@ class RecoverInPlaceTest(unittest.TestCase):
 
     @classmethod
     def run_job(cls, name, kill, max_restarts=3, mode="ddp", ckpt=0, extra=(), env=None,
-                world=WORLD):
+                world=WORLD, flags=()):
         out = os.path.join(cls.dir, name)
         cfg = write_config(cls.dir, JOB.format(out=out, steps=STEPS, mode=mode, ckpt=ckpt),
                            name=name + ".yaml")
@@ -69,7 +69,8 @@ class RecoverInPlaceTest(unittest.TestCase):
                    LAUNCH_INIT_TIMEOUT_S="60")
         r = harness.launch("--nproc_per_node", str(world), "--run_id", marker,
                            "--recover", "in_place",
-                           "--max_restarts", str(max_restarts), cfg, *extra, timeout=240, env=env)
+                           "--max_restarts", str(max_restarts), *flags, cfg, *extra, timeout=240,
+                           env=env)
         return r, out, marker
 
     def check_clean(self, marker):
@@ -120,6 +121,48 @@ class RecoverInPlaceTest(unittest.TestCase):
         self.assertNotIn("resumed from", text)  # no checkpoint read
         self.check_clean(marker)
         return text
+
+    def test_warm_spares_take_the_dead_ranks_places_and_end_bit_identical(self):
+        # --spares 1: a spare starts with the job (LibTorch loaded, data built) and waits. Rank 1
+        # dies in step 6, rank 0 (the store's host) in step 15: each time the waiting spare is
+        # handed the dead rank (no process start) and another spare starts for later. The spare
+        # left waiting at the end is let go and exits 0.
+        r, out, marker = self.run_job("spares", "1:6:backward,0:15:backward",
+                                      flags=("--spares", "1"))
+        text = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, text[-4000:])
+        self.assertEqual(final(out)["param_checksum"],
+                         final(self.reference[1])["param_checksum"], text[-4000:])
+        self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
+        self.assertEqual(final(out)["recoveries"], 2)
+        self.assertIn("rank 1: spare 0 (started and loaded) takes its place", text)
+        self.assertIn("rank 0: spare 1 (started and loaded) takes its place", text)
+        # Three spares were started, each said it was ready (spare 1, started after the first
+        # recovery, may be handed rank 0 while it still loads: its line then has rank 0's prefix).
+        ready = [int(pid) for pid in re.findall(r"train: spare \(pid (\d+)\) ready", text)]
+        self.assertEqual(len(ready), 3, text[-4000:])
+        self.assertRegex(text, r"\[spare 0\]: train: spare \(pid \d+\) ready")
+        # The replacements are the spares' processes, not new ones.
+        pids = self.start_pids(text)
+        self.assertEqual(len(pids[1]), 2, text[-4000:])
+        self.assertEqual(len(pids[0]), 2, text[-4000:])
+        self.assertIn(pids[1][1], ready)
+        self.assertIn(pids[0][1], ready)
+        self.assertEqual(len(re.findall(r"recovered \d+\.\d+ s after the failure", text)), 4)
+        self.assertNotIn("before it was needed", text)
+        self.assertNotIn("resumed from", text)
+        self.check_clean(marker)
+
+    def test_spares_need_in_place_recovery_and_the_built_in_trainer(self):
+        cfg = write_config(self.dir, JOB.format(out=os.path.join(self.dir, "x"), steps=2,
+                                                mode="ddp", ckpt=0), name="spares_bad.yaml")
+        r = harness.launch("--nproc_per_node", "2", "--spares", "1", cfg, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("spares need recover in_place", r.stderr)
+        r = harness.launch("--nproc_per_node", "2", "--spares", "1", "--recover", "in_place",
+                           "--", "true", timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("spares need the built-in trainer", r.stderr)
 
     def test_rank0_killed_in_backward_ends_bit_identical(self):
         self.check_recovered("r0_backward", "0:9:backward", [0])

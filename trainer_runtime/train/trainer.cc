@@ -52,7 +52,9 @@ Status Trainer::Prepare() {
                   " autocast; weights, gradients and optimizer state in float32)");
 
   SetPhase("loading data");
-  LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
+  if (!data_loaded_) {
+    LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
+  }
   LAUNCH_ASSIGN_OR_RETURN(criterion_, Criterion::Create(data_.task, cfg_.loss));
   loader_.emplace(accel_->PrepareDataLoader(TrainRows(&data_), cfg_.batch_size));
   const int64_t per_epoch = loader_->batches_per_epoch();
@@ -562,11 +564,32 @@ Status Trainer::Run() {
   return Status::Ok();
 }
 
+StatusOr<bool> Trainer::WaitAsSpare() {
+  if (!IsSpare()) return true;
+  const auto start = Clock::now();
+  SetPhase("loading data as a spare");
+  LAUNCH_ASSIGN_OR_RETURN(data_, LoadDataset(cfg_));
+  data_loaded_ = true;
+  std::printf(
+      "train: spare (pid %d) ready (LibTorch loaded, data built in %.2f s); waiting for a "
+      "rank\n",
+      static_cast<int>(::getpid()), Seconds(Clock::now() - start));
+  std::fflush(stdout);
+  SetPhase("waiting as a spare");
+  return AwaitSpareAssignment();
+}
+
 }  // namespace train_internal
 
 Status RunTrainer(const config::TrainConfig& train, const TrainerOptions& options) {
-  Accelerator::InstallSignalHandlers();
   train_internal::Trainer trainer(train, options);
+  try {
+    LAUNCH_ASSIGN_OR_RETURN(bool assigned, trainer.WaitAsSpare());
+    if (!assigned) return Status::Ok();  // a spare the job never needed
+  } catch (const std::exception& e) {
+    return Status::Internal(trainer.Phase() + ": " + e.what());
+  }
+  Accelerator::InstallSignalHandlers();
   try {
     return trainer.Run();
   } catch (const c10::Error& e) {

@@ -119,6 +119,11 @@ class Trainer {
   Trainer(const config::TrainConfig& cfg, const TrainerOptions& opts) : cfg_(cfg), opts_(opts) {}
 
   Status Run();
+  // launch --spares: builds what needs no rank (the data set; LibTorch is loaded already), then
+  // waits for the agent to hand this process a rank (AwaitSpareAssignment). False: the job needs
+  // no spare any more (exit 0 without training). Called before signal handlers are installed,
+  // so that a SIGTERM ends a waiting spare at once. True at once for a process that is not one.
+  StatusOr<bool> WaitAsSpare();
   // What the loop was doing, for error messages: "rank 1, stage 0, backward at step 12", or
   // "rank 0, signal poll after step 11" for the work between two steps.
   std::string Phase() const {
@@ -208,6 +213,7 @@ class Trainer {
   bool tty_ = false;
   Clock::time_point last_redraw_;  // the progress bar's (Report)
   Dataset data_;
+  bool data_loaded_ = false;  // by WaitAsSpare, before the process group
   Criterion criterion_;
   std::optional<DistributedDataLoader<TrainRows>> loader_;
   std::vector<int64_t> partition_;

@@ -1,6 +1,10 @@
 #include "trainer_runtime/util/env.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <limits>
 
 #include "base/strings.h"
@@ -140,6 +144,35 @@ StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env) {
     return Status::InvalidConfig("environment RANK: " + std::to_string(d.rank) +
                                  " is not below WORLD_SIZE " + std::to_string(d.world_size));
   return d;
+}
+
+bool IsSpare() {
+  const char* spare = std::getenv("LAUNCH_SPARE");
+  return spare != nullptr && std::string(spare) == "1";
+}
+
+StatusOr<bool> AwaitSpareAssignment() {
+  if (!IsSpare()) return true;
+  std::string text;
+  char buf[4096];
+  while (text.size() < 2 || text.compare(text.size() - 2, 2, "\n\n") != 0) {
+    const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::FromErrno("a spare reading its assignment from stdin", errno);
+    if (n == 0) {
+      if (text.empty()) return false;  // let go: the job needs no spare any more
+      return Status::IoError("a spare's assignment ended before its empty line (" +
+                             std::to_string(text.size()) + " bytes)");
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  for (const std::string& line : Split(text, '\n')) {
+    const size_t eq = line.find('=');
+    if (eq == std::string::npos || eq == 0) continue;
+    ::setenv(line.substr(0, eq).c_str(), line.substr(eq + 1).c_str(), 1);
+  }
+  ::unsetenv("LAUNCH_SPARE");
+  return true;
 }
 
 }  // namespace launch::trainer

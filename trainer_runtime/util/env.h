@@ -97,6 +97,16 @@ struct DistEnv {
 // got 'x'", and inconsistent values (RANK >= WORLD_SIZE). Reads Tuning with ParseTuning.
 StatusOr<DistEnv> ParseDistEnv(const std::map<std::string, std::string>& env);
 
+// A warm spare (launch --spares, agent/worker_group.h): LAUNCH_SPARE=1 in the environment and the
+// agent's pipe on stdin.
+bool IsSpare();
+// Blocks until the agent hands this spare a rank: "KEY=VALUE" lines and an empty line on stdin,
+// which become this process's environment (the rank's torchrun variables, its recovery
+// generation, ...); LAUNCH_SPARE is then unset and stdin is left at EOF. Returns false, with
+// nothing changed, when stdin ends first: the job is over and needs no spare (exit 0). True at
+// once when this process is not a spare. IoError when stdin cannot be read.
+StatusOr<bool> AwaitSpareAssignment();
+
 // Parses Tuning's variables from `env` (variable -> value); unset or empty ones keep their
 // defaults. InvalidConfig naming the variable for a value out of its range or not a number:
 // "environment LAUNCH_GLOO_THREADS: expected an integer from 1 to 64, got 'x'".
