@@ -98,8 +98,12 @@ class RecoverInPlaceTest(unittest.TestCase):
         # final.json describes the whole run, not the part since the last recovery (nor the
         # replacement's part when rank 0 was replaced): the same collectives as undisturbed.
         for key in ("allreduces_total", "pair_exchanges_total", "reduce_scatters_total",
-                    "allgathers_total", "samples_seen"):
+                    "allgathers_total", "samples_seen", "steps_this_run"):
             self.assertEqual(final(out)[key], final(self.reference[1])[key], key)
+        # Its loop time too is the run's (rank 0 may be a replacement that started mid-run): at
+        # least the steps' own time, every step's as metrics.jsonl has it.
+        self.assertGreaterEqual(final(out)["loop_s"],
+                                sum(m["step_ms"] for m in metrics(out)) / 1000 * 0.99)
         replaced = [int(x) for x in re.findall(r"starting a replacement for rank (\d+) alone", text)]
         return text, replaced, marker
 

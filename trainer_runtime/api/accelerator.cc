@@ -131,6 +131,9 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
                           Platform::Create(env, options.mixed_precision, PlatformFacts::Read()));
   LAUNCH_RETURN_IF_ERROR(CheckPlatformSupport(options, platform));
   std::unique_ptr<Accelerator> accel(new Accelerator(options, env));
+  accel->run_clock_.started_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                          std::chrono::system_clock::now().time_since_epoch())
+                                          .count();
   accel->SetLayout(layout);
   accel->device_ = platform.device();
   accel->platform_ = std::make_unique<const Platform>(platform);

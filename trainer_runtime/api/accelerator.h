@@ -425,6 +425,20 @@ class Accelerator {
   // In-place recoveries in the run so far (a replacement takes the count from the rank that
   // hands it the state).
   int64_t recoveries() const { return recoveries_; }
+  // The run's clock, kept over in-place recoveries (every rank takes the one of the rank that
+  // hands out the state, so a replacement's says when the run began, not when it did): when the
+  // run's first process created its Accelerator and when its training loop began (Unix ms; 0
+  // until MarkLoopStart), and the step the loop began at. For outputs that describe the whole
+  // run (final.json's wall_s, loop_s, steps_this_run).
+  struct RunClock {
+    int64_t started_unix_ms = 0;
+    int64_t loop_started_unix_ms = 0;
+    int64_t loop_first_step = 0;
+  };
+  const RunClock& run_clock() const { return run_clock_; }
+  // The training loop begins now, at step(); a no-op once the clock has a loop start (one taken
+  // over from a peer included).
+  void MarkLoopStart();
   // LR schedules, applied by Step() before each optimizer step, as functions of the optimizer
   // steps done (0 for the first step). Unset: the optimizer's own learning rates are left
   // alone. A later call replaces the schedule set before.
@@ -868,6 +882,9 @@ class Accelerator {
   std::unique_ptr<LossWatch> loss_watch_;
   std::optional<std::chrono::steady_clock::time_point> report_cost_since_;
   int recovered_from_ = -1;  // the rank whose state the last recovery took
+  RunClock run_clock_;
+  // Everyone takes `root`'s run clock (collective on the current group; a recovery's last word).
+  void ShareRunClock(int root);
   // The run's collectives (final.json's totals) and in-place recoveries: a recovery re-forms
   // the group, whose counts start again, so the totals carry the run's count before it.
   struct RunCounts {

@@ -166,7 +166,28 @@ Status Accelerator::ExchangeState() {
                        got[2] - now.reduce_scatters, got[3] - now.allgathers, 0};
   recoveries_ = got[4];
   boundary_.counts = RunTotals();
+  ShareRunClock(src);
   return Status::Ok();
+}
+
+void Accelerator::ShareRunClock(int root) {
+  auto t = torch::tensor(
+      {run_clock_.started_unix_ms, run_clock_.loop_started_unix_ms, run_clock_.loop_first_step},
+      torch::kLong);
+  c10d::BroadcastOptions from;
+  from.rootRank = root;
+  std::vector<at::Tensor> v = {t};
+  pg_->broadcast(v, from)->wait();
+  const auto got = t.accessor<int64_t, 1>();
+  run_clock_ = RunClock{got[0], got[1], got[2]};
+}
+
+void Accelerator::MarkLoopStart() {
+  if (run_clock_.loop_started_unix_ms != 0) return;
+  run_clock_.loop_started_unix_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                        std::chrono::system_clock::now().time_since_epoch())
+                                        .count();
+  run_clock_.loop_first_step = step();
 }
 
 // --- Snapshots: recovery where a rank's state exists on it alone --------------------------------
@@ -435,6 +456,7 @@ Status Accelerator::RollBack() {
   carried_ = RunCounts{got[0] - now.allreduces, got[1] - now.pair_exchanges,
                        got[2] - now.reduce_scatters, got[3] - now.allgathers, 0};
   recoveries_ = got[4];
+  ShareRunClock(survivors[0]);
   // Everyone takes a new one at the next micro-batch: the replacement holds no copy of its
   // ward's image, and its keeper's copy of its own is of this step.
   snapshots_held_.clear();

@@ -206,7 +206,9 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
                           {"snapshot_bytes", accel_->snapshot_bytes()},
                           {"samples_seen_per_rank", accel_->samples_seen()},
                           {"samples_seen", accel_->samples_seen_global()},
-                          {"steps_this_run", steps_this_run_},
+                          // Steps the run advanced since its loop began (a resumed run: since
+                          // the checkpoint), over in-place recoveries and across replacements.
+                          {"steps_this_run", accel_->step() - accel_->run_clock().loop_first_step},
                           {"wall_s", wall_s},
                           {"loop_s", loop_s_}};
   // Utilization (model/flops.h, compat/peak_flops.h): this rank's, over this run's steps.

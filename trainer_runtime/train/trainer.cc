@@ -481,6 +481,7 @@ Status Trainer::Run() {
   internals().model()->SetTraining(true);
   accel_->TakeCommStats();
   train_start_ = Clock::now();
+  accel_->MarkLoopStart();
   while (accel_->step() < total_steps_) {
     const auto step_start = Clock::now();
     const int64_t samples_before = accel_->samples_seen();
@@ -534,7 +535,10 @@ Status Trainer::Run() {
                                  std::to_string(step) +
                                  "; checkpoint written, the next run resumes");
   }
-  loop_s_ = Seconds(Clock::now() - train_start_);
+  // The run's loop, not this process's part of it: a replacement took the run's clock with its
+  // state (Accelerator::run_clock).
+  loop_s_ = std::max(Seconds(Clock::now() - train_start_),
+                     SecondsSinceUnixMs(accel_->run_clock().loop_started_unix_ms));
   SetPhase("finishing", /*between_steps=*/true);
   // Finish writes its own error; a stop by signal keeps its code (exit 143).
   if (Status finished = accel_->Finish(); !finished.ok())
@@ -551,7 +555,8 @@ Status Trainer::Run() {
   LAUNCH_RETURN_IF_ERROR(accel_->SaveState(WriteDir()));
   if (cfg_.save_model != config::SaveModel::kNever) LAUNCH_RETURN_IF_ERROR(SaveModel());
   if (opts_.dump_params) LAUNCH_RETURN_IF_ERROR(DumpParams());
-  const double wall_s = Seconds(Clock::now() - wall_start);
+  const double wall_s = std::max(Seconds(Clock::now() - wall_start),
+                                 SecondsSinceUnixMs(accel_->run_clock().started_unix_ms));
   LAUNCH_RETURN_IF_ERROR(WriteFinal(train_loss, eval_loss, eval_acc, wall_s));
   accel_->Print(
       "done: " + std::to_string(accel_->step()) + " steps, train loss " + Fixed(train_loss, 4) +

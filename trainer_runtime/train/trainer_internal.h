@@ -114,6 +114,15 @@ inline StatusOr<std::vector<DieAt>> ParseDieAt(const char* text) {
   return out;
 }
 
+// Seconds from `unix_ms` (Unix epoch milliseconds) to now; 0 for 0 (not set).
+inline double SecondsSinceUnixMs(int64_t unix_ms) {
+  if (unix_ms == 0) return 0;
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  return static_cast<double>(now - unix_ms) / 1000.0;
+}
+
 class Trainer {
  public:
   Trainer(const config::TrainConfig& cfg, const TrainerOptions& opts) : cfg_(cfg), opts_(opts) {}
