@@ -251,10 +251,15 @@ StatusOr<EtcdClient::Reply> EtcdClient::Call(const char* path, const std::string
     const Endpoint& e = endpoints_[index];
     Exchange x = Post(e.host, e.port, e.text, path, request, options_.request_timeout);
     if (x.answered) {
-      // Errors come as {"error": text, "code": gRPC code} (a streaming call such as keepalive:
-      // {"error": {"message": text, "grpc_code": code}}), often with a non-200 status.
+      // Errors come as {"error": text, "code": gRPC code} (etcd 3.4), {"code": gRPC code,
+      // "message": text} (3.5), or for a streaming call such as keepalive {"error": {"message":
+      // text, "grpc_code": code}}, often with a non-200 status.
       json body = json::parse(x.body, nullptr, /*allow_exceptions=*/false);
       auto error = body.is_object() ? body.find("error") : body.end();
+      if (body.is_object() && error == body.end()) {
+        int64_t code = 0;
+        if (EtcdInt(body, "code", &code) && code != 0) error = body.find("message");
+      }
       if (!body.is_object()) {
         x.error = "answered HTTP " + std::to_string(x.http_status) +
                   " without JSON (not etcd's v3 JSON gateway?)";
