@@ -56,7 +56,12 @@ class ElasticAgent {
     std::signal(SIGPIPE, SIG_IGN);
     RouteLogThroughConsole();  // from the first line on: a stalled console never blocks the loop
     ArmSignals();
-    std::string where = rdzv::FormatEndpoint(options_.endpoint_host, options_.endpoint_port);
+    // Under etcd the endpoint is the cluster's; the rendezvous is served by an agent, at its
+    // address on the route there.
+    std::string where = etcd_mode()
+                            ? "(served by one of the agents, found through etcd at " +
+                                  options_.etcd_endpoints.front() + ")"
+                            : rdzv::FormatEndpoint(options_.endpoint_host, options_.endpoint_port);
     if (options_.token.empty() && !IsLoopbackHost(options_.endpoint_host))
       log::Warn("the rendezvous endpoint " + where +
                 " is not on loopback and no rdzv_token is set: any host that reaches it can join "
