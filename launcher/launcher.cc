@@ -939,6 +939,14 @@ int Main(int argc, char** argv) {
   }
 
   agent::AgentOptions opts = MakeAgentOptions(cfg, *plan, env, bin_dir);
+  // The agent's signals stay caught (queued here, never acted on) from the agent's end until
+  // after ~JobCgroup below has reaped the job's reaper: asio restores a signal's default action
+  // when the last signal_set holding it goes, so without this one a SIGHUP in the moment between
+  // the agent's end and the SIG_IGN below (a head's ssh session closing) would end launch and
+  // leave the reaper an orphan. Declared before `cgroup`, so it goes after it.
+  boost::asio::io_context held_io;
+  boost::asio::signal_set held_signals(held_io);
+  agent::AddAgentSignals(held_signals);
   // Where the kernel allows it, the job's processes live in a cgroup that is killed as a whole
   // (agent/cgroup.h), made when the first worker starts; otherwise the shims' subreapers alone
   // keep the process tree in check (`launch env` says which). What a launch killed with its
@@ -967,10 +975,10 @@ int Main(int argc, char** argv) {
         "every node");
   int rc = multi_node ? agent::RunElasticAgent(MakeElasticAgentOptions(cfg, *plan, opts))
                       : agent::RunLocalAgent(opts);
-  // The job is over, and the agent's signal handlers went with it (asio restores the default
-  // actions): a signal now (the head's ssh session closing, a late Ctrl-C) would end launch
-  // before ~JobCgroup removes the job's cgroup and reaps its reaper, which would then outlive it
-  // as an orphan. What is left is bounded clean-up, and the exit code is the job's already.
+  // The job is over: a signal now (the head's ssh session closing, a late Ctrl-C) must not end
+  // launch before ~JobCgroup removes the job's cgroup and reaps its reaper, which would then
+  // outlive it as an orphan (held_signals covered the moment until here). What is left is
+  // bounded clean-up, and the exit code is the job's already.
   for (int signo : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE})
     ::signal(signo, SIG_IGN);
   if (self_test) {
