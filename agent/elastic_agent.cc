@@ -123,16 +123,7 @@ class ElasticAgent {
     etcd_ = std::move(*etcd);
     const std::string host =
         !options_.local_address.empty() ? options_.local_address : etcd_->local_address();
-    rdzv::ServerOptions so;
-    so.host = host;
-    so.port = 0;
-    so.token = options_.token;
-    so.default_heartbeat_timeout =
-        std::chrono::milliseconds(static_cast<long long>(options_.heartbeat_timeout_s * 1000));
-    so.log = [](const std::string& line) { log::Info("rendezvous: " + line); };
-    so.expected_join = MakeJoin();
-    so.expected_origin = "the agent serving this rendezvous (host " +
-                         SanitizeForTerminal(so.expected_join->hostname) + ")";
+    rdzv::ServerOptions so = ServerOptionsAt(host, 0, "serving");
     so.on_record = [this](const rdzv::JobRecord& record) {
       if (etcd_ && server_) etcd_->Keep(record);
     };
@@ -226,6 +217,24 @@ class ElasticAgent {
     return join;
   }
 
+  // A server of this agent's at host:port, for this job: its token, liveness and log, and this
+  // agent's own JOIN as the spec expected (another job's agent may reach the port before this
+  // agent's own JOIN: it must be the one refused, not this job). `role`: "hosting" or
+  // "serving", for the refusals' wording.
+  rdzv::ServerOptions ServerOptionsAt(const std::string& host, int port, const char* role) const {
+    rdzv::ServerOptions so;
+    so.host = host;
+    so.port = port;
+    so.token = options_.token;
+    so.default_heartbeat_timeout =
+        std::chrono::milliseconds(static_cast<long long>(options_.heartbeat_timeout_s * 1000));
+    so.log = [](const std::string& line) { log::Info("rendezvous: " + line); };
+    so.expected_join = MakeJoin();
+    so.expected_origin = std::string("the agent ") + role + " this rendezvous (host " +
+                         SanitizeForTerminal(so.expected_join->hostname) + ")";
+    return so;
+  }
+
   Status MaybeHostServer() {
     using Host = ElasticAgentOptions::HostServer;
     if (options_.host_server == Host::kNever) return Status::Ok();
@@ -252,18 +261,7 @@ class ElasticAgent {
     if (!must && !options_.local_address.empty() &&
         options_.local_address != listen_address.to_string())
       return Status::Ok();
-    rdzv::ServerOptions so;
-    so.host = listen_host;
-    so.port = options_.endpoint_port;
-    so.token = options_.token;
-    so.default_heartbeat_timeout =
-        std::chrono::milliseconds(static_cast<long long>(options_.heartbeat_timeout_s * 1000));
-    so.log = [](const std::string& line) { log::Info("rendezvous: " + line); };
-    // Another job's agent may reach the port before this agent's own JOIN: it must be the one
-    // refused, not this job.
-    so.expected_join = MakeJoin();
-    so.expected_origin = "the agent hosting this rendezvous (host " +
-                         SanitizeForTerminal(so.expected_join->hostname) + ")";
+    rdzv::ServerOptions so = ServerOptionsAt(listen_host, options_.endpoint_port, "hosting");
     auto server = rdzv::RendezvousServer::Create(io_, so);
     Status s = server->Listen();
     if (!s.ok()) {

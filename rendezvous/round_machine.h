@@ -49,27 +49,12 @@
 #include <vector>
 
 #include "base/status.h"
+#include "rendezvous/job_record.h"
 #include "rendezvous/protocol.h"
 
 namespace launch::rendezvous {
 
 using SessionId = uint64_t;
-
-// What a rendezvous must remember of a job for another server to take it over when the server's
-// host is lost (launch --rdzv_backend etcd keeps it in the cluster): the spec every JOIN is held
-// to, and the counters that must never go back (rounds, restarts spent, in-place generations).
-// The rest (sessions, timers, the running round's ranks) lives and dies with the connections.
-struct JobRecord {
-  JoinRequest spec;
-  std::string spec_origin;  // who set the spec, for mismatch messages
-  int round = 0;
-  int restarts_used = 0;
-  int generation = 0;
-  int num_nodes = 0;  // nodes of the latest round formed (0: none formed yet)
-};
-// As text (the protocol's field encoding; binary-safe) and back; Decode names what is wrong.
-std::string EncodeJobRecord(const JobRecord& record);
-StatusOr<JobRecord> DecodeJobRecord(std::string_view text);
 
 enum class JobState { kIdle, kWaiting, kRunning, kDone, kFailed };
 
@@ -127,6 +112,8 @@ class RoundMachine {
   Effects Resume(const JobRecord& record, const std::string& reason, int64_t now_us);
   // The job's record now; nullopt before the first JOIN set the spec.
   std::optional<JobRecord> Record() const;
+  // Nodes of the latest round formed (JobRecord::num_nodes; 0: none yet).
+  int last_num_nodes() const { return last_num_nodes_; }
 
   // A connection completed the handshake. `remote_address`: the peer's address as the server
   // sees it; `local_address`: the server's own address on that connection (what the peer

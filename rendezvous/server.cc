@@ -578,11 +578,12 @@ void RendezvousServer::Apply(Effects effects, int64_t now_us, bool stranger_logs
     }
   }
   if (options_.on_record && !stopped_) {
-    std::optional<JobRecord> record = machine_.Record();
-    if (record) {
-      const std::array<int, 4> now{record->round, record->restarts_used, record->generation,
-                                   record->num_nodes};
-      if (now != recorded_) {
+    // Compared through the counters (every input comes here: heartbeats too), built only when
+    // one changed.
+    const std::array<int, 4> now{machine_.round(), machine_.restarts_used(), machine_.generation(),
+                                 machine_.last_num_nodes()};
+    if (now != recorded_) {
+      if (std::optional<JobRecord> record = machine_.Record()) {
         recorded_ = now;
         options_.on_record(*record);
       }

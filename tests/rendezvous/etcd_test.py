@@ -25,32 +25,26 @@ import subprocess
 import sys
 import unittest
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "trainer"))
 import harness  # noqa: E402
 from hosts import make_hosts  # noqa: E402
 from trainer_helpers import final, metrics, write_config  # noqa: E402
+from test_recover import JOB as RECOVER_JOB  # noqa: E402
+import recover_multinode_test  # noqa: E402
 
 ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
 TIMEOUT = 240
 STEPS = 16
-JOB = """
-train:
-  seed: 5
-  output_dir: {out}
-  model: {{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}}
-  data: {{type: synthetic, samples: 4096}}
-  eval_fraction: 0.0
-  batch_size: 8
-  max_steps: {steps}
-  optimizer: {{type: adamw, lr: 3.0e-3, weight_decay: 0.01}}
-  scheduler: {{type: cosine, warmup_steps: 4}}
-  max_grad_norm: 1.0
-  checkpoint_every: 4
-  resume: auto
-  parallel: {{mode: ddp}}
-"""
+
+
+def job_text(out):
+    """The single-machine recovery tests' job (tests/trainer/test_recover.py) in ddp, with
+    checkpoints every 4 steps that a restarted run resumes from."""
+    return RECOVER_JOB.format(out=out, steps=STEPS, mode="ddp", ckpt=4).replace(
+        "resume: never", "resume: auto")
 
 
 class Cluster:
@@ -97,13 +91,14 @@ class Cluster:
         self.procs[i].wait(timeout=10)
 
 
-class Job:
-    """One `launch` per host; output of each in its own file."""
+class Job(recover_multinode_test.Job):
+    """One `launch` per host; output of each in its own file (text, all_text, wait_for and wait
+    as the multi-host recovery test's)."""
 
     def __init__(self, test, hosts, cluster, name, nnodes="3", kill=""):
         self.test, self.hosts, self.cluster, self.name = test, hosts, cluster, name
         self.out = os.path.join(test.tmp, name)
-        self.cfg = write_config(test.tmp, JOB.format(out=self.out, steps=STEPS), f"{name}.yaml")
+        self.cfg = write_config(test.tmp, job_text(self.out), f"{name}.yaml")
         self.marker = harness.unique_marker("etcdjob")
         self.nnodes, self.kill = nnodes, kill
         self.procs, self.logs = [], []
@@ -137,22 +132,6 @@ class Job:
         self.wait_for(0, r"serving the rendezvous at ")
         for i in range(1, n):
             self.start(self.hosts[i], i)
-
-    def text(self, i):
-        with open(self.logs[i]) as f:
-            return f.read()
-
-    def all_text(self):
-        return "\n".join(f"--- {os.path.basename(p)}\n" + self.text(i)
-                         for i, p in enumerate(self.logs))
-
-    def wait_for(self, i, pattern, timeout=120):
-        ok = harness.wait_until(lambda: re.search(pattern, self.text(i)) is not None, timeout,
-                                interval=0.05)
-        self.test.assertTrue(ok, f"'{pattern}' not seen:\n{self.all_text()[-6000:]}")
-
-    def wait(self, indices):
-        return harness.wait_codes([self.procs[i] for i in indices], TIMEOUT)
 
     def check_clean(self, alive):
         left = harness.wait_until(lambda: not harness.pids_with_marker(self.marker), 10)
