@@ -60,10 +60,12 @@ class RecoverInPlaceTest(unittest.TestCase):
 
     @classmethod
     def run_job(cls, name, kill, max_restarts=3, mode="ddp", ckpt=0, extra=(), env=None,
-                world=WORLD, flags=()):
+                world=WORLD, flags=(), edits=()):
         out = os.path.join(cls.dir, name)
-        cfg = write_config(cls.dir, JOB.format(out=out, steps=STEPS, mode=mode, ckpt=ckpt),
-                           name=name + ".yaml")
+        text = JOB.format(out=out, steps=STEPS, mode=mode, ckpt=ckpt)
+        for old, new in edits:  # (old, new) lines of the job
+            text = text.replace(old, new)
+        cfg = write_config(cls.dir, text, name=name + ".yaml")
         marker = harness.unique_marker("recover")
         env = dict(env or {}, LAUNCH_TEST_SIGKILL_AT=kill or None, RECOVER_TEST_MARKER=marker,
                    LAUNCH_INIT_TIMEOUT_S="60")
@@ -321,25 +323,31 @@ class RecoverInPlaceTest(unittest.TestCase):
         self.check_clean(marker)
 
     def test_mode_without_in_place_recovery_restarts_everyone(self):
-        # A pipeline's stages hold different layers and its groups are the layout's, not the
-        # world: a lost rank restarts the job (no checkpoint here: from step 0), which still ends
-        # as an undisturbed run does. The agent restarts everyone at once, as --recover restart
-        # would: with one restart allowed, the job finishes (a replacement first would have
-        # spent it).
-        pipeline = "pipeline, stages: 3"
-        ref, ref_out, _ = self.run_job("pp_ref", "", mode=pipeline)
+        # A tensor-parallel layout's groups are the layout's, not the world, and re-forming them
+        # per generation is not built: a lost rank restarts the job (no checkpoint here: from
+        # step 0), which still ends as an undisturbed run does. The agent restarts everyone at
+        # once, as --recover restart would: with one restart allowed, the job finishes (a
+        # replacement first would have spent it).
+        tensor = "ddp, tensor: 2"
+        edits = [("{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}",
+                  "{type: transformer, vocab: bytes, d_model: 32, layers: 2, heads: 4, "
+                  "context: 16, dropout: 0.2}"),
+                 ("{type: synthetic, samples: 4096}",
+                  "{type: text, path: /usr/share/common-licenses/GPL-3, context: 16}")]
+        ref, ref_out, _ = self.run_job("tp_ref", "", mode=tensor, world=2, edits=edits)
         self.assertEqual(ref.returncode, 0, ref.stderr[-4000:])
-        r, out, marker = self.run_job("pp", "1:9:forward", max_restarts=1, mode=pipeline)
+        r, out, marker = self.run_job("tp", "1:9:forward", max_restarts=1, mode=tensor, world=2,
+                                      edits=edits)
         text = r.stdout + r.stderr
         self.assertEqual(r.returncode, 0, text[-4000:])
-        self.assertIn("in-place recovery needs ddp, zero or local_sgd over every rank", text)
+        self.assertIn("in-place recovery needs ddp, zero, local_sgd or a pipeline without tensor "
+                      "parallelism; with tensor 2", text)
         self.assertIn("rank 1 cannot be recovered in place (its mode keeps state on each rank "
                       "alone, or it died before Prepare): every worker restarts", text)
         self.assertNotIn("starting a replacement", text)
         self.assertRegex(text, r"restart 1 of 1\b")
         self.assertEqual(final(out)["param_checksum"], final(ref_out)["param_checksum"])
         self.check_clean(marker)
-
 
 if __name__ == "__main__":
     unittest.main()

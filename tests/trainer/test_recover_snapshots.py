@@ -25,6 +25,10 @@ MODES = {
     "zero3": ("zero, zero_stage: 3", ""),
     "local_sgd": ("ddp", "  local_sgd_steps: 3"),
     "diloco": ("ddp", "  local_sgd_steps: 3\n  local_sgd: {outer: nesterov}"),
+    # A pipeline of 3 stages (one replica: a stage's layers exist on one rank alone), and 2
+    # stages x 2 replicas under ddp (4 ranks).
+    "pipeline": ("pipeline, stages: 3", ""),
+    "pp_ddp": ("ddp, stages: 2", ""),
 }
 # test_recover's job, with a snapshot every EVERY steps.
 SNAPSHOTS = f"  recover_snapshot_every: {EVERY}\n"
@@ -133,6 +137,18 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
         for step in steps:
             self.assertEqual(step % EVERY, 0)
             self.assertLess(step, 21)
+
+    def test_pipeline_middle_stage_killed(self):
+        # Stage 1's neighbours wait on it in their send/recv; stage 2 holds the loss.
+        self.recover("pp1", "pipeline", "1:10:forward", [1], [8])
+
+    def test_pipeline_first_stage_rank0_killed(self):
+        self.recover("pp0", "pipeline", "0:7:optimizer", [0], [4])
+
+    def test_pipeline_by_ddp_four_ranks_rank2_killed(self):
+        # Rank 2 is stage 1 of replica 0: its replica (rank 3) and its stage 0 (rank 0) wait on
+        # it, in the data group and in the stage's send/recv.
+        self.recover("ppd", "pp_ddp", "2:10:optimizer", [2], [8], world=4)
 
     def test_two_failures_in_a_row(self):
         # The second recovery goes back to a snapshot taken after the first.

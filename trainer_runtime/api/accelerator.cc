@@ -184,14 +184,36 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   // replacement joins survivors that are past this point: it checked nothing they would meet).
   if (accel->pg_ && env.recover_generation == 0)
     LAUNCH_RETURN_IF_ERROR(CheckDeviceKindsAgree(accel->pg_->inner(), platform));
+  LAUNCH_RETURN_IF_ERROR(accel->FormLayoutGroups(timeout));
+  return accel;
+}
+
+Status Accelerator::FormLayoutGroups(std::chrono::milliseconds timeout) {
   // The strategies communicate over this rank's gradient group (the world itself unless other
   // axes split it: no second group then).
   LAUNCH_ASSIGN_OR_RETURN(
-      accel->data_pg_, CreateAxisGroup(layout, AxisOf(Use::kGradient), env, accel->pg_, timeout));
-  LAUNCH_ASSIGN_OR_RETURN(auto tensor_pg,
-                          CreateAxisGroup(layout, AxisOf(Use::kTensor), env, accel->pg_, timeout));
-  accel->tensor_group_ = ProcessTensorGroup(std::move(tensor_pg));
-  return accel;
+      data_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kGradient), env_, pg_, timeout, generation_));
+  if (generation_ == 0) {
+    LAUNCH_ASSIGN_OR_RETURN(auto tensor_pg,
+                            CreateAxisGroup(*layout_, AxisOf(Use::kTensor), env_, pg_, timeout));
+    tensor_group_ = ProcessTensorGroup(std::move(tensor_pg));
+  }
+  if (options_.parallel.pipelined()) {
+    LAUNCH_ASSIGN_OR_RETURN(
+        stage_pg_, CreateAxisGroup(*layout_, Axis::kStage, env_, pg_, timeout, generation_));
+  }
+  return Status::Ok();
+}
+
+std::vector<c10::intrusive_ptr<CountingProcessGroup>> Accelerator::Groups() const {
+  std::vector<c10::intrusive_ptr<CountingProcessGroup>> groups;
+  for (const auto& g : {pg_, data_pg_, stage_pg_})
+    if (g && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  return groups;
+}
+
+void Accelerator::AbandonGroups() {
+  for (const auto& g : Groups()) g->Abandon();
 }
 
 bool Accelerator::bf16() const { return platform_->autocast().dtype == c10::ScalarType::BFloat16; }
@@ -259,42 +281,15 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
       strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), data_pg_, env_.tuning));
   if (tensor_group_)
     strategy_->SetTensorGroup(tensor_group_, SplitParameters(*module_, model_->Parameters()));
-  // Recovery re-forms the world group, which the strategy must communicate over.
   // ddp hands a replacement the live state; a mode whose state exists on one rank alone goes
-  // back to the newest in-memory snapshot (RollBack).
-  snapshots_ = env_.recover_in_place && pg_ && data_pg_ == pg_ &&
-               !strategy_->SupportsInPlaceRecovery() && strategy_->RecoversFromSnapshots();
-  recover_ = env_.recover_in_place && pg_ && data_pg_ == pg_ &&
-             (strategy_->SupportsInPlaceRecovery() || snapshots_);
-  if (env_.recover_in_place && pg_ && !recover_)
-    Print(std::string("train: in-place recovery needs ddp, zero or local_sgd over every rank; ") +
-          (data_pg_ == pg_ ? std::string("in ") + strategy_->Name() + " mode"
-                           : "with " + layout_->Describe()) +
-          " a lost rank restarts every worker (from the last checkpoint)");
-  // From here a lost rank of this process is replaced alone (its agent asks the file): the
-  // group has formed and the mode can hand a replacement its state.
-  if (recover_) (void)DeclareInPlaceRecovery();
-  if (recover_ && env_.recover_generation > 0) {
-    // A replacement: the run's state comes from a live peer (ExchangeState) or its keeper's
-    // copy of the lost rank's snapshot (RollBack), not from rank 0's broadcast, which the
-    // survivors are not making.
-    LAUNCH_RETURN_IF_ERROR(TakeStateOverNewGroup());
-    joined_from_peer_ = true;
-    ++recoveries_;  // the one this process joined in (the survivors count it in Recover)
-    std::fprintf(stderr,
-                 "train: rank %d: replacement (generation %d) took the %s of step %lld from "
-                 "rank %d, %.2f s after it began to join\n",
-                 rank(), generation_, snapshots_ ? "snapshot" : "state",
-                 static_cast<long long>(step_), recovered_from_,
-                 Seconds(std::chrono::steady_clock::now() - created_at_));
-  } else {
-    strategy_->Setup();  // broadcast (ddp, local_sgd), reducer (ddp)
-  }
-  if (recover_) {
-    // A loss this rank's own transport would tell it of late (comm/loss_watch.h).
-    loss_watch_ = std::make_unique<LossWatch>();
-    LAUNCH_RETURN_IF_ERROR(WatchGroup(*loss_watch_, env_, timeout_, pg_, generation_));
-  }
+  // back to the newest in-memory snapshot (RollBack). Recovery re-forms the world group, which
+  // the strategy must communicate over.
+  snapshots_ = data_pg_ == pg_ && !strategy_->SupportsInPlaceRecovery() &&
+               strategy_->RecoversFromSnapshots();
+  LAUNCH_RETURN_IF_ERROR(
+      StartStrategy(data_pg_ == pg_ && (strategy_->SupportsInPlaceRecovery() || snapshots_),
+                    data_pg_ == pg_ ? std::string("in ") + strategy_->Name() + " mode"
+                                    : "with " + layout_->Describe()));
   strategy_->TakeStepStats();
   pairs_.emplace_back();
   pairs_.back().module = module_;
@@ -346,14 +341,13 @@ Status Accelerator::PreparePipeline(std::vector<torch::nn::AnyModule> chunks,
     forwards.push_back(
         [chunk](const torch::Tensor& x) mutable { return chunk.forward<torch::Tensor>(x); });
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<PipelineEngine> engine,
-                          PipelineEngine::Create(options_, env_, *platform_, *layout_, pg_, model_,
-                                                 std::move(forwards), std::move(data), timeout_));
+                          PipelineEngine::Create(options_, *platform_, *layout_, pg_, stage_pg_,
+                                                 model_, std::move(forwards), std::move(data)));
   strategy_ = std::move(engine);
-  if (env_.recover_in_place && pg_)
-    Print("train: in-place recovery needs ddp, zero or local_sgd over every rank; with " +
-          layout_->Describe() + " a lost rank restarts every worker (from the last checkpoint)");
-  // Stages start from their first replica's weights, as Prepare's broadcast under ddp.
-  strategy_->Setup();
+  // Every stage recovers from snapshots (its layers exist on its replicas at most); stages
+  // start from their first replica's weights, as Prepare's broadcast under ddp.
+  snapshots_ = strategy_->RecoversFromSnapshots() && !tensor_group_;
+  LAUNCH_RETURN_IF_ERROR(StartStrategy(snapshots_, "with " + layout_->Describe()));
   strategy_->TakeStepStats();
   pairs_.emplace_back();
   pairs_.back().module = module_;
@@ -362,6 +356,42 @@ Status Accelerator::PreparePipeline(std::vector<torch::nn::AnyModule> chunks,
   pairs_.back().strategy = strategy_.get();
   RecordBaseLearningRates(pairs_.back());
   prepared_ = true;
+  MarkBoundary();
+  return Status::Ok();
+}
+
+Status Accelerator::StartStrategy(bool recoverable, const std::string& why_not) {
+  recover_ = env_.recover_in_place && pg_ && recoverable;
+  if (!recover_) snapshots_ = false;
+  if (env_.recover_in_place && pg_ && !recover_)
+    Print(
+        "train: in-place recovery needs ddp, zero, local_sgd or a pipeline without tensor "
+        "parallelism; " +
+        why_not + " a lost rank restarts every worker (from the last checkpoint)");
+  // From here a lost rank of this process is replaced alone (its agent asks the file): the
+  // group has formed and the mode can hand a replacement its state.
+  if (recover_) (void)DeclareInPlaceRecovery();
+  if (recover_ && env_.recover_generation > 0) {
+    // A replacement: the run's state comes from a live peer (ExchangeState) or its keeper's
+    // copy of the lost rank's snapshot (RollBack), not from rank 0's broadcast, which the
+    // survivors are not making.
+    LAUNCH_RETURN_IF_ERROR(TakeStateOverNewGroup());
+    joined_from_peer_ = true;
+    ++recoveries_;  // the one this process joined in (the survivors count it in Recover)
+    std::fprintf(stderr,
+                 "train: rank %d: replacement (generation %d) took the %s of step %lld from "
+                 "rank %d, %.2f s after it began to join\n",
+                 rank(), generation_, snapshots_ ? "snapshot" : "state",
+                 static_cast<long long>(step_), recovered_from_,
+                 Seconds(std::chrono::steady_clock::now() - created_at_));
+  } else {
+    strategy_->Setup();  // broadcast (ddp, local_sgd, a pipeline's replicas), reducer (ddp)
+  }
+  if (recover_) {
+    // A loss this rank's own transport would tell it of late (comm/loss_watch.h).
+    loss_watch_ = std::make_unique<LossWatch>();
+    LAUNCH_RETURN_IF_ERROR(WatchGroup(*loss_watch_, env_, timeout_, Groups(), generation_));
+  }
   return Status::Ok();
 }
 
@@ -585,15 +615,21 @@ torch::Tensor Accelerator::ForwardBackwardWith(const torch::data::Example<>& bat
   }
   const double scale = 1.0 / static_cast<double>(options_.gradient_accumulation_steps);
   Timeline::Scope span("train", "forward + backward (replicas)");
-  torch::Tensor loss = strategy_->ForwardBackward(
-      batch.data, batch.target,
-      [&fn, this](Model& replica, const torch::Tensor& x, const torch::Tensor& y) {
-        AutocastScope amp = Autocast();  // on the replica's own thread (dp)
-        return fn(replica.module(), torch::data::Example<>(x, y));
-      },
-      criterion, scale);
-  backward_since_step_ = true;
+  torch::Tensor loss;
+  // A pipeline's sends and receives, and its data group's reductions: a lost peer abandons
+  // the step there too.
+  const bool ran = Guarded([&] {
+    loss = strategy_->ForwardBackward(
+        batch.data, batch.target,
+        [&fn, this](Model& replica, const torch::Tensor& x, const torch::Tensor& y) {
+          AutocastScope amp = Autocast();  // on the replica's own thread (dp)
+          return fn(replica.module(), torch::data::Example<>(x, y));
+        },
+        criterion, scale);
+  });
   EndMicroBatch();
+  if (!ran) return torch::zeros({}, torch::kFloat);
+  backward_since_step_ = true;
   return loss;
 }
 

@@ -731,6 +731,17 @@ class Accelerator {
   Status TakeStateOverNewGroup();
   // Every rank of the new group takes the furthest live rank's state. COLLECTIVE.
   Status ExchangeState();
+  // The layout's groups over pg_ in generation_ (data_pg_, stage_pg_; the tensor group in
+  // generation 0 only: tensor layouts do not recover in place). COLLECTIVE over the world.
+  Status FormLayoutGroups(std::chrono::milliseconds timeout);
+  // The world and this rank's distinct layout groups: what a lost peer abandons.
+  std::vector<c10::intrusive_ptr<CountingProcessGroup>> Groups() const;
+  // Gives up every group of Groups(): whatever waits in one fails at once.
+  void AbandonGroups();
+  // After Prepare or PreparePipeline built the strategy: turns in-place recovery on where the
+  // strategy allows it (`recoverable`; said otherwise, `why_not` naming the mode or layout),
+  // then readies the strategy: Setup, or for a replacement the state from its peers.
+  Status StartStrategy(bool recoverable, const std::string& why_not);
   // Snapshots (a mode that RecoversFromSnapshots): this rank's image of the step just done,
   // kept here and sent to its keeper, the rank that keeps a copy of it (on another host where
   // there is one), which receives its ward's in turn. COLLECTIVE. A peer lost meanwhile leaves
@@ -770,6 +781,9 @@ class Accelerator {
   c10::intrusive_ptr<CountingProcessGroup> data_pg_;  // the gradient group (pg_ when it spans
                                                       // the world; null when it has one rank)
   TensorGroupPtr tensor_group_;  // over the tensor axis' group (null when it has one rank)
+  // A pipeline's stage group: this replica's stages (null without a pipeline). The engine
+  // communicates over it; it is here so that recovery re-forms and abandons it with the others.
+  c10::intrusive_ptr<CountingProcessGroup> stage_pg_;
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<Model> model_;
   std::shared_ptr<torch::optim::Optimizer> optimizer_;

@@ -98,8 +98,9 @@ bool Accelerator::Guarded(Fn&& fn) {
     // Told by the watch, the error is only the echo of its own Abandon: say what it saw.
     const std::string watched = loss_watch_ ? loss_watch_->fired() : "";
     lost_what_ = watched.empty() ? what.substr(0, what.find('\n')) : watched;
-    // Every survivor blocked on this rank fails at once, not only its ring neighbours.
-    pg_->Abandon();
+    // Every survivor blocked on this rank fails at once, not only its ring neighbours, in
+    // every group of the layout (a pipeline's stage and data groups).
+    AbandonGroups();
     return false;
   }
 }

@@ -82,7 +82,11 @@ Status Accelerator::TakeStateOverNewGroup() {
   if (snapshots_) {
     // The strategy drops the abandoned step's work (or builds a replacement's) first; then
     // every rank goes back.
-    strategy_->Reform(pg_);
+    if (PipelineEngine* engine = AcceleratorInternals(*this).pipeline()) {
+      engine->ReformGroups(pg_, stage_pg_, data_pg_);
+    } else {
+      strategy_->Reform(pg_);
+    }
     return RollBack();
   }
   LAUNCH_RETURN_IF_ERROR(ExchangeState());
@@ -221,6 +225,10 @@ std::string ReceiveBytes(c10d::ProcessGroup& group, int src) {
                      static_cast<size_t>(n));
 }
 
+// A snapshot's image holds the run's counts at its step as its rank saw them: the ranks of a
+// pipeline's stages issue different collectives, so a replacement takes its own from its image.
+constexpr const char* kImageCountsKey = "run/counts";
+
 bool WriteAll(int fd, const std::string& bytes) {
   size_t done = 0;
   while (done < bytes.size()) {
@@ -266,6 +274,10 @@ void Accelerator::TakeSnapshot() {
   const pid_t child = ForkChild([&] {
     StatusOr<std::string> image = SerializeImage(
         [&](torch::serialize::OutputArchive& archive) {
+          const RunCounts& c = pending->snap.counts;
+          archive.write(kImageCountsKey, torch::tensor({c.allreduces, c.pair_exchanges,
+                                                        c.reduce_scatters, c.allgathers},
+                                                       torch::kLong));
           strategy_->SaveImage(archive, *optimizer_);
         },
         state);
@@ -429,10 +441,13 @@ Status Accelerator::RollBack() {
   }
   if (!replacement) image = held->own;
   const std::string what = "the snapshot of step " + std::to_string(step);
-  LAUNCH_ASSIGN_OR_RETURN(TrainState state,
-                          RestoreImage(image, what, [&](torch::serialize::InputArchive& archive) {
-                            return strategy_->LoadImage(archive, *optimizer_);
-                          }));
+  torch::Tensor at_snapshot;
+  LAUNCH_ASSIGN_OR_RETURN(
+      TrainState state, RestoreImage(image, what, [&](torch::serialize::InputArchive& archive) {
+        if (!archive.try_read(kImageCountsKey, at_snapshot) || at_snapshot.numel() != 4)
+          return Status::InvalidConfig(what + " has no " + kImageCountsKey);
+        return strategy_->LoadImage(archive, *optimizer_);
+      }));
   LoadTrainState(state);
   {
     torch::NoGradGuard no_grad;
@@ -440,22 +455,14 @@ Status Accelerator::RollBack() {
       if (p.grad().defined()) p.mutable_grad().zero_();
   }
   ApplyRestoredCursor();
-  // The run's counts at the snapshot (every rank of a data-parallel world issues the same
-  // collectives: a survivor's are everyone's), less this group's own so far.
-  const RunCounts at = replacement ? RunCounts{} : held->counts;
-  auto counts = torch::tensor({at.allreduces, at.pair_exchanges, at.reduce_scatters, at.allgathers,
-                               static_cast<int64_t>(t[survivors[0]][3])},
-                              torch::kLong);
-  c10d::BroadcastOptions from;
-  from.rootRank = survivors[0];
-  std::vector<at::Tensor> v = {counts};
-  pg_->broadcast(v, from)->wait();
-  const auto got = counts.accessor<int64_t, 1>();
+  // This rank's counts at the snapshot, from its image, less this group's own so far; the
+  // recoveries are the survivors' (row 3, summed above: only rank r wrote row r).
+  const auto got = at_snapshot.accessor<int64_t, 1>();
   carried_ = RunCounts{};
   const RunCounts now = RunTotals();
   carried_ = RunCounts{got[0] - now.allreduces, got[1] - now.pair_exchanges,
                        got[2] - now.reduce_scatters, got[3] - now.allgathers, 0};
-  recoveries_ = got[4];
+  recoveries_ = static_cast<int64_t>(t[survivors[0]][3]);
   ShareRunClock(survivors[0]);
   // Everyone takes a new one at the next micro-batch: the replacement holds no copy of its
   // ward's image, and its keeper's copy of its own is of this step.
@@ -529,12 +536,12 @@ Status Accelerator::Recover() {
     generation_ = generation;
     LAUNCH_ASSIGN_OR_RETURN(pg_, CreateGroupOver(store_, WorldGroupName(generation), rank(),
                                                  world_size(), env_, timeout_));
-    // In-place recovery runs where the data axis is the world (ddp): its group is the new one
-    // (before the exchange, which carries the run's counts over to it).
-    data_pg_ = pg_;
+    // The layout's groups of the new generation (the world itself where the data axis spans
+    // it), before the exchange, which carries the run's counts over to them.
+    LAUNCH_RETURN_IF_ERROR(FormLayoutGroups(timeout_));
     LAUNCH_RETURN_IF_ERROR(TakeStateOverNewGroup());
     if (loss_watch_)
-      LAUNCH_RETURN_IF_ERROR(WatchGroup(*loss_watch_, env_, timeout_, pg_, generation_));
+      LAUNCH_RETURN_IF_ERROR(WatchGroup(*loss_watch_, env_, timeout_, Groups(), generation_));
   } catch (const std::exception& e) {
     return Status::PeerLost(std::string("recovering from a lost peer: ") + e.what());
   }

@@ -118,11 +118,12 @@ std::string LossWatch::fired() const {
 }
 
 Status WatchGroup(LossWatch& watch, const DistEnv& env, std::chrono::milliseconds timeout,
-                  c10::intrusive_ptr<CountingProcessGroup> group, int generation) {
+                  std::vector<c10::intrusive_ptr<CountingProcessGroup>> groups, int generation) {
   LAUNCH_ASSIGN_OR_RETURN(c10::intrusive_ptr<c10d::Store> store,
                           ConnectStore(env, /*host=*/false, timeout));
-  watch.Arm(std::move(store), generation,
-            [group = std::move(group)](const std::string&) { group->Abandon(); });
+  watch.Arm(std::move(store), generation, [groups = std::move(groups)](const std::string&) {
+    for (const auto& group : groups) group->Abandon();
+  });
   return Status::Ok();
 }
 

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -59,10 +60,11 @@ class LossWatch {
 class CountingProcessGroup;
 struct DistEnv;
 
-// Arms `watch` for `group`, formed in generation `generation`: a client of its own to the job's
-// store (env's MASTER_ADDR:MASTER_PORT, connecting within `timeout`), and `group`'s Abandon when
-// the watch fires. Errors: the store could not be reached (ConnectStore's).
+// Arms `watch` for `groups` (the world and the layout's groups of this rank: a pipeline's
+// stage and data groups), formed in generation `generation`: a client of its own to the job's
+// store (env's MASTER_ADDR:MASTER_PORT, connecting within `timeout`), and every group's Abandon
+// when the watch fires. Errors: the store could not be reached (ConnectStore's).
 Status WatchGroup(LossWatch& watch, const DistEnv& env, std::chrono::milliseconds timeout,
-                  c10::intrusive_ptr<CountingProcessGroup> group, int generation);
+                  std::vector<c10::intrusive_ptr<CountingProcessGroup>> groups, int generation);
 
 }  // namespace launch::trainer

@@ -67,6 +67,7 @@ void CountingProcessGroup::Abandon() {
   // end-of-file, and so does this rank's own Gloo, which fails what waits on the pair.
   for (const int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
   if (shm_) shm_->AbortPeers();
+  if (p2p_) p2p_->AbandonPeers();
   if (hierarchical_) hierarchical_->AbortPeers();
 }
 

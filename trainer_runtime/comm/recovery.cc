@@ -33,9 +33,11 @@ StatusOr<int64_t> AnnouncedGeneration(c10d::Store& store) {
   return ParseGeneration(store.get(kGenerationKey));
 }
 
-std::string WorldGroupName(int generation) {
-  return generation == 0 ? "world" : "world.g" + std::to_string(generation);
+std::string GroupNameIn(const std::string& base, int generation) {
+  return generation == 0 ? base : base + ".g" + std::to_string(generation);
 }
+
+std::string WorldGroupName(int generation) { return GroupNameIn("world", generation); }
 
 namespace {
 

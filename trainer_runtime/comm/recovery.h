@@ -31,6 +31,9 @@ inline constexpr const char* kGenerationKey = "launch_recover/generation";
 
 // The job's group of generation `generation`: "world" (the first workers') or "world.g<N>".
 std::string WorldGroupName(int generation);
+// Any group's name in `generation`: `base` ("world", "data1", "stage0") in generation 0, then
+// "<base>.g<generation>".
+std::string GroupNameIn(const std::string& base, int generation);
 
 // A replacement's announcement that generation `generation` forms now: the store's generation
 // becomes it unless it is newer already. IoError when the store fails.

@@ -75,6 +75,20 @@ struct ShmPointToPoint::Channel {
   uint64_t seq = 0;  // messages passed; only under the side's mutex
   Status failed;     // the first error, sticky; only under the side's mutex
   std::atomic<bool> stopping{false};
+  const std::atomic<bool>* abandoned = nullptr;  // the owner's AbandonPeers flag
+
+  bool Abandoned() const { return abandoned && abandoned->load(); }
+  // After AbandonPeers: marks the channel given up in its header (the peer's waits end too).
+  Status GiveUp(const std::string& what) const {
+    if (base) {
+      int32_t none = 0;
+      h()->failed_by.compare_exchange_strong(none, self + 1);
+      Wake();
+    }
+    return Status::PeerLost("shared-memory send/recv: rank " + std::to_string(self) +
+                            " gave up its group (a peer was lost elsewhere) while it waited for " +
+                            what);
+  }
 
   SegmentHeader* h() const { return static_cast<SegmentHeader*>(base); }
   char* ring() const { return static_cast<char*>(base) + kHeaderBytes; }
@@ -134,6 +148,7 @@ struct ShmPointToPoint::Channel {
       }
       hd->waiters.fetch_sub(1);
       if (ready()) return Status::Ok();
+      if (Abandoned()) return GiveUp(what);
       if (const int32_t by = hd->failed_by.load(); by != 0)
         return Status::PeerLost("shared-memory send/recv: rank " + std::to_string(by - 1) +
                                 " gave up on the channel between ranks " + std::to_string(self) +
@@ -372,6 +387,7 @@ StatusOr<ShmPointToPoint::Outgoing*> ShmPointToPoint::GetOutgoing(int dst) {
   out->peer = dst;
   out->peer_pid = pids_[dst];
   out->peer_pidfd = shm::PidfdOpen(pids_[dst]);  // -1: kill() and /proc instead
+  out->abandoned = &abandoned_;
   const size_t ring = std::max<size_t>(shm::kCacheLine, options_.ring_bytes);
   out->size = kHeaderBytes + ring;
   std::string error;
@@ -416,6 +432,7 @@ StatusOr<ShmPointToPoint::Incoming*> ShmPointToPoint::GetIncoming(int src) {
   in->peer = src;
   in->peer_pid = pids_[src];
   in->peer_pidfd = shm::PidfdOpen(pids_[src]);
+  in->abandoned = &abandoned_;
   Incoming* raw = in.get();
   incoming_.emplace(src, std::move(in));
   return raw;
@@ -505,6 +522,8 @@ Status ShmPointToPoint::OpenIncoming(Incoming* in, bool block, bool* not_yet) {
     while (status.ok() && !store_->check({key})) {
       if (in->stopping.load()) {
         status = Status::Interrupted("shared-memory send/recv shut down");
+      } else if (in->Abandoned()) {
+        status = in->GiveUp("a message from rank " + std::to_string(in->peer));
       } else if (shm::PidExited(in->peer_pid, in->peer_pidfd)) {
         status = Status::PeerLost("shared-memory send/recv: rank " + std::to_string(in->peer) +
                                   " (pid " + std::to_string(in->peer_pid) +

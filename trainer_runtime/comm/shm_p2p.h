@@ -46,6 +46,7 @@
 //
 // Thread-safe. Internal to trainer_runtime (includes LibTorch).
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -100,6 +101,11 @@ class ShmPointToPoint {
   // same tag). REQUIRES: as Send.
   c10::intrusive_ptr<c10d::Work> Recv(const at::Tensor& tensor, int src, int tag);
 
+  // Gives up on the group (CountingProcessGroup::Abandon, from any thread): an operation
+  // waiting now or later fails with PeerLost within liveness_interval and marks its channel
+  // failed, so the peer's waits on it end too. Never blocks.
+  void AbandonPeers() { abandoned_.store(true); }
+
   int rank() const { return rank_; }
 
  private:
@@ -129,6 +135,7 @@ class ShmPointToPoint {
   const int world_;
   const std::vector<int> pids_;
   const ShmPointToPointOptions options_;
+  std::atomic<bool> abandoned_{false};
 
   Mutex mu_;  // channels are created once, never removed before ~
   std::map<int, std::unique_ptr<Outgoing>> outgoing_ GUARDED_BY(mu_);

@@ -1,6 +1,7 @@
 #include "trainer_runtime/parallel/layout.h"
 
 #include "config/train_keys.h"
+#include "trainer_runtime/comm/recovery.h"
 
 namespace launch::trainer {
 
@@ -108,11 +109,13 @@ std::string ParallelLayout::Describe() const {
 
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateAxisGroup(
     const ParallelLayout& layout, Axis axis, const DistEnv& env,
-    const c10::intrusive_ptr<CountingProcessGroup>& world, std::chrono::milliseconds timeout) {
+    const c10::intrusive_ptr<CountingProcessGroup>& world, std::chrono::milliseconds timeout,
+    int generation) {
   const int size = layout.degree(axis);
   if (size <= 1) return c10::intrusive_ptr<CountingProcessGroup>();
   if (size == layout.world_size()) return world;
-  const std::string name = std::string(AxisName(axis)) + std::to_string(layout.GroupIndex(axis));
+  const std::string name = GroupNameIn(
+      std::string(AxisName(axis)) + std::to_string(layout.GroupIndex(axis)), generation);
   LAUNCH_ASSIGN_OR_RETURN(auto store, ConnectStore(env, /*host=*/false, timeout));
   StatusOr<c10::intrusive_ptr<CountingProcessGroup>> group =
       CreateGroupOver(store, name, layout.coordinate(axis), size, env, timeout);

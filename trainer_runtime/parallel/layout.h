@@ -112,8 +112,11 @@ class ParallelLayout {
 // CreateGroupOver (named by the axis and GroupIndex, so each group has its own keys), with
 // the shared-memory transports when its ranks share a host. COLLECTIVE: every rank of the
 // world calls it for the same axis at the same point. Null for a group of one rank.
+// `generation` > 0 (in-place recovery, comm/recovery.h): the group re-formed in that
+// generation, over `world` of the same generation, with keys of its own.
 StatusOr<c10::intrusive_ptr<CountingProcessGroup>> CreateAxisGroup(
     const ParallelLayout& layout, Axis axis, const DistEnv& env,
-    const c10::intrusive_ptr<CountingProcessGroup>& world, std::chrono::milliseconds timeout);
+    const c10::intrusive_ptr<CountingProcessGroup>& world, std::chrono::milliseconds timeout,
+    int generation = 0);
 
 }  // namespace launch::trainer

@@ -57,10 +57,10 @@ PipelineEngine::PipelineEngine(const config::TrainConfig& cfg, const Platform& p
 }
 
 StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
-    const config::TrainConfig& cfg, const DistEnv& env, const Platform& platform,
-    const ParallelLayout& layout, c10::intrusive_ptr<CountingProcessGroup> world,
+    const config::TrainConfig& cfg, const Platform& platform, const ParallelLayout& layout,
+    c10::intrusive_ptr<CountingProcessGroup> world, c10::intrusive_ptr<CountingProcessGroup> stage,
     std::shared_ptr<Model> model, std::vector<ForwardFn> forwards,
-    std::unique_ptr<ParallelStrategy> data, std::chrono::milliseconds timeout) {
+    std::unique_ptr<ParallelStrategy> data) {
   std::unique_ptr<PipelineEngine> engine(new PipelineEngine(cfg, platform, layout, world));
   const size_t chunks =
       static_cast<size_t>(engine->ops_.empty() ? 1
@@ -81,13 +81,23 @@ StatusOr<std::unique_ptr<PipelineEngine>> PipelineEngine::Create(
         ": the data strategy reduces every micro-batch (parallel.zero_stage 2 or 3, "
         "sync_each_batch), but under this schedule a parameter's gradient is whole only after "
         "the schedule's last pass over it; use zero_stage 1 or schedule 1f1b");
-  LAUNCH_ASSIGN_OR_RETURN(engine->stage_pg_,
-                          CreateAxisGroup(layout, Axis::kStage, env, world, timeout));
+  engine->stage_pg_ = std::move(stage);
   engine->stage_model_ = std::move(model);
   engine->model_ = engine->stage_model_.get();
   engine->forwards_ = std::move(forwards);
   engine->data_ = std::move(data);
   return engine;
+}
+
+void PipelineEngine::ReformGroups(c10::intrusive_ptr<CountingProcessGroup> world,
+                                  c10::intrusive_ptr<CountingProcessGroup> stage,
+                                  c10::intrusive_ptr<CountingProcessGroup> data) {
+  // The abandoned pass' sends failed with the broken group; nothing of them is waited for.
+  pending_sends_.clear();
+  pending_tensors_.clear();
+  world_ = std::move(world);
+  stage_pg_ = std::move(stage);
+  data_->Reform(std::move(data));
 }
 
 Status PipelineSupports(const Platform& platform) {

@@ -71,15 +71,15 @@ class PipelineEngine : public ParallelStrategy {
   // otherwise), `data` is the data strategy over the stage's data group (CreateStrategy), which
   // the engine owns (InvalidConfig when it reduces every micro-batch under a schedule that
   // synchronises after the schedule). `world` is the job's group (null for one process):
-  // send/recv between stages. Joins the stage group (CreateAxisGroup: COLLECTIVE over the
-  // world) for the norm. The stage computes on `platform`'s device (the model is already there)
-  // under its autocast.
+  // send/recv between stages; `stage` this replica's stages' group (CreateAxisGroup along the
+  // stage axis): the norm. The stage computes on `platform`'s device (the model is already
+  // there) under its autocast.
   // REQUIRES: `layout` was built from `cfg` (its validation covers the pipeline's rules).
   static StatusOr<std::unique_ptr<PipelineEngine>> Create(
-      const config::TrainConfig& cfg, const DistEnv& env, const Platform& platform,
-      const ParallelLayout& layout, c10::intrusive_ptr<CountingProcessGroup> world,
-      std::shared_ptr<Model> model, std::vector<ForwardFn> forwards,
-      std::unique_ptr<ParallelStrategy> data, std::chrono::milliseconds timeout);
+      const config::TrainConfig& cfg, const Platform& platform, const ParallelLayout& layout,
+      c10::intrusive_ptr<CountingProcessGroup> world,
+      c10::intrusive_ptr<CountingProcessGroup> stage, std::shared_ptr<Model> model,
+      std::vector<ForwardFn> forwards, std::unique_ptr<ParallelStrategy> data);
 
   const char* Name() const override { return "pipeline"; }
   // The data strategy's name ("ddp", "zero", "none").
@@ -124,6 +124,25 @@ class PipelineEngine : public ParallelStrategy {
   bool AveragesGradients() const override { return data_->AveragesGradients(); }
   bool ReplicasBitEqual() const override { return data_->ReplicasBitEqual(); }
   bool HoldsLoss() const override { return last(); }
+
+  // In-place recovery (accelerator.h): a stage's layers exist on its replicas at most, and its
+  // data strategy's state (a ZeRO shard) maybe on this rank alone, so every stage recovers from
+  // snapshots: the image is the data strategy's (parameters, optimizer state, its shards).
+  bool RecoversFromSnapshots() const override { return true; }
+  void SaveImage(torch::serialize::OutputArchive& archive,
+                 torch::optim::Optimizer& optimizer) override {
+    data_->SaveImage(archive, optimizer);
+  }
+  Status LoadImage(torch::serialize::InputArchive& archive,
+                   torch::optim::Optimizer& optimizer) override {
+    return data_->LoadImage(archive, optimizer);
+  }
+  // Goes on over the groups of a new generation (the world, the stage group and the data
+  // strategy's, which Reforms over `data`): sends of the abandoned pass are dropped. Not
+  // Reform(pg), which has only one group to give (c10::Error).
+  void ReformGroups(c10::intrusive_ptr<CountingProcessGroup> world,
+                    c10::intrusive_ptr<CountingProcessGroup> stage,
+                    c10::intrusive_ptr<CountingProcessGroup> data);
   StepCommStats TakeStepStats() override;
 
   bool RunsForwardBackward() const override { return true; }

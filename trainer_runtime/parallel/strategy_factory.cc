@@ -20,6 +20,8 @@ class NoneStrategy : public ParallelStrategy {
     world_ = world;
   }
   const char* Name() const override { return "none"; }
+  // A pipeline stage without replicas: nothing held between steps, no group.
+  void Reform(c10::intrusive_ptr<CountingProcessGroup>) override {}
 };
 
 // none runs anywhere: it communicates nothing.
