@@ -72,7 +72,7 @@
 // LoadState resumes from the last checkpoint.
 //
 // In-place recovery (`launch --recover in_place --max_restarts N`, which sets LAUNCH_RECOVER;
-// ddp over the whole world, or one process): a lost peer costs the step in flight, not the run.
+// ddp over the whole world; not with tensor parallelism): a lost peer costs the step in flight, not the run.
 // After a collective failed because a peer is gone, every later collective call does nothing
 // until Step(), which waits for the replacement the agent starts (up to the init timeout),
 // forms a new group with it, and makes every rank take the state of the live rank furthest
@@ -88,8 +88,9 @@
 // while recovering, throws c10::Error from Step(): the agent then restarts everyone. Limits:
 // buffers are rank 0's running statistics (broadcast_buffers); when rank 0 is the one lost,
 // its buffers' last updates are lost with it and another rank's are taken.
-// zero (stages 1-3) and Local SGD/DiLoCo over the whole world keep state that exists on one
-// rank alone: they recover from snapshots instead. Every options().recover_snapshot_every steps
+// zero (stages 1-3) and Local SGD/DiLoCo over the whole world, and every pipeline (one replica
+// or several, over ddp or zero; PreparePipeline), keep state that exists on one rank alone (or
+// on a stage's replicas): they recover from snapshots instead. Every options().recover_snapshot_every steps
 // (and before the first) each rank's state is imaged by a forked child and exchanged with its
 // keeper while training goes on; after a loss every rank goes back to the newest snapshot all
 // hold (the replacement to its keeper's copy) and Step() returns false with redo() true as
