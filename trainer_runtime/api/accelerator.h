@@ -72,9 +72,9 @@
 // LoadState resumes from the last checkpoint.
 //
 // In-place recovery (`launch --recover in_place --max_restarts N`, which sets LAUNCH_RECOVER;
-// ddp over the whole world; not with tensor parallelism): a lost peer costs the step in flight, not the run.
-// After a collective failed because a peer is gone, every later collective call does nothing
-// until Step(), which waits for the replacement the agent starts (up to the init timeout),
+// ddp over the whole world; not with tensor parallelism): a lost peer costs the step in flight, not
+// the run. After a collective failed because a peer is gone, every later collective call does
+// nothing until Step(), which waits for the replacement the agent starts (up to the init timeout),
 // forms a new group with it, and makes every rank take the state of the live rank furthest
 // along (lowest rank among equals) at its last step boundary: parameters, optimizer state,
 // step, LR-schedule anchor and data position; each survivor keeps its own buffers of that
@@ -90,12 +90,13 @@
 // its buffers' last updates are lost with it and another rank's are taken.
 // zero (stages 1-3) and Local SGD/DiLoCo over the whole world, and every pipeline (one replica
 // or several, over ddp or zero; PreparePipeline), keep state that exists on one rank alone (or
-// on a stage's replicas): they recover from snapshots instead. Every options().recover_snapshot_every steps
-// (and before the first) each rank's state is imaged by a forked child and exchanged with its
-// keeper while training goes on; after a loss every rank goes back to the newest snapshot all
-// hold (the replacement to its keeper's copy) and Step() returns false with redo() true as
-// above, the loader then serving the batches of every step since that snapshot again. A rank
-// lost with its keeper, or a loss seen only in Finish, throws: the agent restarts everyone.
+// on a stage's replicas): they recover from snapshots instead. Every
+// options().recover_snapshot_every steps (and before the first) each rank's state is imaged by a
+// forked child and exchanged with its keeper while training goes on; after a loss every rank goes
+// back to the newest snapshot all hold (the replacement to its keeper's copy) and Step() returns
+// false with redo() true as above, the loader then serving the batches of every step since that
+// snapshot again. A rank lost with its keeper, or a loss seen only in Finish, throws: the agent
+// restarts everyone.
 
 #include <atomic>
 #include <chrono>
@@ -133,6 +134,7 @@ class Model;
 class ParallelLayout;
 class ParallelStrategy;
 class Platform;
+struct SnapshotImage;
 struct TrainState;
 
 // What the ranks agreed on at a step boundary (Accelerator::PollSignals).
@@ -606,9 +608,7 @@ class Accelerator {
   double snapshot_ms() const { return snapshot_ms_; }
   double snapshot_copy_ms() const { return snapshot_copy_ms_; }
   // The size of this rank's newest image (its keeper holds as much again).
-  int64_t snapshot_bytes() const {
-    return snapshots_held_.empty() ? 0 : static_cast<int64_t>(snapshots_held_.back().own.size());
-  }
+  int64_t snapshot_bytes() const;
   // Restores what SaveState wrote under `dir` (the step named by dir/latest). Returns false when
   // there is none. Every rank loads its own RNG state; ranks agree on the step or fail with
   // Internal naming both. At another world size (logged, saying what happens):
@@ -922,7 +922,9 @@ class Accelerator {
   bool snapshots_ = false;
   struct Snapshot {
     int64_t step = -1;
-    std::string own, ward;
+    // This rank's image and its ward's copy (recovery.cc: memory files, or bytes from another
+    // host).
+    std::shared_ptr<const SnapshotImage> own, ward;
     RunCounts counts;  // RunTotals() then
   };
   std::vector<Snapshot> snapshots_held_;

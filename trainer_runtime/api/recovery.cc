@@ -196,48 +196,110 @@ void Accelerator::MarkLoopStart() {
 
 // --- Snapshots: recovery where a rank's state exists on it alone --------------------------------
 
+// A snapshot's image: a memory file (the one this rank's child wrote, or a peer's on this host,
+// opened through /proc: one copy of the bytes serves both ranks, and nothing is copied to hand
+// it over), or the bytes received from a rank on another host.
+struct SnapshotImage {
+  int fd = -1;  // owned
+  std::string bytes;
+  size_t size = 0;
+
+  SnapshotImage() = default;
+  SnapshotImage(const SnapshotImage&) = delete;
+  SnapshotImage& operator=(const SnapshotImage&) = delete;
+  ~SnapshotImage() {
+    if (fd >= 0) ::close(fd);
+  }
+
+  // Calls `fn` with the image's bytes (a memory file mapped for the call). IoError when it
+  // cannot be mapped.
+  Status Read(const std::function<Status(std::string_view)>& fn) const {
+    if (fd < 0) return fn(bytes);
+    void* at = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (at == MAP_FAILED)
+      return Status::IoError(std::string("mapping it: ") + std::strerror(errno));
+    Status status = fn(std::string_view(static_cast<const char*>(at), size));
+    ::munmap(at, size);
+    return status;
+  }
+};
+
+int64_t Accelerator::snapshot_bytes() const {
+  return snapshots_held_.empty() ? 0 : static_cast<int64_t>(snapshots_held_.back().own->size);
+}
+
 namespace {
 
 // Point-to-point messages of snapshots travel on the world group's own Gloo pairs (uncounted:
-// final.json's totals are the training's collectives), under a tag nothing else there uses.
+// final.json's totals are the training's collectives), under tags nothing else there uses: the
+// image (a record, then its bytes unless the receiver opens the memory file), and the
+// receiver's answer to a memory file's record.
 constexpr int kSnapshotTag = 0x534e4150;  // "SNAP"
-
-// Sends `bytes` to `dst` (its size first) on `group`. Throws what the transport throws.
-// `die_midway` (tests): SIGKILLs this process between the size and the bytes.
-void SendBytes(c10d::ProcessGroup& group, int dst, const std::string& bytes,
-               bool die_midway = false) {
-  std::vector<at::Tensor> size = {
-      torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong)};
-  group.send(size, dst, kSnapshotTag)->wait();
-  if (die_midway) ::raise(SIGKILL);
-  std::vector<at::Tensor> payload = {torch::from_blob(
-      const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kByte)};
-  group.send(payload, dst, kSnapshotTag)->wait();
-}
-
-std::string ReceiveBytes(c10d::ProcessGroup& group, int src) {
-  std::vector<at::Tensor> size = {torch::zeros({1}, torch::kLong)};
-  group.recv(size, src, kSnapshotTag)->wait();
-  const int64_t n = size[0].item<int64_t>();
-  std::vector<at::Tensor> payload = {torch::empty({n}, torch::kByte)};
-  group.recv(payload, src, kSnapshotTag)->wait();
-  return std::string(reinterpret_cast<const char*>(payload[0].data_ptr<uint8_t>()),
-                     static_cast<size_t>(n));
-}
+constexpr int kSnapshotAckTag = kSnapshotTag + 1;
 
 // A snapshot's image holds the run's counts at its step as its rank saw them: the ranks of a
 // pipeline's stages issue different collectives, so a replacement takes its own from its image.
 constexpr const char* kImageCountsKey = "run/counts";
 
-bool WriteAll(int fd, const std::string& bytes) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    done += static_cast<size_t>(n);
+// Sends `image` to `dst` on `group`, as a record [kind, a, b]: kind 1, the memory file's number
+// and size, when `same_host` and the image is one (`dst` opens it through /proc and answers
+// whether it could); kind 0 and the size, then the bytes, otherwise. Throws what the transport
+// throws, and c10::Error when `dst` could not open the file. `die_midway` (tests): SIGKILLs this
+// process between the record and the rest.
+void HandImage(c10d::ProcessGroup& group, int dst, const SnapshotImage& image, bool same_host,
+               bool die_midway = false) {
+  const bool by_file = same_host && image.fd >= 0;
+  std::vector<at::Tensor> record = {torch::tensor(
+      {int64_t{by_file ? 1 : 0}, int64_t{by_file ? image.fd : 0}, static_cast<int64_t>(image.size)},
+      torch::kLong)};
+  group.send(record, dst, kSnapshotTag)->wait();
+  if (die_midway) ::raise(SIGKILL);
+  if (by_file) {
+    std::vector<at::Tensor> ack = {torch::zeros({1}, torch::kLong)};
+    group.recv(ack, dst, kSnapshotAckTag)->wait();
+    TORCH_CHECK(ack[0].item<int64_t>() == 1, "rank ", dst,
+                " could not open this rank's snapshot image through /proc");
+    return;
   }
-  return true;
+  std::string copy;
+  const Status read = image.Read([&](std::string_view bytes) {
+    copy.assign(bytes.data(), bytes.size());
+    return Status::Ok();
+  });
+  TORCH_CHECK(read.ok(), "the snapshot image: ", read.message());
+  std::vector<at::Tensor> payload = {
+      torch::from_blob(copy.data(), {static_cast<int64_t>(copy.size())}, torch::kByte)};
+  group.send(payload, dst, kSnapshotTag)->wait();
+}
+
+// Receives HandImage's image from `src`, whose pid is `src_pid` (0 when it is on another host).
+std::shared_ptr<SnapshotImage> TakeImage(c10d::ProcessGroup& group, int src, int src_pid) {
+  std::vector<at::Tensor> record = {torch::zeros({3}, torch::kLong)};
+  group.recv(record, src, kSnapshotTag)->wait();
+  const auto r = record[0].accessor<int64_t, 1>();
+  auto image = std::make_shared<SnapshotImage>();
+  image->size = static_cast<size_t>(r[2]);
+  if (r[0] == 1) {
+    const std::string path = "/proc/" + std::to_string(src_pid) + "/fd/" + std::to_string(r[1]);
+    image->fd = src_pid > 0 ? ::open(path.c_str(), O_RDONLY | O_CLOEXEC) : -1;
+    const int open_errno = errno;
+    std::vector<at::Tensor> ack = {torch::tensor({int64_t{image->fd >= 0 ? 1 : 0}}, torch::kLong)};
+    group.send(ack, src, kSnapshotAckTag)->wait();
+    TORCH_CHECK(image->fd >= 0, "opening rank ", src, "'s snapshot image ", path, ": ",
+                std::strerror(open_errno));
+    return image;
+  }
+  image->bytes.resize(image->size);
+  std::vector<at::Tensor> payload = {
+      torch::from_blob(image->bytes.data(), {static_cast<int64_t>(image->size)}, torch::kByte)};
+  group.recv(payload, src, kSnapshotTag)->wait();
+  return image;
+}
+
+// The pids of `group`'s ranks when they share this host (its shared-memory transport agreed on
+// them); empty otherwise.
+std::vector<int> SameHostPids(const CountingProcessGroup& group) {
+  return group.shm() ? group.shm()->pids() : std::vector<int>();
 }
 
 }  // namespace
@@ -272,7 +334,18 @@ void Accelerator::TakeSnapshot() {
                             std::to_string(step_) + ": memfd_create: " + std::strerror(errno));
   // As the checkpoint writer.
   const pid_t child = ForkChild([&] {
-    StatusOr<std::string> image = SerializeImage(
+    // Straight into the memory file, as LibTorch writes the archive (no copy of it in memory).
+    const Status image = SerializeImageTo(
+        [fd](const void* data, size_t n) -> size_t {
+          size_t done = 0;
+          while (done < n) {
+            const ssize_t w = ::write(fd, static_cast<const char*>(data) + done, n - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) break;
+            done += static_cast<size_t>(w);
+          }
+          return done;
+        },
         [&](torch::serialize::OutputArchive& archive) {
           const RunCounts& c = pending->snap.counts;
           archive.write(kImageCountsKey, torch::tensor({c.allreduces, c.pair_exchanges,
@@ -283,10 +356,10 @@ void Accelerator::TakeSnapshot() {
         state);
     if (!image.ok()) {
       std::fprintf(stderr, "train: rank %d: the snapshot of step %lld: %s\n", rank(),
-                   static_cast<long long>(state.step), image.status().message().c_str());
+                   static_cast<long long>(state.step), image.message().c_str());
       return 1;
     }
-    return WriteAll(fd, *image) ? 0 : 1;
+    return 0;
   });
   const int fork_errno = errno;
   if (child < 0) {
@@ -305,8 +378,13 @@ void Accelerator::TakeSnapshot() {
   if (const char* at = std::getenv("LAUNCH_TEST_SIGKILL_IN_SNAPSHOT");
       at && env_.recover_generation == 0 && env_.restart_count == 0)
     die = std::string(at) == std::to_string(rank()) + ":" + std::to_string(step_);
+  // On one host the keeper opens this rank's memory file instead of receiving a copy.
+  const std::vector<int> pids = SameHostPids(*pg_);
+  const int ward_pid = pids.empty() ? 0 : pids[static_cast<size_t>(ward)];
+  auto own = std::make_shared<SnapshotImage>();
+  own->fd = fd;
   // The thread holds what it uses (never this Accelerator): a destructor can leave it behind.
-  pending->thread = std::thread([pending, pg = pg_, fd, keeper, ward, die] {
+  pending->thread = std::thread([pending, pg = pg_, own, keeper, ward, ward_pid, die] {
     const auto begin = std::chrono::steady_clock::now();
     pending->status = [&]() -> Status {
       int wait_status = 0;
@@ -320,23 +398,21 @@ void Accelerator::TakeSnapshot() {
                                (got < 0 ? std::string(std::strerror(errno))
                                         : ExitStatus::FromWaitStatus(wait_status).ToString()));
       struct stat st {};
-      if (::fstat(fd, &st) != 0) return Status::IoError(std::strerror(errno));
-      pending->snap.own.resize(static_cast<size_t>(st.st_size));
-      if (::pread(fd, pending->snap.own.data(), pending->snap.own.size(), 0) != st.st_size)
-        return Status::IoError("reading the image back");
+      if (::fstat(own->fd, &st) != 0) return Status::IoError(std::strerror(errno));
+      own->size = static_cast<size_t>(st.st_size);
       // Both directions at once: this rank's image to its keeper, its ward's to it.
       try {
         c10d::ProcessGroup& group = pg->inner();
         std::exception_ptr sent;
         std::thread to_keeper([&] {
           try {
-            SendBytes(group, keeper, pending->snap.own, die);
+            HandImage(group, keeper, *own, ward_pid > 0, die);
           } catch (...) {
             sent = std::current_exception();
           }
         });
         try {
-          pending->snap.ward = ReceiveBytes(group, ward);
+          pending->snap.ward = TakeImage(group, ward, ward_pid);
         } catch (...) {
           to_keeper.join();
           throw;
@@ -346,9 +422,9 @@ void Accelerator::TakeSnapshot() {
       } catch (const std::exception& e) {
         return Status::PeerLost(std::string("exchanging snapshots: ") + e.what());
       }
+      pending->snap.own = own;
       return Status::Ok();
     }();
-    ::close(fd);
     pending->copy_ms = 1000 * Seconds(std::chrono::steady_clock::now() - begin);
     pending->done = true;
   });
@@ -429,26 +505,32 @@ Status Accelerator::RollBack() {
                               ", which keeps the copy of its snapshot, were both lost");
   const auto held = std::find_if(snapshots_held_.begin(), snapshots_held_.end(),
                                  [&](const Snapshot& s) { return s.step == step; });
-  std::string image;
+  std::shared_ptr<const SnapshotImage> image = replacement ? nullptr : held->own;
   try {
     c10d::ProcessGroup& group = pg_->inner();
+    const std::vector<int> pids = SameHostPids(*pg_);
     for (int r : replacements) {
-      if (rank() == KeeperOf(r)) SendBytes(group, r, held->ward);
-      if (rank() == r) image = ReceiveBytes(group, KeeperOf(r));
+      const int keeper = KeeperOf(r);
+      if (rank() == keeper) HandImage(group, r, *held->ward, !pids.empty());
+      if (rank() == r)
+        image = TakeImage(group, keeper, pids.empty() ? 0 : pids[static_cast<size_t>(keeper)]);
     }
   } catch (const std::exception& e) {
     return Status::PeerLost(std::string("handing a replacement its snapshot: ") + e.what());
   }
-  if (!replacement) image = held->own;
   const std::string what = "the snapshot of step " + std::to_string(step);
   torch::Tensor at_snapshot;
-  LAUNCH_ASSIGN_OR_RETURN(
-      TrainState state, RestoreImage(image, what, [&](torch::serialize::InputArchive& archive) {
-        if (!archive.try_read(kImageCountsKey, at_snapshot) || at_snapshot.numel() != 4)
-          return Status::InvalidConfig(what + " has no " + kImageCountsKey);
-        return strategy_->LoadImage(archive, *optimizer_);
-      }));
-  LoadTrainState(state);
+  StatusOr<TrainState> state = Status::Internal(what + " was not read");
+  const Status read = image->Read([&](std::string_view bytes) {
+    state = RestoreImage(bytes, what, [&](torch::serialize::InputArchive& archive) {
+      if (!archive.try_read(kImageCountsKey, at_snapshot) || at_snapshot.numel() != 4)
+        return Status::InvalidConfig(what + " has no " + kImageCountsKey);
+      return strategy_->LoadImage(archive, *optimizer_);
+    });
+    return state.status();
+  });
+  if (!read.ok()) return read.WithContext("restoring " + what);
+  LoadTrainState(*state);
   {
     torch::NoGradGuard no_grad;
     for (auto& p : model_->Parameters())

@@ -487,30 +487,41 @@ Status ReadModelKeys(torch::serialize::InputArchive& archive, const std::string&
   return ReadModel(archive, what, model, optimizer, /*buffers=*/true);
 }
 
-StatusOr<std::string> SerializeImage(
-    const std::function<void(torch::serialize::OutputArchive&)>& write, const TrainState& state) {
+Status SerializeImageTo(const std::function<size_t(const void*, size_t)>& sink,
+                        const std::function<void(torch::serialize::OutputArchive&)>& write,
+                        const TrainState& state) {
   try {
     torch::serialize::OutputArchive archive;
     write(archive);
     archive.write("meta", MetaTensor(state));
     archive.write("schedule", ScheduleTensor(state));
-    std::ostringstream out;
-    archive.save_to(out);
-    return out.str();
+    archive.save_to(sink);
+    return Status::Ok();
   } catch (const c10::Error& e) {
     return Status::IoError(std::string("serialising this rank's state: ") +
                            e.what_without_backtrace());
   }
 }
 
+StatusOr<std::string> SerializeImage(
+    const std::function<void(torch::serialize::OutputArchive&)>& write, const TrainState& state) {
+  std::string bytes;
+  LAUNCH_RETURN_IF_ERROR(SerializeImageTo(
+      [&](const void* data, size_t n) {
+        bytes.append(static_cast<const char*>(data), n);
+        return n;
+      },
+      write, state));
+  return bytes;
+}
+
 StatusOr<TrainState> RestoreImage(
-    const std::string& bytes, const std::string& what,
+    std::string_view bytes, const std::string& what,
     const std::function<Status(torch::serialize::InputArchive&)>& read) {
   torch::serialize::InputArchive archive;
   torch::Tensor meta, schedule;
   try {
-    std::istringstream in(bytes);
-    archive.load_from(in);
+    archive.load_from(bytes.data(), bytes.size());
     archive.read("meta", meta);
     archive.read("schedule", schedule);
   } catch (const c10::Error& e) {

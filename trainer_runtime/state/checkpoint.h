@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <torch/torch.h>
@@ -87,12 +88,17 @@ void WriteModelKeys(torch::serialize::OutputArchive& archive, const Model& model
                     torch::optim::Optimizer& optimizer);
 Status ReadModelKeys(torch::serialize::InputArchive& archive, const std::string& what,
                      const Model& model, torch::optim::Optimizer& optimizer);
-// `write`'s keys and `state` as the bytes of one archive. IoError when LibTorch cannot.
+// `write`'s keys and `state` as the bytes of one archive, handed to `sink` as LibTorch writes
+// them (OutputArchive::save_to's contract: returns the bytes it took; fewer fails), or
+// returned whole. IoError when LibTorch (or the sink) cannot.
+Status SerializeImageTo(const std::function<size_t(const void*, size_t)>& sink,
+                        const std::function<void(torch::serialize::OutputArchive&)>& write,
+                        const TrainState& state);
 StatusOr<std::string> SerializeImage(
     const std::function<void(torch::serialize::OutputArchive&)>& write, const TrainState& state);
 // Hands `read` the archive in `bytes` and returns its TrainState. IoError naming `what`.
 StatusOr<TrainState> RestoreImage(
-    const std::string& bytes, const std::string& what,
+    std::string_view bytes, const std::string& what,
     const std::function<Status(torch::serialize::InputArchive&)>& read);
 
 // --- Optimizer state in pieces (ZeRO's shards), independent of how it was cut -------------
