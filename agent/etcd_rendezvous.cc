@@ -34,6 +34,8 @@ bool SplitEndpoint(const std::string& text, std::string* host, int* port) {
 StatusOr<std::unique_ptr<EtcdRendezvous>> EtcdRendezvous::Start(
     asio::io_context& io, EtcdRendezvousOptions options,
     std::function<void(const std::string&)> on_claim_lost) {
+  options.etcd.request_timeout = std::min(
+      options.etcd.request_timeout, std::chrono::milliseconds(options.lease_ttl_s * 1000LL / 4));
   StatusOr<rdzv::EtcdClient> client = rdzv::EtcdClient::Create(options.etcd);
   if (!client.ok()) return client.status();
   StatusOr<int64_t> lease = client->Grant(options.lease_ttl_s);

@@ -72,7 +72,10 @@ class EtcdRendezvous {
   using FoundFn = std::function<void(StatusOr<Server>)>;
 
   // Grants this agent's lease: an error (PeerLost naming every member and why) when the cluster
-  // cannot be reached, before anything else starts.
+  // cannot be reached, before anything else starts. Each member gets at most a quarter of the
+  // lease's TTL per request (options.etcd.request_timeout, lowered to it): a member that went
+  // silent delays one renewal by that much before the next member answers, never by the
+  // lease's whole life.
   static StatusOr<std::unique_ptr<EtcdRendezvous>> Start(
       boost::asio::io_context& io, EtcdRendezvousOptions options,
       std::function<void(const std::string&)> on_claim_lost);

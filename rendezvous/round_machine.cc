@@ -87,6 +87,8 @@ Effects RoundMachine::Resume(const JobRecord& record, const std::string& reason,
     return Take();
   }
   ++restarts_used_;
+  // The root cause if this round never re-forms ("job failed: <it>; no replacement ...").
+  last_restart_reason_ = reason;
   state_ = JobState::kWaiting;
   resumed_round_ = round_;
   const int survivors = std::max(record.num_nodes - 1, spec_->min_nodes);

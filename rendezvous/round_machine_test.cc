@@ -254,6 +254,24 @@ TEST_CASE("AServerTakingOverALostOnesRecordGoesOnWithItsCountsAndSpec") {
   CHECK(after.m.Record()->restarts_used == 1);
 }
 
+TEST_CASE("ATakenOverRoundThatNeverFillsFailsNamingTheLostServer") {
+  Driver before;
+  JoinRequest j = Join(2, 2, -1);
+  j.max_restarts = 2;
+  j.join_timeout_s = 5;
+  before.Joined(j, "10.0.0.1");
+  before.Joined(j, "10.0.0.2");
+  StatusOr<JobRecord> record = DecodeJobRecord(EncodeJobRecord(*before.m.Record()));
+  REQUIRE(record.ok());
+  Driver after;
+  after.Apply(after.m.Resume(*record, "the rendezvous host 10.0.0.1 was lost", after.now));
+  SessionId x = after.Joined(j, "10.0.0.2");
+  after.Advance(milliseconds(5001));
+  REQUIRE(after.Failed(x).has_value());
+  CHECK(Contains(after.Failed(x)->message,
+                 "job failed: the rendezvous host 10.0.0.1 was lost; no replacement node joined"));
+}
+
 TEST_CASE("AServerTakingOverAJobWithNoRestartLeftRefusesEveryJoinSayingWhy") {
   Driver before;
   JoinRequest j = Join(1, 2, -1);

@@ -9,6 +9,8 @@ each run a member of a real 3-member etcd cluster (Debian's etcd-server) and a `
     restart), a spare `launch` on host 3 takes the lost node's place, every worker resumes from
     the step-8 checkpoint, and the job ends 0 with the parameters of an undisturbed run.
   * The same without a spare, nnodes 2:3: the two survivors go on as a 2-node job and end 0.
+  * One of the three members lost (the first of every agent's list, on the serving host): nothing
+    happens, the job ends 0.
   * Two of the three etcd members lost: the serving agent can renew its claim nowhere, stops
     serving and says why; the others find no server within join_timeout and say why; every
     `launch` exits non-zero, bounded, leaving nothing.
@@ -195,6 +197,28 @@ class EtcdRendezvousTest(unittest.TestCase):
         self.assertEqual(codes, [0, 0], text[-8000:])
         self.assertRegex(text, r"round 1: node \d of 2, ranks \d-\d of 4")
         self.assertEqual(metrics(job.out)[-1]["step"], STEPS)
+        job.check_clean(hosts[1:])
+
+    def test_one_of_three_etcd_members_lost_changes_nothing(self):
+        # The first member of every agent's endpoint list, on the serving agent's own host: the
+        # lease renewals and the record's writes go to the next member; the job runs on, nobody
+        # restarts or takes anything over, and its keys are still deleted at the end.
+        hosts = make_hosts(self, 3, private_shm=True)
+        cluster = Cluster(self, hosts, self.tmp)
+        job = Job(self, hosts, cluster, "one_member", nnodes="2")
+        job.start(hosts[0], 0, program=["sleep", "12"])
+        job.wait_for(0, r"serving the rendezvous at ")
+        job.start(hosts[1], 1, program=["sleep", "12"])
+        job.wait_for(1, r"round 0: node 1 of 2")
+        # Silent (SIGSTOP: connections open, nothing answers), as a member whose host went.
+        r = hosts[0].run(["pkill", "-STOP", "-x", "etcd"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.addCleanup(lambda: hosts[0].run(["pkill", "-KILL", "-x", "etcd"]))
+        codes = job.wait([0, 1])
+        text = job.all_text()
+        self.assertEqual(codes, [0, 0], text[-8000:])
+        for gone in ("stops serving", "taking the job over", "restart 1", "lost"):
+            self.assertNotIn(gone, text)
         job.check_clean(hosts[1:])
 
     def test_two_of_three_etcd_members_lost_every_agent_says_why_and_exits(self):

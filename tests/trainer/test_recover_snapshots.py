@@ -29,6 +29,7 @@ MODES = {
     # stages x 2 replicas under ddp (4 ranks).
     "pipeline": ("pipeline, stages: 3", ""),
     "pp_ddp": ("ddp, stages: 2", ""),
+    "pp_zero": ("zero, zero_stage: 1, stages: 2", ""),
 }
 # test_recover's job, with a snapshot every EVERY steps.
 SNAPSHOTS = f"  recover_snapshot_every: {EVERY}\n"
@@ -149,6 +150,11 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
         # Rank 2 is stage 1 of replica 0: its replica (rank 3) and its stage 0 (rank 0) wait on
         # it, in the data group and in the stage's send/recv.
         self.recover("ppd", "pp_ddp", "2:10:optimizer", [2], [8], world=4)
+
+    def test_pipeline_by_zero_four_ranks_rank0_killed(self):
+        # Stage 0's ZeRO shards: rank 0's exists on it alone (its keeper's copy), and it hosts
+        # the store.
+        self.recover("ppz", "pp_zero", "0:6:forward", [0], [4], world=4)
 
     def test_two_failures_in_a_row(self):
         # The second recovery goes back to a snapshot taken after the first.
