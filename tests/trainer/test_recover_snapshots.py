@@ -30,7 +30,17 @@ MODES = {
     "pipeline": ("pipeline, stages: 3", ""),
     "pp_ddp": ("ddp, stages: 2", ""),
     "pp_zero": ("zero, zero_stage: 1, stages: 2", ""),
+    # Megatron-style tensor parallelism (the built-in transformer on text): tensor 2 x data 2,
+    # and tensor 2 x stages 2.
+    "tensor": ("ddp, tensor: 2", ""),
+    "tensor_pp": ("ddp, tensor: 2, stages: 2", ""),
 }
+# The tensor modes' model and data (tests/trainer/test_tensor_parallel.py's).
+TRANSFORMER = [("{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}",
+                "{type: transformer, vocab: bytes, d_model: 32, layers: 2, heads: 4, context: 16, "
+                "dropout: 0.2}"),
+               ("{type: synthetic, samples: 4096}",
+                "{type: text, path: /usr/share/common-licenses/GPL-3, context: 16}")]
 # test_recover's job, with a snapshot every EVERY steps.
 SNAPSHOTS = f"  recover_snapshot_every: {EVERY}\n"
 TOTALS = ("allreduces_total", "pair_exchanges_total", "reduce_scatters_total",
@@ -54,6 +64,8 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
         out = os.path.join(cls.dir, name)
         parallel, extra = MODES[mode]
         text = JOB.format(out=out, steps=STEPS, mode=parallel, ckpt=0) + SNAPSHOTS + extra + "\n"
+        for old, new in TRANSFORMER if mode.startswith("tensor") else ():
+            text = text.replace(old, new)
         cfg = write_config(cls.dir, text, name=name + ".yaml")
         marker = harness.unique_marker("snapshot")
         env = dict(env or {}, RECOVER_TEST_MARKER=marker, LAUNCH_INIT_TIMEOUT_S="60",
@@ -155,6 +167,15 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
         # Stage 0's ZeRO shards: rank 0's exists on it alone (its keeper's copy), and it hosts
         # the store.
         self.recover("ppz", "pp_zero", "0:6:forward", [0], [4], world=4)
+
+    def test_tensor_by_data_four_ranks_rank1_killed(self):
+        # Rank 1 is tensor rank 1 of replica 0: its shard exists on it and on rank 3 (replica
+        # 1's same shard); its tensor group (rank 0) waits on it inside every layer.
+        self.recover("tp", "tensor", "1:10:forward", [1], [8], world=4)
+
+    def test_tensor_by_stages_four_ranks_rank0_killed(self):
+        # Every rank's shard of its stage exists on it alone.
+        self.recover("tpp", "tensor_pp", "0:7:optimizer", [0], [4], world=4)
 
     def test_two_failures_in_a_row(self):
         # The second recovery goes back to a snapshot taken after the first.

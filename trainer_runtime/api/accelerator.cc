@@ -193,10 +193,13 @@ Status Accelerator::FormLayoutGroups(std::chrono::milliseconds timeout) {
   // axes split it: no second group then).
   LAUNCH_ASSIGN_OR_RETURN(
       data_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kGradient), env_, pg_, timeout, generation_));
-  if (generation_ == 0) {
-    LAUNCH_ASSIGN_OR_RETURN(auto tensor_pg,
-                            CreateAxisGroup(*layout_, AxisOf(Use::kTensor), env_, pg_, timeout));
-    tensor_group_ = ProcessTensorGroup(std::move(tensor_pg));
+  LAUNCH_ASSIGN_OR_RETURN(
+      tensor_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kTensor), env_, pg_, timeout, generation_));
+  // Re-formed after a loss: the layers and strategies keep the tensor group they hold.
+  if (tensor_group_ && tensor_pg_) {
+    ReformTensorGroup(tensor_group_, tensor_pg_);
+  } else {
+    tensor_group_ = ProcessTensorGroup(tensor_pg_);
   }
   if (options_.parallel.pipelined()) {
     LAUNCH_ASSIGN_OR_RETURN(
@@ -207,7 +210,7 @@ Status Accelerator::FormLayoutGroups(std::chrono::milliseconds timeout) {
 
 std::vector<c10::intrusive_ptr<CountingProcessGroup>> Accelerator::Groups() const {
   std::vector<c10::intrusive_ptr<CountingProcessGroup>> groups;
-  for (const auto& g : {pg_, data_pg_, stage_pg_})
+  for (const auto& g : {pg_, data_pg_, stage_pg_, tensor_pg_})
     if (g && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
   return groups;
 }
@@ -281,15 +284,17 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
       strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), data_pg_, env_.tuning));
   if (tensor_group_)
     strategy_->SetTensorGroup(tensor_group_, SplitParameters(*module_, model_->Parameters()));
-  // ddp hands a replacement the live state; a mode whose state exists on one rank alone goes
-  // back to the newest in-memory snapshot (RollBack). Recovery re-forms the world group, which
-  // the strategy must communicate over.
-  snapshots_ = data_pg_ == pg_ && !strategy_->SupportsInPlaceRecovery() &&
-               strategy_->RecoversFromSnapshots();
+  // ddp over the world hands a replacement the live state; a mode whose state exists on one
+  // rank alone goes back to the newest in-memory snapshot (RollBack), and so does every mode
+  // under a tensor axis (a shard exists on its data replicas at most). Recovery re-forms the
+  // layout's groups, which the strategy must communicate over.
+  const bool world_data = data_pg_ == pg_;
+  snapshots_ = world_data
+                   ? !strategy_->SupportsInPlaceRecovery() && strategy_->RecoversFromSnapshots()
+                   : strategy_->CanReform();
   LAUNCH_RETURN_IF_ERROR(
-      StartStrategy(data_pg_ == pg_ && (strategy_->SupportsInPlaceRecovery() || snapshots_),
-                    data_pg_ == pg_ ? std::string("in ") + strategy_->Name() + " mode"
-                                    : "with " + layout_->Describe()));
+      StartStrategy(world_data ? strategy_->SupportsInPlaceRecovery() || snapshots_ : snapshots_,
+                    std::string("in ") + strategy_->Name() + " mode with " + layout_->Describe()));
   strategy_->TakeStepStats();
   pairs_.emplace_back();
   pairs_.back().module = module_;
@@ -346,7 +351,7 @@ Status Accelerator::PreparePipeline(std::vector<torch::nn::AnyModule> chunks,
   strategy_ = std::move(engine);
   // Every stage recovers from snapshots (its layers exist on its replicas at most); stages
   // start from their first replica's weights, as Prepare's broadcast under ddp.
-  snapshots_ = strategy_->RecoversFromSnapshots() && !tensor_group_;
+  snapshots_ = strategy_->RecoversFromSnapshots();
   LAUNCH_RETURN_IF_ERROR(StartStrategy(snapshots_, "with " + layout_->Describe()));
   strategy_->TakeStepStats();
   pairs_.emplace_back();
@@ -364,10 +369,8 @@ Status Accelerator::StartStrategy(bool recoverable, const std::string& why_not) 
   recover_ = env_.recover_in_place && pg_ && recoverable;
   if (!recover_) snapshots_ = false;
   if (env_.recover_in_place && pg_ && !recover_)
-    Print(
-        "train: in-place recovery needs ddp, zero, local_sgd or a pipeline without tensor "
-        "parallelism; " +
-        why_not + " a lost rank restarts every worker (from the last checkpoint)");
+    Print("train: in-place recovery needs ddp, zero or local_sgd (under any layout); " + why_not +
+          " a lost rank restarts every worker (from the last checkpoint)");
   // From here a lost rank of this process is replaced alone (its agent asks the file): the
   // group has formed and the mode can hand a replacement its state.
   if (recover_) (void)DeclareInPlaceRecovery();
@@ -513,7 +516,10 @@ void Accelerator::Accumulate() {
     snapshot_due_ = false;
     TakeSnapshot();
   }
-  if (recover_) torch::manual_seed(MicroBatchSeed(options_.seed, rank(), step_, micro_in_window_));
+  // (The ranks of a tensor group draw alike: the stream of its first rank.)
+  if (recover_)
+    torch::manual_seed(
+        MicroBatchSeed(options_.seed, layout_->TensorGroupLeader(), step_, micro_in_window_));
   Guarded([&] {
     for (Pair& pair : pairs_)
       if (pair.strategy) pair.strategy->BeforeForward(sync_ && pair.no_sync == 0);

@@ -72,7 +72,7 @@
 // LoadState resumes from the last checkpoint.
 //
 // In-place recovery (`launch --recover in_place --max_restarts N`, which sets LAUNCH_RECOVER;
-// ddp over the whole world; not with tensor parallelism): a lost peer costs the step in flight, not
+// every mode but none, under any layout): a lost peer costs the step in flight, not
 // the run. After a collective failed because a peer is gone, every later collective call does
 // nothing until Step(), which waits for the replacement the agent starts (up to the init timeout),
 // forms a new group with it, and makes every rank take the state of the live rank furthest
@@ -88,9 +88,10 @@
 // while recovering, throws c10::Error from Step(): the agent then restarts everyone. Limits:
 // buffers are rank 0's running statistics (broadcast_buffers); when rank 0 is the one lost,
 // its buffers' last updates are lost with it and another rank's are taken.
-// zero (stages 1-3) and Local SGD/DiLoCo over the whole world, and every pipeline (one replica
-// or several, over ddp or zero; PreparePipeline), keep state that exists on one rank alone (or
-// on a stage's replicas): they recover from snapshots instead. Every
+// zero (stages 1-3) and Local SGD/DiLoCo, every pipeline (PreparePipeline) and every layout
+// with a tensor axis keep state that exists on one rank alone (or on its data replicas): they
+// recover from snapshots instead; the layout's groups are re-formed with the world's (the
+// tensor group the layers hold goes on over its new group). Every
 // options().recover_snapshot_every steps (and before the first) each rank's state is imaged by a
 // forked child and exchanged with its keeper while training goes on; after a loss every rank goes
 // back to the newest snapshot all hold (the replacement to its keeper's copy) and Step() returns
@@ -732,8 +733,8 @@ class Accelerator {
   Status TakeStateOverNewGroup();
   // Every rank of the new group takes the furthest live rank's state. COLLECTIVE.
   Status ExchangeState();
-  // The layout's groups over pg_ in generation_ (data_pg_, stage_pg_; the tensor group in
-  // generation 0 only: tensor layouts do not recover in place). COLLECTIVE over the world.
+  // The layout's groups over pg_ in generation_ (data_pg_, tensor_pg_ under tensor_group_,
+  // stage_pg_). COLLECTIVE over the world.
   Status FormLayoutGroups(std::chrono::milliseconds timeout);
   // The world and this rank's distinct layout groups: what a lost peer abandons.
   std::vector<c10::intrusive_ptr<CountingProcessGroup>> Groups() const;
@@ -782,6 +783,7 @@ class Accelerator {
   c10::intrusive_ptr<CountingProcessGroup> data_pg_;  // the gradient group (pg_ when it spans
                                                       // the world; null when it has one rank)
   TensorGroupPtr tensor_group_;  // over the tensor axis' group (null when it has one rank)
+  c10::intrusive_ptr<CountingProcessGroup> tensor_pg_;  // that group
   // A pipeline's stage group: this replica's stages (null without a pipeline). The engine
   // communicates over it; it is here so that recovery re-forms and abandons it with the others.
   c10::intrusive_ptr<CountingProcessGroup> stage_pg_;

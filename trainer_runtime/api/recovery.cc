@@ -85,7 +85,7 @@ Status Accelerator::TakeStateOverNewGroup() {
     if (PipelineEngine* engine = AcceleratorInternals(*this).pipeline()) {
       engine->ReformGroups(pg_, stage_pg_, data_pg_);
     } else {
-      strategy_->Reform(pg_);
+      strategy_->Reform(data_pg_);
     }
     return RollBack();
   }

@@ -79,6 +79,11 @@ class ParallelLayout {
   int RankAt(int tensor, int data, int stage) const {
     return tensor * stride_[0] + data * stride_[1] + stage * stride_[2];
   }
+  // The first rank of this rank's tensor group: the random stream its ranks share (each keeps
+  // its part of the same dropout mask, model/layers.h). This rank itself without a tensor axis.
+  int TensorGroupLeader() const {
+    return RankAt(0, coordinate(Axis::kData), coordinate(Axis::kStage));
+  }
   // The rank `delta` steps along `axis` from this one (the other coordinates fixed), or -1
   // past either end: Neighbour(kStage, -1) is the previous stage, -1 on the first.
   int Neighbour(Axis axis, int delta) const;

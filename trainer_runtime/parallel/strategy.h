@@ -176,6 +176,10 @@ class ParallelStrategy {
   // to the newest snapshot (LoadImage), the replacement from its peer's copy. Reform then also
   // readies a replacement that never ran Setup. Such a strategy also supports Reform.
   virtual bool RecoversFromSnapshots() const { return false; }
+  // Whether Reform works (it may be given the data group of a layout that splits the world,
+  // whose images snapshots then keep: a tensor shard, a pipeline stage): ddp, zero, Local SGD,
+  // and none, which holds nothing between steps.
+  virtual bool CanReform() const { return SupportsInPlaceRecovery() || RecoversFromSnapshots(); }
   // Everything of the run's state this rank holds at a step boundary (parameters or their
   // shard, buffers, `optimizer`'s or the shard optimizer's state, the strategy's own) into
   // `archive`; throws c10::Error. The default: the model file's keys (WriteModelKeys).

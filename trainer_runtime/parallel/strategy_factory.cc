@@ -20,7 +20,8 @@ class NoneStrategy : public ParallelStrategy {
     world_ = world;
   }
   const char* Name() const override { return "none"; }
-  // A pipeline stage without replicas: nothing held between steps, no group.
+  // A pipeline stage or a tensor shard without replicas: nothing held between steps, no group.
+  bool CanReform() const override { return true; }
   void Reform(c10::intrusive_ptr<CountingProcessGroup>) override {}
 };
 

@@ -13,6 +13,8 @@ class ProcessGroupTensorGroup : public TensorGroup {
  public:
   explicit ProcessGroupTensorGroup(c10::intrusive_ptr<CountingProcessGroup> pg)
       : pg_(std::move(pg)) {}
+  // Its group re-formed (ReformTensorGroup).
+  void Reform(c10::intrusive_ptr<CountingProcessGroup> pg) { pg_ = std::move(pg); }
   int size() const override { return pg_->getSize(); }
   int rank() const override { return pg_->getRank(); }
   void AllReduceSum(torch::Tensor& values) override { AllReduce(values, c10d::ReduceOp::SUM); }
@@ -48,6 +50,13 @@ class ProcessGroupTensorGroup : public TensorGroup {
 };
 
 }  // namespace
+
+void ReformTensorGroup(const TensorGroupPtr& group, c10::intrusive_ptr<CountingProcessGroup> pg) {
+  auto* g = dynamic_cast<ProcessGroupTensorGroup*>(group.get());
+  TORCH_CHECK(g && pg && pg->getSize() == g->size() && pg->getRank() == g->rank(),
+              "ReformTensorGroup: not a process group's tensor group of this size and rank");
+  g->Reform(std::move(pg));
+}
 
 TensorGroupPtr ProcessTensorGroup(c10::intrusive_ptr<CountingProcessGroup> pg) {
   if (!pg) return TensorGroupPtr();

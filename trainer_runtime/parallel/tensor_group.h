@@ -18,4 +18,10 @@ namespace launch::trainer {
 // Null for a null group (one rank: the layers are whole).
 TensorGroupPtr ProcessTensorGroup(c10::intrusive_ptr<CountingProcessGroup> pg);
 
+// In-place recovery: `group` (ProcessTensorGroup's) goes on over `pg`, its group re-formed in a
+// new generation, so the layers and strategies that hold `group` keep it. Call between steps
+// (no forward or backward running). REQUIRES: `group` came from ProcessTensorGroup, `pg` has
+// its size and this rank's place.
+void ReformTensorGroup(const TensorGroupPtr& group, c10::intrusive_ptr<CountingProcessGroup> pg);
+
 }  // namespace launch::trainer

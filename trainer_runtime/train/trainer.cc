@@ -270,9 +270,7 @@ void Trainer::SeedDropout() {
   // Different dropout masks per replica, reproducible per (seed, rank). The ranks of a tensor
   // group draw alike (their first rank's stream): each keeps its part of the same whole mask
   // (layers.h), so the split model drops what the whole one would.
-  const ParallelLayout& layout = accel_->layout();
-  const int stream =
-      layout.RankAt(0, layout.coordinate(Axis::kData), layout.coordinate(Axis::kStage));
+  const int stream = accel_->layout().TensorGroupLeader();
   torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(stream + 1));
 }
 
