@@ -143,6 +143,12 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
         text, _ = self.recover("diloco", "diloco", "0:10:optimizer", [0], [8])
         self.assertIn("took the snapshot of step 8 from rank 1", text)
 
+    def test_diloco_four_ranks_rank3_killed(self):
+        # The outer anchor and momentum are in the images of ranks 0 and 1 only: rank 3's
+        # replacement and rank 2 take them from rank 0 (an outer step, at 9, came after the
+        # snapshot of step 8).
+        self.recover("diloco4", "diloco", "3:11:forward", [3], [8], world=4)
+
     def test_copies_made_while_training_goes_on(self):
         # Without waiting for the copies: the recovery goes back to the newest snapshot whose
         # exchange had completed everywhere, which timing decides; the end is the same.

@@ -795,13 +795,13 @@ void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensor
 }
 
 void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
-                        std::vector<at::Tensor> tensors) {
+                        std::vector<at::Tensor> tensors, int root) {
   if (tensors.empty()) return;
   // One buffer of up to 250 MB per call: a model's parameters usually go in one broadcast.
   constexpr size_t kBucketBytes = 250u << 20;
   at::NoGradGuard no_grad;
   for (auto& t : tensors) t = t.detach();
-  c10d::broadcast_coalesced(pg, tensors, kBucketBytes, /*rank=*/0);
+  c10d::broadcast_coalesced(pg, tensors, kBucketBytes, root);
 }
 
 }  // namespace launch::trainer

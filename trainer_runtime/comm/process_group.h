@@ -244,10 +244,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> NewGroup(const c10::intrusive_ptr<c10d::S
 // Throws c10::Error when a peer fails.
 void AllReduceFlat(c10d::ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int64_t divisor);
 
-// Makes `tensors` (in place) equal to the group's rank 0's, packed into as few broadcasts as
-// their total size allows (c10d::broadcast_coalesced; mixed dtypes are fine). COLLECTIVE.
+// Makes `tensors` (in place) equal to the group's rank `root`'s (0 by default), packed into as
+// few broadcasts as their total size allows (c10d::broadcast_coalesced; mixed dtypes are fine).
+// COLLECTIVE.
 void BroadcastFromRank0(const c10::intrusive_ptr<c10d::ProcessGroup>& pg,
-                        std::vector<at::Tensor> tensors);
+                        std::vector<at::Tensor> tensors, int root = 0);
 
 // After the store's host (rank 0) was lost: waits until a server at MASTER_ADDR:MASTER_PORT
 // accepts a connection and keeps it for 100 ms, so the next ConnectStore reaches the

@@ -68,8 +68,11 @@ class LocalSgdStrategy : public ParallelStrategy {
   }
   bool SyncGradients(bool) const override { return false; }
 
-  // The replicas differ between averages, and the outer state is every rank's own copy:
-  // recovered from snapshots, the replicas, the inner optimizers' states and the outer state.
+  // The replicas differ between averages: recovered from snapshots, the replicas, the inner
+  // optimizers' states and the outer state. The outer state (DiLoCo's anchor and momentum) is
+  // the same on every rank (each computes the outer step from the same average), so only the
+  // images of the group's ranks 0 and 1 hold it: a lost rank's image comes from its keeper,
+  // so one of those two images is always at hand when any is, and LoadImage hands it to all.
   bool RecoversFromSnapshots() const override { return true; }
   void Reform(c10::intrusive_ptr<CountingProcessGroup> pg) override {
     SetGroup(std::move(pg));
@@ -83,7 +86,8 @@ class LocalSgdStrategy : public ParallelStrategy {
   void SaveImage(torch::serialize::OutputArchive& archive,
                  torch::optim::Optimizer& optimizer) override {
     ParallelStrategy::SaveImage(archive, optimizer);
-    for (const auto& [name, t] : OuterTensors()) archive.write("local_sgd/" + name, t);
+    if (rank() < 2)
+      for (const auto& [name, t] : OuterTensors()) archive.write("local_sgd/" + name, t);
     archive.write("local_sgd/last_averaged", torch::tensor({last_averaged_}, torch::kLong));
   }
   Status LoadImage(torch::serialize::InputArchive& archive,
@@ -91,10 +95,27 @@ class LocalSgdStrategy : public ParallelStrategy {
     LAUNCH_RETURN_IF_ERROR(ParallelStrategy::LoadImage(archive, optimizer));
     try {
       torch::NoGradGuard no_grad;
+      std::vector<torch::Tensor> outer;
+      bool held = true;
       for (auto& [name, t] : OuterTensors()) {
         torch::Tensor saved;
-        archive.read("local_sgd/" + name, saved);
-        t.copy_(saved);
+        held = held && archive.try_read("local_sgd/" + name, saved);
+        if (held) t.copy_(saved);
+        outer.push_back(t);
+      }
+      if (!outer.empty()) {
+        // From the lowest rank whose image held it. COLLECTIVE over the group.
+        auto from = torch::tensor({static_cast<int64_t>(held ? rank() : world())}, torch::kLong);
+        std::vector<at::Tensor> v = {from};
+        c10d::AllreduceOptions min;
+        min.reduceOp = c10d::ReduceOp::MIN;
+        pg_->allreduce(v, min)->wait();
+        const int root = static_cast<int>(from.item<int64_t>());
+        if (root >= world())
+          return Status::InvalidConfig(
+              "this rank's snapshot: no rank's image holds the outer state (ranks 0 and 1 "
+              "keep it)");
+        BroadcastFromRank0(pg_, outer, root);
       }
       torch::Tensor last;
       archive.read("local_sgd/last_averaged", last);
