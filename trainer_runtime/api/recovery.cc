@@ -261,15 +261,20 @@ void HandImage(c10d::ProcessGroup& group, int dst, const SnapshotImage& image, b
                 " could not open this rank's snapshot image through /proc");
     return;
   }
-  std::string copy;
-  const Status read = image.Read([&](std::string_view bytes) {
-    copy.assign(bytes.data(), bytes.size());
+  // Straight from the image (its memory file mapped for the send): no copy of it here.
+  std::string error;
+  const Status sent = image.Read([&](std::string_view bytes) {
+    std::vector<at::Tensor> payload = {torch::from_blob(
+        const_cast<char*>(bytes.data()), {static_cast<int64_t>(bytes.size())}, torch::kByte)};
+    try {
+      group.send(payload, dst, kSnapshotTag)->wait();
+    } catch (const std::exception& e) {
+      error = e.what();  // thrown again below, once the mapping is gone
+    }
     return Status::Ok();
   });
-  TORCH_CHECK(read.ok(), "the snapshot image: ", read.message());
-  std::vector<at::Tensor> payload = {
-      torch::from_blob(copy.data(), {static_cast<int64_t>(copy.size())}, torch::kByte)};
-  group.send(payload, dst, kSnapshotTag)->wait();
+  TORCH_CHECK(sent.ok(), "the snapshot image: ", sent.message());
+  TORCH_CHECK(error.empty(), error);
 }
 
 // Receives HandImage's image from `src`, whose pid is `src_pid` (0 when it is on another host).
