@@ -135,6 +135,15 @@ struct OptimizerConfig {
   std::vector<std::string> no_decay = {"bias", "norm"};
 };
 
+// mixed_precision fp16's dynamic loss scaling (trainer_runtime/model/loss_scaler.h), with
+// torch.amp.GradScaler's defaults; accelerate's GradScalerKwargs.
+struct GradScalerConfig {
+  double init_scale = 65536.0;     // the first scale (2^16)
+  double growth_factor = 2.0;      // the scale's growth after growth_interval clean steps
+  double backoff_factor = 0.5;     // its change after a step with inf or nan gradients
+  int64_t growth_interval = 2000;  // clean steps in a row before a growth
+};
+
 struct SchedulerConfig {
   SchedulerType type = SchedulerType::kConstant;
   int64_t warmup_steps = 0;   // linear warm-up from 0 to lr
@@ -204,6 +213,7 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   double max_grad_norm = 0.0;  // 0 = no clipping
+  GradScalerConfig grad_scaler;  // mixed_precision fp16 only
   ParallelConfig parallel;
   int gradient_accumulation_steps = 1;
   bool sync_each_batch = false;      // true: all-reduce every micro-batch (no no_sync)
@@ -238,7 +248,7 @@ struct TrainConfig {
     int64_t from_step = 1;
     int64_t steps = 0;
   } timeline;
-  std::string mixed_precision = "no";  // copied from the top level: no | bf16
+  std::string mixed_precision = "no";  // copied from the top level: no | bf16 | fp16
   // The trained model, for PyTorch to load (output_dir/model.pt): a TorchScript model as
   // itself with the trained weights (torch.jit.load), a built-in model as a dict of parameter
   // and buffer names to tensors (torch.load). Written at the end, also at every checkpoint

@@ -158,6 +158,7 @@ bool ModelIs(const TrainConfig& t, ModelType m) { return t.model.type == m; }
 bool DataIs(const TrainConfig& t, DataType d) { return t.data.type == d; }
 bool ModeIs(const TrainConfig& t, ParallelMode m) { return t.parallel.mode == m; }
 bool OptimizerIs(const TrainConfig& t, OptimizerType o) { return t.optimizer.type == o; }
+bool Fp16(const TrainConfig& t) { return t.mixed_precision == "fp16"; }
 
 auto Model(ModelType m) {
   return [m](const TrainConfig& t) { return ModelIs(t, m); };
@@ -364,6 +365,19 @@ std::vector<TrainKey> BuildTable() {
       Range("max_grad_norm", FIELD(max_grad_norm), 0.0, 1e9,
             "clip the global gradient norm; 0 = no clipping")
           .Identity(),
+      // fp16's loss scaling (torch.amp.GradScaler's options): in the identity only under fp16.
+      Range("grad_scaler.init_scale", FIELD(grad_scaler.init_scale), 1e-30, 3e38,
+            "fp16: the first loss scale")
+          .Identity(Fp16),
+      Range("grad_scaler.growth_factor", FIELD(grad_scaler.growth_factor), 1.000001, 1e6,
+            "fp16: the scale's factor after growth_interval steps without inf or nan")
+          .Identity(Fp16),
+      Range("grad_scaler.backoff_factor", FIELD(grad_scaler.backoff_factor), 1e-6, 0.999999,
+            "fp16: the scale's factor after a step with inf or nan gradients (skipped)")
+          .Identity(Fp16),
+      Range("grad_scaler.growth_interval", FIELD(grad_scaler.growth_interval), 1, kBig,
+            "fp16: steps without inf or nan before the scale grows")
+          .Identity(Fp16),
       Enum("loss.type", FIELD(loss.type), kLossTypes,
            "auto: cross_entropy for classes, mse for regression")
           .Identity(),

@@ -210,6 +210,9 @@ TEST_CASE("RankStateRoundTripsTheGlobalPositionAndReadsOlderFiles") {
   s.anchor_step = 20;
   s.anchor_position = 18.25;
   s.anchor_slope = 0.75;
+  s.loss_scale = 2048;
+  s.scale_growth_tracker = 17;
+  s.skipped_steps = 5;
   REQUIRE(SaveRankState(dir + "/rank0.pt", s).ok());
   auto back = LoadRankState(dir + "/rank0.pt", /*restore_rng=*/false);
   REQUIRE(back.ok());
@@ -221,6 +224,9 @@ TEST_CASE("RankStateRoundTripsTheGlobalPositionAndReadsOlderFiles") {
   CHECK(back->anchor_step == 20);
   CHECK(back->anchor_position == 18.25);
   CHECK(back->anchor_slope == 0.75);
+  CHECK(back->loss_scale == 2048);
+  CHECK(back->scale_growth_tracker == 17);
+  CHECK(back->skipped_steps == 5);
   // A file from before these fields: five integers, no "schedule". They read as defaults.
   {
     torch::serialize::OutputArchive old;
@@ -236,6 +242,8 @@ TEST_CASE("RankStateRoundTripsTheGlobalPositionAndReadsOlderFiles") {
   CHECK(legacy->data_world == 0);
   CHECK(legacy->anchor_step == -1);
   CHECK(legacy->anchor_slope == 1);
+  CHECK(legacy->loss_scale == 0);
+  CHECK(legacy->skipped_steps == 0);
 }
 
 TEST_CASE("SyntheticDataHasAFloorBelowGuessing") {

@@ -137,6 +137,10 @@ StatusOr<std::unique_ptr<Accelerator>> Accelerator::Create(const config::TrainCo
   accel->SetLayout(layout);
   accel->device_ = platform.device();
   accel->platform_ = std::make_unique<const Platform>(platform);
+  if (platform.autocast().dtype == c10::ScalarType::Half) {
+    LAUNCH_ASSIGN_OR_RETURN(LossScaler scaler, LossScaler::Create(options.grad_scaler));
+    accel->scaler_ = scaler;
+  }
   // Which GPU each rank took, and over what its tensors travel (a CPU run says nothing new).
   // That GPU becomes the current device, as torch.cuda.set_device(LOCAL_RANK) in a script: what
   // allocates without naming a device (NCCL's communicators, raw allocations) lands there.
@@ -220,6 +224,16 @@ void Accelerator::AbandonGroups() {
 }
 
 bool Accelerator::bf16() const { return platform_->autocast().dtype == c10::ScalarType::BFloat16; }
+bool Accelerator::fp16() const { return scaler_.has_value(); }
+double Accelerator::loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
+int64_t Accelerator::skipped_steps() const { return scaler_ ? scaler_->skipped() : 0; }
+
+void Accelerator::Unscale(Pair& pair) {
+  if (!scaler_ || pair.unscaled) return;
+  pair.unscaled = true;
+  // Sharded gradients included (zero: the shard this rank steps).
+  Guarded([&] { pair.strategy->ScaleGradients(scaler_->inverse_scale()); });
+}
 
 AutocastScope Accelerator::Autocast() const {
   return AutocastScope(platform_->autocast().device_type, platform_->autocast().dtype);
@@ -569,7 +583,10 @@ void Accelerator::Backward(const torch::Tensor& loss) {
     {
       // Includes waiting for the last buckets' all-reduces (the Reducer's final callback).
       Timeline::Scope span("train", sync_ ? "backward" : "backward (no_sync)");
-      (loss / static_cast<double>(options_.gradient_accumulation_steps)).backward();
+      torch::Tensor scaled = loss / static_cast<double>(options_.gradient_accumulation_steps);
+      // fp16: scaler.scale(loss) after accelerate's division, as accelerator.backward does.
+      if (scaler_) scaled = scaled * static_cast<double>(scaler_->scale());
+      scaled.backward();
     }
     for (Pair* pair : reached) pair->strategy->AfterBackward(sync_ && pair->no_sync == 0);
   });
@@ -619,7 +636,7 @@ torch::Tensor Accelerator::ForwardBackwardWith(const torch::data::Example<>& bat
     Backward(loss);
     return loss.detach();
   }
-  const double scale = 1.0 / static_cast<double>(options_.gradient_accumulation_steps);
+  const double scale = loss_scale() / static_cast<double>(options_.gradient_accumulation_steps);
   Timeline::Scope span("train", "forward + backward (replicas)");
   torch::Tensor loss;
   // A pipeline's sends and receives, and its data group's reductions: a lost peer abandons
@@ -653,7 +670,12 @@ torch::Tensor Accelerator::PipelineForward(const torch::Tensor& inputs) {
   return engine->Forward(inputs);
 }
 
-double Accelerator::ClipGradNorm(double max_norm) { return strategy_->ClipGradNorm(max_norm); }
+double Accelerator::ClipGradNorm(double max_norm) {
+  // accelerate's clip_grad_norm_: the gradients unscaled first (once per step), so that the
+  // norm is the true one.
+  if (!pairs_.empty()) Unscale(pairs_.front());
+  return strategy_->ClipGradNorm(max_norm);
+}
 
 bool Accelerator::Step() {
   LAUNCH_CHECK(prepared_);
@@ -691,13 +713,34 @@ bool Accelerator::Step() {
 
 void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
   Timeline::Scope span("train", "optimizer");
+  step_skipped_ = false;
   for (Pair* pair : pairs) {
+    if (scaler_) {
+      // fp16: inf or nan anywhere in the gradients (the ranks that split them agree through
+      // the norm, reduced where the strategy shards: zero, pipeline stages, tensor groups)
+      // skips the step; scaler.step's rule.
+      Unscale(*pair);
+      bool finite = true;
+      const bool checked =
+          Guarded([&] { finite = std::isfinite(pair->strategy->GradNormSquared()); });
+      pair->unscaled = false;
+      // A lost peer abandoned the step (Step() recovers): the scale stays the boundary's.
+      if (checked) scaler_->Update(!finite);
+      if (!finite) {
+        step_skipped_ = true;
+        pair->strategy->DropGradients();
+        pair->took_part = false;
+        pair->stepped = true;
+        continue;
+      }
+    }
     // The norm and the step communicate too (ZeRO: an all-reduce, an all-gather): a lost peer
     // leaves the rest of the step undone (Step() then recovers).
     if (options_.max_grad_norm > 0)
       Guarded([&] { pair->strategy->ClipGradNorm(options_.max_grad_norm); });
     if (lr_schedule_) {
-      const double value = lr_schedule_(step_);
+      // Steps the optimizer took (fp16: less the skipped ones, as accelerate's scheduler).
+      const double value = lr_schedule_(step_ - skipped_steps());
       auto& groups = pair->optimizer->param_groups();
       for (size_t g = 0; g < groups.size(); ++g) {
         // A group added after Prepare: its rate when first seen is its base (LambdaLR's

@@ -30,7 +30,17 @@
 // directly puts the forward pass and the loss inside an AutocastScope:
 //   { auto amp = accel->Autocast(); loss = criterion(model(batch.data), batch.target); }
 //   accel->Backward(loss);
-// `fp16` (it needs loss scaling) and `fp8` are refused (InvalidConfig).
+// `fp16` autocasts to float16 the same way (on CUDA, or on a CPU with LibTorch 2.x) with
+// dynamic loss scaling, as torch.amp.GradScaler with accelerate: Backward multiplies the loss
+// by loss_scale(); Step (or ClipGradNorm, once per step) divides the gradients by it, and a step
+// whose gradients hold inf or nan anywhere (the ranks that split them agree: the strategy's
+// gradient norm) is skipped: no optimizer step, the gradients dropped, the scale halved,
+// step_was_skipped() true; after options().grad_scaler.growth_interval clean steps the scale
+// doubles (model/loss_scaler.h). A skipped step still counts in step() (the data moved on) but
+// not in the LR schedule, which is evaluated at step() - skipped_steps() as accelerate's
+// scheduler skips with the optimizer. The scaler's state is in checkpoints and snapshots. With
+// several prepared models each Step(model) decides for its own gradients and updates the scale.
+// `fp8` is refused (InvalidConfig).
 //
 // Where a worker sits comes from the environment (torchrun's contract: RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT; OpenMPI's and SLURM's spellings as fallbacks, see env.h), so the
@@ -118,6 +128,7 @@
 #include "trainer_runtime/api/loader_cursor.h"
 #include "trainer_runtime/data/sampler.h"
 #include "trainer_runtime/model/autocast.h"
+#include "trainer_runtime/model/loss_scaler.h"
 #include "trainer_runtime/model/tensor_parallel.h"
 #include "trainer_runtime/util/env.h"
 
@@ -356,6 +367,13 @@ class Accelerator {
   // not shared memory)", or "" with one process.
   std::string allreduce_transport() const;
   bool bf16() const;  // autocast to bfloat16 (mixed_precision bf16)
+  bool fp16() const;  // autocast to float16 with loss scaling (mixed_precision fp16)
+  // fp16: the factor Backward multiplies the loss by; 1 otherwise.
+  double loss_scale() const;
+  // fp16: the last stepping Step() found inf or nan gradients and skipped the optimizer step
+  // (accelerate's optimizer_step_was_skipped); and how many steps the run skipped so far.
+  bool step_was_skipped() const { return step_skipped_; }
+  int64_t skipped_steps() const;
   // Autocast for a forward pass and loss run by the caller (see the top of this file), on this
   // rank's device type; a no-op scope when mixed precision is off.
   AutocastScope Autocast() const;
@@ -804,6 +822,7 @@ class Accelerator {
     bool unsynced = false;                    // its last Backward ran inside NoSync
     bool stepped = false;                     // stepped in the current micro-batch
     bool backward_in_micro = false;           // a Backward reached it in the current micro-batch
+    bool unscaled = false;  // fp16: its gradients were divided by the loss scale in this step
     std::vector<double> base_lrs;  // each parameter group's rate at Prepare (SetLrLambda)
   };
   void RecordBaseLearningRates(Pair& pair);  // Prepare: pair.base_lrs from its optimizer's groups
@@ -841,6 +860,10 @@ class Accelerator {
   bool lr_is_factor_ = false;  // lr_schedule_ is SetLrLambda's factor, not a rate
   bool prepared_ = false;
   std::unique_ptr<const Platform> platform_;  // this rank's device path (compat/platform.h)
+  std::optional<LossScaler> scaler_;          // mixed_precision fp16
+  bool step_skipped_ = false;                 // the last stepping Step() skipped (fp16)
+  // fp16: divides `pair`'s gradients by the loss scale, once per step.
+  void Unscale(Pair& pair);
   torch::Device device_ = torch::kCPU;
   void EndMicroBatch();
   void WriteTimeline();  // Finish(): per-rank files, merged by rank 0

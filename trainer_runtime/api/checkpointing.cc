@@ -202,6 +202,11 @@ TrainState Accelerator::CurrentTrainState() const {
   state.anchor_step = schedule_anchor_.step;
   state.anchor_position = schedule_anchor_.position;
   state.anchor_slope = schedule_anchor_.slope;
+  if (scaler_) {
+    state.loss_scale = scaler_->scale();
+    state.scale_growth_tracker = scaler_->growth_tracker();
+    state.skipped_steps = scaler_->skipped();
+  }
   return state;
 }
 
@@ -601,6 +606,9 @@ Status Accelerator::LoadPairState(const std::string& dir, const std::string& ste
 void Accelerator::LoadTrainState(const TrainState& state) {
   step_ = state.step;
   schedule_anchor_ = {state.anchor_step, state.anchor_position, state.anchor_slope};
+  if (scaler_)
+    scaler_->Restore(static_cast<float>(state.loss_scale), state.scale_growth_tracker,
+                     state.skipped_steps);
   // Checkpoints from before data_world was recorded know only the world size.
   const bool recorded = state.data_world > 0;
   const int data_world = data_parallel_size();

@@ -1,6 +1,7 @@
 #include "trainer_runtime/compat/platform.h"
 
 #include <ATen/Context.h>
+#include <torch/csrc/api/include/torch/version.h>
 #include <torch/cuda.h>
 
 #include "trainer_runtime/compat/torch_compat.h"
@@ -33,6 +34,8 @@ PlatformFacts PlatformFacts::Read() {
   f.libtorch_cuda = at::hasCUDA();
   f.cuda_device_count = f.libtorch_cuda ? static_cast<int>(torch::cuda::device_count()) : 0;
   f.nccl = compat::HasNccl();
+  // CPU autocast took float16 in PyTorch 2.x (1.13 disables itself for any dtype but bfloat16).
+  f.cpu_fp16_autocast = TORCH_VERSION_MAJOR >= 2;
   return f;
 }
 
@@ -46,6 +49,12 @@ const char* ToString(DeviceKind kind) { return kind == DeviceKind::kCuda ? "cuda
 
 const char* ToString(CollectiveBackend backend) {
   return backend == CollectiveBackend::kNccl ? "nccl" : "gloo";
+}
+
+c10::ScalarType AutocastDtype(std::string_view mixed_precision) {
+  if (mixed_precision == "bf16") return c10::ScalarType::BFloat16;
+  if (mixed_precision == "fp16") return c10::ScalarType::Half;
+  return c10::ScalarType::Undefined;
 }
 
 StatusOr<Platform> Platform::Create(const DistEnv& env, std::string_view mixed_precision,
@@ -84,11 +93,9 @@ StatusOr<Platform> Platform::Create(const DistEnv& env, std::string_view mixed_p
   Autocast& a = p.autocast_;
   a.mode = std::string(mixed_precision);
   a.device_type = p.device_.type();
-  if (mixed_precision == "bf16") {
-    a.dtype = c10::ScalarType::BFloat16;
-  } else if (mixed_precision == "fp16") {
-    a.dtype = c10::ScalarType::Half;
-  } else if (mixed_precision != "fp8" && mixed_precision != "no") {
+  a.dtype = AutocastDtype(mixed_precision);
+  if (a.dtype == c10::ScalarType::Undefined && mixed_precision != "fp8" &&
+      mixed_precision != "no") {
     return Status::InvalidConfig("mixed_precision: expected no, bf16, fp16 or fp8, got '" + a.mode +
                                  "'");
   }
@@ -99,11 +106,12 @@ StatusOr<Platform> Platform::Create(const DistEnv& env, std::string_view mixed_p
 Status Platform::CheckAutocast() const {
   const Autocast& a = autocast_;
   if (!a.enabled || a.mode == "bf16") return Status::Ok();  // model/autocast.h, CPU or CUDA
-  if (a.mode == "fp16")
+  if (a.mode == "fp16") {
+    if (is_cuda() || facts_.cpu_fp16_autocast) return Status::Ok();  // with loss scaling
     return Status::InvalidConfig(
-        "mixed_precision: fp16 needs dynamic loss scaling, which this trainer does not "
-        "implement yet; use bf16 (autocast on " +
-        std::string(is_cuda() ? "CUDA" : "the CPU") + ") or no");
+        "mixed_precision: fp16 on the CPU needs LibTorch 2.x (this LibTorch's CPU autocast is "
+        "bfloat16 only); use bf16 or no");
+  }
   return Status::InvalidConfig("mixed_precision: '" + a.mode +
                                "' needs Transformer Engine, which this trainer does not use; "
                                "use bf16 or no");

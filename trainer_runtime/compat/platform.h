@@ -21,8 +21,9 @@
 //     devices is refused (PyTorch's own scripts fail there with "invalid device ordinal").
 //     Tests on a machine with fewer GPUs than ranks set LAUNCH_TEST_SHARE_GPU=1
 //     (DistEnv::test_share_gpu): ranks share the devices and Gloo carries their CUDA tensors.
-//   - Autocast runs on the device's type, in bfloat16 (bf16) or float16 (fp16); this trainer
-//     implements bf16, on the CPU and on CUDA (model/autocast.h). Whether a configuration may run
+//   - Autocast runs on the device's type, in bfloat16 (bf16) or float16 (fp16, with dynamic loss
+//     scaling: model/loss_scaler.h), on the CPU and on CUDA (model/autocast.h); CPU float16 needs
+//     LibTorch 2.x. Whether a configuration may run
 //     on what was decided is the strategies' question (parallel/strategy_factory.h
 //     CheckPlatformSupport), which CheckAutocast answers for the autocast part.
 //
@@ -52,6 +53,8 @@ struct PlatformFacts {
   // Default false: NCCL is built in, so process groups carry CUDA tensors over it
   // (compat::HasNccl; false on LibTorch 1.13 even with CUDA).
   bool nccl = false;
+  // Default false: LibTorch's CPU autocast runs float16 (LibTorch 2.x; 1.13's is bfloat16 only).
+  bool cpu_fp16_autocast = false;
 
   // This process's real facts: at::hasCUDA(), torch::cuda::device_count(), compat::HasNccl().
   static PlatformFacts Read();
@@ -81,6 +84,10 @@ struct Autocast {
   // autocast dtype: it needs Transformer Engine).
   c10::ScalarType dtype = c10::ScalarType::Undefined;
 };
+
+// The autocast dtype `mixed_precision` names: BFloat16 for bf16, Half for fp16, Undefined for
+// anything else (no, fp8, unknown).
+c10::ScalarType AutocastDtype(std::string_view mixed_precision);
 
 class Platform {
  public:
@@ -120,9 +127,10 @@ class Platform {
   // or "" on CUDA.
   const std::string& why_cpu() const { return why_cpu_; }
 
-  // Whether this trainer implements the autocast asked for on this device: off, or bf16 (CPU
-  // or CUDA autocast, model/autocast.h). InvalidConfig naming mixed_precision and the way out
-  // otherwise (fp16 needs loss scaling, fp8 Transformer Engine).
+  // Whether this trainer implements the autocast asked for on this device: off, bf16 (CPU or
+  // CUDA autocast, model/autocast.h), or fp16 on CUDA and on a CPU whose LibTorch autocasts to
+  // float16. InvalidConfig naming mixed_precision and the way out otherwise (fp16 on 1.13's CPU,
+  // fp8: Transformer Engine).
   // Strategies call it from their Supports functions.
   Status CheckAutocast() const;
 

@@ -3,6 +3,8 @@
 
 #include "trainer_runtime/compat/platform.h"
 
+#include <torch/csrc/api/include/torch/version.h>
+
 #include <string>
 
 #include "base/test_util.h"
@@ -136,18 +138,25 @@ TEST_CASE("PlatformAutocastFollowsTheDevice") {
   CHECK(cuda->CheckAutocast().ok());  // torch.autocast("cuda", torch.bfloat16)
   CHECK(Contains(cuda->Describe(), "cuda:0, NCCL, autocast bf16 on cuda"));
 
-  // fp16 needs loss scaling, on either device; fp8 Transformer Engine.
-  for (const PlatformFacts& facts : {PlatformFacts(), CudaFacts(1)}) {
+  // fp16 (with loss scaling) on CUDA, and on a CPU whose LibTorch autocasts to float16;
+  // fp8 needs Transformer Engine.
+  PlatformFacts cpu_fp16;
+  cpu_fp16.cpu_fp16_autocast = true;
+  for (const PlatformFacts& facts : {PlatformFacts(), cpu_fp16, CudaFacts(1)}) {
     auto fp16 = Platform::Create(Node(0, 1), "fp16", facts);
     REQUIRE(fp16.ok());
     CHECK((fp16->autocast().dtype == c10::ScalarType::Half));
-    const Status refused = fp16->CheckAutocast();
-    CHECK((refused.code() == Status::Code::kInvalidConfig));
-    CHECK(Contains(refused.message(), "mixed_precision: fp16 needs dynamic loss scaling"));
-    CHECK(Contains(refused.message(), facts.libtorch_cuda ? "autocast on CUDA" : "the CPU"));
+    const Status checked = fp16->CheckAutocast();
+    if (facts.libtorch_cuda || facts.cpu_fp16_autocast) {
+      CHECK(checked.ok());
+    } else {
+      CHECK((checked.code() == Status::Code::kInvalidConfig));
+      CHECK(Contains(checked.message(), "mixed_precision: fp16 on the CPU needs LibTorch 2.x"));
+    }
     CHECK(Contains(Platform::Create(Node(0, 1), "fp8", facts)->CheckAutocast().message(),
                    "mixed_precision: 'fp8' needs Transformer Engine"));
   }
+  CHECK(PlatformFacts::Read().cpu_fp16_autocast == (TORCH_VERSION_MAJOR >= 2));
 
   auto bad = Platform::Create(DistEnv(), "fp32", PlatformFacts());
   REQUIRE_FALSE(bad.ok());

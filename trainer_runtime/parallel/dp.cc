@@ -149,12 +149,12 @@ class ReplicaRandom {
 class DpStrategy : public ParallelStrategy {
  public:
   DpStrategy(Model* model, std::vector<std::unique_ptr<Model>> extra, bool loss_in_replica,
-             int threads_per_replica, bool seeded, bool bf16,
+             int threads_per_replica, bool seeded, c10::ScalarType autocast,
              std::unique_ptr<ThreadBatchNormGroup> bn_group)
       : replicas_(static_cast<int>(extra.size()) + 1),
         loss_in_replica_(loss_in_replica),
         seeded_(seeded),
-        bf16_(bf16),
+        autocast_(autocast),
         extra_(std::move(extra)),
         bn_group_(std::move(bn_group)),
         pool_(replicas_, threads_per_replica) {
@@ -205,14 +205,15 @@ class DpStrategy : public ParallelStrategy {
         const auto [offset, rows] = chunks[static_cast<size_t>(k)];
         std::optional<ReplicaRandom::ForwardScope> scope;
         if (seeded_) scope.emplace(&random_, k);
-        AutocastScope amp(bf16_);  // per thread
+        AutocastScope amp(c10::DeviceType::CPU, autocast_);  // per thread
         outputs[static_cast<size_t>(k)] =
             models_[static_cast<size_t>(k)]->Forward(x.narrow(0, offset, rows));
       });
       // Gather to the first "device" and compute the loss over the whole batch there (in
-      // float32 under bf16, as autocast would).
+      // float32 under autocast, as autocast would).
       std::vector<torch::Tensor> detached;
-      for (auto& o : outputs) detached.push_back(bf16_ ? o.detach().to(torch::kFloat) : o.detach());
+      const bool cast = autocast_ != c10::ScalarType::Undefined;
+      for (auto& o : outputs) detached.push_back(cast ? o.detach().to(torch::kFloat) : o.detach());
       torch::Tensor gathered = torch::cat(detached).requires_grad_(true);
       torch::Tensor loss = criterion(gathered, y);
       (loss * scale).backward();
@@ -282,7 +283,8 @@ class DpStrategy : public ParallelStrategy {
   int replicas_;
   bool loss_in_replica_;
   bool seeded_;  // parallel.dp_seeded_replicas
-  bool bf16_;    // mixed_precision bf16: replicas' forward passes under autocast
+  // mixed_precision bf16 or fp16: the replicas' forward passes under CPU autocast to it.
+  c10::ScalarType autocast_;
   std::vector<std::unique_ptr<Model>> extra_;
   std::vector<Model*> models_;
   // parallel.sync_batchnorm: the replicas' SyncBatchNorm layers meet here (null when off).
@@ -342,7 +344,7 @@ StatusOr<std::unique_ptr<ParallelStrategy>> CreateDpStrategy(const config::Train
                                                         : std::max(1, at::get_num_threads() / k);
   return std::unique_ptr<ParallelStrategy>(std::make_unique<DpStrategy>(
       model, std::move(extra), cfg.parallel.loss_in_replica, threads,
-      cfg.parallel.dp_seeded_replicas, cfg.mixed_precision == "bf16", std::move(bn_group)));
+      cfg.parallel.dp_seeded_replicas, AutocastDtype(cfg.mixed_precision), std::move(bn_group)));
 }
 
 Status DpSupports(const Platform& platform) {

@@ -109,6 +109,7 @@ class PipelineEngine : public ParallelStrategy {
   double ClipGradNorm(double max_norm) override;
   double GradNormSquared() override;
   void ScaleGradients(double coef) override { data_->ScaleGradients(coef); }
+  void DropGradients() override { data_->DropGradients(); }
   void Step(torch::optim::Optimizer& optimizer) override { data_->Step(optimizer); }
   StateBytes MemoryBytes(const torch::optim::Optimizer& optimizer) const override {
     return data_->MemoryBytes(optimizer);

@@ -46,10 +46,14 @@ double ParallelStrategy::ClipGradNorm(double max_norm) {
 double ParallelStrategy::GradNormSquared() {
   const std::vector<torch::Tensor> params = model_->Parameters();
   if (!tensor_group_) {
-    double squares = 0;
-    for (const auto& p : params)
-      if (p.grad().defined()) squares += p.grad().pow(2).sum().item<double>();
-    return squares;
+    // Summed where the gradients are, read once (one wait for a GPU, not one per parameter).
+    torch::Tensor squares;
+    for (const auto& p : params) {
+      if (!p.grad().defined()) continue;
+      torch::Tensor sq = p.grad().pow(2).sum().to(torch::kDouble);
+      squares = squares.defined() ? squares + sq : sq;
+    }
+    return squares.defined() ? squares.item<double>() : 0.0;
   }
   // [0]: the shards' squares (summed over the tensor group), [1]: the replicated ones'.
   auto squares = torch::zeros({2}, torch::kDouble);
@@ -66,6 +70,11 @@ void ParallelStrategy::ScaleGradients(double coef) {
   torch::NoGradGuard no_grad;
   for (auto& p : model_->Parameters())
     if (p.grad().defined()) p.mutable_grad().mul_(coef);
+}
+
+void ParallelStrategy::DropGradients() {
+  for (auto& p : model_->Parameters())
+    if (p.grad().defined()) p.mutable_grad().zero_();
 }
 
 void ParallelStrategy::Step(torch::optim::Optimizer& optimizer) {

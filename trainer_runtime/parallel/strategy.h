@@ -101,6 +101,10 @@ class ParallelStrategy {
   // zero sums the shards over the group: COLLECTIVE there), and scaling them all by `coef`.
   virtual double GradNormSquared();
   virtual void ScaleGradients(double coef);
+  // Zeroes every gradient without stepping: a float16 step whose gradients held inf or nan is
+  // skipped (Accelerator::Step, model/loss_scaler.h). The default zeroes the model's gradients;
+  // zero its shards and buckets.
+  virtual void DropGradients();
   // Tensor parallelism (model/tensor_parallel.h): the parameters `split` marks (Parameters()
   // order) are shards over `group`, the others replicated on it. The default norm then sums the
   // shards' squares over the group and counts the replicated ones once (COLLECTIVE over it).

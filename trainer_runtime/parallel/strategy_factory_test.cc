@@ -76,17 +76,24 @@ TEST_CASE("OnCudaEveryStrategyButDpRunsAndDpIsRefused") {
   CHECK_FALSE(CheckPlatformSupport(Mode(ParallelMode::kDp, 4), Cuda()).ok());
 }
 
-TEST_CASE("Fp16AndFp8AreRefusedByEveryStrategyOnEitherDevice") {
+TEST_CASE("Fp16RunsWhereItsAutocastDoesAndFp8Nowhere") {
+  PlatformFacts cpu_fp16;
+  cpu_fp16.cpu_fp16_autocast = true;
+  auto cpu2 = Platform::Create(DistEnv(), "fp16", cpu_fp16);
+  REQUIRE(cpu2.ok());
   for (ParallelMode mode :
        {ParallelMode::kNone, ParallelMode::kDdp, ParallelMode::kZero, ParallelMode::kPipeline}) {
     INFO(config::ToString(mode));
-    for (const Platform& platform : {Cpu("fp16"), Cuda("fp16")}) {
-      const Status s = CheckPlatformSupport(Mode(mode), platform);
-      CHECK((s.code() == Status::Code::kInvalidConfig));
-      CHECK(s.message().find("mixed_precision: fp16 needs dynamic loss scaling") == 0);
-    }
+    CHECK(CheckPlatformSupport(Mode(mode), Cuda("fp16")).ok());
+    CHECK(CheckPlatformSupport(Mode(mode), *cpu2).ok());
+    CHECK(CheckPlatformSupport(Mode(mode, 4), *cpu2).ok());  // Local SGD
+    // LibTorch 1.13's CPU autocast is bfloat16 only.
+    const Status s = CheckPlatformSupport(Mode(mode), Cpu("fp16"));
+    CHECK((s.code() == Status::Code::kInvalidConfig));
+    CHECK(s.message().find("mixed_precision: fp16 on the CPU needs LibTorch 2.x") == 0);
     CHECK_FALSE(CheckPlatformSupport(Mode(mode), Cuda("fp8")).ok());
   }
+  CHECK(CheckPlatformSupport(Mode(ParallelMode::kDp), *cpu2).ok());
   CHECK_FALSE(CheckPlatformSupport(Mode(ParallelMode::kDp), Cpu("fp16")).ok());
 }
 

@@ -348,6 +348,14 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
     for (auto& u : units_) u.shard_grad.mul_(coef);
   }
 
+  void DropGradients() override {
+    // The whole gradients (stage 1; the shard's among them when it is a view) and the shard's.
+    for (auto& u : units_) {
+      if (u.flat_grad.defined()) u.flat_grad.zero_();
+      if (!ShardGradIsView()) u.shard_grad.zero_();
+    }
+  }
+
   void Step(Optimizer& user) override {
     // The user's groups carry the learning rate a schedule set.
     for (size_t g = 0; g < group_of_shard_group_.size(); ++g)
@@ -357,11 +365,7 @@ class ZeroStrategy : public ParallelStrategy, public UnitGatherer {
       torch::NoGradGuard no_grad;
       shard_optimizer_->step();
     }
-    // The whole gradients (stage 1; the shard's among them when it is a view) and the shard's.
-    for (auto& u : units_) {
-      if (u.flat_grad.defined()) u.flat_grad.zero_();
-      if (!ShardGradIsView()) u.shard_grad.zero_();
-    }
+    DropGradients();  // the whole (stage 1; the shard among them when a view) and the shard's
     auto start = Clock::now();
     Timeline::Scope span("zero", "all-gather parameters");
     // In place: this rank's slice of each unit is the input.

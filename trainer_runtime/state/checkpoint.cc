@@ -25,7 +25,7 @@ namespace {
 
 // "meta" holds the integer fields in this order. Fields are only ever appended: an older file
 // has a shorter tensor, and the fields it lacks keep their defaults. "schedule": the doubles.
-std::array<int64_t*, 12> IntFields(TrainState& s) {
+std::array<int64_t*, 14> IntFields(TrainState& s) {
   return {&s.step,
           &s.epoch,
           &s.batch_in_epoch,
@@ -37,7 +37,9 @@ std::array<int64_t*, 12> IntFields(TrainState& s) {
           &s.samples_seen_global,
           &s.origin_data_world,
           &s.anchor_step,
-          &s.origin_batch_size};
+          &s.origin_batch_size,
+          &s.scale_growth_tracker,
+          &s.skipped_steps};
 }
 
 torch::Tensor MetaTensor(TrainState s) {
@@ -47,7 +49,7 @@ torch::Tensor MetaTensor(TrainState s) {
 }
 
 torch::Tensor ScheduleTensor(const TrainState& s) {
-  return torch::tensor({s.anchor_position, s.anchor_slope}, torch::kDouble);
+  return torch::tensor({s.anchor_position, s.anchor_slope, s.loss_scale}, torch::kDouble);
 }
 
 TrainState FromMeta(const torch::Tensor& meta, const torch::Tensor& schedule) {
@@ -60,6 +62,7 @@ TrainState FromMeta(const torch::Tensor& meta, const torch::Tensor& schedule) {
     auto d = schedule.accessor<double, 1>();
     s.anchor_position = d[0];
     s.anchor_slope = d[1];
+    if (schedule.numel() >= 3) s.loss_scale = d[2];
   }
   return s;
 }

@@ -39,6 +39,11 @@ struct TrainState {
   int64_t anchor_step = -1;
   double anchor_position = 0;
   double anchor_slope = 1;
+  // mixed_precision fp16's loss scaler (model/loss_scaler.h): its scale (0: none recorded),
+  // clean steps since its last change, and the steps it skipped.
+  double loss_scale = 0;
+  int64_t scale_growth_tracker = 0;
+  int64_t skipped_steps = 0;
 };
 
 // The model file of a checkpoint: parameters ("param/<name>"), buffers ("buffer/<name>") and
