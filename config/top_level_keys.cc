@@ -172,8 +172,8 @@ const std::vector<KeyDef>& TopLevelTable() {
             return std::string();
           })
           .Flag({"mixed_precision"}, kGroupProcs,
-                "no | bf16 | fp16 | fp8 (`train`: bf16 autocast on the CPU or CUDA; fp16 and fp8 "
-                "are refused)")
+                "no | bf16 | fp16 | fp8 (`train`: bf16 or fp16 autocast, fp16 with loss scaling; "
+                "fp8 is refused)")
           .Show([](const LaunchConfig& c) { return c.mixed_precision; }),
       // Older accelerate files say `fp16: true` instead of `mixed_precision: fp16`.
       Key("fp16",

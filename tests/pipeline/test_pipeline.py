@@ -12,8 +12,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trainer"))
-from trainer_helpers import (TRAIN, final, free_port, metrics, params, rank_env, rel_diff,
-                             run_ranks, start_ranks, wait_all, write_config)
+from trainer_helpers import (LIBTORCH_MAJOR, TRAIN, final, free_port, metrics, params, rank_env,
+                             rel_diff, run_ranks, start_ranks, wait_all, write_config)
 import harness
 from test_shm_allreduce import maps_have_segment, run_watching
 
@@ -32,17 +32,18 @@ train:
   resume: {resume}
   gradient_accumulation_steps: {accum}
   parallel: {parallel}
-"""
+{extra}"""
 
 SGD = "{type: sgd, lr: 0.05, momentum: 0.9}"
 ADAM = "{type: adam, lr: 0.003}"
 
 
 def config(tmp, name, batch, parallel, steps=10, optimizer=SGD, accum=1, ckpt=0, resume="never",
-           precision="'no'"):
+           precision="'no'", extra=""):
     out = os.path.join(tmp, name)
     text = BASE.format(out=out, batch=batch, steps=steps, optimizer=optimizer, accum=accum,
-                       parallel=parallel, ckpt=ckpt, resume=resume, precision=precision)
+                       parallel=parallel, ckpt=ckpt, resume=resume, precision=precision,
+                       extra=extra)
     return write_config(tmp, text, name + ".yaml"), out
 
 
@@ -400,6 +401,51 @@ class Bf16NumericsTest(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
+@unittest.skipUnless(LIBTORCH_MAJOR >= 2, "LibTorch 1.13's CPU autocast is bfloat16 only")
+class Fp16NumericsTest(unittest.TestCase):
+    """mixed_precision: fp16 with dynamic loss scaling where a mode splits the gradients or the
+    batch: a first scale far too large for float16 makes the first steps overflow, and the
+    scale grows again every 3 clean steps. Each mode skips exactly the steps its reference
+    skipped (zero's ranks agree although each checks its own shard; a pipeline's stages agree
+    although each holds its own layers) and ends close to it: zero against ddp on the same
+    ranks (the same per-rank batches), the pipeline and dp against one process (their
+    micro-batches' losses weighted to the whole batch's)."""
+
+    TOLERANCE = 1e-5
+    SCALER = "  grad_scaler: {init_scale: 16777216, growth_interval: 3}\n"
+
+    def setUp(self):
+        self.tmp = harness.tmpdir()
+
+    def run_mode(self, name, parallel, ranks, flat, batch=8):
+        cfg, out = config(self.tmp, name, batch, parallel, steps=12, precision="fp16",
+                          extra=self.SCALER)
+        run_ranks(cfg, ranks, ["--dump_params"], timeout=90)
+        return flat(out), final(out)["skipped_steps"]
+
+    def check(self, name, got, ref):
+        (p, skipped), (ref_p, ref_skipped) = got, ref
+        self.assertTrue(0 < ref_skipped < 12, ref_skipped)
+        self.assertEqual(skipped, ref_skipped, f"{name}: skipped other steps than its reference")
+        rel, worst = rel_diff(p, ref_p)
+        self.assertLess(rel, self.TOLERANCE, f"{name}: relative difference {rel:g} "
+                        f"(max abs {worst:g})")
+
+    def test_zero_stages_2_and_3_skip_with_ddp(self):
+        ddp = self.run_mode("ddp", "{mode: ddp}", 2, params, batch=4)
+        for stage in (2, 3):
+            self.check(f"zero{stage}", self.run_mode(f"zero{stage}", "{mode: zero, zero_stage: "
+                                                     f"{stage}}}", 2, params, batch=4), ddp)
+
+    def test_pipeline_and_dp_skip_with_one_process(self):
+        one = self.run_mode("one", "{mode: none}", 1, params)
+        self.check("pp", self.run_mode(
+            "pp", "{mode: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}", 2,
+            lambda out: pipeline_params(out, 2)), one)
+        self.check("dp", self.run_mode("dp", "{mode: dp, replicas: 2}", 1, params), one)
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
 class PipelineConfigErrorsTest(unittest.TestCase):
     """Each fails with exit 2 before joining the process group (only rank 0 is started)."""
 
@@ -420,8 +466,9 @@ class PipelineConfigErrorsTest(unittest.TestCase):
             self.assertIn(e, r.stderr)
         return r.stderr
 
-    def test_fp16_needs_loss_scaling(self):
-        self.fails("{mode: none}", 1, "mixed_precision: fp16 needs dynamic loss scaling",
+    @unittest.skipIf(LIBTORCH_MAJOR >= 2, "LibTorch 2.x's CPU autocast runs float16")
+    def test_fp16_on_a_cpu_whose_autocast_is_bfloat16_only(self):
+        self.fails("{mode: none}", 1, "mixed_precision: fp16 on the CPU needs LibTorch 2.x",
                    "use bf16", precision="fp16")
 
     def test_world_not_divisible_by_stages(self):

@@ -15,7 +15,7 @@ import re
 import shutil
 import unittest
 
-from trainer_helpers import TRAIN, final, metrics, write_config, write_split
+from trainer_helpers import LIBTORCH_MAJOR, TRAIN, final, metrics, write_config, write_split
 import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,6 +67,7 @@ print(json.dumps({
 
 JOB = """distributed_type: MULTI_CPU
 num_processes: 2
+mixed_precision: {precision}
 train:
   seed: {seed}
   output_dir: {out}
@@ -81,7 +82,7 @@ train:
   parallel: {{mode: ddp}}
   checkpoint_every: 0
   log_every: 1
-"""
+{extra}"""
 
 SGD = "{type: sgd, lr: 0.05, momentum: 0.9, weight_decay: 0.0}"
 SGD_ARGS = ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
@@ -107,14 +108,16 @@ class TorchReferenceTest(unittest.TestCase):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def run_ours(self, name, optimizer=SGD, scheduler="{type: constant}", max_grad_norm=0.0,
-                 loss="{type: cross_entropy}"):
+                 loss="{type: cross_entropy}", precision="'no'", extra="", expect=0):
         out = os.path.join(self.tmp, name + "-ours")
         cfg = write_config(self.tmp, JOB.format(
             seed=SEED, out=out, model=self.model, data=self.data, batch=BATCH, epochs=EPOCHS,
-            optimizer=optimizer, scheduler=scheduler, max_grad_norm=max_grad_norm, loss=loss),
-            name + ".yaml")
+            optimizer=optimizer, scheduler=scheduler, max_grad_norm=max_grad_norm, loss=loss,
+            precision=precision, extra=extra), name + ".yaml")
         r = harness.launch(cfg, timeout=RUN_TIMEOUT)
-        self.assertEqual(r.returncode, 0, f"train on {name}:\n{r.stdout}{r.stderr}")
+        self.assertEqual(r.returncode, expect, f"train on {name}:\n{r.stdout}{r.stderr}")
+        if expect != 0:
+            return r
         self.assertEqual(final(out)["steps"], STEPS)
         return out
 
@@ -129,6 +132,7 @@ class TorchReferenceTest(unittest.TestCase):
         self.assertIn(f"[rank 0]: steps={STEPS}", r.stdout)
         lrs = json.loads(re.search(r"\[rank 0\]: lrs=(\[.*\])", r.stdout).group(1))
         clipped = int(re.search(r"\[rank 0\]: clipped=(\d+)", r.stdout).group(1))
+        self.skipped = int(re.search(r"\[rank 0\]: skipped=(\d+)", r.stdout).group(1))
         return ref, lrs, clipped
 
     def compare(self, out, ref):
@@ -205,6 +209,39 @@ class TorchReferenceTest(unittest.TestCase):
     def test_cross_entropy_with_ignore_index(self):
         self.check_loss("ignore", "{type: cross_entropy, ignore_index: 2}",
                         ["--ignore_index", "2"])
+
+
+    def test_fp16_loss_scaling_matches_grad_scaler(self):
+        # A scale far too large for float16 at first: the first steps overflow and are skipped
+        # while it backs off, then it doubles every 3 clean steps and overflows again. The
+        # warm-up and cosine schedule advance only on the steps taken (accelerate's rule), and
+        # clipping sees the unscaled gradients.
+        cosine = "{type: cosine, warmup_steps: 4, min_lr_ratio: 0.1}"
+        scaler = "  grad_scaler: {init_scale: 16777216, growth_interval: 3}\n"
+        if LIBTORCH_MAJOR < 2:
+            # LibTorch 1.13's CPU autocast is bfloat16 only: refused before anything starts.
+            r = self.run_ours("fp16", precision="fp16", extra=scaler, expect=2)
+            self.assertIn("mixed_precision: fp16 on the CPU needs LibTorch 2.x", r.stderr)
+            return
+        ref, lrs, _ = self.run_reference("fp16", SGD_ARGS + [
+            "--fp16", "--init_scale", "16777216", "--growth_interval", "3",
+            "--scheduler", "cosine", "--warmup_steps", "4", "--min_lr_ratio", "0.1",
+            "--max_grad_norm", "1.0"])
+        self.assertTrue(0 < self.skipped < STEPS // 2, self.skipped)
+        out = self.run_ours("fp16", scheduler=cosine, max_grad_norm=1.0, precision="fp16",
+                            extra=scaler)
+        self.assertMatches(out, ref)
+        f = final(out)
+        self.assertEqual(f["skipped_steps"], self.skipped)
+        self.assertEqual(f["steps"], STEPS)  # a skipped step still consumed its batch
+        lines = [m for m in metrics(out) if "lr" in m]
+        for step, (m, b) in enumerate(zip(lines, lrs), start=1):
+            self.assertAlmostEqual(m["lr"], b, delta=1e-12 + 1e-9 * b, msg=f"lr of step {step}")
+        self.assertEqual(lines[-1]["skipped_steps"], self.skipped)
+        self.assertEqual(lines[-1]["loss_scale"], f["loss_scale"])
+        # float16 and the skipped steps changed the result: float32 lands elsewhere.
+        self.assertDiffers(self.run_ours("fp16_off", scheduler=cosine, max_grad_norm=1.0), ref,
+                           ["head.weight", "stem.weight"])
 
 
 if __name__ == "__main__":

@@ -116,6 +116,11 @@ def main():
     p.add_argument("--find_unused_parameters", action="store_true")
     p.add_argument("--bf16", action="store_true",
                    help='forward and loss under torch.autocast("cpu", torch.bfloat16)')
+    p.add_argument("--fp16", action="store_true",
+                   help='torch.autocast("cpu", torch.float16) with torch.amp.GradScaler, the '
+                        "schedule stepped only when the optimizer was (accelerate's rule)")
+    p.add_argument("--init_scale", type=float, default=65536.0)
+    p.add_argument("--growth_interval", type=int, default=2000)
     p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     p.add_argument("--weight_decay", type=float, default=0.0)
     p.add_argument("--no_decay", default="", help="adamw: comma-separated, e.g. bias,norm")
@@ -167,22 +172,35 @@ def main():
             lr_sched.CosineAnnealingLR(opt, T_max=total - args.warmup_steps,
                                        eta_min=args.lr * args.min_lr_ratio)],
             milestones=[args.warmup_steps])
-    steps, clipped, lrs = 0, 0, []
+    scaler = (torch.amp.GradScaler("cpu", init_scale=args.init_scale,
+                                   growth_interval=args.growth_interval) if args.fp16 else None)
+    dtype = torch.float16 if args.fp16 else torch.bfloat16
+    steps, clipped, skipped, lrs = 0, 0, 0, []
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
         order = list(sampler)
         for start in range(0, len(order) - args.batch_size + 1, args.batch_size):
             idx = torch.tensor(order[start:start + args.batch_size])
             opt.zero_grad(set_to_none=True)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            with torch.autocast("cpu", dtype=dtype, enabled=args.bf16 or args.fp16):
                 loss, _ = loss_and_logits(ddp, x[idx], y[idx], args.pass_target, ce)
-            loss.backward()
+            (scaler.scale(loss) if scaler else loss).backward()
             if args.max_grad_norm > 0:
+                if scaler:
+                    scaler.unscale_(opt)
                 norm = torch.nn.utils.clip_grad_norm_(ddp.module.parameters(), args.max_grad_norm)
                 clipped += int(norm > args.max_grad_norm)
             lrs.append(opt.param_groups[0]["lr"])
-            opt.step()
-            if schedule:
+            stepped = True
+            if scaler:
+                before = scaler.get_scale()
+                scaler.step(opt)
+                scaler.update()
+                stepped = scaler.get_scale() >= before  # a backoff: the step was skipped
+                skipped += int(not stepped)
+            else:
+                opt.step()
+            if schedule and stepped:
                 schedule.step()
             steps += 1
 
@@ -191,6 +209,7 @@ def main():
         print(f"steps={steps}", flush=True)
         print(f"lrs={json.dumps(lrs)}", flush=True)
         print(f"clipped={clipped}", flush=True)
+        print(f"skipped={skipped}", flush=True)
     dist.barrier()  # rank 1 stays until the file is written, so launch's exit means it exists
     dist.destroy_process_group()
 

@@ -5,6 +5,7 @@ metrics.jsonl / final.json / parameter dumps; write tiny MNIST-format (IDX) data
 import json
 import os
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -15,6 +16,21 @@ import harness  # noqa: E402
 
 TRAIN = harness.TRAIN
 LAUNCH = harness.LAUNCH
+
+
+def _libtorch_major():
+    """The major version of the LibTorch `train` was built with ("train 0.1.0 (LibTorch 2.6.0,
+    ..."), 0 when `train` is not built."""
+    try:
+        out = subprocess.run([TRAIN, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except OSError:
+        return 0
+    m = re.search(r"LibTorch (\d+)\.", out)
+    return int(m.group(1)) if m else 0
+
+
+LIBTORCH_MAJOR = _libtorch_major()
 
 
 free_port = harness.free_port  # outside the ephemeral range (tests/harness.py)

@@ -715,10 +715,24 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
   Timeline::Scope span("train", "optimizer");
   step_skipped_ = false;
   for (Pair* pair : pairs) {
+    if (lr_schedule_) {
+      // At the steps the optimizer took (fp16: less the skipped ones, as accelerate's scheduler
+      // skips with the optimizer); set on a skipped step too, which the next one repeats.
+      const double value = lr_schedule_(step_ - skipped_steps());
+      auto& groups = pair->optimizer->param_groups();
+      for (size_t g = 0; g < groups.size(); ++g) {
+        // A group added after Prepare: its rate when first seen is its base (LambdaLR's
+        // initial_lr).
+        if (g == pair->base_lrs.size()) pair->base_lrs.push_back(groups[g].options().get_lr());
+        groups[g].options().set_lr(lr_is_factor_ ? pair->base_lrs[g] * value : value);
+      }
+    }
+    pair->took_part = false;
+    pair->stepped = true;
     if (scaler_) {
-      // fp16: inf or nan anywhere in the gradients (the ranks that split them agree through
-      // the norm, reduced where the strategy shards: zero, pipeline stages, tensor groups)
-      // skips the step; scaler.step's rule.
+      // fp16: inf or nan anywhere in the gradients skips the step (scaler.step's rule). The
+      // ranks that split them agree through the norm, reduced where the strategy splits them
+      // (zero's shards, a pipeline's stages, tensor groups); whole gradients are equal anyway.
       Unscale(*pair);
       bool finite = true;
       const bool checked =
@@ -729,8 +743,6 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
       if (!finite) {
         step_skipped_ = true;
         pair->strategy->DropGradients();
-        pair->took_part = false;
-        pair->stepped = true;
         continue;
       }
     }
@@ -738,20 +750,7 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
     // leaves the rest of the step undone (Step() then recovers).
     if (options_.max_grad_norm > 0)
       Guarded([&] { pair->strategy->ClipGradNorm(options_.max_grad_norm); });
-    if (lr_schedule_) {
-      // Steps the optimizer took (fp16: less the skipped ones, as accelerate's scheduler).
-      const double value = lr_schedule_(step_ - skipped_steps());
-      auto& groups = pair->optimizer->param_groups();
-      for (size_t g = 0; g < groups.size(); ++g) {
-        // A group added after Prepare: its rate when first seen is its base (LambdaLR's
-        // initial_lr).
-        if (g == pair->base_lrs.size()) pair->base_lrs.push_back(groups[g].options().get_lr());
-        groups[g].options().set_lr(lr_is_factor_ ? pair->base_lrs[g] * value : value);
-      }
-    }
     Guarded([&] { pair->strategy->Step(*pair->optimizer); });
-    pair->took_part = false;
-    pair->stepped = true;
   }
   // One optimizer step of the run per micro-batch, however many models stepped in it.
   const bool first = !counted_;

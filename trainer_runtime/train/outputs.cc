@@ -31,6 +31,10 @@ Status Trainer::WriteMetricsLine(const Accelerator::CommStats& comm, double loss
   if (const PipelineEngine* engine = internals().pipeline())
     line["peak_live_microbatches"] = engine->peak_live();
   line["epoch"] = accel_->epoch();
+  if (accel_->fp16()) {  // the scale the next step's loss is multiplied by
+    line["loss_scale"] = accel_->loss_scale();
+    line["skipped_steps"] = accel_->skipped_steps();
+  }
   if (cfg_.tensorboard) {
     std::vector<std::pair<std::string, double>> scalars = {{"train/loss", loss},
                                                            {"train/learning_rate", lr},
@@ -226,6 +230,10 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   if (cuda) summary["peak_device_memory_mb"] = std::move(device_mb);
   // In-place recovery: the run's recoveries (a replacement took the count with the state).
   if (accel_->recovers_in_place()) summary["recoveries"] = accel_->recoveries();
+  if (accel_->fp16()) {  // rank 0's scaler (equal on every rank but under local_sgd and none)
+    summary["loss_scale"] = accel_->loss_scale();
+    summary["skipped_steps"] = accel_->skipped_steps();
+  }
   if (pipelined) summary["pipeline"] = std::move(pipeline);
   // Hierarchical collectives: what rank 0, host 0's leader, ran across hosts (hierarchical.h).
   if (CountingProcessGroup* pg = internals().process_group(); pg && pg->hierarchical())

@@ -46,10 +46,13 @@ Status Trainer::Prepare() {
     accel_->Print(std::string(pipelined ? "train: pipeline send/recv over "
                                         : "train: gradient all-reduce over ") +
                   accel_->allreduce_transport());
-  if (accel_->bf16())
-    accel_->Print(std::string("train: mixed precision bf16 (") +
-                  (accel_->device().is_cuda() ? "CUDA" : "CPU") +
-                  " autocast; weights, gradients and optimizer state in float32)");
+  if (accel_->bf16() || accel_->fp16())
+    accel_->Print(std::string("train: mixed precision ") + (accel_->bf16() ? "bf16" : "fp16") +
+                  " (" + (accel_->device().is_cuda() ? "CUDA" : "CPU") +
+                  " autocast; weights, gradients and optimizer state in float32" +
+                  (accel_->fp16() ? "; dynamic loss scaling from " + Fixed(accel_->loss_scale(), 0)
+                                  : std::string()) +
+                  ")");
 
   SetPhase("loading data");
   if (!data_loaded_) {
@@ -441,7 +444,7 @@ void Trainer::Evaluate(double* loss, double* accuracy) {
       auto amp = accel_->Autocast();
       out = RunForward(model->module(), {accel_->ToDevice(data_.Inputs(rows)), y}, cfg_.model);
     }
-    if (accel_->bf16()) {  // loss and accuracy in float32, as in training
+    if (accel_->bf16() || accel_->fp16()) {  // loss and accuracy in float32, as in training
       if (out.logits.defined()) out.logits = out.logits.to(torch::kFloat);
       if (out.loss.defined()) out.loss = out.loss.to(torch::kFloat);
     }
