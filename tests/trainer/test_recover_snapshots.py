@@ -14,7 +14,7 @@ import re
 import shutil
 import unittest
 
-from trainer_helpers import LAUNCH, TRAIN, final, metrics, write_config
+from trainer_helpers import LAUNCH, LIBTORCH_MAJOR, TRAIN, final, metrics, write_config
 from test_recover import JOB, STEPS, shm_files
 import harness
 
@@ -34,6 +34,10 @@ MODES = {
     # and tensor 2 x stages 2.
     "tensor": ("ddp, tensor: 2", ""),
     "tensor_pp": ("ddp, tensor: 2, stages: 2", ""),
+    # mixed_precision fp16 (LibTorch 2.x on the CPU): a first scale too large for float16 and a
+    # growth every 3 clean steps, so that steps are skipped before and after the snapshot.
+    "zero2_fp16": ("zero, zero_stage: 2",
+                   "  grad_scaler: {init_scale: 16777216, growth_interval: 3}"),
 }
 # The tensor modes' model and data (tests/trainer/test_tensor_parallel.py's).
 TRANSFORMER = [("{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}",
@@ -64,6 +68,8 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
         out = os.path.join(cls.dir, name)
         parallel, extra = MODES[mode]
         text = JOB.format(out=out, steps=STEPS, mode=parallel, ckpt=0) + SNAPSHOTS + extra + "\n"
+        if mode.endswith("_fp16"):
+            text = "mixed_precision: fp16\n" + text
         for old, new in TRANSFORMER if mode.startswith("tensor") else ():
             text = text.replace(old, new)
         cfg = write_config(cls.dir, text, name=name + ".yaml")
@@ -128,6 +134,14 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
     def test_zero2_rank0_killed_three_steps_after_the_snapshot(self):
         # Rank 0 hosts the store: its replacement hosts a new one.
         self.recover("z2", "zero2", "0:11:backward", [0], [8])
+
+    @unittest.skipUnless(LIBTORCH_MAJOR >= 2, "LibTorch 1.13's CPU autocast is bfloat16 only")
+    def test_zero2_fp16_rank1_killed_the_loss_scaler_goes_back_too(self):
+        # The scale and its run of clean steps are part of the snapshot: a scaler that went on
+        # from where the lost step left it would skip other steps than the undisturbed run.
+        self.recover("z2fp16", "zero2_fp16", "1:10:backward", [1], [8])
+        skipped = final(self.reference("zero2_fp16"))["skipped_steps"]
+        self.assertTrue(0 < skipped < STEPS, skipped)
 
     def test_zero3_rank2_killed_in_forward(self):
         # Stage 3 gathers each unit in the forward: the loss is seen there.
