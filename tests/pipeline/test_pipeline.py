@@ -401,7 +401,8 @@ class Bf16NumericsTest(unittest.TestCase):
 
 
 @unittest.skipUnless(os.path.exists(TRAIN), harness.needs_setup(f"{TRAIN} not built"))
-@unittest.skipUnless(LIBTORCH_MAJOR >= 2, "LibTorch 1.13's CPU autocast is bfloat16 only")
+@unittest.skipUnless(LIBTORCH_MAJOR >= 2,
+                     harness.env_dependent("LibTorch 1.13's CPU autocast is bfloat16 only"))
 class Fp16NumericsTest(unittest.TestCase):
     """mixed_precision: fp16 with dynamic loss scaling where a mode splits the gradients or the
     batch: a first scale far too large for float16 makes the first steps overflow, and the
@@ -468,7 +469,8 @@ class PipelineConfigErrorsTest(unittest.TestCase):
             self.assertIn(e, r.stderr)
         return r.stderr
 
-    @unittest.skipIf(LIBTORCH_MAJOR >= 2, "LibTorch 2.x's CPU autocast runs float16")
+    @unittest.skipIf(LIBTORCH_MAJOR >= 2,
+                     harness.env_dependent("LibTorch 2.x's CPU autocast runs float16"))
     def test_fp16_on_a_cpu_whose_autocast_is_bfloat16_only(self):
         self.fails("{mode: none}", 1, "mixed_precision: fp16 on the CPU needs LibTorch 2.x",
                    "use bf16", precision="fp16")

@@ -256,14 +256,15 @@ void SetParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
   optimizer.state()[StateKey<StateMap::key_type>(param)] = std::move(state);
 }
 
+bool HasKernel(const char* op, c10::DeviceType device) {
+  const c10::DispatchKey key = c10::computeDispatchKey(c10::nullopt, c10::nullopt, device);
+  auto schema = c10::Dispatcher::singleton().findSchema({op, ""});
+  return schema && schema->hasKernelForDispatchKey(key);
+}
+
 bool HasFusedAdam(c10::DeviceType device) {
 #if TORCH_VERSION_MAJOR >= 2
-  const c10::DispatchKey key = c10::computeDispatchKey(c10::nullopt, c10::nullopt, device);
-  for (const char* name : {"aten::_fused_adam_", "aten::_fused_adamw_"}) {
-    auto op = c10::Dispatcher::singleton().findSchema({name, ""});
-    if (!op || !op->hasKernelForDispatchKey(key)) return false;
-  }
-  return true;
+  return HasKernel("aten::_fused_adam_", device) && HasKernel("aten::_fused_adamw_", device);
 #else
   (void)device;
   return false;  // no _fused_adamw_ at all; 1.13's _fused_adam_ is a CUDA-only prototype

@@ -121,6 +121,10 @@ torch::optim::OptimizerParamState* FindParamState(torch::optim::Optimizer& optim
 void SetParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                    std::unique_ptr<torch::optim::OptimizerParamState> state);
 
+// Whether operator `op` ("aten::_amp_update_scale_") is declared and has a kernel for tensors of
+// `device` in this LibTorch (asked of the dispatcher, not of the version number).
+bool HasKernel(const char* op, c10::DeviceType device);
+
 // Whether this LibTorch steps Adam and AdamW with fused kernels for tensors of `device` (both
 // at::_fused_adam_ and at::_fused_adamw_ declared and registered for it).
 bool HasFusedAdam(c10::DeviceType device);
