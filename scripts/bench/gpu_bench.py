@@ -111,12 +111,12 @@ class Bench:
                 config = path
             cmd = [self.launch, "--multi_gpu" if self.a.device == "cuda" else "--cpu",
                    "--num_processes", "1"]
-            if precision == "bf16":
-                cmd += ["--mixed_precision", "bf16"]
+            if precision != "fp32":
+                cmd += ["--mixed_precision", precision]
             cmd += [config, "--", "--output_dir", out, "--resume", "never"] + extra
             rc, text = run(cmd, self.a.row_timeout, self.env)
             if rc != 0:
-                refused = precision == "bf16" and "mixed_precision" in text
+                refused = precision != "fp32" and "mixed_precision" in text
                 return ("refused: " if refused else "") + why(rc, text, self.a.row_timeout)
             with open(os.path.join(out, "final.json")) as f:
                 fin = json.load(f)
@@ -139,8 +139,8 @@ class Bench:
         with tempfile.TemporaryDirectory(dir=self.tmp) as d:
             out = os.path.join(d, "result.json")
             cmd = [sys.executable, PEER, "--device", self.a.device, "--out", out] + args
-            if precision == "bf16":
-                cmd.append("--bf16")
+            if precision != "fp32":
+                cmd.append("--" + precision)
             env = self.env
             if self.a.torch_ddp:
                 cmd.append("--ddp")
@@ -346,7 +346,8 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--quick", action="store_true", help="few steps: checks the script, not speed")
     ap.add_argument("--repeats", type=int, default=1, help="best of N, the sides interleaved")
-    ap.add_argument("--precision", default="both", choices=["both", "fp32", "bf16"])
+    ap.add_argument("--precision", default="both", choices=["both", "all", "fp32", "bf16", "fp16"],
+                    help="both: fp32 and bf16; all: fp16 (with loss scaling) too")
     ap.add_argument("--only", default="cnn,mlp,transformer",
                     help="comma-separated rows: cnn, mlp, transformer")
     ap.add_argument("--torch-ddp", action="store_true",
@@ -360,7 +361,8 @@ def main():
     a = ap.parse_args()
     a.only = {w.strip() for w in a.only.split(",") if w.strip()}
     a.bin_dir, a.data_dir = os.path.abspath(a.bin_dir), os.path.abspath(a.data_dir)
-    precisions = ["fp32", "bf16"] if a.precision == "both" else [a.precision]
+    precisions = {"both": ["fp32", "bf16"], "all": ["fp32", "bf16", "fp16"]}.get(a.precision,
+                                                                                [a.precision])
 
     bench = Bench(a)
     try:

@@ -11,7 +11,9 @@ data on the device, the same batch, model, optimizer and schedule, loss.item() e
   --workload transformer  `train`'s built-in causal transformer (pre-LayerNorm GPT blocks with
                           the same explicit attention), AdamW, byte windows of --text; as mlp
 
---bf16: forward and loss under torch.autocast(device, torch.bfloat16). --ddp: the model in
+--bf16: forward and loss under torch.autocast(device, torch.bfloat16); --fp16: under
+torch.autocast(device, torch.float16) with torch.amp.GradScaler (as accelerate's fp16). --ddp: the
+model in
 DistributedDataParallel at world 1 (NCCL on CUDA, Gloo on the CPU; the environment must name
 MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE); otherwise a plain loop, which is what `train` runs at
 world 1 (its strategy `none`). Writes {"loop_s", "steps", "samples", "tokens", ...} to --out."""
@@ -98,10 +100,33 @@ def text_windows(path, context, device):
     return data[idx].to(device), data[idx + 1].to(device)
 
 
+def autocast(a, device):
+    """The autocast scope --bf16 or --fp16 asks for (disabled without either)."""
+    return torch.autocast(device.type, dtype=torch.float16 if a.fp16 else torch.bfloat16,
+                          enabled=a.bf16 or a.fp16)
+
+
+class Scaler:
+    """--fp16's GradScaler around backward and step; plain backward and step otherwise."""
+
+    def __init__(self, a, device):
+        self.scaler = torch.amp.GradScaler(device.type) if a.fp16 else None
+
+    def backward_and_step(self, loss, opt):
+        if self.scaler is None:
+            loss.backward()
+            opt.step()
+            return
+        self.scaler.scale(loss).backward()
+        self.scaler.step(opt)
+        self.scaler.update()
+
+
 def timed_steps(a, device, model, opt, x, y, loss_fn):
     """--warmup untimed steps, then --steps timed ones over random batches of (x, y)."""
     n = x.size(0)
     order, at = torch.randperm(n, device=device), 0
+    scaler = Scaler(a, device)
 
     def step():
         nonlocal order, at
@@ -109,11 +134,10 @@ def timed_steps(a, device, model, opt, x, y, loss_fn):
             order, at = torch.randperm(n, device=device), 0
         idx = order[at:at + a.batch]
         at += a.batch
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.bf16):
+        with autocast(a, device):
             loss = loss_fn(model(x[idx]), y[idx])
         opt.zero_grad()
-        loss.backward()
-        opt.step()
+        scaler.backward_and_step(loss, opt)
         return loss.item()
 
     for _ in range(a.warmup):
@@ -140,6 +164,7 @@ def run_cnn(a, device, wrap):
     total = a.max_steps if a.max_steps > 0 else a.epochs * per_epoch
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: fm.lr_factor(s, 100, total))
     model.train()
+    scaler = Scaler(a, device)
     step, epoch, last = 0, 0, float("nan")
     sync(device)
     start = time.perf_counter()
@@ -150,11 +175,10 @@ def run_cnn(a, device, wrap):
             if step >= total:
                 break
             idx = order[b * a.batch:(b + 1) * a.batch]
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.bf16):
+            with autocast(a, device):
                 loss = F.cross_entropy(net(train_x[idx]), train_y[idx])
             opt.zero_grad()
-            loss.backward()
-            opt.step()
+            scaler.backward_and_step(loss, opt)
             sched.step()
             last = loss.item()
             step += 1
@@ -166,7 +190,7 @@ def run_cnn(a, device, wrap):
     with torch.no_grad():
         for chunk in range(0, len(test_y), 1000):
             xs = test_x[chunk:chunk + 1000].to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.bf16):
+            with autocast(a, device):
                 logits = model(xs).float()
             correct += (logits.argmax(1).cpu() == test_y[chunk:chunk + 1000]).sum().item()
     return {"loop_s": loop_s, "steps": step, "samples": step * a.batch, "loss": last,
@@ -179,6 +203,7 @@ def main():
     ap.add_argument("--workload", required=True, choices=["cnn", "mlp", "transformer"])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--ddp", action="store_true")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=10, help="mlp, transformer: untimed steps")
@@ -232,7 +257,8 @@ def main():
         result = timed_steps(a, device, wrap(model), opt, x, y,
                              lambda logits, t: F.cross_entropy(logits.flatten(0, 1), t.flatten()))
         result["tokens"] = a.steps * a.batch * a.context
-    result.update(torch=torch.__version__, device=str(device), ddp=a.ddp, bf16=a.bf16)
+    result.update(torch=torch.__version__, device=str(device), ddp=a.ddp, bf16=a.bf16,
+                  fp16=a.fp16)
     with open(a.out, "w") as f:
         json.dump(result, f)
     if a.ddp:
