@@ -672,8 +672,9 @@ torch::Tensor Accelerator::PipelineForward(const torch::Tensor& inputs) {
 
 double Accelerator::ClipGradNorm(double max_norm) {
   // accelerate's clip_grad_norm_: the gradients unscaled first (once per step), so that the
-  // norm is the true one.
-  if (!pairs_.empty()) Unscale(pairs_.front());
+  // norm is the true one. Only where the window closes: a later micro-batch's backward would add
+  // scaled gradients to unscaled ones.
+  if (!pairs_.empty() && window_closes_) Unscale(pairs_.front());
   return strategy_->ClipGradNorm(max_norm);
 }
 
@@ -683,6 +684,7 @@ bool Accelerator::Step() {
   if (in_micro_) EndMicroBatch();  // a micro-batch whose loss did not need a backward
   micro_open_ = false;
   if (peer_lost_) {
+    for (Pair& pair : pairs_) pair.unscaled = false;  // the abandoned step's gradients are gone
     const Status recovered = Recover();
     if (!recovered.ok())
       throw compat::MakeError("in-place recovery failed (the agent restarts every worker): " +
@@ -703,6 +705,7 @@ bool Accelerator::Step() {
     if ((pair.took_part || !any) && !pair.unsynced && !pair.stepped) pairs.push_back(&pair);
   window_closes_ = false;
   if (pairs.empty()) {
+    for (Pair& pair : pairs_) pair.unscaled = false;
     // Every model is inside NoSync: the window ends without a step.
     if (!counted_) micro_in_window_ = 0;
     return false;

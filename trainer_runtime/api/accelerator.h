@@ -32,7 +32,8 @@
 //   accel->Backward(loss);
 // `fp16` autocasts to float16 the same way (on CUDA, or on a CPU with LibTorch 2.x) with
 // dynamic loss scaling, as torch.amp.GradScaler with accelerate: Backward multiplies the loss
-// by loss_scale(); Step (or ClipGradNorm, once per step) divides the gradients by it, and a step
+// by loss_scale(); Step (or ClipGradNorm on the micro-batch that closes the window, once per
+// step) divides the gradients by it, and a step
 // whose gradients hold inf or nan anywhere (the ranks that split them agree: the strategy's
 // gradient norm) is skipped: no optimizer step, the gradients dropped, the scale halved,
 // step_was_skipped() true; after options().grad_scaler.growth_interval clean steps the scale
