@@ -212,7 +212,7 @@ struct TrainConfig {
   int64_t epochs = 0;          // used when max_steps is 0 (then at least 1)
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
-  double max_grad_norm = 0.0;  // 0 = no clipping
+  double max_grad_norm = 0.0;    // 0 = no clipping
   GradScalerConfig grad_scaler;  // mixed_precision fp16 only
   ParallelConfig parallel;
   int gradient_accumulation_steps = 1;

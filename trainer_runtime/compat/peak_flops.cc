@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "trainer_runtime/compat/cuda_device.h"
+#include "trainer_runtime/compat/platform.h"
 
 namespace launch::trainer {
 namespace {
@@ -129,15 +130,20 @@ PeakFlops MeasureCpuPeak(c10::ScalarType dtype, double seconds) {
   PeakFlops peak;
   peak.flops_per_s = best;
   peak.source = "measured: " + std::to_string(n) + "x" + std::to_string(n) + " " +
-                (dtype == at::kBFloat16 ? "bf16" : "fp32") + " GEMM, " + std::to_string(threads) +
-                (threads == 1 ? " thread" : " threads");
+                (dtype == at::kBFloat16 ? "bf16"
+                 : dtype == at::kHalf   ? "fp16"
+                                        : "fp32") +
+                " GEMM, " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
   return peak;
 }
 
 PeakFlops DevicePeak(c10::Device device, std::string_view mixed_precision, double cpu_seconds) {
   const bool half = !mixed_precision.empty() && mixed_precision != "no";
-  if (!device.is_cuda())
-    return MeasureCpuPeak(mixed_precision == "bf16" ? at::kBFloat16 : at::kFloat, cpu_seconds);
+  if (!device.is_cuda()) {
+    // The dtype autocast gives the model's matmuls.
+    const c10::ScalarType low = AutocastDtype(mixed_precision);
+    return MeasureCpuPeak(low == c10::ScalarType::Undefined ? at::kFloat : low, cpu_seconds);
+  }
   const MatmulPrecision precision = half ? MatmulPrecision::kHalf
                                     : at::globalContext().allowTF32CuBLAS()
                                         ? MatmulPrecision::kTf32

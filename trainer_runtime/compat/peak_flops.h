@@ -11,7 +11,8 @@
 //     A device not in the table has no peak (unknown), not a guess.
 //   - CPU: measured at start: square matmuls (torch::mm, 512 x 512, 1024 x 1024 from 8
 //     threads on) for about `seconds`, with this process's LibTorch thread count, in float32,
-//     or in bfloat16 when mixed_precision is bf16 (the dtype autocast gives the model's matmuls).
+//     or in bfloat16 (float16) when mixed_precision is bf16 (fp16): the dtype autocast gives the
+//     model's matmuls.
 //     The peak is the best single matmul's rate: the machine's attainable GEMM rate, which
 //     other processes on the same cores lower as they lower training.
 //
@@ -51,8 +52,9 @@ struct PeakFlops {
 // name ("L4" matches "NVIDIA L4", not "NVIDIA L40S"; "A100" matches "NVIDIA A100-SXM4-80GB").
 std::optional<PeakFlops> TablePeak(std::string_view device_name, MatmulPrecision precision);
 
-// The CPU's measured GEMM peak in `dtype` (float or bfloat16) over about `seconds`.
-// REQUIRES: seconds > 0; dtype kFloat or kBFloat16.
+// The CPU's measured GEMM peak in `dtype` (float, bfloat16 or float16) over about `seconds`.
+// REQUIRES: seconds > 0; dtype kFloat, kBFloat16, or kHalf where LibTorch's CPU matmul takes it
+// (2.x).
 PeakFlops MeasureCpuPeak(c10::ScalarType dtype, double seconds);
 
 // This rank's peak on `device` for `mixed_precision` (no, bf16, fp16, fp8): the table on CUDA

@@ -11,6 +11,7 @@
 
 #include "base/test_util.h"
 #include "trainer_runtime/compat/cuda_device.h"
+#include "trainer_runtime/compat/platform.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
 namespace launch::trainer {
@@ -72,6 +73,12 @@ TEST_CASE("CpuPeakIsAMeasuredGemmRateAtThisThreadCount") {
   const PeakFlops bf16 = MeasureCpuPeak(at::kBFloat16, 0.02);
   CHECK(bf16.known());
   CHECK(bf16.source.find(" bf16 GEMM") != std::string::npos);
+  // fp16 measures a float16 GEMM where CPU autocast runs float16 (LibTorch 2.x).
+  if (PlatformFacts::Read().cpu_fp16_autocast) {
+    const PeakFlops fp16 = DevicePeak(c10::Device(c10::DeviceType::CPU), "fp16", 0.02);
+    CHECK(fp16.known());
+    CHECK(fp16.source.find(" fp16 GEMM") != std::string::npos);
+  }
 }
 
 TEST_CASE("CudaPeakOfABuildWithoutCudaIsUnknownAndSaysWhy") {

@@ -95,7 +95,7 @@ TEST_CASE("LossScalerFollowsGradScalersUpdateOp") {
   LossScaler ours = Make(o);
   torch::Tensor scale = torch::tensor({1000.0f});
   torch::Tensor tracker = torch::zeros({1}, torch::kInt);
-  const std::vector<bool> overflows = {false, false, false, true, false, true,  true,
+  const std::vector<bool> overflows = {false, false, false, true,  false, true, true,
                                        false, false, false, false, false, true, false};
   for (bool inf : overflows) {
     ours.Update(inf);
