@@ -121,6 +121,16 @@ class ElasticAgent {
         EtcdRendezvous::Start(io_, eo, [this](const std::string& why) { OnClaimLost(why); });
     if (!etcd.ok()) return etcd.status();
     etcd_ = std::move(*etcd);
+    LAUNCH_RETURN_IF_ERROR(OpenStandby());
+    log::Info("rendezvous through etcd at " + etcd_->Describe() + " (job '" +
+              SanitizeForTerminal(options_.run_id) + "'); this agent offers to serve it at " +
+              offer_);
+    return Status::Ok();
+  }
+
+  // A server of this agent's, listening on a new port, and its endpoint as the offer FindServer
+  // makes (idle unless etcd takes it).
+  Status OpenStandby() {
     const std::string host =
         !options_.local_address.empty() ? options_.local_address : etcd_->local_address();
     rdzv::ServerOptions so = ServerOptionsAt(host, 0, "serving");
@@ -131,9 +141,6 @@ class ElasticAgent {
     Status s = standby_->Listen();
     if (!s.ok()) return s;
     offer_ = rdzv::FormatEndpoint(host, standby_->port());
-    log::Info("rendezvous through etcd at " + etcd_->Describe() + " (job '" +
-              SanitizeForTerminal(options_.run_id) + "'); this agent offers to serve it at " +
-              offer_);
     return Status::Ok();
   }
 
@@ -162,6 +169,7 @@ class ElasticAgent {
     if (found->ours && !server_) {
       server_ = std::move(standby_);
       hosted_endpoint_ = offer_;
+      claim_lost_ = false;
       if (found->record) {
         const std::string why = lost.empty() ? "the server that held the job is gone"
                                              : "the rendezvous server at " + lost + " was lost";
@@ -185,15 +193,37 @@ class ElasticAgent {
     }
   }
 
-  // etcd no longer holds this agent's claim: another agent may serve the job now, so this one
-  // stops serving at once (its agents find the other through etcd) and leaves.
+  // etcd no longer holds this agent's claim: another agent may serve the job now. This one
+  // stops serving at once and stays in the job as a node (StepDown); its client's connection to
+  // the stopped server ends, and OnLost joins the job again wherever etcd says it is served.
   void OnClaimLost(const std::string& why) {
     if (finished_ || !server_) return;
-    log::Error("this agent stops serving the rendezvous at " + hosted_endpoint_ + ": " + why);
-    claim_lost_ = true;
+    StepDown(why, /*release_claim=*/false);
+  }
+
+  // The serving agent stops serving (rdzv_backend etcd): its server stops, and unless its claim
+  // is already gone (`release_claim` false) it gives the claim up in etcd, so that a live agent
+  // (this one again, with a new offer) takes the job over from its record at once. It stays in
+  // the job as a node with a new offer; without a restart left, or without a new offer, it
+  // leaves (exit 1). Returns whether it stays.
+  bool StepDown(const std::string& why, bool release_claim) {
+    claim_lost_ = true;  // its keys are its successor's: never Forget() them
+    const std::string lost = hosted_endpoint_;
     server_->Stop();
-    if (client_) client_->Close();
-    StopWorkersThen(After::kExit, kExitFailure);
+    server_.reset();
+    hosted_endpoint_.clear();
+    if (release_claim) etcd_->Release();
+    const Status standby = restarts_left_ > 0 ? OpenStandby() : Status::Ok();
+    if (restarts_left_ <= 0 || !standby.ok()) {
+      log::Error("this agent stops serving the rendezvous at " + lost + ": " + why +
+                 (standby.ok() ? "" : "; " + standby.message()));
+      if (client_) client_->Close();
+      StopWorkersThen(After::kExit, kExitFailure);
+      return false;
+    }
+    log::Warn("this agent stops serving the rendezvous at " + lost + ": " + why +
+              "; it stays in the job as a node and offers " + offer_ + " to serve it again");
+    return true;
   }
 
  private:
@@ -579,6 +609,14 @@ class ElasticAgent {
   void OnLost(const Status& status) {
     if (finished_ || interrupt_signal_ != 0) return;
     std::string why = SanitizeForTerminal(status.message());
+    // rdzv_backend etcd: the serving agent lost its own connection to its own server, which
+    // happens when the agent's process stalled past the heartbeat timeout (every node, this
+    // one included, timed out in its server at once): a server that lost every node cannot go
+    // on, and another agent may have taken the job over meanwhile. It steps down and, as a
+    // node, joins the job wherever etcd says it is served.
+    if (etcd_mode() && server_ &&
+        !StepDown("it lost its own connection to it (" + why + ")", /*release_claim=*/true))
+      return;
     if (server_ || restarts_left_ <= 0) {
       log::Error(why + (server_ || round_ < 0 ? "" : "; no restart left to re-join with"));
       client_->Close();

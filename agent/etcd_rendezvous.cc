@@ -113,9 +113,16 @@ void EtcdRendezvous::Loop() {
     auto wake = next_renew;
     if (find_) wake = std::min(wake, next_find);
     cv_.wait_until(lock, wake, [&] {
-      return stop_ || record_to_write_.has_value() || (find_ && tried_seq != find_seq_);
+      return stop_ || release_ || record_to_write_.has_value() || (find_ && tried_seq != find_seq_);
     });
     if (stop_) break;
+    if (release_) {  // before a Find made after it
+      release_ = false;
+      record_to_write_.reset();  // the stopped server's last word is not the job's
+      lock.unlock();
+      GiveUpClaim();
+      lock.lock();
+    }
     if (record_to_write_) {
       std::string text = std::move(*record_to_write_);
       record_to_write_.reset();
@@ -169,6 +176,14 @@ std::optional<StatusOr<EtcdRendezvous::Server>> EtcdRendezvous::TryFind(const st
   if (got->has_value()) {
     published = (*got)->value;
   } else {
+    if (lease_ == 0) {  // a grant that failed (GiveUpClaim): a claim must expire with this agent
+      StatusOr<int64_t> lease = client_.Grant(options_.lease_ttl_s);
+      if (!lease.ok()) {
+        find_error_ = lease.status().message();
+        return std::nullopt;
+      }
+      lease_ = *lease;
+    }
     StatusOr<std::pair<bool, rdzv::EtcdKeyValue>> claim =
         client_.CreateIfAbsent(server_key_, offer, lease_);
     if (!claim.ok()) {
@@ -191,6 +206,8 @@ std::optional<StatusOr<EtcdRendezvous::Server>> EtcdRendezvous::TryFind(const st
   if (published != offer) return StatusOr<Server>(std::move(s));
   // Ours: resume from the record a lost server left, if there is one.
   serving_ = true;
+  serving_offer_ = offer;
+  told_claim_lost_ = false;  // a claim lost before (this agent serves again) was told already
   StatusOr<std::optional<rdzv::EtcdKeyValue>> record = client_.Get(record_key_);
   if (!record.ok()) {
     find_error_ = record.status().message();
@@ -209,6 +226,10 @@ std::optional<StatusOr<EtcdRendezvous::Server>> EtcdRendezvous::TryFind(const st
 }
 
 void EtcdRendezvous::WriteRecord(const std::string& text) {
+  // Only the agent etcd names as the server writes the record, and only while etcd names it
+  // (one transaction): a server whose claim lapsed unseen (its process stalled, its host cut
+  // off) must not overwrite its successor's record with the job as it last saw it.
+  if (!serving_) return;
   last_record_ = text;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (record_lease_ == 0) {
@@ -216,9 +237,14 @@ void EtcdRendezvous::WriteRecord(const std::string& text) {
       if (!lease.ok()) return;  // written again at the next change or renewal
       record_lease_ = *lease;
     }
-    Status put = client_.Put(record_key_, text, record_lease_);
-    if (put.ok()) return;
-    if (put.code() != Status::Code::kNotFound) return;
+    StatusOr<bool> put =
+        client_.PutIfValue(record_key_, text, record_lease_, server_key_, serving_offer_);
+    if (put.ok() && !*put) {
+      ClaimLost("etcd names another agent as the job's server now (its key no longer holds " +
+                serving_offer_ + ")");
+      return;
+    }
+    if (put.ok() || put.status().code() != Status::Code::kNotFound) return;
     record_lease_ = 0;  // lapsed: a new one, once
   }
 }
@@ -247,6 +273,23 @@ void EtcdRendezvous::Renew(Clock::time_point now) {
       if (!last_record_.empty()) WriteRecord(last_record_);
     }
   }
+}
+
+void EtcdRendezvous::Release() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_ = true;
+  }
+  cv_.notify_all();
+}
+
+void EtcdRendezvous::GiveUpClaim() {
+  if (!serving_) return;  // lost already: nothing of it is left to give up
+  serving_ = false;
+  told_claim_lost_ = true;       // the agent knows: it asked
+  (void)client_.Revoke(lease_);  // the server key goes with it
+  StatusOr<int64_t> lease = client_.Grant(options_.lease_ttl_s);
+  lease_ = lease.ok() ? *lease : 0;  // 0: granted by the next renewal or Find
 }
 
 void EtcdRendezvous::ClaimLost(const std::string& why) {

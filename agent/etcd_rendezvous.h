@@ -24,7 +24,11 @@
 //
 // A serving agent whose lease lapsed (etcd said it is gone, or no renewal got through for
 // lease_ttl_s: it is cut off from the cluster's majority, where another agent may claim the job
-// now) must stop serving: `on_claim_lost` fires once, on the io_context's thread.
+// now), or whose record write found another agent named as the server, must stop serving:
+// `on_claim_lost` fires once per claim, on the io_context's thread. The record is written only
+// while the server key names this agent (a fenced transaction), so a server that lost its claim
+// unseen cannot overwrite its successor's record. The agent may claim the job again later (a
+// new offer, through Find).
 //
 // Every etcd request runs on this object's own thread (each one bounded by the client's
 // request_timeout per member, etcd_client.h), never on the agent's io_context thread, which
@@ -98,6 +102,10 @@ class EtcdRendezvous {
   void Keep(const rendezvous::JobRecord& record);
   // The serving agent at the job's end: deletes the job's keys (bounded, synchronous).
   void Forget();
+  // The serving agent steps down (its server stopped): its claim goes (its lease revoked: the
+  // server key with it; the record stays for the next server), before any Find made after this
+  // call. This agent then serves again only through a new Find.
+  void Release();
 
  private:
   EtcdRendezvous(boost::asio::io_context& io, EtcdRendezvousOptions options,
@@ -112,6 +120,8 @@ class EtcdRendezvous {
   void WriteRecord(const std::string& text);
   // Tells the agent, once, that it must stop serving.
   void ClaimLost(const std::string& why);
+  // Release()'s work, on the thread: the claim's lease revoked, a new one granted.
+  void GiveUpClaim();
 
   boost::asio::io_context& io_;
   EtcdRendezvousOptions options_;
@@ -120,9 +130,10 @@ class EtcdRendezvous {
   std::string local_address_;
   std::string described_;
   std::string server_key_, record_key_;
-  int64_t lease_ = 0;         // this agent's (the server key's)
-  int64_t record_lease_ = 0;  // the serving agent's record lease (0: none yet)
-  bool serving_ = false;      // this agent's offer was claimed
+  int64_t lease_ = 0;          // this agent's (the server key's)
+  int64_t record_lease_ = 0;   // the serving agent's record lease (0: none yet)
+  bool serving_ = false;       // this agent's offer was claimed
+  std::string serving_offer_;  // ... that offer: what the server key holds while it serves
   std::chrono::steady_clock::time_point last_renewed_;
   bool told_claim_lost_ = false;
   std::string last_record_;  // the newest record written (again, when its lease lapsed)
@@ -139,6 +150,7 @@ class EtcdRendezvous {
   std::optional<PendingFind> find_;             // guarded by mu_
   uint64_t find_seq_ = 0;                       // guarded by mu_: Find() calls so far
   std::optional<std::string> record_to_write_;  // guarded by mu_
+  bool release_ = false;                        // guarded by mu_: Release() asked
   std::thread thread_;
 };
 

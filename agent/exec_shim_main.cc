@@ -18,7 +18,8 @@
 //    job's, when it is the last) before it exits. The variable does not reach the worker. A shim
 //    SIGKILLed by someone else cannot: `launch` kills its worker's cgroup when it reaps it, and
 //    the reaper the job's when `launch` dies too.
-//  * Signals from `launch`: SIGTERM, SIGINT, SIGHUP and SIGQUIT go to the worker's group W;
+//  * Signals from `launch`: SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGCONT (which launch sends
+//    after a stop signal, so that a stopped worker acts on it) go to the worker's group W;
 //    SIGUSR1 and SIGUSR2 only to the processes of W that handle them (SigCgt in /proc): their
 //    default action is to die, which a wrapper shell or a DataLoader worker would; kKillAll kills
 //    the tree now (launch's SIGKILL escalation).
@@ -250,8 +251,8 @@ int main(int argc, char** argv) {
   // Every signal we act on is taken synchronously with sigwaitinfo.
   sigset_t handled;
   sigemptyset(&handled);
-  for (int s :
-       {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, launch::agent::kKillAll})
+  for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGCONT, SIGUSR1, SIGUSR2,
+                launch::agent::kKillAll})
     sigaddset(&handled, s);
   sigprocmask(SIG_BLOCK, &handled, nullptr);
   signal(SIGCHLD, SIG_DFL);  // an inherited SIG_IGN would make the kernel reap the worker

@@ -839,6 +839,9 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     if (live_ == 0) return;
     stopping_ = true;
     Signal(signo);
+    // A stopped worker (SIGSTOP, SIGTSTP: a stalled debug session, a test) would hold the
+    // signal pending until the grace ran out and SIGKILL came: continued, it acts on it now.
+    if (signo != SIGCONT) Signal(SIGCONT);
     if (kill_armed_) return;
     kill_armed_ = true;
     kill_timer_.expires_after(spec_.stop_grace);

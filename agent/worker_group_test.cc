@@ -11,6 +11,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -118,6 +119,35 @@ TEST_CASE("StopEscalatesToSigkillAfterTheGrace") {
   REQUIRE(r.exits.size() == 1);
   CHECK(r.exits[0].status.signal == SIGKILL);
   CHECK(elapsed >= std::chrono::milliseconds(300));
+}
+
+TEST_CASE("AStoppedWorkerIsContinuedToActOnTheStopSignal") {
+  Captured cap;
+  // The worker stops itself; SIGTERM alone would stay pending until the grace's SIGKILL.
+  WorkerGroupSpec spec = Sh("echo ready $$; kill -STOP $$; exec sleep 60", 1);
+  spec.stop_grace = std::chrono::milliseconds(20000);
+  GroupResult r = RunGroup(spec, cap.out_fd, [&](WorkerGroup& g) {
+    const std::string out = cap.Read();
+    const size_t at = out.find("ready ");
+    if (at == std::string::npos) return false;
+    const std::string pid = out.substr(at + 6, out.find('\n', at) - at - 6);
+    char state = 0;
+    if (FILE* f = std::fopen(("/proc/" + pid + "/stat").c_str(), "r")) {
+      // "pid (comm) S ...": the state follows the command's closing parenthesis.
+      char line[512] = {0};
+      if (std::fgets(line, sizeof line, f)) {
+        const char* close = std::strrchr(line, ')');
+        if (close && close[1] == ' ') state = close[2];
+      }
+      std::fclose(f);
+    }
+    if (state != 'T') return false;
+    g.Stop(SIGTERM);
+    return true;
+  });
+  CHECK(r.outcome == GroupResult::Outcome::kStopped);
+  REQUIRE(r.exits.size() == 1);
+  CHECK(r.exits[0].status.signal == SIGTERM);
 }
 
 TEST_CASE("MissingShimFailsStartWithoutLeavingWorkers") {

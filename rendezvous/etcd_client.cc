@@ -377,6 +377,23 @@ StatusOr<std::pair<bool, EtcdKeyValue>> EtcdClient::CreateIfAbsent(const std::st
   return std::make_pair(created, std::move(kvs[0]));
 }
 
+StatusOr<bool> EtcdClient::PutIfValue(const std::string& key, const std::string& value,
+                                      int64_t lease, const std::string& guard_key,
+                                      const std::string& guard_value) {
+  json compare = {{"key", EncodeBase64(guard_key)},
+                  {"target", "VALUE"},
+                  {"result", "EQUAL"},
+                  {"value", EncodeBase64(guard_value)}};
+  json put = {{"key", EncodeBase64(key)}, {"value", EncodeBase64(value)}};
+  if (lease != 0) put["lease"] = std::to_string(lease);
+  json request = json::object();
+  request["compare"] = json::array({compare});
+  request["success"] = json::array({json{{"request_put", put}}});
+  LAUNCH_ASSIGN_OR_RETURN(Reply r, Call("/v3/kv/txn", request.dump()));
+  auto succeeded = r.body.find("succeeded");  // left out when false
+  return succeeded != r.body.end() && succeeded->is_boolean() && succeeded->get<bool>();
+}
+
 Status EtcdClient::DeletePrefix(const std::string& prefix) {
   json request = {{"key", EncodeBase64(prefix.empty() ? std::string(1, '\0') : prefix)},
                   {"range_end", EncodeBase64(PrefixEnd(prefix))}};

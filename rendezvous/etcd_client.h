@@ -79,6 +79,12 @@ class EtcdClient {
   // (one transaction): whether this call created it and, either way, the key as it is now.
   StatusOr<std::pair<bool, EtcdKeyValue>> CreateIfAbsent(const std::string& key,
                                                          const std::string& value, int64_t lease);
+  // Sets `key` = `value` (attached to `lease`, 0 = none) only while `guard_key` holds
+  // `guard_value`, atomically (one transaction): whether it did. A missing guard key does not
+  // hold. NotFound when the lease is gone. A fence: a writer that lost its claim (the guard)
+  // cannot overwrite what its successor wrote.
+  StatusOr<bool> PutIfValue(const std::string& key, const std::string& value, int64_t lease,
+                            const std::string& guard_key, const std::string& guard_value);
   // Deletes every key that starts with `prefix` ("" = every key).
   Status DeletePrefix(const std::string& prefix);
 

@@ -206,6 +206,43 @@ TEST_CASE("EtcdCreateIfAbsentCreatesOnceAndReturnsTheFirstValue") {
   CHECK(second->second.create_revision == first->second.create_revision);
 }
 
+TEST_CASE("EtcdPutIfValueWritesOnlyWhileTheGuardHolds") {
+  EtcdTestServer etcd;
+  if (!etcd.Start()) return;
+  auto client = EtcdClientFor({etcd.endpoint()});
+  REQUIRE(client.ok());
+  const std::string guard = std::string(kEtcdTestPrefix) + "guard";
+  const std::string key = std::string(kEtcdTestPrefix) + "record";
+  auto value_of = [&](const std::string& k) {
+    auto got = client->Get(k);
+    REQUIRE(got.ok());
+    return got->has_value() ? (*got)->value : std::string("(none)");
+  };
+  // No guard key: it does not hold.
+  auto none = client->PutIfValue(key, "r0", 0, guard, "me\x80");
+  REQUIRE(none.ok());
+  CHECK_FALSE(*none);
+  CHECK(value_of(key) == "(none)");
+  REQUIRE(client->Put(guard, "me\x80").ok());
+  auto mine = client->PutIfValue(key, "r1", 0, guard, "me\x80");
+  REQUIRE(mine.ok());
+  CHECK(*mine);
+  CHECK(value_of(key) == "r1");
+  // Another holds the guard now: the old holder's write is refused and changes nothing.
+  REQUIRE(client->Put(guard, "other").ok());
+  auto stale = client->PutIfValue(key, "r2", 0, guard, "me\x80");
+  REQUIRE(stale.ok());
+  CHECK_FALSE(*stale);
+  CHECK(value_of(key) == "r1");
+  // A lease that is gone: NotFound, as Put says it.
+  auto lease = client->Grant(5);
+  REQUIRE(lease.ok());
+  REQUIRE(client->Revoke(*lease).ok());
+  auto lapsed = client->PutIfValue(key, "r3", *lease, guard, "other");
+  CHECK((lapsed.status().code() == Status::Code::kNotFound));
+  CHECK(value_of(key) == "r1");
+}
+
 TEST_CASE("EtcdRevokedLeaseTakesItsKeysAndKeepAliveSaysItIsGone") {
   EtcdTestServer etcd;
   if (!etcd.Start()) return;

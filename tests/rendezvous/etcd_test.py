@@ -11,8 +11,12 @@ each run a member of a real 3-member etcd cluster (Debian's etcd-server) and a `
   * The same without a spare, nnodes 2:3: the two survivors go on as a 2-node job and end 0.
   * One of the three members lost (the first of every agent's list, on the serving host): nothing
     happens, the job ends 0.
+  * The serving agent's process stalled (SIGSTOP) past its lease while every host and the cluster
+    stay healthy: the other agent takes the job over; the stalled one, woken, finds its claim
+    gone, stops serving and joins the job as a plain node; both end 0 with the parameters of an
+    undisturbed run.
   * Two of the three etcd members lost: the serving agent can renew its claim nowhere, stops
-    serving and says why; the others find no server within join_timeout and say why; every
+    serving and says why; no agent finds a server within join_timeout and each says why; every
     `launch` exits non-zero, bounded, leaving nothing.
   * No job key stays in etcd after a job; no process and no /dev/shm segment on any host.
   * Without a reachable cluster, or without rdzv_endpoint, launch exits 2 naming it.
@@ -23,6 +27,7 @@ point of failure does not depend on timing."""
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import unittest
@@ -221,6 +226,38 @@ class EtcdRendezvousTest(unittest.TestCase):
             self.assertNotIn(gone, text)
         job.check_clean(hosts[1:])
 
+    def test_a_serving_agent_stalled_past_its_lease_stays_in_the_job_as_a_node(self):
+        hosts = make_hosts(self, 3, private_shm=True)
+        cluster = Cluster(self, hosts, self.tmp)
+        reference = Job(self, hosts, cluster, "reference", nnodes="2")
+        reference.start_all(2)
+        self.assertEqual(reference.wait([0, 1]), [0, 0], reference.all_text()[-6000:])
+
+        job = Job(self, hosts, cluster, "stall", nnodes="2", kill="0:9:stop")
+        job.start_all(2)
+        job.wait_for(0, r"rank 0: LAUNCH_TEST_SIGKILL_AT: stopped before step 9")
+        # The serving agent alone stops (its workers, its host and the etcd member on it go
+        # on), longer than its 2 s lease: as a process stalled or a host briefly cut off.
+        r = hosts[0].run(["pkill", "-STOP", "-x", "launch"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.addCleanup(lambda: hosts[0].run(["pkill", "-CONT", "-x", "launch"]))
+        job.wait_for(1, r"taking the job over")
+        # nsenter (the launch's parent outside the host) stopped itself with its child, as
+        # util-linux's --fork does for job control, and continues the child once continued.
+        job.procs[0].send_signal(signal.SIGCONT)
+        r = hosts[0].run(["pkill", "-CONT", "-x", "launch"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        codes = job.wait([0, 1])
+        text = job.all_text()
+        self.assertEqual(codes, [0, 0], text[-8000:])
+        self.assertEqual(final(job.out)["param_checksum"],
+                         final(reference.out)["param_checksum"], text[-8000:])
+        self.assertIn("this agent stops serving the rendezvous at", job.text(0))
+        self.assertIn("it stays in the job as a node", job.text(0))
+        self.assertRegex(job.text(0), r"round 1: node 0 of 2")
+        self.assertIn("resumed from", text)  # the step-8 checkpoint
+        job.check_clean(hosts)
+
     def test_two_of_three_etcd_members_lost_every_agent_says_why_and_exits(self):
         hosts = make_hosts(self, 3, private_shm=True)
         cluster = Cluster(self, hosts, self.tmp)
@@ -236,8 +273,9 @@ class EtcdRendezvousTest(unittest.TestCase):
         self.assertEqual(codes, [1, 1], text[-8000:])
         self.assertIn("this agent stops serving the rendezvous at", job.text(0))
         self.assertIn("no renewal of its etcd lease got through", job.text(0))
-        self.assertRegex(job.text(1), r"no rendezvous server found for job '.*' in the etcd "
-                                      r"cluster .* within join_timeout \(the last etcd error: ")
+        for i in (0, 1):  # the serving agent too, once it looked for another server
+            self.assertRegex(job.text(i), r"no rendezvous server found for job '.*' in the etcd "
+                                          r"cluster .* within join_timeout \(the last etcd error: ")
         left = harness.wait_until(lambda: not harness.pids_with_marker(job.marker), 10)
         self.assertTrue(left, f"left running: {harness.pids_with_marker(job.marker)}")
 
