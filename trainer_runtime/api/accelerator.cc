@@ -732,14 +732,21 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
     }
     pair->took_part = false;
     pair->stepped = true;
+    // The norm and the step communicate too (ZeRO: an all-reduce, an all-gather): a lost peer
+    // leaves the rest of the step undone (Step() then recovers).
     if (scaler_) {
       // fp16: inf or nan anywhere in the gradients skips the step (scaler.step's rule). The
       // ranks that split them agree through the norm, reduced where the strategy splits them
       // (zero's shards, a pipeline's stages, tensor groups); whole gradients are equal anyway.
+      // With clipping, clipping's own norm is the one asked (one reduction, not two): clipping
+      // gradients that are then dropped changes nothing.
       Unscale(*pair);
       bool finite = true;
-      const bool checked =
-          Guarded([&] { finite = std::isfinite(pair->strategy->GradNormSquared()); });
+      const bool checked = Guarded([&] {
+        finite = std::isfinite(options_.max_grad_norm > 0
+                                   ? pair->strategy->ClipGradNorm(options_.max_grad_norm)
+                                   : pair->strategy->GradNormSquared());
+      });
       pair->unscaled = false;
       // A lost peer abandoned the step (Step() recovers): the scale stays the boundary's.
       if (checked) scaler_->Update(!finite);
@@ -748,11 +755,9 @@ void Accelerator::StepPairs(const std::vector<Pair*>& pairs) {
         pair->strategy->DropGradients();
         continue;
       }
-    }
-    // The norm and the step communicate too (ZeRO: an all-reduce, an all-gather): a lost peer
-    // leaves the rest of the step undone (Step() then recovers).
-    if (options_.max_grad_norm > 0)
+    } else if (options_.max_grad_norm > 0) {
       Guarded([&] { pair->strategy->ClipGradNorm(options_.max_grad_norm); });
+    }
     Guarded([&] { pair->strategy->Step(*pair->optimizer); });
   }
   // One optimizer step of the run per micro-batch, however many models stepped in it.

@@ -79,8 +79,7 @@ void ParallelStrategy::DropGradients() {
 
 void ParallelStrategy::Step(torch::optim::Optimizer& optimizer) {
   optimizer.step();
-  for (auto& p : model_->Parameters())
-    if (p.grad().defined()) p.mutable_grad().zero_();
+  DropGradients();  // zeroed in place (strategy.h: DDP's are views into its buckets)
 }
 
 StateBytes ParallelStrategy::MemoryBytes(const torch::optim::Optimizer& optimizer) const {
