@@ -32,8 +32,9 @@ enum class SchedulerType { kConstant, kLinear, kCosine };
 enum class ParallelMode { kNone, kDp, kDdp, kPipeline, kZero };
 enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble };
 // ddp: how gradient buckets travel (accelerate's DDPCommunicationHookType): as they are, or
-// cast to bfloat16 for the all-reduce and back (PyTorch's bf16_compress_hook).
-enum class CommHook { kNone, kBf16 };
+// cast to bfloat16 / float16 for the all-reduce and back (PyTorch's bf16_compress_hook,
+// fp16_compress_hook).
+enum class CommHook { kNone, kBf16, kFp16 };
 // Local SGD's step at each synchronisation: the replicas become their mean, or (DiLoCo,
 // Douillard et al. 2023) the mean change since the last synchronisation is a pseudo-gradient
 // for an outer SGD step with Nesterov momentum.
@@ -177,7 +178,7 @@ struct ParallelConfig {
   // ddp: find the parameters a forward did not use (PyTorch DDP's option of the same name), so
   // a model with an unused head or branch trains; costs a graph walk per synchronised step.
   bool find_unused_parameters = false;
-  CommHook comm_hook = CommHook::kNone;  // ddp: none, or bf16 (buckets travel in bfloat16)
+  CommHook comm_hook = CommHook::kNone;  // ddp: none, bf16 or fp16 (the buckets' dtype on the wire)
   // ddp, dp: the model's SyncBatchNorm layers (model/sync_batchnorm.h; the built-in CNN's batch
   // norms are such layers) take their training statistics over the whole data-parallel batch,
   // as torch.nn.SyncBatchNorm; false: each replica's own rows, as BatchNorm under DDP.

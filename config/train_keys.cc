@@ -425,7 +425,7 @@ std::vector<TrainKey> BuildTable() {
             "ddp: find parameters a forward did not use (costs a graph walk)"),
       // In the identity only when on: checkpoints from before the key still match.
       Enum("parallel.comm_hook", FIELD(parallel.comm_hook), kCommHooks,
-           "ddp: buckets all-reduced as they are, or in bfloat16")
+           "ddp: buckets all-reduced as they are, in bfloat16 or in float16")
           .Identity([](const TrainConfig& t) {
             return t.parallel.data_mode() == ParallelMode::kDdp &&
                    t.parallel.comm_hook != CommHook::kNone;

@@ -127,6 +127,28 @@ class DdpNumericsTest(unittest.TestCase):
             self.assertIn("comm_hook: bf16", err)
             self.assertIn("Gloo", err)
 
+    def test_fp16_comm_hook_over_shared_memory_and_over_gloo(self):
+        # comm_hook fp16: buckets travel as float16, over Gloo too (which adds float16, unlike
+        # bfloat16). Both transports add each element's two halves once, rounded to float16: the
+        # same bits. Near, not equal to, the float32 all-reduce's.
+        mode = "ddp, comm_hook: fp16"
+        shm_cfg, shm_out = config(self.tmp, "fp16shm", batch=8, mode=mode, cap=0.001)
+        gloo_cfg, gloo_out = config(self.tmp, "fp16gloo", batch=8, mode=mode, cap=0.001)
+        ref_cfg, ref_out = config(self.tmp, "fp32buckets", batch=8, cap=0.001)
+        shm_log = run_ranks(shm_cfg, 2, ["--dump_params"], timeout=90)[0][1]
+        gloo_log = run_ranks(gloo_cfg, 2, ["--dump_params"], timeout=90,
+                             extra_env={"LAUNCH_SHM_ALLREDUCE": "0"})[0][1]
+        run_ranks(ref_cfg, 2, ["--dump_params"], timeout=90)
+        self.assertIn("gradient all-reduce over shared memory", shm_log)
+        self.assertIn("gradient all-reduce over Gloo", gloo_log)
+        self.assertEqual(params(shm_out, 0), params(shm_out, 1), "replicas diverged")
+        self.assertEqual(params(gloo_out, 0), params(gloo_out, 1), "replicas diverged")
+        self.assertEqual(params(shm_out, 0), params(gloo_out, 0), "the transports disagree")
+        rel, worst = rel_diff(params(shm_out, 0), params(ref_out, 0))
+        self.assertGreater(rel, 1e-7, "float16 buckets changed nothing: hook not used")
+        self.assertLess(rel, 1e-2, f"relative difference {rel:g} (max abs {worst:g})")
+        self.assertLess(metrics(shm_out)[-1]["loss"], metrics(shm_out)[0]["loss"])
+
     def test_ddp_many_buckets_sgd(self):
         # ~1 KB buckets: several asynchronous all-reduces during backward plus the exchange.
         self.check_ddp_equals_big_batch("{type: sgd, lr: 0.05, momentum: 0.9}", cap=0.001,

@@ -119,6 +119,8 @@ def main():
     p.add_argument("--fp16", action="store_true",
                    help='torch.autocast("cpu", torch.float16) with torch.amp.GradScaler, the '
                         "schedule stepped only when the optimizer was (accelerate's rule)")
+    p.add_argument("--comm_hook", choices=["none", "fp16"], default="none",
+                   help="fp16: default_hooks.fp16_compress_hook (accelerate's comm_hook FP16)")
     p.add_argument("--init_scale", type=float, default=65536.0)
     p.add_argument("--growth_interval", type=int, default=2000)
     p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
@@ -145,6 +147,9 @@ def main():
     model.train()  # the file may have been saved in eval mode
     ddp = DistributedDataParallel(model, broadcast_buffers=True,
                                   find_unused_parameters=args.find_unused_parameters)
+    if args.comm_hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     if args.optimizer == "adamw":
         no_decay = [entry for entry in args.no_decay.split(",") if entry]
         opt = torch.optim.AdamW(parameter_groups(ddp.module, args.weight_decay, no_decay),

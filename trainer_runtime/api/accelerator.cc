@@ -287,12 +287,12 @@ Status Accelerator::Prepare(std::shared_ptr<torch::nn::Module> model,
   // A model whose parameters are all frozen trains nothing: say so instead of a Reducer error.
   if (model_->NamedParameters().empty())
     return Status::InvalidConfig("the model has no parameters that require grad");
-  if (options_.parallel.comm_hook == config::CommHook::kBf16 && pg_ && !pg_->shm() &&
-      !pg_->hierarchical())
+  if (options_.parallel.comm_hook == config::CommHook::kBf16 && device_.is_cpu() && pg_ &&
+      !pg_->shm() && !pg_->hierarchical())
     return Status::InvalidConfig(
         "train.parallel.comm_hook: bf16 all-reduces the buckets in bfloat16, which this "
         "LibTorch's Gloo cannot do; it needs shared memory on every host (the shared-memory "
-        "or hierarchical transport), here: " +
+        "or hierarchical transport; fp16 needs neither), here: " +
         pg_->allreduce_transport());
   LAUNCH_ASSIGN_OR_RETURN(
       strategy_, CreateStrategy(options_, model_.get(), optimizer_.get(), data_pg_, env_.tuning));

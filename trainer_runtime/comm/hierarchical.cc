@@ -229,8 +229,10 @@ Status HierarchicalAllReduce::CrossHost(const Op& op) {
   Status status;
   try {
     if (reduce) {
-      // LibTorch 1.13's Gloo cannot add bfloat16: the host sums are added in float, rounded once.
-      at::Tensor sum = t.scalar_type() == at::kBFloat16 ? t.to(at::kFloat) : t;
+      // LibTorch 1.13's Gloo cannot add bfloat16: the host sums are added in float, rounded once
+      // (float16's too, alike, rather than rounded after each of Gloo's additions).
+      const bool half = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+      at::Tensor sum = half ? t.to(at::kFloat) : t;
       std::vector<at::Tensor> tensors = {sum};
       leaders_->allreduce(tensors, c10d::AllreduceOptions())->wait();
       if (!sum.is_same(t)) t.copy_(sum);

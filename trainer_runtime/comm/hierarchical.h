@@ -19,8 +19,9 @@
 // (each element is reduced by one leader and copied; with two hosts a + b == b + a anyway), and
 // every other rank copies its leader's bytes. The order is ((h0 r0 + h0 r1 + ...) + (h1 r0 +
 // ...)): equal to a one-host job's rank-order sum with two ranks per host and two hosts only up
-// to float rounding in general. bfloat16 host sums round after each addition (as LibTorch does);
-// the leaders add them in float (LibTorch 1.13's Gloo cannot add bfloat16) and round once.
+// to float rounding in general. bfloat16 and float16 host sums round after each addition (as
+// LibTorch does); the leaders add them in float (LibTorch 1.13's Gloo cannot add bfloat16) and
+// round once.
 //
 // Operations run in issue order on one background thread (the DDP Reducer issues all-reduces
 // from the autograd engine and expects them asynchronous, like Gloo's). Each rank's sequence of
@@ -79,7 +80,7 @@ class HierarchicalAllReduce {
                                             const LeaderGroupFactory& leaders,
                                             const ShmAllReduceOptions& shm);
 
-  // One dense, contiguous CPU tensor of float, double or bfloat16, ReduceOp SUM
+  // One dense, contiguous CPU tensor of float, double, bfloat16 or float16, ReduceOp SUM
   // (ShmAllReduce::Supports). Anything else stays on the group's Gloo.
   static bool Supports(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
   // One dense, contiguous CPU tensor of any dtype (its bytes are copied).

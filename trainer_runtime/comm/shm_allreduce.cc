@@ -21,6 +21,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include "trainer_runtime/comm/shm_common.h"
 #include "trainer_runtime/compat/torch_compat.h"
@@ -76,7 +77,7 @@ bool DenseCpu(const at::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.layout() == c10::kStrided && t.is_contiguous();
 }
 bool Summable(c10::ScalarType d) {
-  return d == c10::kFloat || d == c10::kDouble || d == c10::kBFloat16;
+  return d == c10::kFloat || d == c10::kDouble || d == c10::kBFloat16 || d == c10::kHalf;
 }
 
 // Sums n elements over `in` (one pointer per rank) in rank order into `acc`. `acc` is a small
@@ -93,15 +94,25 @@ void SumInRankOrder(T* __restrict acc, const std::vector<const T*>& in, size_t b
   }
 }
 
-// bfloat16 as LibTorch adds it: in float, rounded to nearest even after each addition.
-void SumInRankOrder(c10::BFloat16* __restrict acc, const std::vector<const c10::BFloat16*>& in,
-                    size_t base, size_t n) {
+// bfloat16 and float16 as LibTorch (and Gloo, for float16) add them: in float, rounded to
+// nearest even after each addition.
+template <typename Half>
+void SumHalvesInRankOrder(Half* __restrict acc, const std::vector<const Half*>& in, size_t base,
+                          size_t n) {
   for (size_t i = 0; i < n; ++i) {
     float sum = static_cast<float>(in[0][base + i]);
     for (size_t r = 1; r < in.size(); ++r)
-      sum = static_cast<float>(c10::BFloat16(sum + static_cast<float>(in[r][base + i])));
-    acc[i] = c10::BFloat16(sum);
+      sum = static_cast<float>(Half(sum + static_cast<float>(in[r][base + i])));
+    acc[i] = Half(sum);
   }
+}
+void SumInRankOrder(c10::BFloat16* __restrict acc, const std::vector<const c10::BFloat16*>& in,
+                    size_t base, size_t n) {
+  SumHalvesInRankOrder(acc, in, base, n);
+}
+void SumInRankOrder(c10::Half* __restrict acc, const std::vector<const c10::Half*>& in, size_t base,
+                    size_t n) {
+  SumHalvesInRankOrder(acc, in, base, n);
 }
 
 // Sums elements [lo, lo + n) over `inputs` in rank order and stores the result both in the
@@ -132,6 +143,9 @@ void SumSliceOf(c10::ScalarType dtype, const std::vector<const char*>& inputs, s
       break;
     case c10::kDouble:
       SumSlice<double>(inputs, lo, n, shared, local);
+      break;
+    case c10::kHalf:
+      SumSlice<c10::Half>(inputs, lo, n, shared, local);
       break;
     default:
       SumSlice<c10::BFloat16>(inputs, lo, n, shared, local);

@@ -25,8 +25,8 @@
 //      tensor.
 // Every element is summed by one rank in rank order and every rank copies the same bytes, so
 // results are bit-identical on all ranks and equal to ((t0 + t1) + t2) + ... computed in one
-// process (bfloat16 rounds after each addition, as LibTorch does). Phase A of chunk k+1 cannot
-// complete before every rank finished copying the result of chunk k, so one set of slots is
+// process (bfloat16 and float16 round after each addition, as LibTorch does). Phase A of chunk k+1
+// cannot complete before every rank finished copying the result of chunk k, so one set of slots is
 // enough.
 //
 // The all-reduce is a reduce-scatter (step 2) followed by an all-gather (step 3); ZeRO needs
@@ -126,7 +126,7 @@ class ShmAllReduce {
                                    const ShmAllReduceOptions& options = {});
 
   // Whether this transport can carry allreduce(tensors, opts): one dense, contiguous CPU tensor
-  // of float, double or bfloat16, ReduceOp SUM. Anything else stays on Gloo.
+  // of float, double, bfloat16 or float16, ReduceOp SUM. Anything else stays on Gloo.
   static bool Supports(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts);
 
   // Stops the worker thread: an operation still queued or running fails ("shut down") and, if
@@ -177,7 +177,7 @@ class ShmAllReduce {
   // The same on the calling thread after every operation issued before it (as AllReduceNow).
   // Errors: InvalidArgument (REQUIRES violated), and those of AllReduceNow.
   Status ReduceScatterNow(const at::Tensor& input, const at::Tensor& output);
-  // Dense, contiguous CPU tensors of one dtype (float, double or bfloat16) with
+  // Dense, contiguous CPU tensors of one dtype (float, double, bfloat16 or float16) with
   // input.numel() == world_size() * output.numel().
   bool SupportsReduceScatter(const at::Tensor& input, const at::Tensor& output) const;
 

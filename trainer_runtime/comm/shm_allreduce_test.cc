@@ -42,7 +42,8 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr const char* kPeerTest = "ShmAllReducePeerProcess";
-const std::vector<c10::ScalarType> kDtypes = {c10::kFloat, c10::kDouble, c10::kBFloat16};
+const std::vector<c10::ScalarType> kDtypes = {c10::kFloat, c10::kDouble, c10::kBFloat16,
+                                              c10::kHalf};
 // Odd sizes: below a cache line, not a multiple of anything, across several 4 KiB chunks.
 const std::vector<int64_t> kSizes = {0, 1, 3, 17, 1000, 4099, 100003};
 
@@ -934,7 +935,7 @@ TEST_CASE("ShmAllReduceSupportsOnlyDenseContiguousSumOfFloatingTypes") {
   CHECK(ok(at::ones({4}), sum));
   CHECK(ok(at::ones({4}, at::kDouble), sum));
   CHECK(ok(at::ones({4}, at::kBFloat16), sum));
-  CHECK_FALSE(ok(at::ones({4}, at::kHalf), sum));
+  CHECK(ok(at::ones({4}, at::kHalf), sum));
   CHECK_FALSE(ok(at::ones({4}, at::kLong), sum));
   CHECK_FALSE(ok(at::ones({4}), max));
   CHECK_FALSE(ok(at::ones({4, 4}).t(), sum));  // not contiguous

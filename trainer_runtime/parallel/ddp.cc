@@ -112,17 +112,19 @@ class AverageHook : public c10d::CommHookInterface {
   size_t exchange_max_bytes_;
 };
 
-// PyTorch's bf16_compress_hook (accelerate's `comm_hook: bf16`): each bucket is cast to
-// bfloat16, divided by the world size and all-reduced in bfloat16 (half the bytes), then cast
-// back into the bucket. Replicas still agree bit for bit (every rank receives the same sum);
-// the averaged gradient keeps bfloat16's 8 bits of mantissa.
-class Bf16CompressHook : public c10d::CommHookInterface {
+// PyTorch's bf16_compress_hook and fp16_compress_hook (accelerate's `comm_hook: bf16` /
+// `fp16`): each bucket is cast to `dtype`, divided by the world size there (first, so that
+// float16's sum cannot overflow where the mean would not) and all-reduced in `dtype` (half the
+// bytes), then cast back into the bucket. Replicas still agree bit for bit (every rank receives
+// the same sum); the averaged gradient keeps the dtype's mantissa (bfloat16 8 bits, float16 11).
+class CompressHook : public c10d::CommHookInterface {
  public:
-  explicit Bf16CompressHook(c10::intrusive_ptr<CountingProcessGroup> pg) : pg_(std::move(pg)) {}
+  CompressHook(c10::intrusive_ptr<CountingProcessGroup> pg, at::ScalarType dtype)
+      : pg_(std::move(pg)), dtype_(dtype) {}
 
   c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
     at::Tensor buffer = bucket.getBufferRef();
-    at::Tensor compressed = buffer.to(at::kBFloat16).div_(pg_->getSize());
+    at::Tensor compressed = buffer.to(dtype_).div_(pg_->getSize());
     std::vector<at::Tensor> tensors = {compressed};
     return pg_->allreduce(tensors, c10d::AllreduceOptions())
         ->getFuture()
@@ -140,18 +142,19 @@ class Bf16CompressHook : public c10d::CommHookInterface {
 
  private:
   c10::intrusive_ptr<CountingProcessGroup> pg_;
+  at::ScalarType dtype_;
 };
 
 // --- ddp ---------------------------------------------------------------------------------------
 class DdpStrategy : public ParallelStrategy {
  public:
   DdpStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, double bucket_cap_mb,
-              bool sync_each_batch, bool find_unused_parameters, bool bf16_buckets,
+              bool sync_each_batch, bool find_unused_parameters, config::CommHook comm_hook,
               size_t exchange_max_bytes)
       : bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
         sync_each_batch_(sync_each_batch),
         find_unused_(find_unused_parameters),
-        bf16_buckets_(bf16_buckets),
+        comm_hook_(comm_hook),
         exchange_max_bytes_(exchange_max_bytes) {
     model_ = model;
     SetGroup(std::move(pg));
@@ -221,8 +224,9 @@ class DdpStrategy : public ParallelStrategy {
     // the last bit for some g. With the hook the reducer only copies (exact) and every step
     // divides the same way. No cost in the steady state: with gradients as bucket views the
     // default path too makes one pass over the bucket to divide it.
-    if (bf16_buckets_)
-      reducer_->register_comm_hook(std::make_unique<Bf16CompressHook>(pg_));
+    if (comm_hook_ != config::CommHook::kNone)
+      reducer_->register_comm_hook(std::make_unique<CompressHook>(
+          pg_, comm_hook_ == config::CommHook::kBf16 ? at::kBFloat16 : at::kHalf));
     else
       reducer_->register_comm_hook(std::make_unique<AverageHook>(pg_, exchange_max_bytes_));
     // Tensor hooks on every parameter record when backward produced its gradient; the last
@@ -320,7 +324,7 @@ class DdpStrategy : public ParallelStrategy {
   size_t bucket_cap_bytes_;
   bool sync_each_batch_;
   bool find_unused_;
-  bool bf16_buckets_;                    // parallel.comm_hook bf16
+  config::CommHook comm_hook_;           // parallel.comm_hook: the buckets' dtype on the wire
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as PyTorch's does
   bool hooked_ = false;                  // the gradient-time hooks are registered
   // Between BeforeBackward and AfterBackward (the hooks run on autograd's threads); a hook
@@ -344,8 +348,7 @@ std::unique_ptr<ParallelStrategy> CreateDdpStrategy(const config::TrainConfig& c
                                                     const Tuning& tuning) {
   return std::make_unique<DdpStrategy>(model, std::move(pg), cfg.parallel.bucket_cap_mb,
                                        cfg.sync_each_batch, cfg.parallel.find_unused_parameters,
-                                       cfg.parallel.comm_hook == config::CommHook::kBf16,
-                                       tuning.ddp_exchange_max_bytes);
+                                       cfg.parallel.comm_hook, tuning.ddp_exchange_max_bytes);
 }
 
 Status DdpSupports(const Platform& platform) { return platform.CheckAutocast(); }

@@ -4,7 +4,7 @@
 // on c10d::Reducer: gradients bucketed in reverse parameter order (a small first bucket), each
 // full bucket all-reduced asynchronously during backward and averaged over the world; rank 0's
 // buffers broadcast before each forward that follows a synchronised one; no_sync skips
-// prepare_for_backward. parallel.comm_hook bf16 all-reduces the buckets in bfloat16.
+// prepare_for_backward. parallel.comm_hook bf16 / fp16 all-reduce the buckets in that dtype.
 //
 // Internal to trainer_runtime (includes LibTorch).
 
