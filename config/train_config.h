@@ -31,10 +31,10 @@ enum class OptimizerImplementation { kAuto, kForLoop, kForeach, kFused };
 enum class SchedulerType { kConstant, kLinear, kCosine };
 enum class ParallelMode { kNone, kDp, kDdp, kPipeline, kZero };
 enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubble };
-// ddp: how gradient buckets travel (accelerate's DDPCommunicationHookType): as they are, or
-// cast to bfloat16 / float16 for the all-reduce and back (PyTorch's bf16_compress_hook,
-// fp16_compress_hook).
-enum class CommHook { kNone, kBf16, kFp16 };
+// ddp: how gradient buckets travel (accelerate's DDPCommunicationHookType): as they are, cast
+// to bfloat16 / float16 for the all-reduce and back (PyTorch's bf16_compress_hook,
+// fp16_compress_hook), or as PowerSGD's low-rank factors (powerSGD_hook).
+enum class CommHook { kNone, kBf16, kFp16, kPowerSgd };
 // Local SGD's step at each synchronisation: the replicas become their mean, or (DiLoCo,
 // Douillard et al. 2023) the mean change since the last synchronisation is a pseudo-gradient
 // for an outer SGD step with Nesterov momentum.
@@ -145,6 +145,18 @@ struct GradScalerConfig {
   int64_t growth_interval = 2000;  // clean steps in a row before a growth
 };
 
+// comm_hook power_sgd (trainer_runtime/parallel/power_sgd.h): PowerSGDState's options, names
+// and defaults (accelerate's comm_state_option).
+struct PowerSgdConfig {
+  int64_t matrix_approximation_rank = 1;  // the factors' rank r: a n x m gradient sends (n+m) r
+  int64_t start_powerSGD_iter = 1000;     // synchronised steps all-reduced whole before it starts
+  double min_compression_rate = 2.0;      // a matrix is compressed when nm > rate (n+m) r
+  bool use_error_feedback = true;         // what compression lost is added to the next gradient
+  bool warm_start = true;                 // each step's Q starts from the last step's
+  double orthogonalization_epsilon = 0.0;
+  int64_t random_seed = 0;  // numpy.random.RandomState's seed, which seeds the first Qs
+};
+
 struct SchedulerConfig {
   SchedulerType type = SchedulerType::kConstant;
   int64_t warmup_steps = 0;   // linear warm-up from 0 to lr
@@ -178,7 +190,8 @@ struct ParallelConfig {
   // ddp: find the parameters a forward did not use (PyTorch DDP's option of the same name), so
   // a model with an unused head or branch trains; costs a graph walk per synchronised step.
   bool find_unused_parameters = false;
-  CommHook comm_hook = CommHook::kNone;  // ddp: none, bf16 or fp16 (the buckets' dtype on the wire)
+  CommHook comm_hook = CommHook::kNone;  // ddp: none, bf16, fp16 or power_sgd
+  PowerSgdConfig power_sgd;              // comm_hook power_sgd
   // ddp, dp: the model's SyncBatchNorm layers (model/sync_batchnorm.h; the built-in CNN's batch
   // norms are such layers) take their training statistics over the whole data-parallel batch,
   // as torch.nn.SyncBatchNorm; false: each replica's own rows, as BatchNorm under DDP.

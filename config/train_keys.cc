@@ -159,6 +159,10 @@ bool DataIs(const TrainConfig& t, DataType d) { return t.data.type == d; }
 bool ModeIs(const TrainConfig& t, ParallelMode m) { return t.parallel.mode == m; }
 bool OptimizerIs(const TrainConfig& t, OptimizerType o) { return t.optimizer.type == o; }
 bool Fp16(const TrainConfig& t) { return t.mixed_precision == "fp16"; }
+bool PowerSgd(const TrainConfig& t) {
+  return t.parallel.data_mode() == ParallelMode::kDdp &&
+         t.parallel.comm_hook == CommHook::kPowerSgd;
+}
 
 auto Model(ModelType m) {
   return [m](const TrainConfig& t) { return ModelIs(t, m); };
@@ -425,11 +429,37 @@ std::vector<TrainKey> BuildTable() {
             "ddp: find parameters a forward did not use (costs a graph walk)"),
       // In the identity only when on: checkpoints from before the key still match.
       Enum("parallel.comm_hook", FIELD(parallel.comm_hook), kCommHooks,
-           "ddp: buckets all-reduced as they are, in bfloat16 or in float16")
+           "ddp: buckets all-reduced as they are, in bfloat16, in float16, or as PowerSGD's "
+           "low-rank factors")
           .Identity([](const TrainConfig& t) {
             return t.parallel.data_mode() == ParallelMode::kDdp &&
                    t.parallel.comm_hook != CommHook::kNone;
           }),
+      // PowerSGDState's options (PyTorch's names): in the identity only under power_sgd.
+      Range("parallel.power_sgd.matrix_approximation_rank",
+            FIELD(parallel.power_sgd.matrix_approximation_rank), 1, 1 << 20,
+            "power_sgd: the rank of the factors each gradient matrix is sent as")
+          .Identity(PowerSgd),
+      Range("parallel.power_sgd.start_powerSGD_iter", FIELD(parallel.power_sgd.start_powerSGD_iter),
+            1, kBig, "power_sgd: synchronised steps all-reduced whole before compression starts")
+          .Identity(PowerSgd),
+      Range("parallel.power_sgd.min_compression_rate",
+            FIELD(parallel.power_sgd.min_compression_rate), 0.0, 1e9,
+            "power_sgd: compress a matrix only when this many times smaller")
+          .Identity(PowerSgd),
+      Value("parallel.power_sgd.use_error_feedback", FIELD(parallel.power_sgd.use_error_feedback),
+            "power_sgd: add what compression lost to the next gradient")
+          .Identity(PowerSgd),
+      Value("parallel.power_sgd.warm_start", FIELD(parallel.power_sgd.warm_start),
+            "power_sgd: start each step's factors from the last step's")
+          .Identity(PowerSgd),
+      Range("parallel.power_sgd.orthogonalization_epsilon",
+            FIELD(parallel.power_sgd.orthogonalization_epsilon), 0.0, 1.0,
+            "power_sgd: added to each column's norm before dividing by it")
+          .Identity(PowerSgd),
+      Range("parallel.power_sgd.random_seed", FIELD(parallel.power_sgd.random_seed), 0,
+            4294967295LL, "power_sgd: seeds the first factors (numpy.random.RandomState's)")
+          .Identity(PowerSgd),
       // In the identity only when on: checkpoints from before the key still match.
       Value("parallel.sync_batchnorm", FIELD(parallel.sync_batchnorm),
             "ddp, dp: BatchNorm statistics over the whole data-parallel batch (SyncBatchNorm)")

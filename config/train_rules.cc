@@ -114,6 +114,19 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
   if (p.comm_hook != CommHook::kNone && p.data_mode() != ParallelMode::kDdp)
     return Broken("parallel.comm_hook", "applies to mode ddp (its gradient buckets), not " +
                                             std::string(ToString(p.mode)));
+  if (p.comm_hook == CommHook::kPowerSgd) {
+    if (p.pipelined() || p.tensor > 1)
+      return Broken("parallel.comm_hook",
+                    "power_sgd applies to ddp over whole replicas (no stages, no tensor groups)",
+                    {"parallel.comm_hook", p.tensor > 1 ? "parallel.tensor" : "parallel.stages"});
+    // PowerSGDState's own rule (it keeps the error and the factors per bucket, and DDP rebuilds
+    // its buckets after the first step): what PyTorch refuses is refused here too.
+    const PowerSgdConfig& s = p.power_sgd;
+    if ((s.use_error_feedback || s.warm_start) && s.start_powerSGD_iter <= 1)
+      return Broken("parallel.power_sgd.start_powerSGD_iter",
+                    "must be > 1 with use_error_feedback or warm_start (PowerSGD starts after "
+                    "DDP's first two steps)");
+  }
   if (p.sync_batchnorm) {
     if (p.mode != ParallelMode::kDdp && p.mode != ParallelMode::kDp)
       return Broken("parallel.sync_batchnorm",

@@ -257,6 +257,27 @@ class TorchReferenceTest(unittest.TestCase):
         for n in ["head.weight", "stem.weight"]:
             self.assertGreater(off[n], 4 * TOLERANCE, f"{n}: the hook changed nothing")
 
+    def check_power_sgd(self, name, options):
+        # PowerSGD from the 4th synchronised step: both weight matrices sent as rank-r factors,
+        # the LayerNorm's vector and the biases whole; error feedback and warm start (or not).
+        ref, _, _ = self.run_reference(name, SGD_ARGS + [
+            "--comm_hook", "power_sgd", "--power_sgd", json.dumps(options)])
+        flow = ", ".join(f"{k}: {json.dumps(v)}" for k, v in options.items())
+        out = self.run_ours(name, parallel="{mode: ddp, comm_hook: power_sgd, power_sgd: {" +
+                            flow + "}}")
+        self.assertMatches(out, ref)
+        # Compression changed the result: whole gradients land far away.
+        off = self.compare(self.run_ours(name + "_off"), ref)["diff"]
+        self.assertGreater(off["stem.weight"], 100 * TOLERANCE, "stem.weight: not compressed")
+
+    def test_power_sgd_matches_powerSGD_hook(self):
+        self.check_power_sgd("psgd", {"matrix_approximation_rank": 1, "start_powerSGD_iter": 3})
+
+    def test_power_sgd_rank_4_with_qr_and_without_warm_start_or_error_feedback(self):
+        self.check_power_sgd("psgd4", {"matrix_approximation_rank": 4, "start_powerSGD_iter": 2,
+                                       "warm_start": False, "use_error_feedback": False,
+                                       "random_seed": 11})
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -119,8 +119,10 @@ def main():
     p.add_argument("--fp16", action="store_true",
                    help='torch.autocast("cpu", torch.float16) with torch.amp.GradScaler, the '
                         "schedule stepped only when the optimizer was (accelerate's rule)")
-    p.add_argument("--comm_hook", choices=["none", "fp16"], default="none",
-                   help="fp16: default_hooks.fp16_compress_hook (accelerate's comm_hook FP16)")
+    p.add_argument("--comm_hook", choices=["none", "fp16", "power_sgd"], default="none",
+                   help="fp16: default_hooks.fp16_compress_hook (accelerate's comm_hook FP16); "
+                        "power_sgd: powerSGD_hook with PowerSGDState(None, **--power_sgd)")
+    p.add_argument("--power_sgd", default="{}", help="PowerSGDState's options, as JSON")
     p.add_argument("--init_scale", type=float, default=65536.0)
     p.add_argument("--growth_interval", type=int, default=2000)
     p.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
@@ -150,6 +152,10 @@ def main():
     if args.comm_hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif args.comm_hook == "power_sgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        state = powersgd.PowerSGDState(None, **json.loads(args.power_sgd))
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
     if args.optimizer == "adamw":
         no_decay = [entry for entry in args.no_decay.split(",") if entry]
         opt = torch.optim.AdamW(parameter_groups(ddp.module, args.weight_decay, no_decay),

@@ -262,6 +262,15 @@ bool HasKernel(const char* op, c10::DeviceType device) {
   return schema && schema->hasKernelForDispatchKey(key);
 }
 
+at::Tensor TorchNormAlong(const at::Tensor& t, int64_t dim, bool keepdim) {
+  const std::vector<int64_t> dims = {dim};
+#if TORCH_VERSION_MAJOR >= 2
+  return at::linalg_vector_norm(t, 2, dims, keepdim);
+#else
+  return at::frobenius_norm(t, dims, keepdim);
+#endif
+}
+
 bool HasFusedAdam(c10::DeviceType device) {
 #if TORCH_VERSION_MAJOR >= 2
   return HasKernel("aten::_fused_adam_", device) && HasKernel("aten::_fused_adamw_", device);

@@ -125,6 +125,10 @@ void SetParamState(torch::optim::Optimizer& optimizer, const at::Tensor& param,
 // `device` in this LibTorch (asked of the dispatcher, not of the version number).
 bool HasKernel(const char* op, c10::DeviceType device);
 
+// torch.norm(t, dim=dim, keepdim=keepdim) as this LibTorch's Python computes it (its 2-norm
+// along `dim`): 1.13 calls frobenius_norm, 2.x linalg.vector_norm. The same bits as Python's.
+at::Tensor TorchNormAlong(const at::Tensor& t, int64_t dim, bool keepdim);
+
 // Whether this LibTorch steps Adam and AdamW with fused kernels for tensors of `device` (both
 // at::_fused_adam_ and at::_fused_adamw_ declared and registered for it).
 bool HasFusedAdam(c10::DeviceType device);

@@ -12,7 +12,10 @@
 #include "base/mutex.h"
 #include "base/strings.h"
 #include "base/thread_annotations.h"
+#include "base/files.h"
 #include "trainer_runtime/compat/torch_compat.h"
+#include "trainer_runtime/parallel/power_sgd.h"
+#include "trainer_runtime/state/checkpoint.h"
 #include "trainer_runtime/util/timeline.h"
 
 namespace launch::trainer {
@@ -145,12 +148,17 @@ class CompressHook : public c10d::CommHookInterface {
   at::ScalarType dtype_;
 };
 
+// This rank's PowerSGD state in checkpoint folder `dir`.
+std::string PowerSgdFile(const std::string& dir, int rank) {
+  return dir + "/power_sgd_rank" + std::to_string(rank) + ".pt";
+}
+
 // --- ddp ---------------------------------------------------------------------------------------
 class DdpStrategy : public ParallelStrategy {
  public:
   DdpStrategy(Model* model, c10::intrusive_ptr<CountingProcessGroup> pg, double bucket_cap_mb,
               bool sync_each_batch, bool find_unused_parameters, config::CommHook comm_hook,
-              size_t exchange_max_bytes)
+              const config::PowerSgdConfig& power_sgd, size_t exchange_max_bytes)
       : bucket_cap_bytes_(static_cast<size_t>(bucket_cap_mb * (1 << 20))),
         sync_each_batch_(sync_each_batch),
         find_unused_(find_unused_parameters),
@@ -158,6 +166,8 @@ class DdpStrategy : public ParallelStrategy {
         exchange_max_bytes_(exchange_max_bytes) {
     model_ = model;
     SetGroup(std::move(pg));
+    if (comm_hook_ == config::CommHook::kPowerSgd)
+      power_sgd_ = std::make_unique<PowerSgd>(power_sgd, model_->Parameters());
   }
 
   const char* Name() const override { return "ddp"; }
@@ -170,7 +180,39 @@ class DdpStrategy : public ParallelStrategy {
     BuildReducer();
   }
 
-  bool SupportsInPlaceRecovery() const override { return true; }
+  // PowerSGD's error feedback is each rank's own: a lost rank's is gone with it.
+  bool SupportsInPlaceRecovery() const override { return !power_sgd_; }
+
+  Status SaveModelState(const std::string& dir, torch::optim::Optimizer& optimizer) override {
+    LAUNCH_RETURN_IF_ERROR(ParallelStrategy::SaveModelState(dir, optimizer));
+    if (!power_sgd_) return Status::Ok();
+    torch::serialize::OutputArchive archive;
+    power_sgd_->Save(archive);
+    return WriteArchive(archive, PowerSgdFile(dir, rank()));
+  }
+
+  Status LoadModelState(const std::string& dir, torch::optim::Optimizer& optimizer,
+                        int64_t written_by) override {
+    LAUNCH_RETURN_IF_ERROR(ParallelStrategy::LoadModelState(dir, optimizer, written_by));
+    if (!power_sgd_) return Status::Ok();
+    // A rank the checkpoint did not have takes rank 0's factors and starts its error at zero.
+    const bool own = FileExists(PowerSgdFile(dir, rank()));
+    auto archive = ReadArchive(PowerSgdFile(dir, own ? rank() : 0));
+    if (!archive.ok()) return archive.status();
+    return power_sgd_->Load(**archive, own);
+  }
+
+  void Finish(int64_t steps_done) override {
+    (void)steps_done;
+    if (!power_sgd_ || rank() != 0 || power_sgd_->numel_before() == 0) return;
+    std::printf(
+        "train: power_sgd: compressed steps sent %lld of %lld gradient elements (%.1fx less)\n",
+        static_cast<long long>(power_sgd_->numel_after()),
+        static_cast<long long>(power_sgd_->numel_before()),
+        static_cast<double>(power_sgd_->numel_before()) /
+            static_cast<double>(std::max<int64_t>(1, power_sgd_->numel_after())));
+    std::fflush(stdout);
+  }
 
   void Reform(c10::intrusive_ptr<CountingProcessGroup> pg) override {
     // The old reducer goes first (it holds the broken group and the abandoned step's buckets);
@@ -224,7 +266,10 @@ class DdpStrategy : public ParallelStrategy {
     // the last bit for some g. With the hook the reducer only copies (exact) and every step
     // divides the same way. No cost in the steady state: with gradients as bucket views the
     // default path too makes one pass over the bucket to divide it.
-    if (comm_hook_ != config::CommHook::kNone)
+    if (power_sgd_)
+      reducer_->register_comm_hook(
+          power_sgd_->Hook(pg_, std::make_unique<AverageHook>(pg_, exchange_max_bytes_)));
+    else if (comm_hook_ != config::CommHook::kNone)
       reducer_->register_comm_hook(std::make_unique<CompressHook>(
           pg_, comm_hook_ == config::CommHook::kBf16 ? at::kBFloat16 : at::kHalf));
     else
@@ -324,7 +369,8 @@ class DdpStrategy : public ParallelStrategy {
   size_t bucket_cap_bytes_;
   bool sync_each_batch_;
   bool find_unused_;
-  config::CommHook comm_hook_;           // parallel.comm_hook: the buckets' dtype on the wire
+  config::CommHook comm_hook_;           // parallel.comm_hook
+  std::unique_ptr<PowerSgd> power_sgd_;  // comm_hook power_sgd: its state (the hooks')
   bool previous_forward_synced_ = true;  // the first forward broadcasts, as PyTorch's does
   bool hooked_ = false;                  // the gradient-time hooks are registered
   // Between BeforeBackward and AfterBackward (the hooks run on autograd's threads); a hook
@@ -348,7 +394,7 @@ std::unique_ptr<ParallelStrategy> CreateDdpStrategy(const config::TrainConfig& c
                                                     const Tuning& tuning) {
   return std::make_unique<DdpStrategy>(model, std::move(pg), cfg.parallel.bucket_cap_mb,
                                        cfg.sync_each_batch, cfg.parallel.find_unused_parameters,
-                                       cfg.parallel.comm_hook, tuning.ddp_exchange_max_bytes);
+                                       cfg.parallel.comm_hook, cfg.parallel.power_sgd, tuning.ddp_exchange_max_bytes);
 }
 
 Status DdpSupports(const Platform& platform) { return platform.CheckAutocast(); }
