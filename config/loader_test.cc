@@ -840,6 +840,46 @@ TEST_CASE("AStrategysKeysAreRefusedUnderAnotherMode") {
   }
 }
 
+TEST_CASE("PowerSgdTakesPowerSGDStatesOptionsAndItsRule") {
+  LaunchConfig cfg;
+  REQUIRE(LoadValid("train:\n  parallel:\n    comm_hook: power_sgd\n    power_sgd:\n"
+                    "      matrix_approximation_rank: 4\n      start_powerSGD_iter: 10\n"
+                    "      warm_start: false\n      random_seed: 3\n",
+                    &cfg)
+              .ok());
+  const config::PowerSgdConfig& p = cfg.train.parallel.power_sgd;
+  CHECK(cfg.train.parallel.comm_hook == config::CommHook::kPowerSgd);
+  CHECK(p.matrix_approximation_rank == 4);
+  CHECK(p.start_powerSGD_iter == 10);
+  CHECK_FALSE(p.warm_start);
+  CHECK(p.use_error_feedback);  // PyTorch's default
+  CHECK(p.min_compression_rate == 2.0);
+  CHECK(p.random_seed == 3);
+  // PowerSGDState's ValueError, as a config error naming the key.
+  LaunchConfig early;
+  CHECK(LoadValid("train:\n  parallel:\n    comm_hook: power_sgd\n    power_sgd: "
+                  "{start_powerSGD_iter: 1}\n",
+                  &early)
+            .message() ==
+        "train.yaml:4: train.parallel.power_sgd.start_powerSGD_iter: must be > 1 with "
+        "use_error_feedback or warm_start (PowerSGD starts after DDP's first two steps)");
+  LaunchConfig plain;
+  CHECK(LoadValid("train:\n  parallel:\n    comm_hook: power_sgd\n    power_sgd: "
+                  "{start_powerSGD_iter: 1, use_error_feedback: false, warm_start: false}\n",
+                  &plain)
+            .ok());
+  LaunchConfig staged;
+  CHECK(LoadValid("train:\n  parallel: {comm_hook: power_sgd, stages: 2}\n", &staged).message() ==
+        "train.yaml:2: train.parallel.comm_hook: power_sgd applies to ddp over whole replicas (no "
+        "stages, no tensor groups)");
+  LaunchConfig rank;
+  CHECK(LoadValid("train:\n  parallel: {comm_hook: power_sgd, power_sgd: "
+                  "{matrix_approximation_rank: 0}}\n",
+                  &rank)
+            .message()
+            .find("train.parallel.power_sgd.matrix_approximation_rank") != std::string::npos);
+}
+
 TEST_CASE("ZeroRefusesLocalSgdCommHookAndAnotherModeFromAccelerate") {
   LaunchConfig cfg;
   CHECK(LoadValid("train:\n  parallel: {mode: zero}\n  local_sgd_steps: 4\n", &cfg).message() ==

@@ -97,11 +97,10 @@ const EnumTable<PipelineSchedule> kSchedules = {
     {"1f1b", PipelineSchedule::k1F1B},
     {"interleaved_1f1b", PipelineSchedule::kInterleaved1F1B},
     {"zero_bubble", PipelineSchedule::kZeroBubble}};
-const EnumTable<CommHook> kCommHooks = {
-    {"none", CommHook::kNone},
-    {"bf16", CommHook::kBf16},
-    {"fp16", CommHook::kFp16},
-    {"power_sgd", CommHook::kPowerSgd}};
+const EnumTable<CommHook> kCommHooks = {{"none", CommHook::kNone},
+                                        {"bf16", CommHook::kBf16},
+                                        {"fp16", CommHook::kFp16},
+                                        {"power_sgd", CommHook::kPowerSgd}};
 const EnumTable<OuterOptimizer> kOuterOptimizers = {{"average", OuterOptimizer::kAverage},
                                                     {"nesterov", OuterOptimizer::kNesterov}};
 const EnumTable<DistributedType> kDistributedTypes = {

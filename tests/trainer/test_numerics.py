@@ -352,12 +352,25 @@ class ExactResumeTest(unittest.TestCase):
         differ = sum(x != y for x, y in zip(got, whole))
         self.assertEqual(differ, 0, f"the resumed job differs from the undisturbed run in "
                                     f"{differ} of {len(whole)} parameters")
+        return out
 
     def test_ddp_three_ranks_shared_memory(self):
         self.check(3, shm=True)
 
     def test_ddp_four_ranks_gloo(self):
         self.check(4, shm=False)
+
+    def test_ddp_power_sgd_three_ranks_shared_memory(self):
+        # PowerSGD from step 11, the checkpoint at step 25: each rank's error feedback and the
+        # warm-started factors are in the checkpoint (per rank), over buckets of 4 KB that the
+        # resumed run's first step lays out otherwise than the rebuilt ones.
+        out = self.check(3, shm=True, parallel="{mode: ddp, bucket_cap_mb: 0.004, comm_hook: "
+                         "power_sgd, power_sgd: {start_powerSGD_iter: 10, "
+                         "matrix_approximation_rank: 2}}")
+        with open(os.path.join(out, "checkpoints", "latest")) as f:
+            step = os.path.join(out, "checkpoints", "step" + f.read().strip())
+        self.assertEqual(sorted(f for f in os.listdir(step) if f.startswith("power_sgd")),
+                         [f"power_sgd_rank{r}.pt" for r in range(3)])
 
     def test_zero_stage1_three_ranks_shared_memory(self):
         self.check(3, shm=True, parallel="{mode: zero, zero_stage: 1, bucket_cap_mb: 0.004}")

@@ -339,5 +339,25 @@ class RecoverInPlaceTest(unittest.TestCase):
         self.assertEqual(final(out)["param_checksum"], final(ref_out)["param_checksum"])
         self.check_clean(marker)
 
+    def test_power_sgd_restarts_everyone(self):
+        # Each rank's PowerSGD error feedback is its own: a lost rank (here at step 15,
+        # compressing since step 5) restarts every worker at once, as --recover restart would
+        # (resume: never here: from step 0; ExactResumeTest resumes PowerSGD from a
+        # checkpoint), and the job ends as the undisturbed run does.
+        mode = "ddp, comm_hook: power_sgd, power_sgd: {start_powerSGD_iter: 4}"
+        ref, ref_out, _ = self.run_job("psgd_ref", "", mode=mode)
+        self.assertEqual(ref.returncode, 0, ref.stderr[-4000:])
+        r, out, marker = self.run_job("psgd", "1:15:forward", max_restarts=1, mode=mode)
+        text = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, text[-4000:])
+        self.assertIn("in-place recovery: comm_hook power_sgd keeps each rank's own error "
+                      "feedback", text)
+        self.assertIn("every worker restarts", text)
+        self.assertRegex(text, r"restart 1 of 1\b")
+        self.assertIn("power_sgd: compressing from synchronised step 5", ref.stdout)
+        self.assertEqual(final(out)["param_checksum"], final(ref_out)["param_checksum"])
+        self.check_clean(marker)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -9,10 +9,10 @@
 #include <string>
 #include <unordered_map>
 
+#include "base/files.h"
 #include "base/mutex.h"
 #include "base/strings.h"
 #include "base/thread_annotations.h"
-#include "base/files.h"
 #include "trainer_runtime/compat/torch_compat.h"
 #include "trainer_runtime/parallel/power_sgd.h"
 #include "trainer_runtime/state/checkpoint.h"
@@ -394,7 +394,8 @@ std::unique_ptr<ParallelStrategy> CreateDdpStrategy(const config::TrainConfig& c
                                                     const Tuning& tuning) {
   return std::make_unique<DdpStrategy>(model, std::move(pg), cfg.parallel.bucket_cap_mb,
                                        cfg.sync_each_batch, cfg.parallel.find_unused_parameters,
-                                       cfg.parallel.comm_hook, cfg.parallel.power_sgd, tuning.ddp_exchange_max_bytes);
+                                       cfg.parallel.comm_hook, cfg.parallel.power_sgd,
+                                       tuning.ddp_exchange_max_bytes);
 }
 
 Status DdpSupports(const Platform& platform) { return platform.CheckAutocast(); }

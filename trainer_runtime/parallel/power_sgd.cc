@@ -109,8 +109,8 @@ struct PowerSgd::State {
   config::PowerSgdConfig cfg;
   std::vector<at::Tensor> params;
   std::unordered_map<const c10::TensorImpl*, size_t> index;  // parameter -> position
-  std::vector<at::Tensor> error;                              // flat, per parameter
-  std::vector<at::Tensor> q;                                  // [1, m, r], per parameter
+  std::vector<at::Tensor> error;                             // flat, per parameter
+  std::vector<at::Tensor> q;                                 // [1, m, r], per parameter
   std::mt19937 mt;
   int64_t draws = 0;
   std::atomic<int64_t> iter{0};
@@ -339,7 +339,8 @@ void PowerSgd::Save(torch::serialize::OutputArchive& archive) const {
   const State& s = *state_;
   archive.write("iter", torch::tensor(s.iter.load(), torch::kLong));
   archive.write("draws", torch::tensor(s.draws, torch::kLong));
-  archive.write("numel", torch::tensor({s.numel_before.load(), s.numel_after.load()}, torch::kLong));
+  archive.write("numel",
+                torch::tensor({s.numel_before.load(), s.numel_after.load()}, torch::kLong));
   for (size_t i = 0; i < s.params.size(); ++i) {
     if (s.error[i].defined()) archive.write(Key("error", i), s.error[i].cpu());
     if (s.q[i].defined()) archive.write(Key("q", i), s.q[i].cpu());
@@ -361,9 +362,11 @@ Status PowerSgd::Load(torch::serialize::InputArchive& archive, bool with_error) 
   s.announced = s.iter.load() > s.cfg.start_powerSGD_iter;
   for (size_t i = 0; i < s.params.size(); ++i) {
     const at::TensorOptions on = s.params[i].options().requires_grad(false);
-    at::Tensor t;
-    s.error[i] = with_error && archive.try_read(Key("error", i), t) ? t.to(on) : at::Tensor();
-    s.q[i] = archive.try_read(Key("q", i), t) ? t.to(on) : at::Tensor();
+    // A fresh tensor per read: try_read sets a defined one in place (set_), which would change
+    // what an earlier read returned.
+    at::Tensor error, q;
+    s.error[i] = with_error && archive.try_read(Key("error", i), error) ? error.to(on) : error;
+    s.q[i] = archive.try_read(Key("q", i), q) ? q.to(on) : q;
     // A rank new to the job starts its error at zero, as PyTorch's first compressed step does.
     if (!with_error && s.q[i].defined() && s.cfg.use_error_feedback)
       s.error[i] = at::zeros({s.params[i].numel()}, on);

@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/serialize/archive.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "base/status.h"
 #include "config/train_config.h"
@@ -53,9 +53,8 @@ class PowerSgd {
 
   // A hook for a reducer over `pg` (one per reducer; the state is this object's and outlives
   // it). `before` handles the buckets of the first start_powerSGD_iter synchronised steps.
-  std::unique_ptr<c10d::CommHookInterface> Hook(
-      c10::intrusive_ptr<CountingProcessGroup> pg,
-      std::unique_ptr<c10d::CommHookInterface> before);
+  std::unique_ptr<c10d::CommHookInterface> Hook(c10::intrusive_ptr<CountingProcessGroup> pg,
+                                                std::unique_ptr<c10d::CommHookInterface> before);
 
   // Synchronised steps seen (PowerSGDState.iter).
   int64_t iter() const;
