@@ -1,6 +1,7 @@
 #include "trainer_runtime/parallel/power_sgd.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <condition_variable>
@@ -297,6 +298,9 @@ class PowerSgdHook : public c10d::CommHookInterface {
     // Without warm start PyTorch forgets the factors after every step (the next draws anew).
     for (size_t j = 0; j < ordered.size(); ++j)
       s.q[ordered[j].var] = s.cfg.warm_start ? qs[j].clone() : at::Tensor();
+    // As PyTorch's hook: the products ran on this thread's stream, which the reducer's does
+    // not wait for.
+    if (input.is_cuda()) torch::cuda::synchronize(input.device().index());
     if (last) ++s.iter;
   }
 
