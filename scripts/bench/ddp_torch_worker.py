@@ -7,7 +7,11 @@ Rank 0 writes {"loop_s": ..., "steps": ..., "global_batch": ...} to --out.
 with --no_sync all but the last under DDP's no_sync() (as accelerate's accumulate()).
 
 Also --mode allreduce: time all-reducing NUMEL floats split into buckets of CAP_MB (the
-communication-only baseline of the overlap benchmark)."""
+communication-only baseline of the overlap benchmark).
+
+--layers 256,1536,1536,10 --optimizer adamw --comm_hook power_sgd --power_sgd '{...}': another MLP,
+AdamW, and a DDP communication hook (fp16_compress_hook, or powerSGD_hook with those
+PowerSGDState options): the multihost benchmark's PyTorch rows."""
 
 import argparse
 import contextlib
@@ -31,6 +35,11 @@ def main():
     ap.add_argument("--sizes", default="", help="bucket sizes in floats, comma-separated")
     ap.add_argument("--accum", type=int, default=1)
     ap.add_argument("--no_sync", action="store_true")
+    ap.add_argument("--layers", default="", help="the MLP's widths (default 784,H,H,10)")
+    ap.add_argument("--optimizer", default="sgd", choices=["sgd", "adamw"])
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--comm_hook", default="none", choices=["none", "fp16", "power_sgd"])
+    ap.add_argument("--power_sgd", default="{}", help="PowerSGDState's options, as JSON")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     dist.init_process_group("gloo")
@@ -61,13 +70,28 @@ def main():
         dist.barrier()
         return
     h = a.hidden
-    model = torch.nn.Sequential(torch.nn.Linear(784, h), torch.nn.ReLU(), torch.nn.Linear(h, h),
-                                torch.nn.ReLU(), torch.nn.Linear(h, 10))
+    widths = [int(w) for w in a.layers.split(",")] if a.layers else [784, h, h, 10]
+    layers = []
+    for i in range(len(widths) - 1):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i + 2 < len(widths):
+            layers.append(torch.nn.ReLU())
+    model = torch.nn.Sequential(*layers)
     ddp = DDP(model, bucket_cap_mb=a.bucket_cap_mb)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    if a.comm_hook == "fp16":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif a.comm_hook == "power_sgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+        state = powersgd.PowerSGDState(None, **json.loads(a.power_sgd))
+        ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    if a.optimizer == "adamw":
+        opt = torch.optim.AdamW(ddp.parameters(), lr=a.lr)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=a.lr)
     n = 8192
-    x = torch.randn(n, 784)
-    y = torch.randint(0, 10, (n,))
+    x = torch.randn(n, widths[0])
+    y = torch.randint(0, widths[-1], (n,))
     g = torch.Generator().manual_seed(rank)
     start = time.perf_counter()
     for step in range(a.steps):
