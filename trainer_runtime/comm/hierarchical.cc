@@ -230,9 +230,9 @@ Status HierarchicalAllReduce::CrossHost(const Op& op) {
   try {
     if (reduce) {
       // LibTorch 1.13's Gloo cannot add bfloat16: the host sums are added in float, rounded once
-      // (float16's too, alike, rather than rounded after each of Gloo's additions).
-      const bool half = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
-      at::Tensor sum = half ? t.to(at::kFloat) : t;
+      // (twice the bytes on the wire). float16 crosses as float16, as comm_hook fp16 wants: Gloo
+      // adds it, rounding after each addition.
+      at::Tensor sum = t.scalar_type() == at::kBFloat16 ? t.to(at::kFloat) : t;
       std::vector<at::Tensor> tensors = {sum};
       leaders_->allreduce(tensors, c10d::AllreduceOptions())->wait();
       if (!sum.is_same(t)) t.copy_(sum);

@@ -20,8 +20,8 @@
 // every other rank copies its leader's bytes. The order is ((h0 r0 + h0 r1 + ...) + (h1 r0 +
 // ...)): equal to a one-host job's rank-order sum with two ranks per host and two hosts only up
 // to float rounding in general. bfloat16 and float16 host sums round after each addition (as
-// LibTorch does); the leaders add them in float (LibTorch 1.13's Gloo cannot add bfloat16) and
-// round once.
+// LibTorch does); the leaders add bfloat16 in float (LibTorch 1.13's Gloo cannot add it) and
+// round once, float16 in float16 through Gloo (rounded after each addition).
 //
 // Operations run in issue order on one background thread (the DDP Reducer issues all-reduces
 // from the autograd engine and expects them asynchronous, like Gloo's). Each rank's sequence of
