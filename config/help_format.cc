@@ -23,6 +23,11 @@ class WrappingFormatter : public CLI::Formatter {
   std::string make_option(const CLI::Option* opt, bool is_positional) const override {
     const size_t width = get_column_width();
     std::string out = "  " + make_option_name(opt, is_positional) + make_option_opts(opt);
+    // Names too long for one line (a deep train: key and its dashed spelling): one per line.
+    if (out.size() > kHelpWidth) {
+      const std::vector<std::string> names = Split(make_option_name(opt, is_positional), ',');
+      out = "  " + Join(names, ",\n  ") + make_option_opts(opt);
+    }
     const std::string desc = make_option_desc(opt);
     if (desc.empty()) return out + "\n";
     const std::string indent(width, ' ');

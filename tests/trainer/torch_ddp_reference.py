@@ -21,6 +21,7 @@ read_idx / load_split / loss_and_logits are imported by the test's comparison sc
 data and the output conventions are written down once, here."""
 
 import argparse
+import gc
 import json
 import os
 import struct
@@ -222,6 +223,13 @@ def main():
         print(f"clipped={clipped}", flush=True)
         print(f"skipped={skipped}", flush=True)
     dist.barrier()  # rank 1 stays until the file is written, so launch's exit means it exists
+    # DDP's reducer holds the group, and DDP's reference cycles would otherwise keep it until
+    # the interpreter's finalisation, where destroying Gloo's work (tensors with Python
+    # references) from its threads aborts the process now and then ("terminate called without
+    # an active exception", seen on PyTorch 1.13 after every result was written). Freed here,
+    # while the interpreter is whole.
+    del ddp, opt, schedule, scaler
+    gc.collect()
     dist.destroy_process_group()
 
 
