@@ -382,13 +382,14 @@ Status Accelerator::PreparePipeline(std::vector<torch::nn::AnyModule> chunks,
 Status Accelerator::StartStrategy(bool recoverable, const std::string& why_not) {
   recover_ = env_.recover_in_place && pg_ && recoverable;
   if (!recover_) snapshots_ = false;
-  if (env_.recover_in_place && pg_ && !recover_)
-    Print(options_.parallel.comm_hook == config::CommHook::kPowerSgd
-              ? "train: in-place recovery: comm_hook power_sgd keeps each rank's own error "
-                "feedback, which a lost rank takes with it: a lost rank restarts every worker "
-                "(from the last checkpoint)"
+  if (env_.recover_in_place && pg_ && !recover_) {
+    const std::string refusal = strategy_->InPlaceRefusal();
+    Print(!refusal.empty()
+              ? "train: in-place recovery: " + refusal +
+                    ": a lost rank restarts every worker (from the last checkpoint)"
               : "train: in-place recovery needs ddp, zero or local_sgd (under any layout); " +
                     why_not + " a lost rank restarts every worker (from the last checkpoint)");
+  }
   // From here a lost rank of this process is replaced alone (its agent asks the file): the
   // group has formed and the mode can hand a replacement its state.
   if (recover_) (void)DeclareInPlaceRecovery();

@@ -182,6 +182,11 @@ class DdpStrategy : public ParallelStrategy {
 
   // PowerSGD's error feedback is each rank's own: a lost rank's is gone with it.
   bool SupportsInPlaceRecovery() const override { return !power_sgd_; }
+  std::string InPlaceRefusal() const override {
+    return power_sgd_ ? "comm_hook power_sgd keeps each rank's own error feedback, which a lost "
+                        "rank takes with it"
+                      : "";
+  }
 
   Status SaveModelState(const std::string& dir, torch::optim::Optimizer& optimizer) override {
     LAUNCH_RETURN_IF_ERROR(ParallelStrategy::SaveModelState(dir, optimizer));

@@ -124,6 +124,26 @@ namespace {
 
 std::string Key(const char* what, size_t i) { return std::string(what) + "." + std::to_string(i); }
 
+// A gradient sent as factors: its n x cols matrix, a view of the bucket, and their rank r.
+struct Matrix {
+  at::Tensor m;  // [1, n, cols]
+  size_t var;    // its parameter's position
+  int64_t n, cols, r;
+};
+
+// One bucket's work from runHook (the reducer's thread) to Finish (the hook's thread).
+struct Bucket {
+  at::Tensor input;                // the bucket
+  at::Tensor input_copy;           // with error feedback: the input before compression
+  std::vector<at::Tensor> grads;   // views of the bucket, one per parameter
+  std::vector<size_t> vars;        // their parameters' positions
+  std::vector<at::Tensor> whole;   // the gradients all-reduced as they are
+  std::vector<Matrix> compressed;  // the others, in PyTorch's order (grouped by shape)
+  at::Tensor p_all, q_all;         // the factors of every compressed gradient, flat
+  std::vector<at::Tensor> ps, qs;  // views of them, [1, n, r] and [1, cols, r]
+  bool last = false;               // the reducer's last bucket of the step
+};
+
 class PowerSgdHook : public c10d::CommHookInterface {
  public:
   PowerSgdHook(std::shared_ptr<PowerSgd::State> s, c10::intrusive_ptr<CountingProcessGroup> pg,
@@ -145,34 +165,30 @@ class PowerSgdHook : public c10d::CommHookInterface {
         std::fflush(stdout);
       }
     }
-    at::Tensor input = bucket.getBufferRef();
-    const std::vector<at::Tensor> grads = bucket.getGradients();
-    const std::vector<at::Tensor> params = bucket.getParameters();
-    std::vector<size_t> vars;
-    for (const at::Tensor& p : params) vars.push_back(s.index.at(p.unsafeGetTensorImpl()));
+    Bucket b;
+    b.input = bucket.getBufferRef();
+    b.grads = bucket.getGradients();
+    b.last = bucket.isLast();
+    for (const at::Tensor& p : bucket.getParameters())
+      b.vars.push_back(s.index.at(p.unsafeGetTensorImpl()));
+    const std::vector<at::Tensor>& grads = b.grads;
+    const std::vector<size_t>& vars = b.vars;
 
     // Error feedback: the bucket plus what compression lost of this rank's last gradient.
-    at::Tensor input_copy;
     if (s.cfg.use_error_feedback) {
       for (size_t k = 0; k < grads.size(); ++k) {
         at::Tensor& e = s.error[vars[k]];
         if (e.defined()) {
           grads[k].view({-1}).add_(e);
         } else {
-          e = at::zeros({grads[k].numel()}, input.options());
+          e = at::zeros({grads[k].numel()}, b.input.options());
         }
       }
-      input_copy = input.clone();
+      b.input_copy = b.input.clone();
     }
 
     // Which gradients are compressed: as matrices of their first dimension by the rest.
-    struct Matrix {
-      at::Tensor m;  // [1, n, m], a view of the bucket
-      size_t var;
-      int64_t n, cols, r;
-    };
     std::vector<Matrix> compressed;
-    std::vector<at::Tensor> whole;
     int64_t before = 0, after = 0;
     for (size_t k = 0; k < grads.size(); ++k) {
       const at::Tensor& g = grads[k];
@@ -185,7 +201,7 @@ class PowerSgdHook : public c10d::CommHookInterface {
         compressed.push_back({g.view({1, n, cols}), vars[k], n, cols, r});
         after += small;
       } else {
-        whole.push_back(g);
+        b.whole.push_back(g);
         after += full;
       }
     }
@@ -193,7 +209,7 @@ class PowerSgdHook : public c10d::CommHookInterface {
     s.numel_after += after;
     // PyTorch walks the compressed matrices grouped by shape (in the order each shape first
     // appears): the order of the Qs' random draws, so this one too.
-    std::vector<Matrix> ordered;
+    std::vector<Matrix>& ordered = b.compressed;
     std::vector<bool> taken(compressed.size(), false);
     for (size_t i = 0; i < compressed.size(); ++i) {
       if (taken[i]) continue;
@@ -207,14 +223,15 @@ class PowerSgdHook : public c10d::CommHookInterface {
     }
     int64_t p_len = 0, q_len = 0;
     for (const Matrix& m : ordered) p_len += m.n * m.r, q_len += m.cols * m.r;
-    at::Tensor p_all = at::empty({p_len}, input.options());
-    at::Tensor q_all = at::empty({q_len}, input.options());
-    std::vector<at::Tensor> ps, qs;
+    b.p_all = at::empty({p_len}, b.input.options());
+    b.q_all = at::empty({q_len}, b.input.options());
+    std::vector<at::Tensor>& ps = b.ps;
+    std::vector<at::Tensor>& qs = b.qs;
     int64_t p_at = 0, q_at = 0;
     bool fresh = !s.cfg.warm_start;
     for (const Matrix& m : ordered) {
-      ps.push_back(p_all.narrow(0, p_at, m.n * m.r).view({1, m.n, m.r}));
-      qs.push_back(q_all.narrow(0, q_at, m.cols * m.r).view({1, m.cols, m.r}));
+      ps.push_back(b.p_all.narrow(0, p_at, m.n * m.r).view({1, m.n, m.r}));
+      qs.push_back(b.q_all.narrow(0, q_at, m.cols * m.r).view({1, m.cols, m.r}));
       p_at += m.n * m.r;
       q_at += m.cols * m.r;
       if (!s.q[m.var].defined()) fresh = true;
@@ -228,19 +245,17 @@ class PowerSgdHook : public c10d::CommHookInterface {
       const int64_t seed = NumpyLegacyRandint(s.mt, 1000000000, &s.draws);
       at::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(seed));
       for (at::Tensor& q : qs) {
-        q.copy_(at::randn(q.sizes(), gen, at::TensorOptions().dtype(input.scalar_type())));
+        q.copy_(at::randn(q.sizes(), gen, at::TensorOptions().dtype(b.input.scalar_type())));
         OrthogonalizePowerSgd(q, s.cfg.orthogonalization_epsilon);
       }
     }
     for (size_t j = 0; j < ordered.size(); ++j) at::bmm_out(ps[j], ordered[j].m, qs[j]);
 
     auto future = c10::make_intrusive<c10::ivalue::Future>(c10::TensorType::get());
-    const bool last = bucket.isLast();
-    worker_.Submit([this, future, input, input_copy, grads, vars, whole, ordered, ps, qs, p_all,
-                    q_all, last]() mutable {
+    worker_.Submit([this, future, b]() mutable {
       try {
-        Finish(input, input_copy, grads, vars, whole, ordered, ps, qs, p_all, q_all, last);
-        future->markCompleted(c10::IValue(input));
+        Finish(b);
+        future->markCompleted(c10::IValue(b.input));
       } catch (...) {
         future->setError(std::current_exception());
       }
@@ -255,44 +270,44 @@ class PowerSgdHook : public c10d::CommHookInterface {
 
  private:
   using State = PowerSgd::State;
-  template <typename M>
-  void Finish(const at::Tensor& input, const at::Tensor& input_copy,
-              const std::vector<at::Tensor>& grads, const std::vector<size_t>& vars,
-              const std::vector<at::Tensor>& whole, const std::vector<M>& ordered,
-              std::vector<at::Tensor>& ps, std::vector<at::Tensor>& qs, at::Tensor& p_all,
-              at::Tensor& q_all, bool last) {
+  // The rest of the bucket's PowerSGD, on the hook's thread: the all-reduces and the products
+  // between them, then this rank's error and the factors kept for the next step.
+  void Finish(Bucket& b) {
     at::NoGradGuard no_grad;
+    const std::vector<Matrix>& ordered = b.compressed;
+    std::vector<at::Tensor>& ps = b.ps;
+    std::vector<at::Tensor>& qs = b.qs;
     State& s = *s_;
     const int world = pg_->getSize();
-    if (!whole.empty()) {
+    if (!b.whole.empty()) {
       std::vector<at::Tensor> flat_views;
-      for (const at::Tensor& t : whole) flat_views.push_back(t.view({-1}));
+      for (const at::Tensor& t : b.whole) flat_views.push_back(t.view({-1}));
       std::vector<at::Tensor> flat = {at::cat(flat_views)};
       AllReduce(flat);
       flat[0].div_(world);
       int64_t offset = 0;
-      for (const at::Tensor& t : whole) {
+      for (const at::Tensor& t : b.whole) {
         t.view({-1}).copy_(flat[0].narrow(0, offset, t.numel()));
         offset += t.numel();
       }
     }
-    std::vector<at::Tensor> p = {p_all};
+    std::vector<at::Tensor> p = {b.p_all};
     AllReduce(p);
     for (at::Tensor& pj : ps) OrthogonalizePowerSgd(pj, s.cfg.orthogonalization_epsilon);
     for (size_t j = 0; j < ordered.size(); ++j)
       at::bmm_out(qs[j], ordered[j].m.transpose(1, 2), ps[j]);
-    std::vector<at::Tensor> q = {q_all};
+    std::vector<at::Tensor> q = {b.q_all};
     AllReduce(q);
-    q_all.div_(world);
+    b.q_all.div_(world);
     for (size_t j = 0; j < ordered.size(); ++j) {
       at::Tensor m = ordered[j].m;
       at::bmm_out(m, ps[j], qs[j].transpose(1, 2));
     }
     if (s.cfg.use_error_feedback) {
-      for (size_t k = 0; k < grads.size(); ++k) {
-        const int64_t offset = grads[k].storage_offset() - input.storage_offset();
-        const at::Tensor mine = input_copy.narrow(0, offset, grads[k].numel());
-        s.error[vars[k]] = mine - grads[k].reshape({-1});
+      for (size_t k = 0; k < b.grads.size(); ++k) {
+        const at::Tensor& g = b.grads[k];
+        const int64_t offset = g.storage_offset() - b.input.storage_offset();
+        s.error[b.vars[k]] = b.input_copy.narrow(0, offset, g.numel()) - g.reshape({-1});
       }
     }
     // Without warm start PyTorch forgets the factors after every step (the next draws anew).
@@ -300,8 +315,8 @@ class PowerSgdHook : public c10d::CommHookInterface {
       s.q[ordered[j].var] = s.cfg.warm_start ? qs[j].clone() : at::Tensor();
     // As PyTorch's hook: the products ran on this thread's stream, which the reducer's does
     // not wait for.
-    if (input.is_cuda()) torch::cuda::synchronize(input.device().index());
-    if (last) ++s.iter;
+    if (b.input.is_cuda()) torch::cuda::synchronize(b.input.device().index());
+    if (b.last) ++s.iter;
   }
 
   void AllReduce(std::vector<at::Tensor>& tensors) {

@@ -168,6 +168,9 @@ class ParallelStrategy {
   // Whether the strategy can go on over a new group after a peer was lost and replaced: what it
   // keeps between steps is the same on every rank and comes whole from one live peer (ddp).
   virtual bool SupportsInPlaceRecovery() const { return false; }
+  // Why not, when the mode could be and an option of this strategy's keeps it from it ("" when
+  // none does): the log line of a run under --recover in_place says it.
+  virtual std::string InPlaceRefusal() const { return ""; }
   // Goes on over `pg`, the group re-formed with the replacement, instead of the broken one:
   // drops whatever it holds of the step in flight and readies the next step as Setup does,
   // without Setup's broadcast (the state came from a live peer). Gradients must be zero or
