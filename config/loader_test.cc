@@ -254,7 +254,7 @@ TEST_CASE("StagesAndTensorAreLayoutDegreesThatComposeWithEveryDataStrategy") {
   // stages x tensor must divide the world: the message names the keys and where they are.
   const std::string message = ValidateTrain(&split, 5).message();
   CHECK(message.find("train.yaml:4") != std::string::npos);
-  CHECK(message.find("train.parallel.tensor: stages x tensor (1 x 2) does not divide the world "
+  CHECK(message.find("train.parallel.tensor: stages x tensor x context (1 x 2 x 1) does not divide the world "
                      "size 5") != std::string::npos);
   // Inside pipeline stages too (tensor 2 x data 2 x stages 2); not for a model without split
   // layers: said, not ignored.

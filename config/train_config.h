@@ -172,9 +172,12 @@ struct ParallelConfig {
   ParallelMode mode = ParallelMode::kDdp;
   double bucket_cap_mb = 25.0;  // ddp: gradient bucket size; the first bucket is 1 MB
   int replicas = 2;             // dp: replicas (CPU threads or devices) in one process
-  // The degrees of the other axes; the data degree is world / (stages x tensor).
+  // The degrees of the other axes; the data degree is world / (stages x tensor x context).
   int stages = 1;  // pipeline stages per replica (> 1, or mode pipeline: the pipeline engine)
   int tensor = 1;  // ranks a layer's weights are split over (tensor parallelism)
+  // Ranks each sequence is split over (context parallelism, DeepSpeed-Ulysses): each holds 1/context
+  // of every sequence's tokens, and attention trades sequence for heads with an all-to-all.
+  int context = 1;
   // tensor > 1: what lies between the tensor-parallel layers (norms, dropout, residuals) runs on
   // each rank's 1/tensor of the sequence (Megatron's sequence parallelism).
   bool sequence_parallel = false;

@@ -407,12 +407,14 @@ std::vector<TrainKey> BuildTable() {
       Range("parallel.replicas", FIELD(parallel.replicas), 1, 1024,
             "dp: replicas (threads or devices) in one process")
           .Identity(Mode(ParallelMode::kDp)),
-      // The layout (tensor x data x stages, and how a pipeline runs) is not part of the run's
+      // The layout (tensor x context x data x stages, and how a pipeline runs) is not part of the run's
       // identity: a checkpoint resumes with another, its shards re-cut (state/reshard.h).
       Range("parallel.stages", FIELD(parallel.stages), 1, 1024,
-            "pipeline stages per replica (world = tensor x data x stages)"),
+            "pipeline stages per replica (world = tensor x context x data x stages)"),
       Range("parallel.tensor", FIELD(parallel.tensor), 1, 1024,
             "ranks each layer's weights are split over (tensor parallelism)"),
+      Range("parallel.context", FIELD(parallel.context), 1, 1024,
+            "ranks each sequence is split over (context parallelism, Ulysses)"),
       Value("parallel.sequence_parallel", FIELD(parallel.sequence_parallel),
             "tensor > 1: norms and residuals on 1/tensor of the sequence each"),
       Range("parallel.microbatches", FIELD(parallel.microbatches), 1, 1 << 20,

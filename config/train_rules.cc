@@ -104,21 +104,67 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
                   {"optimizer.implementation", "optimizer.type"});
 
   const ParallelConfig& p = t.parallel;
-  // The layout: world = tensor x data x stages (trainer_runtime/parallel/layout.h).
-  if (world_size > 0 && world_size % (p.stages * p.tensor) != 0)
-    return Broken(p.tensor > 1 ? "parallel.tensor" : "parallel.stages",
-                  "stages x tensor (" + N(p.stages) + " x " + N(p.tensor) +
-                      ") does not divide the world size " + N(world_size) +
-                      " (world = tensor x data x stages)",
-                  {"parallel.stages", "parallel.tensor"});
+  // The layout: world = tensor x context x data x stages (trainer_runtime/parallel/layout.h).
+  if (world_size > 0 && world_size % (p.stages * p.tensor * p.context) != 0) {
+    const char* key =
+        p.context > 1 ? "parallel.context" : p.tensor > 1 ? "parallel.tensor" : "parallel.stages";
+    return Broken(key,
+                  "stages x tensor x context (" + N(p.stages) + " x " + N(p.tensor) + " x " +
+                      N(p.context) + ") does not divide the world size " + N(world_size) +
+                      " (world = tensor x context x data x stages)",
+                  {"parallel.stages", "parallel.tensor", "parallel.context"});
+  }
+  if (p.context > 1) {
+    // The context ranks of a replica run one forward together, so their parameters must stay
+    // equal every step: gradients are averaged over context x data (Megatron's dp-cp group).
+    if (p.pipelined())
+      return Broken("parallel.context", "does not combine with pipeline stages yet",
+                    {"parallel.context", "parallel.stages"});
+    if (p.mode != ParallelMode::kDdp && p.mode != ParallelMode::kZero)
+      return Broken("parallel.context",
+                    "splits each sequence over ranks that average their gradients every step; it "
+                    "combines with parallel.mode ddp or zero, not " +
+                        std::string(ToString(p.mode)),
+                    {"parallel.context", "parallel.mode"});
+    if (t.local_sgd_steps > 0)
+      return Broken("parallel.context",
+                    "the ranks that split a sequence must step together; Local SGD lets replicas "
+                    "drift for local_sgd_steps steps",
+                    {"parallel.context", "local_sgd_steps"});
+    if (builtin_model) {
+      if (m.type != ModelType::kTransformer)
+        return Broken("parallel.context",
+                      std::string("splits the built-in transformer's sequences; model.type ") +
+                          ToString(m.type) + " has none",
+                      {"parallel.context", "model.type"});
+      if (m.heads % (p.tensor * p.context) != 0)
+        return Broken("parallel.context",
+                      "tensor x context (" + N(p.tensor) + " x " + N(p.context) +
+                          ") does not divide model.heads " + N(m.heads) +
+                          " (attention runs heads / (tensor x context) of them on each rank)",
+                      {"parallel.context", "parallel.tensor", "model.heads"});
+      const int64_t sequence = t.data.context > 0 ? t.data.context : m.context;
+      const int64_t pieces = p.context * (p.sequence_parallel ? p.tensor : 1);
+      if (sequence % pieces != 0)
+        return Broken("parallel.context",
+                      "a sequence of " + N(sequence) +
+                          " tokens (data.context, else model.context) does not split into " +
+                          N(pieces) + " equal parts (context" +
+                          (p.sequence_parallel ? " x tensor, with sequence_parallel)" : ")"),
+                      {"parallel.context", "data.context", "model.context"});
+    }
+  }
   if (p.comm_hook != CommHook::kNone && p.data_mode() != ParallelMode::kDdp)
     return Broken("parallel.comm_hook", "applies to mode ddp (its gradient buckets), not " +
                                             std::string(ToString(p.mode)));
   if (p.comm_hook == CommHook::kPowerSgd) {
-    if (p.pipelined() || p.tensor > 1)
+    if (p.pipelined() || p.tensor > 1 || p.context > 1)
       return Broken("parallel.comm_hook",
-                    "power_sgd applies to ddp over whole replicas (no stages, no tensor groups)",
-                    {"parallel.comm_hook", p.tensor > 1 ? "parallel.tensor" : "parallel.stages"});
+                    "power_sgd applies to ddp over whole replicas (no stages, no tensor or "
+                    "context groups)",
+                    {"parallel.comm_hook", p.context > 1  ? "parallel.context"
+                                           : p.tensor > 1 ? "parallel.tensor"
+                                                          : "parallel.stages"});
     // PowerSGDState's own rule (it keeps the error and the factors per bucket, and DDP rebuilds
     // its buckets after the first step): what PyTorch refuses is refused here too.
     const PowerSgdConfig& s = p.power_sgd;

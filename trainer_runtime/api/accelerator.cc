@@ -199,12 +199,19 @@ Status Accelerator::FormLayoutGroups(std::chrono::milliseconds timeout) {
       data_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kGradient), env_, pg_, timeout, generation_));
   LAUNCH_ASSIGN_OR_RETURN(
       tensor_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kTensor), env_, pg_, timeout, generation_));
-  // Re-formed after a loss: the layers and strategies keep the tensor group they hold.
-  if (tensor_group_ && tensor_pg_) {
-    ReformTensorGroup(tensor_group_, tensor_pg_);
-  } else {
-    tensor_group_ = ProcessTensorGroup(tensor_pg_);
-  }
+  LAUNCH_ASSIGN_OR_RETURN(context_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kContext), env_,
+                                                       pg_, timeout, generation_));
+  // Re-formed after a loss: the layers and strategies keep the tensor and context groups they
+  // hold.
+  const auto form = [](TensorGroupPtr& group, const c10::intrusive_ptr<CountingProcessGroup>& pg) {
+    if (group && pg) {
+      ReformTensorGroup(group, pg);
+    } else {
+      group = ProcessTensorGroup(pg);
+    }
+  };
+  form(tensor_group_, tensor_pg_);
+  form(context_group_, context_pg_);
   if (options_.parallel.pipelined()) {
     LAUNCH_ASSIGN_OR_RETURN(
         stage_pg_, CreateAxisGroup(*layout_, Axis::kStage, env_, pg_, timeout, generation_));
@@ -214,7 +221,7 @@ Status Accelerator::FormLayoutGroups(std::chrono::milliseconds timeout) {
 
 std::vector<c10::intrusive_ptr<CountingProcessGroup>> Accelerator::Groups() const {
   std::vector<c10::intrusive_ptr<CountingProcessGroup>> groups;
-  for (const auto& g : {pg_, data_pg_, stage_pg_, tensor_pg_})
+  for (const auto& g : {pg_, data_pg_, stage_pg_, tensor_pg_, context_pg_})
     if (g && std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
   return groups;
 }
@@ -614,8 +621,19 @@ void Accelerator::EndMicroBatch() {
   if (pairs_.size() <= 1) micro_open_ = false;
 }
 
+torch::Tensor Accelerator::ContextShard(const torch::Tensor& t, int64_t dim) const {
+  if (!context_group_ || !t.defined() || t.dim() <= dim) return t;
+  const int parts = context_group_->size();
+  TORCH_CHECK(t.size(dim) % parts == 0, "train.parallel.context: a sequence of ", t.size(dim),
+              " does not split over ", parts, " context-parallel ranks");
+  return t.chunk(parts, dim)[static_cast<size_t>(context_group_->rank())].contiguous();
+}
+
 torch::Tensor Accelerator::ForwardBackward(const torch::data::Example<>& batch,
                                            const ChunkLoss& fn) {
+  if (context_group_)
+    return ForwardBackwardWith({ContextShard(batch.data), ContextShard(batch.target)}, fn,
+                               criterion_);
   return ForwardBackwardWith(batch, fn, criterion_);
 }
 

@@ -247,6 +247,16 @@ class Accelerator {
   // with it; train.parallel.tensor > 1); null when nothing is split. Gradients of the layers'
   // shards are then reduced over the data axis only, clipping counts each shard once.
   const TensorGroupPtr& tensor_group() const { return tensor_group_; }
+  // The ranks that split this rank's sequences (train.parallel.context > 1; null otherwise):
+  // build the attention layers with it (tensor_parallel.h: AllToAllRegion), and feed the model
+  // ContextShard of each batch. Its ranks see the same rows and average their gradients with
+  // the data axis' (the replica group); the loss each reports is its part's.
+  const TensorGroupPtr& context_group() const { return context_group_; }
+  // This rank's part of a batch of sequences along dimension `dim` (tokens and targets [B, S]):
+  // the context rank's 1/context of it, in order. `t` itself without a context group or when it
+  // has no dimension `dim`. ForwardBackward feeds `fn` these parts itself. c10::Error naming
+  // train.parallel.context when the dimension does not split.
+  torch::Tensor ContextShard(const torch::Tensor& t, int64_t dim = 1) const;
 
   // --- Several models (a GAN, a teacher and a student) ----------------------------------------
   // With more than one prepared pair, Backward(loss) walks loss's autograd graph to the
@@ -392,7 +402,8 @@ class Accelerator {
   // Forward, loss and backward for one micro-batch in every mode, dp included: `fn(replica,
   // chunk)` returns the mean loss of `chunk` computed with `replica` (the prepared module, or
   // in dp one of the replicas on its own thread with a consecutive slice of the rows). Returns
-  // the batch's mean loss (detached). Calls Accumulate() first if it was not called. In dp,
+  // the batch's mean loss (detached). With a context group, `fn` gets this rank's part of each
+  // sequence (ContextShard of data and target). Calls Accumulate() first if it was not called. In dp,
   // throws c10::Error naming train.parallel.replicas when the batch has fewer rows than replicas.
   using ChunkLoss =
       std::function<torch::Tensor(torch::nn::Module& replica, const torch::data::Example<>& chunk)>;
@@ -753,7 +764,7 @@ class Accelerator {
   // Every rank of the new group takes the furthest live rank's state. COLLECTIVE.
   Status ExchangeState();
   // The layout's groups over pg_ in generation_ (data_pg_, tensor_pg_ under tensor_group_,
-  // stage_pg_). COLLECTIVE over the world.
+  // context_pg_ under context_group_, stage_pg_). COLLECTIVE over the world.
   Status FormLayoutGroups(std::chrono::milliseconds timeout);
   // The world and this rank's distinct layout groups: what a lost peer abandons.
   std::vector<c10::intrusive_ptr<CountingProcessGroup>> Groups() const;
@@ -803,6 +814,8 @@ class Accelerator {
                                                       // the world; null when it has one rank)
   TensorGroupPtr tensor_group_;  // over the tensor axis' group (null when it has one rank)
   c10::intrusive_ptr<CountingProcessGroup> tensor_pg_;  // that group
+  TensorGroupPtr context_group_;  // over the context axis' group (null when it has one rank)
+  c10::intrusive_ptr<CountingProcessGroup> context_pg_;  // that group
   // A pipeline's stage group: this replica's stages (null without a pipeline). The engine
   // communicates over it; it is here so that recovery re-forms and abandons it with the others.
   c10::intrusive_ptr<CountingProcessGroup> stage_pg_;

@@ -313,14 +313,14 @@ void Accelerator::CheckNoStrayGradients() {
 
 Status Accelerator::CheckReplicasAgree() {
   if (!strategy_ || !pg_ || !strategy_->ReplicasBitEqual()) return Status::Ok();
-  // Along the data axis: each rank against the replica 0 that holds the same part of the
-  // model (the same stage and tensor coordinates).
+  // Along the replica axis (context x data): each rank against the first rank that holds the
+  // same part of the model (the same stage and tensor coordinates).
   const uint64_t mine = ParameterChecksum(model_->Parameters());
   const torch::Tensor all = Gather(torch::tensor({static_cast<int64_t>(mine)}, torch::kLong));
   std::vector<std::string> differ;
   bool against_zero = true;  // every reference is rank 0 (the data axis is the world)
   for (int r = 0; r < world_size(); ++r) {
-    const int reference = layout_->GroupRanksOf(r, Axis::kData).front();
+    const int reference = layout_->GroupRanksOf(r, AxisOf(Use::kGradient)).front();
     against_zero = against_zero && reference == 0;
     if (all[r].item<int64_t>() != all[reference].item<int64_t>())
       differ.push_back(std::to_string(r) +

@@ -304,6 +304,37 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllGatherFlat(const at::Ten
   return Tracked(work, token);
 }
 
+c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllToAllFlat(const at::Tensor& input,
+                                                                  const at::Tensor& output) {
+  TORCH_CHECK(input.defined() && output.defined() && input.is_contiguous() &&
+                  output.is_contiguous(),
+              "AllToAllFlat: tensors must be defined and contiguous");
+  TORCH_CHECK(input.scalar_type() == output.scalar_type() && input.device() == output.device(),
+              "AllToAllFlat: dtypes or devices differ");
+  TORCH_CHECK(input.numel() == output.numel() && input.numel() % getSize() == 0,
+              "AllToAllFlat: ", input.numel(), " and ", output.numel(),
+              " elements are not equal blocks for ", getSize(), " ranks");
+  const int64_t bytes = input.numel() * input.element_size();
+  {
+    MutexLock lock(&mu_);
+    ++alltoall_count_;
+    alltoall_bytes_ += bytes;
+  }
+  if (input.numel() == 0) return Done(c10d::OpType::ALLTOALL_BASE, output);
+  const uint64_t token = RingBegin(CollectiveOp::kAllToAll, bytes, CollectiveState::kEnqueued);
+  const uint64_t trace = Timeline::Get().BeginAsync("alltoall", OpName("all-to-all", bytes));
+  // Equal blocks: empty split lists. Gloo moves bytes but takes only some dtypes (as above).
+  std::vector<int64_t> equal;
+  const bool nccl = nccl_ && output.is_cuda();
+  at::Tensor in = nccl ? input.view({-1}) : AsGlooBytes(input.view({-1}));
+  at::Tensor out = nccl ? output.view({-1}) : AsGlooBytes(output.view({-1}));
+  c10::intrusive_ptr<c10d::Work> work =
+      Then(inner_->alltoall_base(out, in, equal, equal, c10d::AllToAllOptions()),
+           c10d::OpType::ALLTOALL_BASE, output, [] {});
+  EndOnCompletion(work, trace);
+  return Tracked(work, token);
+}
+
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
   return AllGatherFlat(input, output);
@@ -416,6 +447,16 @@ int64_t CountingProcessGroup::allgather_count() const {
 int64_t CountingProcessGroup::allgather_bytes() const {
   MutexLock lock(&mu_);
   return allgather_bytes_;
+}
+
+int64_t CountingProcessGroup::alltoall_count() const {
+  MutexLock lock(&mu_);
+  return alltoall_count_;
+}
+
+int64_t CountingProcessGroup::alltoall_bytes() const {
+  MutexLock lock(&mu_);
+  return alltoall_bytes_;
 }
 
 int64_t CountingProcessGroup::cross_host_count() const {

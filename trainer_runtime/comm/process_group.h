@@ -111,6 +111,14 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // output's bytes.
   c10::intrusive_ptr<c10d::Work> AllGatherFlat(const at::Tensor& input, const at::Tensor& output);
 
+  // Context parallelism's exchange: `input` is getSize() equal blocks (flat, in rank order); block
+  // r goes to rank r, and `output`'s block r is what rank r sent this rank. Any dtype (sent as
+  // bytes), asynchronously (as above). NCCL's all-to-all for CUDA tensors where the group carries
+  // them over NCCL, Gloo's otherwise. COLLECTIVE, as above. REQUIRES (checked: c10::Error):
+  // contiguous, one dtype, equal sizes divisible by getSize(), not overlapping. Counted as an
+  // all-to-all of input's bytes.
+  c10::intrusive_ptr<c10d::Work> AllToAllFlat(const at::Tensor& input, const at::Tensor& output);
+
   // Gives up on the group, for a rank that learnt of a lost peer: every operation blocked in it,
   // on this rank or on a peer, and every later one fails at once instead of waiting out a
   // timeout. The group's Gloo connections (the leaders' too, across hosts) are shut down, which
@@ -168,6 +176,9 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   // uncounted) and the bytes of their outputs.
   int64_t allgather_count() const;
   int64_t allgather_bytes() const;
+  // All-to-alls (AllToAllFlat) and the bytes of their inputs.
+  int64_t alltoall_count() const;
+  int64_t alltoall_bytes() const;
   // Of the operations above, those this rank ran across hosts as its host's leader
   // (hierarchical.h), and the bytes it handed to the leaders' Gloo group; 0 when the group is
   // not hierarchical or this rank is no leader.
@@ -202,6 +213,8 @@ class CountingProcessGroup : public c10d::ProcessGroup {
   int64_t reduce_scatter_bytes_ GUARDED_BY(mu_) = 0;
   int64_t allgather_count_ GUARDED_BY(mu_) = 0;
   int64_t allgather_bytes_ GUARDED_BY(mu_) = 0;
+  int64_t alltoall_count_ GUARDED_BY(mu_) = 0;
+  int64_t alltoall_bytes_ GUARDED_BY(mu_) = 0;
   std::vector<Clock::time_point> launch_times_ GUARDED_BY(mu_);
   std::vector<Clock::time_point> allgather_launch_times_ GUARDED_BY(mu_);
 };

@@ -42,21 +42,30 @@ TORCH_MODULE(UnitLinear);
 // and dropout run on it alone. Parameter names are the whole block's; without a group it is the
 // whole block, draw for draw and bit for bit.
 //
+// With a context group of G ranks (tensor_parallel.h: DeepSpeed-Ulysses) the block takes and
+// gives this rank's 1/G of the sequence, and attention trades it for 1/G of the heads over the
+// whole sequence with one all-to-all before and one after (two forward, two backward).
+//
 // Dropout draws each mask whole, from the default generator, and keeps this rank's part of it
-// (its heads, its rows of the sequence): every rank of a tensor group seeds that generator alike,
-// so the block drops exactly what the whole block would.
+// (its heads, its rows of the sequence): every rank of a tensor and context group seeds that
+// generator alike, so the block drops exactly what the whole block would.
 class BlockImpl : public torch::nn::Module, public ShardUnit {
  public:
   BlockImpl(int64_t d_model, int64_t heads, double dropout, bool checkpoint = false,
-            TensorGroupPtr tensor = TensorGroupPtr(), bool sequence_parallel = false)
+            TensorGroupPtr tensor = TensorGroupPtr(), bool sequence_parallel = false,
+            TensorGroupPtr context = TensorGroupPtr())
       : heads_(heads),
         dropout_(dropout),
         checkpoint_(checkpoint),
         tensor_(std::move(tensor)),
-        sequence_parallel_(sequence_parallel && TensorSize(tensor_) > 1) {
+        sequence_parallel_(sequence_parallel && TensorSize(tensor_) > 1),
+        context_(std::move(context)) {
     const int t = TensorSize(tensor_);
     TORCH_CHECK(heads % t == 0, "train.model.heads: ", heads, " heads do not split over ", t,
                 " tensor-parallel ranks (train.parallel.tensor)");
+    TORCH_CHECK(heads % (t * TensorSize(context_)) == 0, "train.model.heads: ", heads,
+                " heads do not split over ", t, " tensor x ", TensorSize(context_),
+                " context-parallel ranks (train.parallel.context)");
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d_model})));
     qkv_ = register_module(
         "qkv", ColumnParallelLinear(
@@ -85,22 +94,38 @@ class BlockImpl : public torch::nn::Module, public ShardUnit {
 
  private:
   torch::Tensor Body(const torch::Tensor& x, const torch::Tensor& causal_mask) {
-    const int t_ranks = TensorSize(tensor_);
+    const int t_ranks = TensorSize(tensor_), c_ranks = TensorSize(context_);
     const int64_t heads = heads_ / t_ranks, c = x.size(2), hd = c / heads_;
     auto qkv = qkv_->forward(Norm(ln1_, x));
-    const int64_t b = qkv.size(0), t = qkv.size(1);  // the whole sequence
+    // This rank's part of the sequence (the whole of it without a context group).
+    const int64_t b = qkv.size(0), t = qkv.size(1);
     qkv = qkv.view({b, t, 3, heads, hd});
-    auto q = qkv.select(2, 0).transpose(1, 2);  // [B, H/T, T, hd]
+    // Ulysses: every token of 1/G of this rank's heads (the whole [B, S, 3, H/(T G), hd]).
+    qkv = AllToAllRegion(qkv, context_, /*scatter=*/3, /*gather=*/1);
+    auto q = qkv.select(2, 0).transpose(1, 2);  // [B, H/(T G), S, hd]
     auto k = qkv.select(2, 1).transpose(1, 2);
     auto v = qkv.select(2, 2).transpose(1, 2);
     auto att = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
     att = att.masked_fill(causal_mask, -std::numeric_limits<float>::infinity());
     att = torch::softmax(att, -1);
-    if (dropout_ > 0) att = Dropout(att, /*dim=*/1, /*whole=*/heads_);
-    auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({b, t, c / t_ranks});
+    // This rank's heads are block (tensor rank x G + context rank) of the whole block's.
+    if (dropout_ > 0)
+      att = Dropout(att, /*dim=*/1, /*whole=*/heads_,
+                    TensorRank(tensor_) * c_ranks + TensorRank(context_));
+    auto y = torch::matmul(att, v).transpose(1, 2);  // [B, S, H/(T G), hd]
+    // And back: this rank's part of the sequence, all of its H/T heads.
+    y = AllToAllRegion(y, context_, /*scatter=*/1, /*gather=*/2);
+    y = y.contiguous().view({b, t, c / t_ranks});
     auto h = x + proj_->forward(y);
     auto m = fc2_->forward(torch::gelu(fc1_->forward(Norm(ln2_, h))));
-    if (dropout_ > 0) m = sequence_parallel_ ? Dropout(m, /*dim=*/1, m.size(1) * t_ranks) : Drop(m);
+    // The residual stream's rows: this rank's part of the sequence, context-major (the context
+    // group splits the sequence first, sequence parallelism each part again).
+    if (dropout_ > 0) {
+      const int64_t parts = c_ranks * (sequence_parallel_ ? t_ranks : 1);
+      const int64_t part = TensorRank(context_) * (parts / c_ranks) +
+                           (sequence_parallel_ ? TensorRank(tensor_) : 0);
+      m = Dropout(m, /*dim=*/1, m.size(1) * parts, part);
+    }
     return h + m;
   }
 
@@ -109,15 +134,15 @@ class BlockImpl : public torch::nn::Module, public ShardUnit {
   }
   // Dropout of a tensor every rank of the group holds whole.
   torch::Tensor Drop(const torch::Tensor& x) { return torch::dropout(x, dropout_, is_training()); }
-  // Dropout of this rank's part of a tensor split along `dim`, which has `whole` entries whole:
-  // the whole mask, this rank's part of it (torch::dropout's draws: x * bernoulli(1-p) / (1-p)).
-  torch::Tensor Dropout(const torch::Tensor& x, int64_t dim, int64_t whole) {
-    const int t_ranks = TensorSize(tensor_);
-    if (t_ranks == 1 || !is_training()) return Drop(x);
+  // Dropout of part `part` of a tensor split along `dim` into equal parts, which has `whole`
+  // entries whole: the whole mask, this rank's part of it (torch::dropout's draws:
+  // x * bernoulli(1-p) / (1-p)).
+  torch::Tensor Dropout(const torch::Tensor& x, int64_t dim, int64_t whole, int64_t part) {
+    if (whole == x.size(dim) || !is_training()) return Drop(x);
     auto sizes = x.sizes().vec();
     sizes[static_cast<size_t>(dim)] = whole;
     torch::Tensor mask = torch::empty(sizes, x.options()).bernoulli_(1 - dropout_);
-    mask = mask.narrow(dim, x.size(dim) * TensorRank(tensor_), x.size(dim));
+    mask = mask.narrow(dim, x.size(dim) * part, x.size(dim));
     return x * mask.div_(1 - dropout_);
   }
 
@@ -126,6 +151,7 @@ class BlockImpl : public torch::nn::Module, public ShardUnit {
   bool checkpoint_;
   TensorGroupPtr tensor_;
   bool sequence_parallel_;
+  TensorGroupPtr context_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   ColumnParallelLinear qkv_{nullptr}, fc1_{nullptr};
   RowParallelLinear proj_{nullptr}, fc2_{nullptr};

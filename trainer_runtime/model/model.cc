@@ -197,15 +197,18 @@ TORCH_MODULE(Cnn);
 // With a tensor group (tensor_parallel.h): Megatron's GPT. The vocabulary is split in the token
 // embedding and the head (whose logits are gathered: the loss sees the whole vocabulary), the
 // blocks are tensor-parallel, and with sequence parallelism everything between them runs on this
-// rank's 1/T of the sequence.
+// rank's 1/T of the sequence. With a context group of G ranks (Ulysses) the model takes this
+// rank's 1/G of each sequence (the tokens at G-th part `context rank`) and gives their logits.
 class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public TensorForward {
  public:
   explicit TransformerImpl(const config::ModelConfig& cfg, TensorGroupPtr tensor = TensorGroupPtr(),
-                           bool sequence_parallel = false)
+                           bool sequence_parallel = false,
+                           TensorGroupPtr context_group = TensorGroupPtr())
       : cfg_(cfg),
         context_(cfg.context),
         tensor_(std::move(tensor)),
-        sequence_parallel_(sequence_parallel && TensorSize(tensor_) > 1) {
+        sequence_parallel_(sequence_parallel && TensorSize(tensor_) > 1),
+        context_group_(std::move(context_group)) {
     reset();
   }
   void reset() override {
@@ -217,7 +220,7 @@ class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public Ten
       blocks_.push_back(
           register_module("block" + std::to_string(i),
                           Block(cfg.d_model, cfg.heads, cfg.dropout, cfg.activation_checkpointing,
-                                tensor_, sequence_parallel_)));
+                                tensor_, sequence_parallel_, context_group_)));
     ln_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.d_model})));
     head_ = register_module(
         "head", ColumnParallelLinear(cfg.d_model, cfg.vocab_size, tensor_,
@@ -230,15 +233,18 @@ class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public Ten
   }
   torch::Tensor Forward(const torch::Tensor& x) override { return forward(x); }
   torch::Tensor forward(const torch::Tensor& tokens) {
-    const int64_t t = tokens.size(1);
+    // This rank's part of the sequence, and the whole sequence's length.
+    const int64_t part = tokens.size(1), t = part * TensorSize(context_group_);
     TORCH_CHECK(t <= context_, "sequence length ", t, " exceeds the model context ", context_);
     // On the tokens' device: the model may be on a GPU.
     const auto on = torch::TensorOptions().device(tokens.device());
-    auto positions = torch::arange(t, on.dtype(torch::kLong));
+    auto positions =
+        torch::arange(part, on.dtype(torch::kLong)) + part * TensorRank(context_group_);
     auto x = tok_->forward(tokens) + pos_->forward(positions);
     if (sequence_parallel_) {
-      TORCH_CHECK(t % TensorSize(tensor_) == 0, "train.parallel.sequence_parallel: a sequence of ",
-                  t, " tokens does not split over ", TensorSize(tensor_), " tensor-parallel ranks");
+      TORCH_CHECK(part % TensorSize(tensor_) == 0,
+                  "train.parallel.sequence_parallel: a sequence of ", part,
+                  " tokens does not split over ", TensorSize(tensor_), " tensor-parallel ranks");
       x = ScatterToTensorRegion(x, tensor_, 1);
     }
     // True above the diagonal: position i may not look at j > i.
@@ -252,6 +258,7 @@ class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public Ten
   int64_t context_;
   TensorGroupPtr tensor_;
   bool sequence_parallel_;
+  TensorGroupPtr context_group_;
   VocabParallelEmbedding tok_{nullptr};
   torch::nn::Embedding pos_{nullptr};
   std::vector<Block> blocks_;
@@ -391,17 +398,22 @@ StatusOr<torch::nn::AnyModule> LoadScriptModule(const std::string& path, const s
 }
 
 StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg,
-                                             const TensorGroupPtr& tensor, bool sequence_parallel) {
-  if (TensorSize(tensor) > 1) {
+                                             const TensorGroupPtr& tensor, bool sequence_parallel,
+                                             const TensorGroupPtr& context) {
+  if (TensorSize(tensor) > 1 || TensorSize(context) > 1) {
     if (cfg.type != config::ModelType::kTransformer)
-      return Status::InvalidConfig(std::string("train.parallel.tensor: the built-in ") +
-                                   config::ToString(cfg.type) +
-                                   " has no tensor-parallel layers (the transformer has)");
+      return Status::InvalidConfig(
+          std::string(TensorSize(tensor) > 1 ? "train.parallel.tensor" : "train.parallel.context") +
+          ": the built-in " + config::ToString(cfg.type) +
+          " has no tensor- or context-parallel layers (the transformer has)");
     try {
+      // Context ranks hold the whole layers: the one-process model, drawn as it draws.
+      if (TensorSize(tensor) <= 1)
+        return std::make_unique<Model>(Transformer(cfg, tensor, false, context).ptr());
       // The whole model from the seed, then this rank's shards of it: the same initial weights
       // as in one process, whatever the split.
       auto whole = Transformer(cfg);
-      auto split = Transformer(cfg, tensor, sequence_parallel);
+      auto split = Transformer(cfg, tensor, sequence_parallel, context);
       LoadShardsFromWhole(*split, *whole);
       return std::make_unique<Model>(split.ptr());
     } catch (const c10::Error& e) {

@@ -79,10 +79,13 @@ ForwardOutput RunForward(torch::nn::Module& module, const torch::data::Example<>
 // TorchScript: loads `torchscript_path`; NotFound / InvalidConfig with the path on failure.
 // With a tensor group of more than one rank (the transformer only; InvalidConfig naming the key
 // otherwise): this rank's shards of the model the seed gives whole (tensor_parallel.h), its
-// blocks sequence-parallel if asked.
+// blocks sequence-parallel if asked. With a context group of more than one rank (the transformer
+// only): the model takes this rank's part of each sequence (Accelerator::ContextShard) and its
+// attention exchanges heads for tokens over the group.
 StatusOr<std::unique_ptr<Model>> CreateModel(const config::ModelConfig& cfg,
                                              const TensorGroupPtr& tensor = TensorGroupPtr(),
-                                             bool sequence_parallel = false);
+                                             bool sequence_parallel = false,
+                                             const TensorGroupPtr& context = TensorGroupPtr());
 
 // A TorchScript module (torch::jit::load) as a torch::nn::Module implementing TensorForward:
 // its parameters and buffers are registered under their dotted names with '.' -> '_'

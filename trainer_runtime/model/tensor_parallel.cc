@@ -69,6 +69,34 @@ torch::Tensor Conjugate(const torch::Tensor& x, const TensorGroupPtr& group, Map
                                   x.dim() > 0 ? (dim + x.dim()) % x.dim() : 0);
 }
 
+// `x`'s dimension `scatter` in blocks, block r to rank r, what came back joined along `gather`.
+torch::Tensor Exchange(const torch::Tensor& x, TensorGroup& group, int64_t scatter,
+                       int64_t gather) {
+  const torch::Tensor got = group.AllToAll(torch::stack(x.chunk(group.size(), scatter), 0));
+  return torch::cat(got.unbind(0), gather);
+}
+
+class AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               TensorGroupPtr group, int64_t scatter, int64_t gather) {
+    torch::Tensor out = Exchange(x, *group, scatter, gather);
+    ctx->saved_data["scatter"] = scatter;
+    ctx->saved_data["gather"] = gather;
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
+    return out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto group =
+        c10::static_intrusive_pointer_cast<TensorGroup>(ctx->saved_data["group"].toCapsule());
+    // The reverse exchange sends every gradient block back where its input block came from.
+    return {Exchange(grads[0], *group, ctx->saved_data["gather"].toInt(),
+                     ctx->saved_data["scatter"].toInt()),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 void CheckShape(const torch::Tensor& whole, at::IntArrayRef expected, const std::string& what) {
   TORCH_CHECK(whole.sizes() == expected, "tensor parallelism: ", what, " has shape ", whole.sizes(),
               ", expected ", expected);
@@ -140,6 +168,16 @@ torch::Tensor GatherFromSequenceRegion(const torch::Tensor& x, const TensorGroup
 torch::Tensor ReduceScatterToSequenceRegion(const torch::Tensor& x, const TensorGroupPtr& group,
                                             int64_t dim) {
   return Conjugate(x, group, MapOp::kReduceScatter, MapOp::kAllGather, dim);
+}
+
+torch::Tensor AllToAllRegion(const torch::Tensor& x, const TensorGroupPtr& group, int64_t scatter,
+                             int64_t gather) {
+  if (Unsplit(group)) return x;
+  scatter = (scatter + x.dim()) % x.dim();
+  gather = (gather + x.dim()) % x.dim();
+  TORCH_CHECK(x.size(scatter) % group->size() == 0, "context parallelism: dimension ", scatter,
+              " of size ", x.size(scatter), " does not split over ", group->size(), " ranks");
+  return AllToAllFunction::apply(x, group, scatter, gather);
 }
 
 torch::Tensor SequenceParallelNorm(torch::nn::LayerNorm& ln, const torch::Tensor& x,

@@ -15,6 +15,15 @@
 //   GatherFromTensorRegion      all-gather forward,        this rank's chunk backward
 //   GatherFromSequenceRegion    all-gather forward,        reduce-scatter backward
 //   ReduceScatterToSequenceRegion  reduce-scatter forward, all-gather backward
+//   AllToAllRegion              all-to-all forward,        the reverse all-to-all backward
+//
+// Context parallelism (DeepSpeed-Ulysses) splits every sequence over the ranks of a context group
+// (parallel/layout.h): each holds 1/G of the tokens, and everything but attention runs on them
+// alone. Attention needs the whole sequence: an all-to-all trades the sequence for the heads
+// (each rank gets every token of 1/G of the heads: [B, S/G, ..., H, d] -> [B, S, ..., H/G, d]),
+// attention runs whole on those heads, and a second all-to-all trades back. The context group is
+// a TensorGroup too (the same collectives), and its ranks hold the whole layers (or, with a tensor
+// group as well, the same shards): their gradients are averaged with the data-parallel ones.
 //
 // Sequence parallelism (Megatron's SP) shards what lies between the tensor-parallel layers (norms,
 // dropout, residuals) along the sequence instead of repeating it on every rank: a column-parallel
@@ -76,6 +85,10 @@ class TensorGroup : public torch::CustomClassHolder {
   // The sum over the group of `whole`, this rank's 1/size() of it along dimension 0.
   // COLLECTIVE; REQUIRES whole.size(0) divisible by size().
   virtual torch::Tensor ReduceScatter(const torch::Tensor& whole) = 0;
+  // `blocks[r]` goes to rank r; returns what the ranks sent this one, block r from rank r (the
+  // same shape). COLLECTIVE: the same shape and dtype on every rank; REQUIRES blocks.size(0) ==
+  // size().
+  virtual torch::Tensor AllToAll(const torch::Tensor& blocks) = 0;
 };
 using TensorGroupPtr = c10::intrusive_ptr<TensorGroup>;
 
@@ -95,6 +108,13 @@ torch::Tensor GatherFromSequenceRegion(const torch::Tensor& x, const TensorGroup
                                        int64_t dim = 1);
 torch::Tensor ReduceScatterToSequenceRegion(const torch::Tensor& x, const TensorGroupPtr& group,
                                             int64_t dim = 1);
+
+// Dimension `scatter` of `x` split into the group's size blocks, block r sent to rank r, and what
+// the ranks sent back concatenated along dimension `gather` in rank order (Ulysses' exchange:
+// scatter the heads, gather the sequence, and back). Its backward is the reverse exchange.
+// `x` itself for a null group or one rank. c10::Error when dimension `scatter` does not split.
+torch::Tensor AllToAllRegion(const torch::Tensor& x, const TensorGroupPtr& group, int64_t scatter,
+                             int64_t gather);
 
 // `ln` on `x`; with `sequence_parallel`, `x` is this rank's sequence shard and the norm's weight
 // and bias pass through CopyToTensorRegion, so their gradients are summed over the group.

@@ -9,10 +9,14 @@ const char* AxisName(Axis axis) {
   switch (axis) {
     case Axis::kTensor:
       return "tensor";
+    case Axis::kContext:
+      return "context";
     case Axis::kData:
       return "data";
     case Axis::kStage:
       return "stage";
+    case Axis::kReplica:
+      return "replica";
   }
   return "?";
 }
@@ -23,7 +27,9 @@ Axis AxisOf(Use use) {
     case Use::kTensor:
       return Axis::kTensor;
     case Use::kGradient:
-      return Axis::kData;
+      return Axis::kReplica;
+    case Use::kContext:
+      return Axis::kContext;
     case Use::kStage:
       return Axis::kStage;
   }
@@ -35,25 +41,33 @@ StatusOr<ParallelLayout> ParallelLayout::Create(const config::TrainConfig& cfg,
   // The model is the program's: `train` checked its built-in model's rules when it loaded them.
   LAUNCH_RETURN_IF_ERROR(
       config::CheckTrainRulesStatus(cfg, env.world_size, /*builtin_model=*/false));
-  return FromDegrees(env.world_size, env.rank, cfg.parallel.stages, cfg.parallel.tensor);
+  return FromDegrees(env.world_size, env.rank, cfg.parallel.stages, cfg.parallel.tensor,
+                     cfg.parallel.context);
 }
 
-StatusOr<ParallelLayout> ParallelLayout::FromDegrees(int world, int rank, int stages, int tensor) {
+StatusOr<ParallelLayout> ParallelLayout::FromDegrees(int world, int rank, int stages, int tensor,
+                                                     int context) {
   if (stages < 1) return Status::InvalidArgument("train.parallel.stages: must be at least 1");
   if (tensor < 1) return Status::InvalidArgument("train.parallel.tensor: must be at least 1");
+  if (context < 1) return Status::InvalidArgument("train.parallel.context: must be at least 1");
   if (world < 1 || rank < 0 || rank >= world)
     return Status::InvalidArgument("rank " + std::to_string(rank) + " is not in a world of " +
                                    std::to_string(world));
-  if (world % (stages * tensor) != 0)
+  if (world % (stages * tensor * context) != 0)
     return Status::InvalidArgument(
-        std::string("train.") + (tensor > 1 ? "parallel.tensor" : "parallel.stages") +
-        ": stages x tensor (" + std::to_string(stages) + " x " + std::to_string(tensor) +
+        std::string("train.") +
+        (context > 1 ? "parallel.context" : tensor > 1 ? "parallel.tensor" : "parallel.stages") +
+        ": stages x tensor x context (" + std::to_string(stages) + " x " +
+        std::to_string(tensor) + " x " + std::to_string(context) +
         ") does not divide the world size " + std::to_string(world));
   ParallelLayout layout;
   layout.world_ = world;
   layout.rank_ = rank;
-  layout.degree_ = {tensor, world / (stages * tensor), stages};
-  layout.stride_ = {1, tensor, tensor * layout.degree_[1]};
+  const int data = world / (stages * tensor * context);
+  // The replica axis is context and data flattened: context is inside data, so their ranks
+  // walk one stride (tensor) through context x data coordinates.
+  layout.degree_ = {tensor, context, data, stages, context * data};
+  layout.stride_ = {1, tensor, tensor * context, tensor * context * data, tensor};
   return layout;
 }
 
@@ -89,6 +103,7 @@ int ParallelLayout::GroupIndex(Axis axis) const {
 
 std::string ParallelLayout::ShardName() const {
   std::string name;
+  // Context ranks hold the whole of their tensor shard: no folder of their own.
   if (degree(Axis::kStage) > 1) name = "stage" + std::to_string(coordinate(Axis::kStage));
   if (degree(Axis::kTensor) > 1)
     name += (name.empty() ? "" : "_") + std::string("tensor") +
@@ -99,7 +114,7 @@ std::string ParallelLayout::ShardName() const {
 std::string ParallelLayout::Describe() const {
   if (world_ == 1) return "1 process";
   std::string out;
-  for (Axis axis : {Axis::kTensor, Axis::kData, Axis::kStage}) {
+  for (Axis axis : {Axis::kTensor, Axis::kContext, Axis::kData, Axis::kStage}) {
     if (degree(axis) <= 1) continue;
     out += (out.empty() ? "" : " x ") + std::string(AxisName(axis)) + " " +
            std::to_string(degree(axis));

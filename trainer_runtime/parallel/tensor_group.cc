@@ -36,6 +36,14 @@ class ProcessGroupTensorGroup : public TensorGroup {
     pg_->ReduceScatterFlat(input, part)->wait();
     return Reduced(whole) ? part.to(whole.scalar_type()) : part;
   }
+  torch::Tensor AllToAll(const torch::Tensor& blocks) override {
+    TORCH_CHECK(blocks.dim() > 0 && blocks.size(0) == size(), "AllToAll: ", blocks.sizes(),
+                " is not one block per rank of ", size());
+    const torch::Tensor input = blocks.contiguous();
+    torch::Tensor output = torch::empty_like(input);
+    pg_->AllToAllFlat(input, output)->wait();
+    return output;
+  }
 
  private:
   void AllReduce(torch::Tensor& values, c10d::ReduceOp op) {

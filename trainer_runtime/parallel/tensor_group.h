@@ -1,10 +1,11 @@
 #pragma once
 
 // The tensor group of model/tensor_parallel.h over a process group: this rank's group along the
-// layout's tensor axis (layout.h), whose ranks split each layer's weights.
+// layout's tensor axis (layout.h), whose ranks split each layer's weights, or along its context
+// axis, whose ranks split each sequence.
 //
-// Sums go through the group's all-reduce (shared memory when its ranks share a host), gathers
-// and reduce-scatters through its flat collectives (process_group.h); a reduced-precision tensor
+// Sums go through the group's all-reduce (shared memory when its ranks share a host), gathers,
+// reduce-scatters and all-to-alls through its flat collectives (process_group.h); a reduced-precision tensor
 // (bf16 under autocast) is summed in float32 and rounded once, as Gloo cannot add bf16 on every
 // LibTorch. Every operation waits for its result: the layers need it at once.
 //

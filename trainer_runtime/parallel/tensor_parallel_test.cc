@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "trainer_runtime/comm/process_group.h"
+#include "trainer_runtime/model/layers.h"
 #include "trainer_runtime/parallel/tensor_group.h"
 #include "trainer_runtime/util/doctest_torch.h"  // last: after every torch header
 
@@ -173,6 +174,66 @@ TEST_CASE("VocabParallelEmbeddingAndCrossEntropyAreTheWholeOnes") {
       CHECK(TpClose(split_head->WholeOf("bias", split_head->bias.grad()), head->bias.grad()));
     });
   }
+}
+
+TEST_CASE("AllToAllRegionTradesSequenceForHeadsAndItsBackwardTradesBack") {
+  // [B, S, H, d] on 2 ranks, each with half the sequence: after the exchange each has every
+  // position of half the heads; the exchange back restores the input; gradients come home.
+  const torch::Tensor whole = TpInput({2, 6, 4, 3}, 0.7);
+  OnRanks(2, false, [&](int rank, const TensorGroupPtr& g, CountingProcessGroup& pg) {
+    const size_t r = static_cast<size_t>(rank);
+    torch::Tensor mine = whole.chunk(2, 1)[r].clone().requires_grad_(true);
+    torch::Tensor heads = AllToAllRegion(mine, g, /*scatter=*/2, /*gather=*/1);
+    CHECK(torch::equal(heads.detach(), whole.chunk(2, 2)[r]));
+    torch::Tensor back = AllToAllRegion(heads, g, /*scatter=*/1, /*gather=*/2);
+    CHECK(torch::equal(back.detach(), mine.detach()));
+    CHECK(pg.alltoall_count() == 2);
+    // d(sum(heads * w))/d(mine) is w's part for this rank's positions, from both ranks' heads.
+    const torch::Tensor w = TpInput({2, 6, 4, 3}, 2.1);
+    (heads * w.chunk(2, 2)[r]).sum().backward();
+    CHECK(torch::equal(mine.grad(), w.chunk(2, 1)[r]));
+    CHECK(pg.alltoall_count() == 3);
+  });
+  CHECK(AllToAllRegion(whole, TensorGroupPtr(), 2, 1).is_same(whole));
+}
+
+// A whole transformer block on the whole sequence against `size` context ranks (Ulysses), each
+// with its part of the sequence: outputs, the input's gradient, the parameters' gradients summed
+// over the ranks, and Ulysses' count (two all-to-alls forward, two backward).
+void CheckUlyssesBlock(int size, int64_t heads) {
+  const int64_t c = 8, seq = 8;
+  const torch::Tensor input = TpInput({2, seq, c}, 0.4);
+  const torch::Tensor mask = torch::ones({seq, seq}, torch::kBool).triu(1);
+  torch::manual_seed(8);
+  Block whole(c, heads, /*dropout=*/0.0);
+  torch::Tensor x = input.clone().requires_grad_(true);
+  const torch::Tensor out = whole->forward(x, mask);
+  const torch::Tensor coef = torch::cos(torch::arange(out.numel(), torch::kFloat) * 0.3)
+                                 .reshape(out.sizes());
+  (out * coef).sum().backward();
+  OnRanks(size, false, [&](int rank, const TensorGroupPtr& g, CountingProcessGroup& pg) {
+    const size_t r = static_cast<size_t>(rank);
+    Block split(c, heads, 0.0, /*checkpoint=*/false, TensorGroupPtr(), false, /*context=*/g);
+    LoadShardsFromWhole(*split, *whole);
+    torch::Tensor mine = input.chunk(size, 1)[r].clone().requires_grad_(true);
+    const torch::Tensor part = split->forward(mine, mask);
+    CHECK(pg.alltoall_count() == 2);
+    CHECK(TpClose(part.detach(), out.detach().chunk(size, 1)[r]));
+    (part * coef.chunk(size, 1)[r]).sum().backward();
+    CHECK(pg.alltoall_count() == 4);
+    CHECK(TpClose(mine.grad(), x.grad().chunk(size, 1)[r]));
+    const auto want = whole->named_parameters();
+    for (const auto& item : split->named_parameters()) {
+      torch::Tensor sum = item.value().grad().clone();
+      g->AllReduceSum(sum);
+      CHECK_MESSAGE(TpClose(sum, want[item.key()].grad()), item.key());
+    }
+  });
+}
+
+TEST_CASE("UlyssesBlockIsTheWholeBlockOnEachRanksPartOfTheSequence") {
+  CheckUlyssesBlock(2, /*heads=*/4);
+  CheckUlyssesBlock(4, /*heads=*/4);
 }
 
 TEST_CASE("WithoutAGroupTheLayersAreTheWholeLayersDrawForDraw") {

@@ -180,9 +180,11 @@ Status Trainer::Prepare() {
   const int64_t buckets = accel_->num_buckets();
   // Split layers: the layout, and the whole model's size beside this rank's share of it.
   std::string layout, held;
-  if (const TensorGroupPtr& tensor = accel_->tensor_group()) {
+  const bool split_rows = accel_->tensor_group() || accel_->context_group();
+  if (split_rows)
     layout = accel_->layout().Describe() +
              (cfg_.parallel.sequence_parallel ? " (sequence parallel)" : "") + ", ";
+  if (const TensorGroupPtr& tensor = accel_->tensor_group()) {
     const std::vector<torch::Tensor> params = accel_->parameters();
     const std::vector<bool> split = SplitParameters(*internals().model()->shared_module(), params);
     int64_t whole = 0;
@@ -200,8 +202,8 @@ Status Trainer::Prepare() {
       " parameters" + held + "); " + data_.description + "; batch " +
       std::to_string(cfg_.batch_size) + " x " + std::to_string(cfg_.gradient_accumulation_steps) +
       " micro-batches x " +
-      (held.empty() ? std::to_string(world) + " ranks; "
-                    : std::to_string(accel_->data_parallel_size()) + " replicas; ") +
+      (!split_rows ? std::to_string(world) + " ranks; "
+                   : std::to_string(accel_->data_parallel_size()) + " replicas; ") +
       std::to_string(total_steps_) + " steps; output " + cfg_.output_dir);
   return Status::Ok();
 }
@@ -271,8 +273,8 @@ void Trainer::SetRunLength() {
 
 void Trainer::SeedDropout() {
   // Different dropout masks per replica, reproducible per (seed, rank). The ranks of a tensor
-  // group draw alike (their first rank's stream): each keeps its part of the same whole mask
-  // (layers.h), so the split model drops what the whole one would.
+  // and context group draw alike (their first rank's stream): each keeps its part of the same
+  // whole mask (layers.h), so the split model drops what the whole one would.
   const int stream = accel_->layout().TensorGroupLeader();
   torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(stream + 1));
 }
@@ -282,7 +284,8 @@ Status Trainer::PrepareReplica() {
   torch::manual_seed(cfg_.seed);
   LAUNCH_ASSIGN_OR_RETURN(
       std::unique_ptr<Model> model,
-      CreateModel(cfg_.model, accel_->tensor_group(), cfg_.parallel.sequence_parallel));
+      CreateModel(cfg_.model, accel_->tensor_group(), cfg_.parallel.sequence_parallel,
+                  accel_->context_group()));
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> made,
                           MakeOptimizer(cfg_.optimizer, *model));
   auto optimizer = std::shared_ptr<torch::optim::Optimizer>(std::move(made));
@@ -442,7 +445,10 @@ void Trainer::Evaluate(double* loss, double* accuracy) {
       if (!out.logits.defined()) continue;  // a pipeline stage before the last
     } else {
       auto amp = accel_->Autocast();
-      out = RunForward(model->module(), {accel_->ToDevice(data_.Inputs(rows)), y}, cfg_.model);
+      // With a context group, each rank scores its part of every sequence.
+      y = accel_->ContextShard(y);
+      out = RunForward(model->module(),
+                       {accel_->ContextShard(accel_->ToDevice(data_.Inputs(rows))), y}, cfg_.model);
     }
     if (accel_->bf16() || accel_->fp16()) {  // loss and accuracy in float32, as in training
       if (out.logits.defined()) out.logits = out.logits.to(torch::kFloat);
