@@ -7,11 +7,11 @@ and clipping (the norm counts replicated parameters once); by DDP and ZeRO on th
 model's names; checkpoints keep one folder per tensor shard, resume bit-identically, and resume
 with another tensor and pipeline layout (re-cut); bad splits are refused naming the key."""
 
-import json
 import os
 import unittest
 
-from trainer_helpers import TRAIN, final, metrics, run_ranks, start_ranks, wait_all, write_config
+from trainer_helpers import (TRAIN, compare_models, final, metrics, run_ranks, start_ranks,
+                             wait_all, write_config)
 import harness
 
 BASE = """
@@ -31,25 +31,6 @@ train:
   parallel: {{mode: {mode}, tensor: {tensor}{extra}}}
   local_sgd_steps: {local_sgd}
 """
-
-# Loads two model.pt files (Debian's python3 has torch; the runner's may not): their names,
-# shapes, the largest difference and the largest in units of PyTorch's float32 assert_close
-# tolerance (atol 1e-5 + rtol 1.3e-6 x |b|): at most 1 passes assert_close.
-COMPARE = r"""
-import json, sys, torch
-def load(paths):  # a pipeline's stages: one file each, together the model
-    state = {}
-    for path in paths.split(","):
-        state.update(torch.load(path))
-    return state
-a, b = load(sys.argv[1]), load(sys.argv[2])
-same = sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a)
-diff = max((a[k] - b[k]).abs().max().item() for k in a) if same else None
-ratio = max(((a[k] - b[k]).abs() / (1e-5 + 1.3e-6 * b[k].abs())).max().item()
-            for k in a) if same else None
-print(json.dumps({"same_names_and_shapes": same, "max_abs_diff": diff, "ratio": ratio}))
-"""
-
 
 def config(tmp, name, tensor=2, mode="ddp", steps=12, dropout=0.0, clip=0.5, ckpt=0,
            resume="never", model=None, extra="", local_sgd=0, out=None):
@@ -85,11 +66,8 @@ class TensorParallelTest(unittest.TestCase):
 
     def compare(self, out_a, out_b, stages=1):
         a = ",".join(os.path.join(out_a, f"model_stage{s}.pt") for s in range(stages))
-        r = harness.run([harness.SYSTEM_PYTHON, "-c", COMPARE,
-                         a if stages > 1 else os.path.join(out_a, "model.pt"),
-                         os.path.join(out_b, "model.pt")], timeout=120)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        got = json.loads(r.stdout)
+        got = compare_models(a if stages > 1 else os.path.join(out_a, "model.pt"),
+                             os.path.join(out_b, "model.pt"))
         self.assertTrue(got["same_names_and_shapes"], got)
         self.ratio = got["ratio"]
         return got["max_abs_diff"]

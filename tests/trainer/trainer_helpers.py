@@ -122,6 +122,34 @@ def params(out_dir, rank=0):
     return list(struct.unpack(f"<{len(data) // 4}f", data))
 
 
+# Loads two model.pt files (Debian's python3 has torch; the runner's may not): their names,
+# shapes, the largest difference and the largest in units of PyTorch's float32 assert_close
+# tolerance (atol 1e-5 + rtol 1.3e-6 x |b|): at most 1 passes assert_close.
+_COMPARE_MODELS = r"""
+import json, sys, torch
+def load(paths):  # a pipeline's stages: one file each, together the model
+    state = {}
+    for path in paths.split(","):
+        state.update(torch.load(path))
+    return state
+a, b = load(sys.argv[1]), load(sys.argv[2])
+same = sorted(a) == sorted(b) and all(a[k].shape == b[k].shape for k in a)
+diff = max((a[k] - b[k]).abs().max().item() for k in a) if same else None
+ratio = max(((a[k] - b[k]).abs() / (1e-5 + 1.3e-6 * b[k].abs())).max().item()
+            for k in a) if same else None
+print(json.dumps({"same_names_and_shapes": same, "max_abs_diff": diff, "ratio": ratio}))
+"""
+
+
+def compare_models(a, b):
+    """{same_names_and_shapes, max_abs_diff, ratio} of model files `a` (several joined by ",":
+    a pipeline's stages) against `b`; ratio <= 1 passes torch.testing.assert_close."""
+    r = harness.run([harness.SYSTEM_PYTHON, "-c", _COMPARE_MODELS, a, b], timeout=120)
+    if r.returncode != 0:
+        raise AssertionError(r.stderr)
+    return json.loads(r.stdout)
+
+
 def rel_diff(a, b):
     """||a - b|| / ||b|| (and max |a - b|)."""
     assert len(a) == len(b), (len(a), len(b))

@@ -542,10 +542,10 @@ void Accelerator::Accumulate() {
     snapshot_due_ = false;
     TakeSnapshot();
   }
-  // (The ranks of a tensor group draw alike: the stream of its first rank.)
+  // (The ranks of a tensor and context group draw alike: ParallelLayout::RandomStream.)
   if (recover_)
     torch::manual_seed(
-        MicroBatchSeed(options_.seed, layout_->TensorGroupLeader(), step_, micro_in_window_));
+        MicroBatchSeed(options_.seed, layout_->RandomStream(), step_, micro_in_window_));
   Guarded([&] {
     for (Pair& pair : pairs_)
       if (pair.strategy) pair.strategy->BeforeForward(sync_ && pair.no_sync == 0);
@@ -631,10 +631,13 @@ torch::Tensor Accelerator::ContextShard(const torch::Tensor& t, int64_t dim) con
 
 torch::Tensor Accelerator::ForwardBackward(const torch::data::Example<>& batch,
                                            const ChunkLoss& fn) {
-  if (context_group_)
-    return ForwardBackwardWith({ContextShard(batch.data), ContextShard(batch.target)}, fn,
-                               criterion_);
-  return ForwardBackwardWith(batch, fn, criterion_);
+  if (!context_group_) return ForwardBackwardWith(batch, fn, criterion_);
+  torch::Tensor loss =
+      ForwardBackwardWith({ContextShard(batch.data), ContextShard(batch.target)}, fn, criterion_);
+  // Each rank's loss is its part's; the batch's is their mean (the parts are equal).
+  torch::Tensor mean = loss.to(torch::kDouble).clone();
+  if (!Guarded([&] { context_group_->AllReduceSum(mean); })) return loss;
+  return (mean / context_group_->size()).to(loss.scalar_type());
 }
 
 torch::Tensor Accelerator::ForwardBackwardWith(const torch::data::Example<>& batch,

@@ -88,11 +88,13 @@ class ParallelLayout {
   int RankAt(int tensor, int context, int data, int stage) const {
     return tensor * stride_[0] + context * stride_[1] + data * stride_[2] + stage * stride_[3];
   }
-  // The first rank of the ranks that see this rank's rows (its tensor and context groups): the
-  // random stream they share (each keeps its part of the same dropout mask, model/layers.h).
-  // This rank itself without a tensor or context axis.
-  int TensorGroupLeader() const {
-    return RankAt(0, 0, coordinate(Axis::kData), coordinate(Axis::kStage));
+  // The random stream of the ranks that see this rank's rows (its tensor and context groups):
+  // the rank it would be in the same job without those axes (d + data x s). They draw alike, each
+  // keeping its part of the same dropout mask (model/layers.h), and draw what that unsplit job's
+  // rank draws: splitting layers or sequences changes no random number. This rank itself
+  // without a tensor or context axis.
+  int RandomStream() const {
+    return coordinate(Axis::kData) + degree(Axis::kData) * coordinate(Axis::kStage);
   }
   // The rank `delta` steps along `axis` from this one (the other coordinates fixed), or -1
   // past either end: Neighbour(kStage, -1) is the previous stage, -1 on the first.

@@ -49,10 +49,11 @@ TEST_CASE("LayoutGroupsAreMegatronsWithAContextAxis") {
         Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
   CHECK(AxisOf(Use::kGradient) == Axis::kReplica);
   CHECK(AxisOf(Use::kContext) == Axis::kContext);
-  // The ranks that see the same rows (tensor x context) draw from one stream; rank 0 of
-  // replica 0 of the last stage reports.
-  CHECK(Make(16, 7, 2, 2, 2).TensorGroupLeader() == 4);
-  CHECK(Make(16, 15, 2, 2, 2).TensorGroupLeader() == 12);
+  // The ranks that see the same rows (tensor x context) draw from one stream, the one rank
+  // d + data x s of the unsplit job draws from; rank 0 of replica 0 of the last stage reports.
+  CHECK(Make(16, 7, 2, 2, 2).RandomStream() == 1);
+  CHECK(Make(16, 15, 2, 2, 2).RandomStream() == 3);
+  CHECK(Make(4, 3, 2, 1).RandomStream() == 3);  // without those axes: the rank itself
   CHECK(l.main_rank() == 8);
   // Context ranks hold the whole of their shard: no folder of their own.
   CHECK(Make(16, 7, 2, 2, 2).ShardName() == "stage0_tensor1");

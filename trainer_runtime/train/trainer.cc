@@ -273,9 +273,9 @@ void Trainer::SetRunLength() {
 
 void Trainer::SeedDropout() {
   // Different dropout masks per replica, reproducible per (seed, rank). The ranks of a tensor
-  // and context group draw alike (their first rank's stream): each keeps its part of the same
-  // whole mask (layers.h), so the split model drops what the whole one would.
-  const int stream = accel_->layout().TensorGroupLeader();
+  // and context group draw alike (ParallelLayout::RandomStream): each keeps its part of the
+  // same whole mask (layers.h), so the split model drops what the unsplit one would.
+  const int stream = accel_->layout().RandomStream();
   torch::manual_seed(cfg_.seed + 1000003ull * static_cast<uint64_t>(stream + 1));
 }
 
