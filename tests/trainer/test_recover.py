@@ -37,6 +37,14 @@ train:
 """
 
 
+# The model and data of the layouts that split sequences or layers (test_tensor_parallel.py's).
+TRANSFORMER = [("{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}",
+                "{type: transformer, vocab: bytes, d_model: 32, layers: 2, heads: 4, context: 16, "
+                "dropout: 0.2}"),
+               ("{type: synthetic, samples: 4096}",
+                "{type: text, path: /usr/share/common-licenses/GPL-3, context: 16}")]
+
+
 def shm_files(marker):
     """/dev/shm entries of the job whose run id is `marker` (other jobs may run beside it)."""
     try:
@@ -60,10 +68,12 @@ class RecoverInPlaceTest(unittest.TestCase):
 
     @classmethod
     def run_job(cls, name, kill, max_restarts=3, mode="ddp", ckpt=0, extra=(), env=None,
-                world=WORLD, flags=()):
+                world=WORLD, flags=(), transformer=False):
         out = os.path.join(cls.dir, name)
-        cfg = write_config(cls.dir, JOB.format(out=out, steps=STEPS, mode=mode, ckpt=ckpt),
-                           name=name + ".yaml")
+        text = JOB.format(out=out, steps=STEPS, mode=mode, ckpt=ckpt)
+        for old, new in TRANSFORMER if transformer else ():
+            text = text.replace(old, new)
+        cfg = write_config(cls.dir, text, name=name + ".yaml")
         marker = harness.unique_marker("recover")
         env = dict(env or {}, LAUNCH_TEST_SIGKILL_AT=kill or None, RECOVER_TEST_MARKER=marker,
                    LAUNCH_INIT_TIMEOUT_S="60")
@@ -253,6 +263,27 @@ class RecoverInPlaceTest(unittest.TestCase):
         self.assertIn("was not committed: a peer was lost", text)
         with open(os.path.join(out, "checkpoints", "latest")) as f:
             self.assertEqual(f.read().strip(), str(STEPS))
+        self.check_clean(marker)
+
+    def test_context_parallel_rank3_killed_in_backward_ends_bit_identical(self):
+        # Context 2 x data 2: rank 3 holds the second half of replica 1's sequences and trades
+        # heads for tokens with rank 2 inside every attention layer; it dies as its backward
+        # begins, so rank 2 waits for it in the backward's first exchange. Its replacement takes
+        # the live state and the context group is re-formed with it (the layers keep the group
+        # they hold).
+        mode = "ddp, context: 2"
+        ref, ref_out, _ = self.run_job("cp_ref", "", mode=mode, world=4, transformer=True)
+        self.assertEqual(ref.returncode, 0, ref.stderr[-4000:])
+        self.assertIn("context 2 x data 2", ref.stdout)
+        r, out, marker = self.run_job("cp", "3:9:backward", mode=mode, world=4, transformer=True)
+        text = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, text[-4000:])
+        self.assertEqual(final(out)["param_checksum"], final(ref_out)["param_checksum"],
+                         text[-4000:])
+        self.assertEqual(final(out)["recoveries"], 1)
+        self.assertEqual(re.findall(r"starting a replacement for rank (\d+) alone", text), ["3"])
+        self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
+        self.assertNotIn("resumed from", text)
         self.check_clean(marker)
 
     def test_recovery_over_gloo_ends_bit_identical(self):

@@ -15,7 +15,7 @@ import shutil
 import unittest
 
 from trainer_helpers import LAUNCH, LIBTORCH_MAJOR, TRAIN, final, metrics, write_config
-from test_recover import JOB, STEPS, shm_files
+from test_recover import JOB, STEPS, TRANSFORMER, shm_files
 import harness
 
 EVERY = 4
@@ -39,12 +39,6 @@ MODES = {
     "zero2_fp16": ("zero, zero_stage: 2",
                    "  grad_scaler: {init_scale: 16777216, growth_interval: 3}"),
 }
-# The tensor modes' model and data (tests/trainer/test_tensor_parallel.py's).
-TRANSFORMER = [("{type: mlp, layers: [16, 64, 64, 4], dropout: 0.2}",
-                "{type: transformer, vocab: bytes, d_model: 32, layers: 2, heads: 4, context: 16, "
-                "dropout: 0.2}"),
-               ("{type: synthetic, samples: 4096}",
-                "{type: text, path: /usr/share/common-licenses/GPL-3, context: 16}")]
 # test_recover's job, with a snapshot every EVERY steps.
 SNAPSHOTS = f"  recover_snapshot_every: {EVERY}\n"
 TOTALS = ("allreduces_total", "pair_exchanges_total", "reduce_scatters_total",
