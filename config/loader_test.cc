@@ -279,6 +279,49 @@ TEST_CASE("StagesAndTensorAreLayoutDegreesThatComposeWithEveryDataStrategy") {
         std::string::npos);
 }
 
+TEST_CASE("ContextSplitsTheTransformersSequencesUnderDdpOrZeroAndSaysWhyNotElsewhere") {
+  LaunchConfig cp;
+  REQUIRE(Load("train:\n  model: {type: transformer, heads: 4, context: 64}\n"
+               "  data: {type: text, path: /usr/share/common-licenses/GPL-3, context: 16}\n"
+               "  parallel: {context: 2, tensor: 2, sequence_parallel: true}\n", &cp)
+              .ok());
+  CHECK(cp.train.parallel.context == 2);
+  CHECK(ValidateTrain(&cp, 8).ok());  // tensor 2 x context 2 x data 2
+  cp.train.parallel.mode = ParallelMode::kZero;
+  CHECK(ValidateTrain(&cp, 8).ok());
+  cp.train.parallel.mode = ParallelMode::kDdp;
+  const auto message = [&cp](int world) { return ValidateTrain(&cp, world).message(); };
+  CHECK(message(6) ==
+        "train.yaml:4: train.parallel.context: stages x tensor x context (1 x 2 x 2) does not "
+        "divide the world size 6 (world = tensor x context x data x stages)");
+  cp.train.parallel.context = 4;  // 4 heads over tensor 2 x context 4
+  CHECK(message(8).find("train.parallel.context: tensor x context (2 x 4) does not divide "
+                        "model.heads 4") != std::string::npos);
+  cp.train.parallel.context = 2;
+  cp.train.data.context = 10;  // 10 tokens in context 2 x tensor 2 parts
+  CHECK(message(8).find("a sequence of 10 tokens (data.context, else model.context) does not "
+                        "split into 4 equal parts (context x tensor, with sequence_parallel)") !=
+        std::string::npos);
+  cp.train.data.context = 16;
+  cp.train.parallel.mode = ParallelMode::kNone;
+  CHECK(message(8).find("train.parallel.context: splits each sequence over ranks that average "
+                        "their gradients every step; it combines with parallel.mode ddp or "
+                        "zero, not none") != std::string::npos);
+  cp.train.parallel.mode = ParallelMode::kDdp;
+  cp.train.local_sgd_steps = 4;
+  CHECK(message(8).find("Local SGD lets replicas drift") != std::string::npos);
+  cp.train.local_sgd_steps = 0;
+  cp.train.parallel.stages = 2;
+  CHECK(message(16).find("train.parallel.context: does not combine with pipeline stages") !=
+        std::string::npos);
+  cp.train.parallel.stages = 1;
+  cp.train.model.type = ModelType::kCnn;
+  CHECK(message(8).find("model.type cnn has none") != std::string::npos);
+  LaunchConfig range;
+  CHECK(Load("train:\n  parallel: {context: 0}\n", &range).message().find("parallel.context") !=
+        std::string::npos);
+}
+
 TEST_CASE("ImageDataCnnLossAndOutputKeys") {
   LaunchConfig cfg;
   REQUIRE(Load("train:\n"
@@ -871,7 +914,7 @@ TEST_CASE("PowerSgdTakesPowerSGDStatesOptionsAndItsRule") {
   LaunchConfig staged;
   CHECK(LoadValid("train:\n  parallel: {comm_hook: power_sgd, stages: 2}\n", &staged).message() ==
         "train.yaml:2: train.parallel.comm_hook: power_sgd applies to ddp over whole replicas (no "
-        "stages, no tensor groups)");
+        "stages, no tensor or context groups)");
   LaunchConfig rank;
   CHECK(LoadValid("train:\n  parallel: {comm_hook: power_sgd, power_sgd: "
                   "{matrix_approximation_rank: 0}}\n",
