@@ -254,8 +254,10 @@ TEST_CASE("StagesAndTensorAreLayoutDegreesThatComposeWithEveryDataStrategy") {
   // stages x tensor must divide the world: the message names the keys and where they are.
   const std::string message = ValidateTrain(&split, 5).message();
   CHECK(message.find("train.yaml:4") != std::string::npos);
-  CHECK(message.find("train.parallel.tensor: stages x tensor x context (1 x 2 x 1) does not divide the world "
-                     "size 5") != std::string::npos);
+  CHECK(
+      message.find(
+          "train.parallel.tensor: stages x tensor x context (1 x 2 x 1) does not divide the world "
+          "size 5") != std::string::npos);
   // Inside pipeline stages too (tensor 2 x data 2 x stages 2); not for a model without split
   // layers: said, not ignored.
   split.train.parallel.stages = 2;
@@ -283,7 +285,8 @@ TEST_CASE("ContextSplitsTheTransformersSequencesUnderDdpOrZeroAndSaysWhyNotElsew
   LaunchConfig cp;
   REQUIRE(Load("train:\n  model: {type: transformer, heads: 4, context: 64}\n"
                "  data: {type: text, path: /usr/share/common-licenses/GPL-3, context: 16}\n"
-               "  parallel: {context: 2, tensor: 2, sequence_parallel: true}\n", &cp)
+               "  parallel: {context: 2, tensor: 2, sequence_parallel: true}\n",
+               &cp)
               .ok());
   CHECK(cp.train.parallel.context == 2);
   CHECK(ValidateTrain(&cp, 8).ok());  // tensor 2 x context 2 x data 2

@@ -175,8 +175,9 @@ struct ParallelConfig {
   // The degrees of the other axes; the data degree is world / (stages x tensor x context).
   int stages = 1;  // pipeline stages per replica (> 1, or mode pipeline: the pipeline engine)
   int tensor = 1;  // ranks a layer's weights are split over (tensor parallelism)
-  // Ranks each sequence is split over (context parallelism, DeepSpeed-Ulysses): each holds 1/context
-  // of every sequence's tokens, and attention trades sequence for heads with an all-to-all.
+  // Ranks each sequence is split over (context parallelism, DeepSpeed-Ulysses): each holds
+  // 1/context of every sequence's tokens, and attention trades sequence for heads with an
+  // all-to-all.
   int context = 1;
   // tensor > 1: what lies between the tensor-parallel layers (norms, dropout, residuals) runs on
   // each rank's 1/tensor of the sequence (Megatron's sequence parallelism).

@@ -407,8 +407,8 @@ std::vector<TrainKey> BuildTable() {
       Range("parallel.replicas", FIELD(parallel.replicas), 1, 1024,
             "dp: replicas (threads or devices) in one process")
           .Identity(Mode(ParallelMode::kDp)),
-      // The layout (tensor x context x data x stages, and how a pipeline runs) is not part of the run's
-      // identity: a checkpoint resumes with another, its shards re-cut (state/reshard.h).
+      // The layout (tensor x context x data x stages, and how a pipeline runs) is not part of the
+      // run's identity: a checkpoint resumes with another, its shards re-cut (state/reshard.h).
       Range("parallel.stages", FIELD(parallel.stages), 1, 1024,
             "pipeline stages per replica (world = tensor x context x data x stages)"),
       Range("parallel.tensor", FIELD(parallel.tensor), 1, 1024,

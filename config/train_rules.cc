@@ -106,8 +106,9 @@ std::optional<TrainRuleViolation> CheckTrainRules(const TrainConfig& t, int worl
   const ParallelConfig& p = t.parallel;
   // The layout: world = tensor x context x data x stages (trainer_runtime/parallel/layout.h).
   if (world_size > 0 && world_size % (p.stages * p.tensor * p.context) != 0) {
-    const char* key =
-        p.context > 1 ? "parallel.context" : p.tensor > 1 ? "parallel.tensor" : "parallel.stages";
+    const char* key = p.context > 1  ? "parallel.context"
+                      : p.tensor > 1 ? "parallel.tensor"
+                                     : "parallel.stages";
     return Broken(key,
                   "stages x tensor x context (" + N(p.stages) + " x " + N(p.tensor) + " x " +
                       N(p.context) + ") does not divide the world size " + N(world_size) +

@@ -199,8 +199,8 @@ Status Accelerator::FormLayoutGroups(std::chrono::milliseconds timeout) {
       data_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kGradient), env_, pg_, timeout, generation_));
   LAUNCH_ASSIGN_OR_RETURN(
       tensor_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kTensor), env_, pg_, timeout, generation_));
-  LAUNCH_ASSIGN_OR_RETURN(context_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kContext), env_,
-                                                       pg_, timeout, generation_));
+  LAUNCH_ASSIGN_OR_RETURN(context_pg_, CreateAxisGroup(*layout_, AxisOf(Use::kContext), env_, pg_,
+                                                       timeout, generation_));
   // Re-formed after a loss: the layers and strategies keep the tensor and context groups they
   // hold.
   const auto form = [](TensorGroupPtr& group, const c10::intrusive_ptr<CountingProcessGroup>& pg) {

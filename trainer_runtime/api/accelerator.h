@@ -404,8 +404,9 @@ class Accelerator {
   // in dp one of the replicas on its own thread with a consecutive slice of the rows). Returns
   // the batch's mean loss (detached). With a context group, `fn` gets this rank's part of each
   // sequence (ContextShard of data and target) and the mean over the group is returned (an
-  // all-reduce of one value over the context group). Calls Accumulate() first if it was not called. In dp,
-  // throws c10::Error naming train.parallel.replicas when the batch has fewer rows than replicas.
+  // all-reduce of one value over the context group). Calls Accumulate() first if it was not called.
+  // In dp, throws c10::Error naming train.parallel.replicas when the batch has fewer rows than
+  // replicas.
   using ChunkLoss =
       std::function<torch::Tensor(torch::nn::Module& replica, const torch::data::Example<>& chunk)>;
   torch::Tensor ForwardBackward(const torch::data::Example<>& batch, const ChunkLoss& fn);

@@ -306,9 +306,9 @@ c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllGatherFlat(const at::Ten
 
 c10::intrusive_ptr<c10d::Work> CountingProcessGroup::AllToAllFlat(const at::Tensor& input,
                                                                   const at::Tensor& output) {
-  TORCH_CHECK(input.defined() && output.defined() && input.is_contiguous() &&
-                  output.is_contiguous(),
-              "AllToAllFlat: tensors must be defined and contiguous");
+  TORCH_CHECK(
+      input.defined() && output.defined() && input.is_contiguous() && output.is_contiguous(),
+      "AllToAllFlat: tensors must be defined and contiguous");
   TORCH_CHECK(input.scalar_type() == output.scalar_type() && input.device() == output.device(),
               "AllToAllFlat: dtypes or devices differ");
   TORCH_CHECK(input.numel() == output.numel() && input.numel() % getSize() == 0,

@@ -122,8 +122,8 @@ class BlockImpl : public torch::nn::Module, public ShardUnit {
     // group splits the sequence first, sequence parallelism each part again).
     if (dropout_ > 0) {
       const int64_t parts = c_ranks * (sequence_parallel_ ? t_ranks : 1);
-      const int64_t part = TensorRank(context_) * (parts / c_ranks) +
-                           (sequence_parallel_ ? TensorRank(tensor_) : 0);
+      const int64_t part =
+          TensorRank(context_) * (parts / c_ranks) + (sequence_parallel_ ? TensorRank(tensor_) : 0);
       m = Dropout(m, /*dim=*/1, m.size(1) * parts, part);
     }
     return h + m;

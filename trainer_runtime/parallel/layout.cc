@@ -54,12 +54,14 @@ StatusOr<ParallelLayout> ParallelLayout::FromDegrees(int world, int rank, int st
     return Status::InvalidArgument("rank " + std::to_string(rank) + " is not in a world of " +
                                    std::to_string(world));
   if (world % (stages * tensor * context) != 0)
-    return Status::InvalidArgument(
-        std::string("train.") +
-        (context > 1 ? "parallel.context" : tensor > 1 ? "parallel.tensor" : "parallel.stages") +
-        ": stages x tensor x context (" + std::to_string(stages) + " x " +
-        std::to_string(tensor) + " x " + std::to_string(context) +
-        ") does not divide the world size " + std::to_string(world));
+    return Status::InvalidArgument(std::string("train.") +
+                                   (context > 1  ? "parallel.context"
+                                    : tensor > 1 ? "parallel.tensor"
+                                                 : "parallel.stages") +
+                                   ": stages x tensor x context (" + std::to_string(stages) +
+                                   " x " + std::to_string(tensor) + " x " +
+                                   std::to_string(context) + ") does not divide the world size " +
+                                   std::to_string(world));
   ParallelLayout layout;
   layout.world_ = world;
   layout.rank_ = rank;

@@ -43,8 +43,8 @@ TEST_CASE("LayoutGroupsAreMegatronsWithAContextAxis") {
   CHECK(l.AllGroups(Axis::kData) ==
         Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}});
   // Megatron's dp-cp groups: the ranks holding the same tensor shard of the same stage.
-  CHECK(l.AllGroups(Axis::kReplica) == Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14},
-                                              {9, 11, 13, 15}});
+  CHECK(l.AllGroups(Axis::kReplica) ==
+        Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}});
   CHECK(l.AllGroups(Axis::kStage) ==
         Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}});
   CHECK(AxisOf(Use::kGradient) == Axis::kReplica);
@@ -96,8 +96,7 @@ TEST_CASE("LayoutCoordinatesRankAtAndGroupsAgreeOnEveryRankOfFourAxes") {
   }
   // Each axis' groups partition the world.
   const ParallelLayout l = Make(48, 0, 4, 2, 2);
-  for (Axis axis :
-       {Axis::kTensor, Axis::kContext, Axis::kData, Axis::kStage, Axis::kReplica}) {
+  for (Axis axis : {Axis::kTensor, Axis::kContext, Axis::kData, Axis::kStage, Axis::kReplica}) {
     std::set<int> seen;
     for (const auto& group : l.AllGroups(axis))
       for (int r : group) CHECK(seen.insert(r).second);

@@ -5,9 +5,10 @@
 // axis, whose ranks split each sequence.
 //
 // Sums go through the group's all-reduce (shared memory when its ranks share a host), gathers,
-// reduce-scatters and all-to-alls through its flat collectives (process_group.h); a reduced-precision tensor
-// (bf16 under autocast) is summed in float32 and rounded once, as Gloo cannot add bf16 on every
-// LibTorch. Every operation waits for its result: the layers need it at once.
+// reduce-scatters and all-to-alls through its flat collectives (process_group.h); a
+// reduced-precision tensor (bf16 under autocast) is summed in float32 and rounded once, as Gloo
+// cannot add bf16 on every LibTorch. Every operation waits for its result: the layers need it at
+// once.
 //
 // Internal to trainer_runtime (includes LibTorch).
 

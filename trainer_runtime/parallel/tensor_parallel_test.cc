@@ -208,8 +208,8 @@ void CheckUlyssesBlock(int size, int64_t heads) {
   Block whole(c, heads, /*dropout=*/0.0);
   torch::Tensor x = input.clone().requires_grad_(true);
   const torch::Tensor out = whole->forward(x, mask);
-  const torch::Tensor coef = torch::cos(torch::arange(out.numel(), torch::kFloat) * 0.3)
-                                 .reshape(out.sizes());
+  const torch::Tensor coef =
+      torch::cos(torch::arange(out.numel(), torch::kFloat) * 0.3).reshape(out.sizes());
   (out * coef).sum().backward();
   OnRanks(size, false, [&](int rank, const TensorGroupPtr& g, CountingProcessGroup& pg) {
     const size_t r = static_cast<size_t>(rank);

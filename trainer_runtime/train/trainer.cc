@@ -282,10 +282,9 @@ void Trainer::SeedDropout() {
 Status Trainer::PrepareReplica() {
   // Same seed on every rank: identical initial weights even before the broadcast.
   torch::manual_seed(cfg_.seed);
-  LAUNCH_ASSIGN_OR_RETURN(
-      std::unique_ptr<Model> model,
-      CreateModel(cfg_.model, accel_->tensor_group(), cfg_.parallel.sequence_parallel,
-                  accel_->context_group()));
+  LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                          CreateModel(cfg_.model, accel_->tensor_group(),
+                                      cfg_.parallel.sequence_parallel, accel_->context_group()));
   LAUNCH_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> made,
                           MakeOptimizer(cfg_.optimizer, *model));
   auto optimizer = std::shared_ptr<torch::optim::Optimizer>(std::move(made));
