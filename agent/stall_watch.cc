@@ -244,6 +244,15 @@ bool IsStopped(pid_t pid) {
   return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
 }
 
+std::string StackCutShort(const std::vector<std::string>& frames) {
+  if (frames.empty() || frames.back().find("(_start+") != std::string::npos) return "";
+  if (static_cast<int>(frames.size()) >= kStackDumpFrames)
+    return "  (its " + std::to_string(kStackDumpFrames) +
+           " innermost frames; the stack goes deeper)\n";
+  return "  (the stack ends here: no unwind information past this frame, as in hand-written "
+         "assembly such as BLAS kernels)\n";
+}
+
 std::vector<std::string> ReadStackFile(const std::string& path) {
   const std::vector<std::string> lines = Split(ReadSmallFile(path, 1 << 16), '\n');
   if (std::find(lines.begin(), lines.end(), "end") == lines.end()) return {};
@@ -462,6 +471,7 @@ void StallWatch::CheckStacks(const std::shared_ptr<Pending>& pending) {
     text += python ? "  its Python threads' stacks (faulthandler, most recent call first):\n"
                    : "  its main thread's stack:\n";
     for (const std::string& f : frames) text += "    " + f + "\n";
+    if (!python) text += StackCutShort(frames);
   }
   pending->finish(text);
 }

@@ -82,6 +82,10 @@ bool IsStopped(pid_t pid);
 // ("train(launch::trainer::Step()+0x1f) [0x55...]"); empty when the file is absent or
 // incomplete (no "end" line).
 std::vector<std::string> ReadStackFile(const std::string& path);
+// "" when ReadStackFile's `frames` are a whole native stack (they end in the program's `_start`);
+// otherwise a line for the report saying why they end early: the dump's frame limit, or code
+// without unwind information where the process was stopped (a BLAS kernel).
+std::string StackCutShort(const std::vector<std::string>& frames);
 
 // A replacement the agent started for a rank (launch --recover in_place).
 struct Replacement {

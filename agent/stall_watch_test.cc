@@ -75,6 +75,18 @@ TEST_CASE("AStoppedRankIsNamedAsNotHavingEnteredTheCollectiveTheOthersWaitIn") {
         "collective: broadcast #1 of group 'world' (8 B), 6.0 s ago");
 }
 
+TEST_CASE("ANativeStackThatDoesNotReachStartSaysWhyItEndsEarly") {
+  const std::string start = "/bin/train(_start+0x21) [0x55beb4cece91]";
+  const std::string blas = "/lib/libopenblas.so.0(sgemm_beta_ZEN+0x5d) [0x7fbeefc2025d]";
+  CHECK(StackCutShort({blas, "/bin/train(main+0x2a8) [0x55beb4ceadf8]", start}).empty());
+  // Stopped inside a kernel without unwind information: one frame, said so.
+  CHECK(StackCutShort({blas}).find("no unwind information past this frame") != std::string::npos);
+  // The dump's limit.
+  std::vector<std::string> deep(kStackDumpFrames, blas);
+  CHECK(StackCutShort(deep).find("innermost frames; the stack goes deeper") != std::string::npos);
+  CHECK(StackCutShort({}).empty());
+}
+
 TEST_CASE("AStoppedRankInsideTheCollectiveIsBlamedNotTheOtherNodes") {
   RingBuilder r0(0, 100), r1(1, 101);
   r0.Op(CollectiveOp::kAllReduce, 8, 2, 0);

@@ -314,9 +314,9 @@ void OnStackDump(int signo) {
     std::memcpy(line + n, tail, sizeof tail - 1);
     n += sizeof tail - 1;
     WriteAll(fd, line, n);
-    void* frames[64];
-    const int count = ::backtrace(frames, 64);
     // Frame 0 is this handler, frame 1 the kernel's return trampoline.
+    void* frames[kStackDumpFrames + 2];
+    const int count = ::backtrace(frames, kStackDumpFrames + 2);
     if (count > 2) ::backtrace_symbols_fd(frames + 2, count - 2, fd);
     WriteAll(fd, "end\n", 4);
     ::close(fd);

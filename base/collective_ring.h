@@ -147,10 +147,13 @@ int StackDumpSignal();
 // links nothing, removes both files when launch is gone.)
 inline std::string StackPathFor(const std::string& ring_path) { return ring_path + ".stack"; }
 // Installs the StackDumpSignal() handler: it writes "pid N main thread:" then one frame per line
-// (backtrace_symbols_fd: "binary(symbol+0x1f) [0x...]"), then a line "end", to `path`
-// (truncated each time). A signal that lands on another thread is passed on to the main
+// (backtrace_symbols_fd: "binary(symbol+0x1f) [0x...]"), at most kStackDumpFrames of them, the
+// innermost first, then a line "end", to `path` (truncated each time). A whole stack ends in the
+// program's `_start`; the unwinder stops earlier at code without unwind information (hand-written
+// assembly, such as BLAS kernels). A signal that lands on another thread is passed on to the main
 // thread. Async-signal-safe apart from backtrace()'s first call, which this makes now.
 void InstallStackDump(const std::string& path);
+inline constexpr int kStackDumpFrames = 62;
 
 // Beside a worker's ring: the file a worker creates once it can be recovered in place (launch
 // --recover in_place): its process group has formed and its mode keeps no state on one rank

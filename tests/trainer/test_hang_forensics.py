@@ -145,9 +145,18 @@ class HangForensicsTest(unittest.TestCase):
                                     r"\S+ #\d+ of group 'world')?)$")
         self.assertRegex(report[3], rf"^rank 1 \(pid {stopped}\) is stopped \(state T")
         self.assertEqual(report[4], "  its main thread's stack:")
-        frames = report[5:]
-        self.assertGreater(len(frames), 3, report)
-        self.assertTrue(all(f.startswith("    ") and "[0x" in f for f in frames), report)
+        frames = [f for f in report[5:] if f.startswith("    ")]
+        self.assertTrue(frames and all("[0x" in f for f in frames), report)
+        # The whole stack, down to the program's _start; or, where rank 1 was stopped inside
+        # code the unwinder cannot go past (an OpenBLAS kernel, now and then), what it has and
+        # a line saying why it ends there.
+        if "(_start+" in frames[-1]:
+            self.assertGreater(len(frames), 3, report)
+            self.assertEqual(report[5 + len(frames):], [], report)
+        else:
+            self.assertEqual(report[5 + len(frames):],
+                             ["  (the stack ends here: no unwind information past this frame, as "
+                              "in hand-written assembly such as BLAS kernels)"], report)
         # The failure path names the stall as the root cause's error, and the same process:
         # the worker's pid, not its exec shim's.
         self.assertRegex(text, rf"root cause: rank 1 \(local_rank 1, pid {stopped}\).*\n  error: "
