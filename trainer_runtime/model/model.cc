@@ -198,7 +198,7 @@ TORCH_MODULE(Cnn);
 // embedding and the head (whose logits are gathered: the loss sees the whole vocabulary), the
 // blocks are tensor-parallel, and with sequence parallelism everything between them runs on this
 // rank's 1/T of the sequence. With a context group of G ranks (Ulysses) the model takes this
-// rank's 1/G of each sequence (the tokens at G-th part `context rank`) and gives their logits.
+// rank's part of each sequence (part `context rank` of G equal parts) and gives their logits.
 class TransformerImpl : public torch::nn::Cloneable<TransformerImpl>, public TensorForward {
  public:
   explicit TransformerImpl(const config::ModelConfig& cfg, TensorGroupPtr tensor = TensorGroupPtr(),
