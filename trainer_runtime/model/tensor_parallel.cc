@@ -12,9 +12,12 @@ namespace {
 bool Unsplit(const TensorGroupPtr& group) { return !group || group->size() <= 1; }
 
 // What a mapping does to a tensor, forward or backward.
-enum class MapOp : int64_t { kIdentity, kAllReduce, kAllGather, kReduceScatter, kSplit };
+enum class MapOp : int64_t { kIdentity, kAllReduce, kAllGather, kReduceScatter, kSplit, kAllToAll };
 
-torch::Tensor Apply(MapOp op, const torch::Tensor& x, TensorGroup& group, int64_t dim) {
+// `op` on `x` along `dim` (kAllToAll: scatters `dim` in blocks, block r to rank r, and joins what
+// came back along `other`).
+torch::Tensor Apply(MapOp op, const torch::Tensor& x, TensorGroup& group, int64_t dim,
+                    int64_t other) {
   switch (op) {
     case MapOp::kIdentity:
       return x;
@@ -30,19 +33,24 @@ torch::Tensor Apply(MapOp op, const torch::Tensor& x, TensorGroup& group, int64_
       return group.ReduceScatter(x.movedim(dim, 0).contiguous()).movedim(0, dim).contiguous();
     case MapOp::kSplit:
       return x.chunk(group.size(), dim)[static_cast<size_t>(group.rank())].contiguous();
+    case MapOp::kAllToAll:
+      return torch::cat(group.AllToAll(torch::stack(x.chunk(group.size(), dim), 0)).unbind(0),
+                        other);
   }
   return x;
 }
 
-// One mapping and its conjugate as an autograd function.
+// One mapping and its conjugate as an autograd function, each with its dimensions.
 class ConjugateFunction : public torch::autograd::Function<ConjugateFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                TensorGroupPtr group, int64_t forward_op, int64_t backward_op,
-                               int64_t dim) {
-    torch::Tensor out = Apply(static_cast<MapOp>(forward_op), x, *group, dim);
+                               int64_t dim, int64_t other, int64_t backward_dim,
+                               int64_t backward_other) {
+    torch::Tensor out = Apply(static_cast<MapOp>(forward_op), x, *group, dim, other);
     ctx->saved_data["backward_op"] = backward_op;
-    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["dim"] = backward_dim;
+    ctx->saved_data["other"] = backward_other;
     // The graph keeps the group alive until the backward ran.
     ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
     return out;
@@ -52,9 +60,10 @@ class ConjugateFunction : public torch::autograd::Function<ConjugateFunction> {
     auto group =
         c10::static_intrusive_pointer_cast<TensorGroup>(ctx->saved_data["group"].toCapsule());
     const auto op = static_cast<MapOp>(ctx->saved_data["backward_op"].toInt());
-    const int64_t dim = ctx->saved_data["dim"].toInt();
-    return {Apply(op, grads[0], *group, dim), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-            torch::Tensor()};
+    torch::autograd::variable_list out(8);
+    out[0] = Apply(op, grads[0], *group, ctx->saved_data["dim"].toInt(),
+                   ctx->saved_data["other"].toInt());
+    return out;
   }
 };
 
@@ -64,38 +73,10 @@ torch::Tensor Conjugate(const torch::Tensor& x, const TensorGroupPtr& group, Map
   if (forward == MapOp::kSplit || forward == MapOp::kReduceScatter)
     TORCH_CHECK(x.size(dim) % group->size() == 0, "tensor parallelism: dimension ", dim,
                 " of size ", x.size(dim), " does not split over ", group->size(), " ranks");
+  dim = x.dim() > 0 ? (dim + x.dim()) % x.dim() : 0;
   return ConjugateFunction::apply(x, group, static_cast<int64_t>(forward),
-                                  static_cast<int64_t>(backward),
-                                  x.dim() > 0 ? (dim + x.dim()) % x.dim() : 0);
+                                  static_cast<int64_t>(backward), dim, 0, dim, 0);
 }
-
-// `x`'s dimension `scatter` in blocks, block r to rank r, what came back joined along `gather`.
-torch::Tensor Exchange(const torch::Tensor& x, TensorGroup& group, int64_t scatter,
-                       int64_t gather) {
-  const torch::Tensor got = group.AllToAll(torch::stack(x.chunk(group.size(), scatter), 0));
-  return torch::cat(got.unbind(0), gather);
-}
-
-class AllToAllFunction : public torch::autograd::Function<AllToAllFunction> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               TensorGroupPtr group, int64_t scatter, int64_t gather) {
-    torch::Tensor out = Exchange(x, *group, scatter, gather);
-    ctx->saved_data["scatter"] = scatter;
-    ctx->saved_data["gather"] = gather;
-    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
-    return out;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto group =
-        c10::static_intrusive_pointer_cast<TensorGroup>(ctx->saved_data["group"].toCapsule());
-    // The reverse exchange sends every gradient block back where its input block came from.
-    return {Exchange(grads[0], *group, ctx->saved_data["gather"].toInt(),
-                     ctx->saved_data["scatter"].toInt()),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
-  }
-};
 
 void CheckShape(const torch::Tensor& whole, at::IntArrayRef expected, const std::string& what) {
   TORCH_CHECK(whole.sizes() == expected, "tensor parallelism: ", what, " has shape ", whole.sizes(),
@@ -177,7 +158,10 @@ torch::Tensor AllToAllRegion(const torch::Tensor& x, const TensorGroupPtr& group
   gather = (gather + x.dim()) % x.dim();
   TORCH_CHECK(x.size(scatter) % group->size() == 0, "context parallelism: dimension ", scatter,
               " of size ", x.size(scatter), " does not split over ", group->size(), " ranks");
-  return AllToAllFunction::apply(x, group, scatter, gather);
+  // The reverse exchange sends every gradient block back where its input block came from.
+  const auto all_to_all = static_cast<int64_t>(MapOp::kAllToAll);
+  return ConjugateFunction::apply(x, group, all_to_all, all_to_all, scatter, gather, gather,
+                                  scatter);
 }
 
 torch::Tensor SequenceParallelNorm(torch::nn::LayerNorm& ln, const torch::Tensor& x,
