@@ -24,6 +24,7 @@
 #include "agent/error_file.h"
 #include "agent/exec_shim.h"
 #include "agent/line_buffer.h"
+#include "agent/line_merge.h"
 #include "agent/output_writer.h"
 #include "agent/stall_watch.h"
 #include "agent/subprocess.h"
@@ -238,6 +239,18 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       writers.push_back(console_err_->writer);
     if (files_) writers.push_back(files_.get());
     for (OutputWriter* w : writers) waiters_.emplace_back(w, w->AddWaiter(wake));
+    if (spec_.dedup_window.count() > 0 && spec_.local_world_size > 1) {
+      merge_ = std::make_unique<MergeState>(io_);
+      std::vector<int> out_ranks, err_ranks;
+      for (int lr = 0; lr < spec_.local_world_size; ++lr) {
+        if (ConsoleMask(lr) & kStdout) out_ranks.push_back(spec_.rank_offset + lr);
+        if (ConsoleMask(lr) & kStderr) err_ranks.push_back(spec_.rank_offset + lr);
+      }
+      // One merger per console writer's queue order: a stdout and stderr that are one file
+      // still get a merger each (their lines never join), released in the same pass.
+      merge_->out = std::make_unique<LineMerger>(out_ranks, spec_.dedup_window);
+      merge_->err = std::make_unique<LineMerger>(err_ranks, spec_.dedup_window);
+    }
     return Status::Ok();
   }
 
@@ -417,6 +430,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     w->stdin_w = -1;
     w->spare = false;
     w->prefix = "[rank " + std::to_string(w->rank) + "]: ";
+    if (merge_) {  // its lines are the rank's from here on
+      merge_->out->Opened(w->rank);
+      merge_->err->Opened(w->rank);
+    }
     OpenLogFiles(w);
     return Status::Ok();
   }
@@ -458,6 +475,10 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     w->out.open = w->err.open = true;
     if (console_mask & kStdout) w->out.console = console_out_;
     if (console_mask & kStderr) w->err.console = console_err_;
+    if (merge_ && !w->spare) {  // a replacement prints in its rank's place
+      merge_->out->Opened(w->rank);
+      merge_->err->Opened(w->rank);
+    }
     int pidfd = PidfdOpen(w->pid);
     if (pidfd < 0) {
       int e = errno;
@@ -539,19 +560,84 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     if (s == &w->err) w->tail.Feed(data);
     if (s->console) {
       std::string out;
-      s->lines.Feed(data, w->prefix, &out);
-      if (!out.empty())
+      LineMerger* merger = MergerFor(*w, *s);
+      s->lines.Feed(data, merger ? "" : w->prefix, &out);
+      if (merger) {
+        Merge(*w, merger, out);
+        ReleaseMerged(/*all=*/false);
+      } else if (!out.empty()) {
         s->console_end = s->console->writer->Write(s->console->sink, std::move(out));
+      }
     }
+  }
+
+  // --dedup_output: the merger of a rank's stream, or null (off, a spare, one rank).
+  LineMerger* MergerFor(const Worker& w, const Stream& s) const {
+    if (!merge_ || w.spare) return nullptr;
+    return &s == &w.out ? merge_->out.get() : merge_->err.get();
+  }
+
+  // Hands `lines` (whole lines, unprefixed, as LineBuffer leaves them) to `merger`.
+  void Merge(const Worker& w, LineMerger* merger, std::string_view lines) {
+    const auto now = LineMerger::Clock::now();
+    while (!lines.empty()) {
+      size_t end = lines.find_first_of("\r\n");
+      if (end == std::string_view::npos) end = lines.size() - 1;  // LineBuffer ends every line
+      if (lines[end] == '\r' && end + 1 < lines.size() && lines[end + 1] == '\n') ++end;
+      merger->Add(w.rank, std::string(lines.substr(0, end + 1)), now);
+      lines.remove_prefix(end + 1);
+    }
+  }
+
+  // Writes the merged lines that are due (`all`: every held one) to the console, and sets the
+  // timer for the next. Every stream of a merger counts as written once what it released is.
+  void ReleaseMerged(bool all) {
+    if (!merge_) return;
+    const auto now = LineMerger::Clock::now();
+    std::optional<LineMerger::Clock::time_point> next;
+    for (auto [merger, console] :
+         {std::pair(merge_->out.get(), console_out_), std::pair(merge_->err.get(), console_err_)}) {
+      if (!merger || !console) continue;
+      std::string out;
+      std::optional<LineMerger::Clock::time_point> due;
+      if (all) {
+        merger->ReleaseAll(&out);
+      } else {
+        due = merger->Release(now, &out);
+      }
+      if (due && (!next || *due < next)) next = due;
+      if (out.empty()) continue;
+      const uint64_t end = console->writer->Write(console->sink, std::move(out));
+      for (auto& w : workers_)
+        for (Stream* s : {&w->out, &w->err})
+          if (MergerFor(*w, *s) == merger) s->console_end = end;
+    }
+    if (!next || (merge_->armed && *merge_->armed <= *next)) return;
+    merge_->armed = next;
+    merge_->timer.expires_at(*next);
+    auto self = shared_from_this();
+    merge_->timer.async_wait([this, self](boost::system::error_code ec) {
+      if (ec || !merge_) return;
+      merge_->armed.reset();
+      ReleaseMerged(/*all=*/false);
+    });
   }
 
   void CloseStream(Worker* w, Stream* s) {
     if (!s->open) return;
     if (s->console) {
       std::string out;
-      s->lines.Flush(w->prefix, &out);
-      if (!out.empty())
+      LineMerger* merger = MergerFor(*w, *s);
+      s->lines.Flush(merger ? "" : w->prefix, &out);
+      if (merger) {
+        // Its lines still held wait for the other ranks' copies no longer than those ranks
+        // run; MaybeFinish and MaybeFireFirstFailure release what is held before they report.
+        Merge(*w, merger, out);
+        merger->Closed(w->rank);
+        ReleaseMerged(/*all=*/false);
+      } else if (!out.empty()) {
         s->console_end = s->console->writer->Write(s->console->sink, std::move(out));
+      }
     }
     if (s->file >= 0) files_->CloseSink(s->file);  // closed once written; `file` stays for Done()
     boost::system::error_code ignored;
@@ -570,6 +656,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     if (!first_failed_ || first_failure_fired_ || first_failed_->out.open ||
         first_failed_->err.open)
       return;
+    ReleaseMerged(/*all=*/true);  // the failed worker's last lines come before its report
     if (WrittenOrWait([this] { return Written(*first_failed_); })) FireFirstFailure();
   }
 
@@ -776,6 +863,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     for (auto& w : workers_) {
       if (w->out.open || w->err.open) return;
     }
+    ReleaseMerged(/*all=*/true);
     // The workers' last output is written before the outcome is known to anyone (the failure
     // report follows it), within stop_grace: a console that never reads again must not keep
     // launch from going on and exiting.
@@ -920,6 +1008,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
       w->err.pipe.close(ignored);
       w->out.open = w->err.open = false;
     }
+    ReleaseMerged(/*all=*/true);  // the lines held for merging, as they are
+    merge_.reset();
     // No writer calls us from here on (the io_context may go next); log files close once what
     // is queued for them is dropped.
     for (auto& [writer, id] : waiters_) writer->RemoveWaiter(id);
@@ -949,6 +1039,14 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
   asio::steady_timer first_failure_timer_;
   asio::steady_timer output_timer_;  // stop_grace for the last output to be written
   bool output_timer_armed_ = false;
+  // --dedup_output (spec_.dedup_window): the console lines held for merging; null when off.
+  struct MergeState {
+    explicit MergeState(asio::io_context& io) : timer(io) {}
+    std::unique_ptr<LineMerger> out, err;
+    asio::steady_timer timer;                            // fires when the next line is due
+    std::optional<LineMerger::Clock::time_point> armed;  // when it fires; nullopt: not armed
+  };
+  std::unique_ptr<MergeState> merge_;
   bool output_deadline_passed_ = false;
   std::optional<ConsoleSink> console_out_;  // the writers of console_stdout_fd / _stderr_fd
   std::optional<ConsoleSink> console_err_;

@@ -104,6 +104,10 @@ struct WorkerGroupSpec {
   std::chrono::milliseconds stall_timeout{0};
   int console_stdout_fd = 1;
   int console_stderr_fd = 2;
+  // launch --dedup_output: > 0 merges a console line that several of this group's ranks print
+  // alike within this time into one "[ranks 0-3]: " line (line_merge.h); each stream apart.
+  // Log files get every rank's lines as printed.
+  std::chrono::milliseconds dedup_window{0};
   size_t stderr_tail_lines = 20;
   // In-place recovery (launch --recover in_place). When set and a worker the agent did not
   // signal ends by a signal (it died: SIGKILL, SIGSEGV, the OOM killer), the group asks it with

@@ -115,6 +115,9 @@ struct LaunchConfig {
   StreamSpec tee;                       // streams copied to files and still shown on the console
   StreamSpec redirects;                 // streams sent to files only
   std::vector<int> local_ranks_filter;  // console shows only these local ranks; empty = all
+  // Seconds within which identical console lines of several local ranks become one
+  // "[ranks 0-3]: " line (agent/line_merge.h); 0 = every rank's line as printed.
+  double dedup_output_s = 0;
   double stop_grace_s = 30;             // SIGTERM -> SIGKILL grace period for workers
   // No collective completed on a node for this long while a worker waits in one: the stall
   // report, then the job fails (agent/stall_watch.h). 1800 by default, far beyond any healthy

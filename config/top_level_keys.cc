@@ -454,6 +454,11 @@ const std::vector<KeyDef>& TopLevelTable() {
           .Show([](const LaunchConfig& c) {
             return c.local_ranks_filter.empty() ? "" : ListText(c.local_ranks_filter);
           }),
+      Key("dedup_output", Seconds([](LaunchConfig* c) { return &c->dedup_output_s; }, true))
+          .Flag({"dedup_output"}, kGroupLogs,
+                "show a line that several ranks of a machine print alike within S seconds once, "
+                "as [ranks 0-3]: line (0 = off; lines wait up to S to be merged)")
+          .Show([](const LaunchConfig& c) { return Num(c.dedup_output_s); }),
 
       // ---- Program
       Key("python", Field(&LaunchConfig::python))

@@ -241,6 +241,7 @@ agent::AgentOptions MakeAgentOptions(const LaunchConfig& cfg, const Plan& plan,
   g.console_streams = plan.console_streams;
   g.stop_grace = std::chrono::milliseconds(static_cast<int64_t>(cfg.stop_grace_s * 1000));
   g.stall_timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.stall_timeout_s * 1000));
+  g.dedup_window = std::chrono::milliseconds(static_cast<int64_t>(cfg.dedup_output_s * 1000));
   g.virtual_local_rank = cfg.virtual_local_rank;
   g.node_view.local_rank = cfg.task_layout.local_rank;
   g.node_view.local_world_size = cfg.task_layout.local_world_size;
