@@ -83,6 +83,24 @@ class DedupOutputTest(unittest.TestCase):
             with open(path) as f:
                 self.assertEqual(f.read().count("banner: starting"), 1, path)
 
+    def test_a_failing_ranks_last_lines_come_before_its_report(self):
+        # Rank 1 prints and fails while the others still run: its line, held for the others'
+        # copies (a 60 s window), is written before the failure report, not after the window.
+        script = os.path.join(self.dir, "fail.py")
+        with open(script, "w") as f:
+            f.write("import os, sys, time\n"
+                    "if os.environ['RANK'] == '1':\n"
+                    "    print('fatal: out of data', file=sys.stderr, flush=True)\n"
+                    "    sys.exit(3)\n"
+                    "time.sleep(60)\n")
+        r = launch("--nproc_per_node", "3", "--dedup_output", "60", "--stop_grace", "5",
+                   "--python", harness.SYSTEM_PYTHON, script, env=clean_env(), timeout=120)
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)  # the root cause's code
+        self.assertIn("[rank 1]: fatal: out of data", r.stderr)
+        self.assertIn("worker failure", r.stderr)
+        self.assertLess(r.stderr.index("[rank 1]: fatal: out of data"),
+                        r.stderr.index("worker failure"), r.stderr)
+
     def test_a_bad_window_is_refused_naming_the_flag(self):
         r = launch("--dedup_output", "soon", "--nproc_per_node", "1", "--", "/bin/true")
         self.assertEqual(r.returncode, 2, r.stderr)
