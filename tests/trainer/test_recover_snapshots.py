@@ -81,6 +81,10 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
             r, out, _ = self.run_job(f"ref_{mode}_{world}", mode, world=world)
             self.assertEqual(r.returncode, 0, r.stderr[-4000:])
             self.assertEqual(final(out)["recoveries"], 0)
+            # Each rank's newest image, rank by rank.
+            sizes = final(out)["snapshot_bytes"]
+            self.assertEqual(len(sizes), world, sizes)
+            self.assertTrue(all(b > 0 for b in sizes), sizes)
             self.references[key] = out
         return self.references[key]
 
@@ -151,6 +155,10 @@ class RecoverFromSnapshotsTest(unittest.TestCase):
     def test_diloco_rank0_killed(self):
         text, _ = self.recover("diloco", "diloco", "0:10:optimizer", [0], [8])
         self.assertIn("took the snapshot of step 8 from rank 1", text)
+        # The outer anchor and momentum go in the images of ranks 0 and 1 only.
+        sizes = final(self.reference("diloco"))["snapshot_bytes"]
+        self.assertGreater(sizes[0], sizes[2], sizes)
+        self.assertGreater(sizes[1], sizes[2], sizes)
 
     def test_diloco_four_ranks_rank3_killed(self):
         # The outer anchor and momentum are in the images of ranks 0 and 1 only: rank 3's

@@ -119,13 +119,14 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
   std::vector<double> stats;
   const bool pipelined = internals().pipeline() != nullptr;
   if (pipelined) stats = internals().GatherPipelineStats(mine);  // collective: before the return
-  // Every rank's state bytes, peak RSS (KiB) and peak CUDA allocation (bytes, -1 on the CPU),
-  // rank by rank (collective too).
+  // Every rank's state bytes, peak RSS (KiB), peak CUDA allocation (bytes, -1 on the CPU) and
+  // newest snapshot image (bytes; 0 without), rank by rank (collective too).
   std::vector<int64_t> own = internals().StateBytes();
   own.push_back(std::llround(PeakRssMb() * 1024));
   const bool cuda = accel_->device().is_cuda();
   own.push_back(cuda ? compat::CudaPeakAllocatedBytes(accel_->device().index()) : -1);
-  constexpr int kPerRank = 5;
+  own.push_back(accel_->snapshot_bytes());
+  constexpr int kPerRank = 6;
   const torch::Tensor all = accel_->Gather(torch::tensor(own, torch::kLong));
   if (!accel_->IsMainProcess()) return Status::Ok();
   const int world = accel_->world_size();
@@ -136,8 +137,10 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
     for (int r = 0; r < world; ++r) per_rank.push_back(all[r * kPerRank + k].item<int64_t>());
   }
   ordered_json rss_mb = ordered_json::array(), device_mb = ordered_json::array();
+  ordered_json snapshot_bytes = ordered_json::array();
   for (int r = 0; r < world; ++r) {
     rss_mb.push_back(static_cast<double>(all[r * kPerRank + 3].item<int64_t>()) / 1024);
+    snapshot_bytes.push_back(all[r * kPerRank + 5].item<int64_t>());
     const int64_t device_bytes = all[r * kPerRank + 4].item<int64_t>();
     device_mb.push_back(device_bytes < 0
                             ? ordered_json(nullptr)
@@ -207,7 +210,7 @@ Status Trainer::WriteFinal(double train_loss, double eval_loss, double eval_acc,
                           {"snapshots", accel_->snapshots_taken()},
                           {"snapshot_ms", accel_->snapshot_ms()},
                           {"snapshot_copy_ms", accel_->snapshot_copy_ms()},
-                          {"snapshot_bytes", accel_->snapshot_bytes()},
+                          {"snapshot_bytes", std::move(snapshot_bytes)},
                           {"samples_seen_per_rank", accel_->samples_seen()},
                           {"samples_seen", accel_->samples_seen_global()},
                           // Steps the run advanced since its loop began (a resumed run: since
