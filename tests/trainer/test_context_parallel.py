@@ -91,6 +91,13 @@ class ContextParallelTest(unittest.TestCase):
         self.check_near(split_out, self.reference(1))
         # Both ranks hold the whole model: one model file, no shard folders.
         self.assertEqual(final(split_out)["world_size"], 2)
+        # The context group's all-to-alls: 2 per layer forward and 2 backward in each of the 12
+        # steps (one micro-batch each, 2 layers), then 2 per layer in each evaluation batch's
+        # forward; none in one process.
+        alltoalls = final(split_out)["alltoalls_total"]
+        self.assertGreaterEqual(alltoalls, 12 * 2 * 4)
+        self.assertEqual((alltoalls - 12 * 2 * 4) % (2 * 2), 0, alltoalls)
+        self.assertEqual(final(self.reference(1))["alltoalls_total"], 0)
 
     def test_context_by_tensor_with_sequence_parallelism_matches_one_process(self):
         # 4 ranks: tensor 2 x context 2; attention runs heads / 4 per rank, the rest of each

@@ -281,6 +281,9 @@ class RecoverInPlaceTest(unittest.TestCase):
         self.assertEqual(final(out)["param_checksum"], final(ref_out)["param_checksum"],
                          text[-4000:])
         self.assertEqual(final(out)["recoveries"], 1)
+        # The abandoned step's all-to-alls are not the run's; the redone step's are.
+        self.assertGreater(final(ref_out)["alltoalls_total"], 0)
+        self.assertEqual(final(out)["alltoalls_total"], final(ref_out)["alltoalls_total"])
         self.assertEqual(re.findall(r"starting a replacement for rank (\d+) alone", text), ["3"])
         self.assertEqual([m["step"] for m in metrics(out)], list(range(1, STEPS + 1)))
         self.assertNotIn("resumed from", text)

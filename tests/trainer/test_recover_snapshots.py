@@ -42,7 +42,7 @@ MODES = {
 # test_recover's job, with a snapshot every EVERY steps.
 SNAPSHOTS = f"  recover_snapshot_every: {EVERY}\n"
 TOTALS = ("allreduces_total", "pair_exchanges_total", "reduce_scatters_total",
-          "allgathers_total", "samples_seen")
+          "allgathers_total", "alltoalls_total", "samples_seen")
 
 
 @unittest.skipUnless(os.path.exists(TRAIN) and os.path.exists(LAUNCH),

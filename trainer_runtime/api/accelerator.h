@@ -945,6 +945,7 @@ class Accelerator {
   // the group, whose counts start again, so the totals carry the run's count before it.
   struct RunCounts {
     int64_t allreduces = 0, pair_exchanges = 0, reduce_scatters = 0, allgathers = 0;
+    int64_t alltoalls = 0;  // the context group's (Ulysses attention)
     int64_t recoveries = 0;
   };
   RunCounts carried_;           // added to the current group's counts

@@ -36,6 +36,7 @@ class AcceleratorInternals {
   int64_t pair_exchanges_total() const;
   int64_t reduce_scatters_total() const;
   int64_t allgathers_total() const;
+  int64_t alltoalls_total() const;  // the context group's all-to-alls (parallel.context)
   // Bytes of parameters, gradients and optimizer state this rank holds ({parameters,
   // gradients, optimizer}; zero: its shards).
   std::vector<int64_t> StateBytes() const;

@@ -142,6 +142,7 @@ Accelerator::RunCounts Accelerator::RunTotals() const {
     t.allgathers += data_pg_->allgather_count();
   }
   if (pg_) t.pair_exchanges += pg_->recorded_count();
+  if (context_pg_) t.alltoalls += context_pg_->alltoall_count();
   t.recoveries = recoveries_;
   return t;
 }
@@ -155,6 +156,8 @@ int64_t AcceleratorInternals::reduce_scatters_total() const {
 }
 
 int64_t AcceleratorInternals::allgathers_total() const { return a_.RunTotals().allgathers; }
+
+int64_t AcceleratorInternals::alltoalls_total() const { return a_.RunTotals().alltoalls; }
 
 std::vector<int64_t> AcceleratorInternals::StateBytes() const {
   const trainer::StateBytes b = a_.strategy_->MemoryBytes(*a_.optimizer_);

@@ -153,12 +153,12 @@ Status Accelerator::ExchangeState() {
   // The run's counts at the boundary of the state handed over, from its holder (a replacement
   // has none of its own): the abandoned step's collectives and this exchange's are not the
   // run's, the redone step's will be.
-  auto counts = torch::zeros({5}, torch::kLong);
+  auto counts = torch::zeros({6}, torch::kLong);
   if (rank() == src) {
     const RunCounts& c = held;
-    counts = torch::tensor(
-        {c.allreduces, c.pair_exchanges, c.reduce_scatters, c.allgathers, c.recoveries},
-        torch::kLong);
+    counts = torch::tensor({c.allreduces, c.pair_exchanges, c.reduce_scatters, c.allgathers,
+                            c.alltoalls, c.recoveries},
+                           torch::kLong);
   }
   v = {counts};
   pg_->broadcast(v, from_src)->wait();
@@ -166,9 +166,10 @@ Status Accelerator::ExchangeState() {
   carried_ = RunCounts{};
   recoveries_ = 0;
   const RunCounts now = RunTotals();  // this group's, so far: the exchange's own
-  carried_ = RunCounts{got[0] - now.allreduces, got[1] - now.pair_exchanges,
-                       got[2] - now.reduce_scatters, got[3] - now.allgathers, 0};
-  recoveries_ = got[4];
+  carried_ =
+      RunCounts{got[0] - now.allreduces, got[1] - now.pair_exchanges, got[2] - now.reduce_scatters,
+                got[3] - now.allgathers, got[4] - now.alltoalls,      0};
+  recoveries_ = got[5];
   boundary_.counts = RunTotals();
   ShareRunClock(src);
   return Status::Ok();
@@ -353,9 +354,10 @@ void Accelerator::TakeSnapshot() {
         },
         [&](torch::serialize::OutputArchive& archive) {
           const RunCounts& c = pending->snap.counts;
-          archive.write(kImageCountsKey, torch::tensor({c.allreduces, c.pair_exchanges,
-                                                        c.reduce_scatters, c.allgathers},
-                                                       torch::kLong));
+          archive.write(kImageCountsKey,
+                        torch::tensor({c.allreduces, c.pair_exchanges, c.reduce_scatters,
+                                       c.allgathers, c.alltoalls},
+                                      torch::kLong));
           strategy_->SaveImage(archive, *optimizer_);
         },
         state);
@@ -528,7 +530,7 @@ Status Accelerator::RollBack() {
   StatusOr<TrainState> state = Status::Internal(what + " was not read");
   const Status read = image->Read([&](std::string_view bytes) {
     state = RestoreImage(bytes, what, [&](torch::serialize::InputArchive& archive) {
-      if (!archive.try_read(kImageCountsKey, at_snapshot) || at_snapshot.numel() != 4)
+      if (!archive.try_read(kImageCountsKey, at_snapshot) || at_snapshot.numel() != 5)
         return Status::InvalidConfig(what + " has no " + kImageCountsKey);
       return strategy_->LoadImage(archive, *optimizer_);
     });
@@ -547,8 +549,9 @@ Status Accelerator::RollBack() {
   const auto got = at_snapshot.accessor<int64_t, 1>();
   carried_ = RunCounts{};
   const RunCounts now = RunTotals();
-  carried_ = RunCounts{got[0] - now.allreduces, got[1] - now.pair_exchanges,
-                       got[2] - now.reduce_scatters, got[3] - now.allgathers, 0};
+  carried_ =
+      RunCounts{got[0] - now.allreduces, got[1] - now.pair_exchanges, got[2] - now.reduce_scatters,
+                got[3] - now.allgathers, got[4] - now.alltoalls,      0};
   recoveries_ = static_cast<int64_t>(t[survivors[0]][3]);
   ShareRunClock(survivors[0]);
   // Everyone takes a new one at the next micro-batch: the replacement holds no copy of its
