@@ -31,6 +31,16 @@ void LineMerger::Add(int rank, std::string line, Clock::time_point now) {
   last_[rank] = e;
 }
 
+void LineMerger::AddLines(int rank, std::string_view lines, Clock::time_point now) {
+  while (!lines.empty()) {
+    size_t end = lines.find_first_of("\r\n");
+    if (end == std::string_view::npos) end = lines.size() - 1;  // LineBuffer ends every line
+    if (lines[end] == '\r' && end + 1 < lines.size() && lines[end + 1] == '\n') ++end;
+    Add(rank, std::string(lines.substr(0, end + 1)), now);
+    lines.remove_prefix(end + 1);
+  }
+}
+
 bool LineMerger::Join(int rank, Iter e) {
   auto pos = std::lower_bound(e->ranks.begin(), e->ranks.end(), rank);
   if (pos != e->ranks.end() && *pos == rank) return false;  // its own: this is another copy

@@ -42,6 +42,8 @@ class LineMerger {
 
   // Holds one whole line of `rank` (ending in '\n' or '\r'), printed at `now`.
   void Add(int rank, std::string line, Clock::time_point now);
+  // Add for each line of `lines`: whole lines as LineBuffer leaves them ("\r\n" one line end).
+  void AddLines(int rank, std::string_view lines, Clock::time_point now);
   // `rank` prints no more (its stream closed): a held line waits no longer for it. Opened: it
   // prints again (a replacement took the rank over).
   void Closed(int rank);

@@ -430,10 +430,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     w->stdin_w = -1;
     w->spare = false;
     w->prefix = "[rank " + std::to_string(w->rank) + "]: ";
-    if (merge_) {  // its lines are the rank's from here on
-      merge_->out->Opened(w->rank);
-      merge_->err->Opened(w->rank);
-    }
+    MergerOpened(*w);  // its lines are the rank's from here on
     OpenLogFiles(w);
     return Status::Ok();
   }
@@ -475,10 +472,7 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     w->out.open = w->err.open = true;
     if (console_mask & kStdout) w->out.console = console_out_;
     if (console_mask & kStderr) w->err.console = console_err_;
-    if (merge_ && !w->spare) {  // a replacement prints in its rank's place
-      merge_->out->Opened(w->rank);
-      merge_->err->Opened(w->rank);
-    }
+    MergerOpened(*w);  // a replacement prints in its rank's place
     int pidfd = PidfdOpen(w->pid);
     if (pidfd < 0) {
       int e = errno;
@@ -560,33 +554,36 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     if (s == &w->err) w->tail.Feed(data);
     if (s->console) {
       std::string out;
-      LineMerger* merger = MergerFor(*w, *s);
-      s->lines.Feed(data, merger ? "" : w->prefix, &out);
-      if (merger) {
-        Merge(*w, merger, out);
-        ReleaseMerged(/*all=*/false);
-      } else if (!out.empty()) {
-        s->console_end = s->console->writer->Write(s->console->sink, std::move(out));
-      }
+      s->lines.Feed(data, MergerFor(*w, *s) ? "" : w->prefix, &out);
+      ToConsole(*w, s, std::move(out), /*closing=*/false);
     }
+  }
+
+  // Whole lines of `s` (LineBuffer's: prefixed, or bare for its merger) to the console.
+  void ToConsole(const Worker& w, Stream* s, std::string lines, bool closing) {
+    if (LineMerger* merger = MergerFor(w, *s)) {
+      merger->AddLines(w.rank, lines, LineMerger::Clock::now());
+      // A closed stream's lines still held wait for the other ranks' copies no longer than
+      // those ranks run; MaybeFinish and MaybeFireFirstFailure release what is held before
+      // they report.
+      if (closing) merger->Closed(w.rank);
+      ReleaseMerged(/*all=*/false);
+    } else if (!lines.empty()) {
+      s->console_end = s->console->writer->Write(s->console->sink, std::move(lines));
+    }
+  }
+
+  // --dedup_output: `w` prints for its rank (again), unless it is a spare.
+  void MergerOpened(const Worker& w) {
+    if (!merge_ || w.spare) return;
+    merge_->out->Opened(w.rank);
+    merge_->err->Opened(w.rank);
   }
 
   // --dedup_output: the merger of a rank's stream, or null (off, a spare, one rank).
   LineMerger* MergerFor(const Worker& w, const Stream& s) const {
     if (!merge_ || w.spare) return nullptr;
     return &s == &w.out ? merge_->out.get() : merge_->err.get();
-  }
-
-  // Hands `lines` (whole lines, unprefixed, as LineBuffer leaves them) to `merger`.
-  void Merge(const Worker& w, LineMerger* merger, std::string_view lines) {
-    const auto now = LineMerger::Clock::now();
-    while (!lines.empty()) {
-      size_t end = lines.find_first_of("\r\n");
-      if (end == std::string_view::npos) end = lines.size() - 1;  // LineBuffer ends every line
-      if (lines[end] == '\r' && end + 1 < lines.size() && lines[end + 1] == '\n') ++end;
-      merger->Add(w.rank, std::string(lines.substr(0, end + 1)), now);
-      lines.remove_prefix(end + 1);
-    }
   }
 
   // Writes the merged lines that are due (`all`: every held one) to the console, and sets the
@@ -627,17 +624,8 @@ class WorkerGroup::Impl : public std::enable_shared_from_this<WorkerGroup::Impl>
     if (!s->open) return;
     if (s->console) {
       std::string out;
-      LineMerger* merger = MergerFor(*w, *s);
-      s->lines.Flush(merger ? "" : w->prefix, &out);
-      if (merger) {
-        // Its lines still held wait for the other ranks' copies no longer than those ranks
-        // run; MaybeFinish and MaybeFireFirstFailure release what is held before they report.
-        Merge(*w, merger, out);
-        merger->Closed(w->rank);
-        ReleaseMerged(/*all=*/false);
-      } else if (!out.empty()) {
-        s->console_end = s->console->writer->Write(s->console->sink, std::move(out));
-      }
+      s->lines.Flush(MergerFor(*w, *s) ? "" : w->prefix, &out);
+      ToConsole(*w, s, std::move(out), /*closing=*/true);
     }
     if (s->file >= 0) files_->CloseSink(s->file);  // closed once written; `file` stays for Done()
     boost::system::error_code ignored;

@@ -118,7 +118,7 @@ struct LaunchConfig {
   // Seconds within which identical console lines of several local ranks become one
   // "[ranks 0-3]: " line (agent/line_merge.h); 0 = every rank's line as printed.
   double dedup_output_s = 0;
-  double stop_grace_s = 30;             // SIGTERM -> SIGKILL grace period for workers
+  double stop_grace_s = 30;  // SIGTERM -> SIGKILL grace period for workers
   // No collective completed on a node for this long while a worker waits in one: the stall
   // report, then the job fails (agent/stall_watch.h). 1800 by default, far beyond any healthy
   // gap between collectives; 0 = never.
